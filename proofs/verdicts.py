@@ -1,0 +1,161 @@
+"""Verdicts: each design checked exhaustively, judged against its kind, written as a proof report.
+
+shipped:   pass (no violation, every "sometimes" reached, every terminal state good) or fail.
+known-bad: refuted (a shortest counterexample whose last step breaks the expected invariant) or
+           not-refuted (no violation, or one that names another invariant).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from proofs.bfs import Progress, Result, TraceStep, check
+from statemodel.design import Design, DesignKind, Scope
+from statemodel.model import Model
+from statemodel.state import Batch, Request, State
+
+
+@attrs.frozen
+class Verdict:
+    design: Design
+    scope: Scope
+    result: Result
+    verdict: str  # pass | fail | refuted | not-refuted
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("pass", "refuted")
+
+    @property
+    def invariant(self) -> str | None:
+        return self.result.violations[0].invariant if self.result.violations else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.design.name,
+            "kind": self.design.kind.value,
+            "verdict": self.verdict,
+            "invariant": self.invariant,
+            "trace": [step.action.describe() for step in self.result.trace],
+            "states": self.result.states,
+            "transitions": self.result.transitions,
+            "seconds": round(self.result.seconds, 3),
+            "reason": self.reason,
+        }
+
+
+def judge(design: Design, scope: Scope, result: Result) -> Verdict:
+    if design.kind is DesignKind.SHIPPED:
+        problems = []
+        if result.violations:
+            problems.append(f"breaks {result.violations[0].invariant} after {len(result.trace)} steps")
+        if not result.complete:
+            problems.append("the scope was not exhausted")
+        if result.vacuous:
+            problems.append(f"never reached: {', '.join(result.vacuous)} (the proof would be vacuous)")
+        if result.eventually_failed:
+            problems.append(f"a terminal state fails {', '.join(result.eventually_failed)}")
+        if problems:
+            return Verdict(design, scope, result, "fail", "; ".join(problems))
+        return Verdict(design, scope, result, "pass",
+                       f"every invariant holds in all {result.states} states; every sometimes-property reached")
+    names = [v.invariant for v in result.violations]
+    if not names:
+        return Verdict(design, scope, result, "not-refuted",
+                       f"no violation in {result.states} states; expected {design.expected_invariant}")
+    if names[0] != design.expected_invariant:
+        return Verdict(design, scope, result, "not-refuted",
+                       f"broke {names[0]}, expected {design.expected_invariant}")
+    return Verdict(design, scope, result, "refuted",
+                   f"shortest counterexample: {len(result.trace)} steps, breaks {names[0]}")
+
+
+def run_design(design: Design, scope: Scope | None = None, *, progress: Progress | None = None,
+               max_states: int = 2_000_000) -> Verdict:
+    scope = scope or Scope()
+    result = check(Model(design, scope), progress=progress, max_states=max_states)
+    return judge(design, scope, result)
+
+
+# ----------------------------------------------------------------------------------------------
+# Readable reports
+
+
+def describe_request(r: Request) -> str:
+    return (f"r{r.rid} {r.status.value} seq_len={r.seq_len} out={r.committed}/{r.max_new_tokens} "
+            f"kv={r.kv_held}+{r.kv_reserved} draft_kv={r.draft_kv_len}{'' if r.draft_hidden_ready else ' no-hidden'}")
+
+
+def describe_batch(b: Batch) -> str:
+    graph = b.graph.describe() if b.graph else "eager"
+    algo = "EAGLE" if b.spec_algorithm_on else "NONE"
+    return (f"{b.forward_mode.value} rids={list(b.rids)} spec_info={b.spec_info.describe()} "
+            f"spec_algorithm={algo} out_cache_loc={b.out_cache_loc_width} graph={graph}")
+
+
+def describe_state(s: State) -> list[str]:
+    lines = [f"stage={s.stage.value} spec={s.spec_mode.value} num_steps={s.num_steps} kv_free={s.kv_free}/"
+             f"{s.kv_pool_size}" + (f" t_off={s.thresholds.t_off} t_on={s.thresholds.t_on}" if s.thresholds else "")]
+    lines.append("running: " + describe_batch(s.running))
+    if s.pending is not None:
+        lines.append("pending: " + describe_batch(s.pending))
+    if s.launched is not None:
+        lines.append("launched: " + describe_batch(s.launched))
+    lines.extend(describe_request(r) for r in s.requests if r.status.value != "not_arrived")
+    return lines
+
+
+def trace_lines(trace: Iterable[TraceStep]) -> list[str]:
+    return [f"{step.index}. {step.action.describe()}" for step in trace]
+
+
+def report_markdown(v: Verdict) -> str:
+    r = v.result
+    d = v.design
+    out = [f"# Proof report: `{d.name}` ({d.kind.value})", "",
+           "Generated by `specflip check`; do not edit by hand.", "",
+           f"**Verdict: {v.verdict}** — {v.reason}.", "",
+           d.summary, "", f"- SGLang line: {d.sglang_line}", f"- Source: {d.source}",
+           f"- Policy: {d.policy.describe()}", f"- Scope: {v.scope.describe()}",
+           f"- Explored: {r.states} states, {r.transitions} transitions, depth {r.max_depth}"
+           f"{'' if r.complete else ' (stopped before exhausting the scope)'}", ""]
+    out += ["## Invariants", ""]
+    broken = {x.invariant for x in r.violations}
+    for name in r.invariants_checked:
+        status = "**broken**" if name in broken else ("held up to the counterexample" if broken else "holds")
+        out.append(f"- `{name}`: {status}")
+    out += ["", "## Sometimes (reachability, against vacuity)", ""]
+    unreached = "not reached before the counterexample" if r.violations else "NOT reached"
+    out += [f"- `{name}`: {'reached' if ok else unreached}" for name, ok in r.sometimes_reached.items()]
+    if r.violations:
+        out += ["", f"## Shortest counterexample ({len(r.trace)} steps)", "", "```"]
+        if r.initial is not None and r.initial.thresholds is not None:
+            out.append(f"0. initial state: t_off={r.initial.thresholds.t_off} t_on={r.initial.thresholds.t_on}")
+        for step in r.trace:
+            out.append(f"{step.index}. {step.action.describe()}")
+        out += ["```", "", "State after the last step:", "", "```"]
+        out += describe_state(r.trace[-1].state) if r.trace else []
+        out += ["```", "", "Broken at the last step:", ""]
+        out += [f"- `{x.invariant}`: {x.message}" for x in r.violations]
+    out.append("")
+    return "\n".join(out)
+
+
+def write_reports(verdicts: Iterable[Verdict], directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for v in verdicts:
+        path = directory / f"{v.design.name}.md"
+        path.write_text(report_markdown(v))
+        written.append(path)
+    return written
+
+
+def verdicts_json(verdicts: Iterable[Verdict]) -> str:
+    return json.dumps({"designs": [v.to_json() for v in verdicts]}, indent=2)

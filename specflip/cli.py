@@ -1,0 +1,151 @@
+"""The `specflip` command line: one entry point, one subcommand per job.
+
+Subcommands import their modules lazily so that `specflip check` never pays for SGLang imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPORTS = REPO_ROOT / "proofs" / "reports"
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one clear line, exit 2."""
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from proofs.verdicts import run_design, verdicts_json, write_reports
+    from statemodel.designs import ALL_DESIGNS, get_design
+
+    try:
+        designs = [get_design(n) for n in args.design] if args.design else list(ALL_DESIGNS)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    verdicts = []
+    quiet = args.json
+    for design in designs:
+        started = time.perf_counter()
+
+        def progress(states: int, transitions: int, depth: int, name: str = design.name,
+                     started: float = started) -> None:
+            if not quiet:
+                print(f"  … {name}: {states:,} states, {transitions:,} transitions, depth {depth}, "
+                      f"{time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+
+        verdict = run_design(design, progress=progress)
+        verdicts.append(verdict)
+        if not quiet:
+            mark = "ok " if verdict.ok else "BAD"
+            print(f"{mark} {design.name:34s} {design.kind.value:9s} {verdict.verdict:12s} "
+                  f"{verdict.result.states:>8,} states {verdict.result.seconds:6.1f}s  {verdict.reason}", flush=True)
+    if args.json:
+        print(verdicts_json(verdicts))
+    if args.write_reports and not args.design:
+        write_reports(verdicts, Path(args.reports_dir))
+        if not quiet:
+            print(f"proof reports written to {args.reports_dir}")
+    bad = [v for v in verdicts if not v.ok]
+    if not quiet:
+        print(f"{len(verdicts) - len(bad)}/{len(verdicts)} designs as expected"
+              + (f"; unexpected: {', '.join(v.design.name for v in bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from shim.explain import main as explain_main
+
+    return explain_main(args)
+
+
+def _cmd_diagram(args: argparse.Namespace) -> int:
+    from specflip.diagrams import main as diagram_main
+
+    return diagram_main(args)
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from shim.lint import main as lint_main
+
+    return lint_main(args)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from specflip.replay import main as replay_main
+
+    return replay_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specflip", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="exhaustively check every shipped and known-bad design")
+    check.add_argument("--design", action="append", help="check only this design (repeatable)")
+    check.add_argument("--json", action="store_true", help="print verdicts as JSON")
+    check.add_argument("--no-reports", dest="write_reports", action="store_false",
+                       help="do not rewrite the proof reports")
+    check.add_argument("--reports-dir", default=str(DEFAULT_REPORTS), help="where proof reports go")
+    check.set_defaults(func=_cmd_check)
+
+    explain = sub.add_parser("explain", help="replay guard traces through the model")
+    explain.add_argument("traces", nargs="+", help="JSONL trace file(s), one per rank")
+    explain.add_argument("--json", action="store_true")
+    explain.set_defaults(func=_cmd_explain)
+
+    diagram = sub.add_parser("diagram", help="generate the state diagrams in docs/ from the model")
+    diagram.add_argument("--check", action="store_true", help="exit 1 if a committed diagram is stale")
+    diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"))
+    diagram.set_defaults(func=_cmd_diagram)
+
+    lint = sub.add_parser("lint", help="check a speculative server configuration before it starts",
+                          add_help=True)
+    lint.add_argument("--json", action="store_true")
+    lint.add_argument("server_args", nargs=argparse.REMAINDER, help="the launch_server arguments")
+    lint.set_defaults(func=_cmd_lint)
+
+    replay = sub.add_parser("replay", help="send Hypothesis flip schedules to a live SGLang server")
+    replay.add_argument("--url")
+    replay.add_argument("--launch", action="store_true")
+    replay.add_argument("--schedules", type=int, default=20)
+    # the rest of replay's flags (kept here so `specflip` starts without importing Hypothesis)
+    replay.add_argument("--schedules-file", help="replay these schedules (JSON) instead of generating")
+    replay.add_argument("--save-schedules", help="write the generated schedules here (exit unless --url/--launch)")
+    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--t-off", type=int, default=6, help="the switch's t_off the schedules straddle")
+    replay.add_argument("--t-on", type=int, default=2, help="the switch's t_on the schedules straddle")
+    replay.add_argument("--max-new-cap", type=int, default=96)
+    replay.add_argument("--design", default="plain_off_sync", help="checker design the switch implements")
+    replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
+    replay.add_argument("--compare-url", help="a server without speculation: outputs must be equal")
+    replay.add_argument("--recorded", help="judge a recorded report (JSON from --out) instead of sending")
+    replay.add_argument("--out", help="write the full report (schedules, outcomes, checks) as JSON here")
+    replay.add_argument("--timeout", type=float, default=120.0)
+    replay.add_argument("--port", type=int, default=30000)
+    replay.add_argument("--server-arg", action="append", default=[], help="launch_server argument (repeatable)")
+    replay.add_argument("--launch-timeout", type=float, default=300.0)
+    replay.set_defaults(func=_cmd_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UsageError as exc:
+        print(f"specflip {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        print(f"specflip {args.command}: this command needs {exc.name!r}, which is not installed", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

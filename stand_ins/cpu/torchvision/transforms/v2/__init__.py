@@ -1,0 +1,12 @@
+"""Part of specflip's torchvision CPU import stand-in (see torchvision/__init__.py): calling raises."""
+
+from __future__ import annotations
+
+from torchvision._stand_in import StandInAttribute, module_getattr
+from torchvision.transforms.v2 import functional
+
+__all__ = ["functional"]
+
+
+def __getattr__(attr: str) -> StandInAttribute:
+    return module_getattr(__name__, attr)

@@ -1,0 +1,566 @@
+"""Actions: the real scheduler and worker steps, as transitions of `State` under a `Design`.
+
+`enabled(state, design, scope)` lists what can happen next; `apply(state, action, design, scope)`
+computes the next state. Actions only do what the real code does: they never refuse to run a step
+because it would break an invariant. Catching that is the invariants' job (`statemodel.invariants`).
+
+ACTION_CATALOGUE documents each action once; the diagrams, docs and the guard read it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+
+from statemodel.design import (
+    AdaptiveTiers,
+    ClearSpecOn,
+    Design,
+    DraftWhileOff,
+    KvReserve,
+    MergeSpecInfo,
+    OutCacheLocFrom,
+    PlainStepGraphs,
+    Scope,
+    ThresholdPolicy,
+)
+from statemodel.state import (
+    EMPTY_BATCH,
+    Batch,
+    ForwardMode,
+    GraphShape,
+    Request,
+    SpecInfo,
+    SpecInfoKind,
+    SpecMode,
+    Stage,
+    State,
+    Status,
+    Thresholds,
+)
+
+
+@attrs.frozen(cache_hash=True)
+class Action:
+    """One transition: a name from ACTION_CATALOGUE and its arguments (request id, accept counts...)."""
+
+    name: str
+    args: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        if not self.args:
+            return self.name
+        if self.name == "verify":
+            return f"verify(accepts={list(self.args)})"
+        if self.name == "draft":
+            return f"draft(steps={self.args[0]})"
+        return f"{self.name}({', '.join(map(str, self.args))})"
+
+
+@attrs.frozen
+class ActionInfo:
+    name: str
+    stage_from: tuple[Stage, ...]
+    stage_to: Stage
+    spec_mode: str  # "on", "off" or "any": the runtime mode the action belongs to
+    summary: str
+    guard: str  # when the action is enabled, in words (diagram edge labels read it)
+
+
+ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
+    ActionInfo("arrive", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "a request reaches the waiting queue", "requests left to arrive"),
+    ActionInfo("prefill", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "an EXTEND batch of waiting requests (chunked: at most chunk_size tokens); the draft "
+               "prefills too unless speculation is off and the draft catches up later",
+               "waiting requests, room under the running cap and in KV"),
+    ActionInfo("merge_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "the prefilled batch joins the running batch, spec_info rows with it", "a prefilled batch"),
+    ActionInfo("finish", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "a request that reached max_new_tokens frees its KV (held and reserved)",
+               "a running request is done"),
+    ActionInfo("filter_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "finished requests leave the running batch and its spec_info", "finished requests in the batch"),
+    ActionInfo("retract", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "under KV pressure a running request frees its KV and waits; its output is kept",
+               "KV too small for the next decode step"),
+    ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
+               "the policy switches speculation off", "demand >= t_off"),
+    ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, "off",
+               "the policy switches speculation back on", "demand <= t_on (and running <= spec cap)"),
+    ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
+               "one draft-extend over every token committed while speculation was off",
+               "speculation on, some request's draft KV behind"),
+    ActionInfo("prepare_for_decode", (Stage.SCHEDULE,), Stage.PREPARED, "any",
+               "plain path: one KV slot per request, out_cache_loc set; speculative path: top the "
+               "draft-token reserve up, out_cache_loc left to the worker",
+               "a running batch, nothing to finish, merge or flip"),
+    ActionInfo("draft", (Stage.PREPARED,), Stage.DRAFTED, "on",
+               "the worker picks its step count (adaptive: activate_step_by_batch) and drafts k tokens; "
+               "k = 0 builds the trivial one-token verify input", "speculative path prepared"),
+    ActionInfo("verify", (Stage.DRAFTED,), Stage.VERIFIED, "on",
+               "TARGET_VERIFY forward; each request accepts 0..k draft tokens plus the bonus token",
+               "verify input built"),
+    ActionInfo("draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, "on",
+               "DRAFT_EXTEND forward over the accepted tokens; the next draft input is built",
+               "verify done"),
+    ActionInfo("skip_draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, "on",
+               "steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND: the draft KV is not updated",
+               "steps = 0 and the design skips it"),
+    ActionInfo("plain_decode", (Stage.PREPARED,), Stage.SCHEDULE, "off",
+               "the target runs a plain DECODE forward, one token per request, on the decode graphs",
+               "speculation off"),
+    ActionInfo("draft_sync", (Stage.DECODED,), Stage.SCHEDULE, "off",
+               "draft-extend over the one token the plain step committed", "the design syncs every step"),
+)
+
+ACTIONS_BY_NAME: dict[str, ActionInfo] = {a.name: a for a in ACTION_CATALOGUE}
+
+
+def initial_states(design: Design, scope: Scope) -> list[State]:
+    """One initial state per policy parameter set (each threshold pair), all requests not arrived."""
+    requests = tuple(
+        Request(rid=i, prompt_len=spec.prompt_len, max_new_tokens=spec.max_new_tokens)
+        for i, spec in enumerate(scope.requests)
+    )
+    base = State(
+        requests=requests, running=EMPTY_BATCH, pending=None, launched=None, stage=Stage.SCHEDULE,
+        spec_mode=SpecMode.ON, num_steps=design.largest_steps(), kv_free=scope.kv_pool_size,
+        kv_pool_size=scope.kv_pool_size,
+    )
+    if isinstance(design.policy, ThresholdPolicy):
+        return [attrs.evolve(base, thresholds=Thresholds(off, on)) for off, on in design.policy.pairs()]
+    return [base]
+
+
+# ----------------------------------------------------------------------------------------------
+# The policy
+
+
+def policy_wants_off(state: State, design: Design) -> bool:
+    t = state.thresholds
+    return t is not None and state.spec_mode is SpecMode.ON and state.demand() >= t.t_off
+
+
+def policy_wants_on(state: State, design: Design, scope: Scope) -> bool:
+    t = state.thresholds
+    if t is None or state.spec_mode is not SpecMode.OFF or state.demand() > t.t_on:
+        return False
+    clamp = isinstance(design.policy, ThresholdPolicy) and design.policy.clamp_to_spec_cap
+    return not clamp or state.in_flight_count() <= scope.spec_cap
+
+
+def running_cap(state: State, scope: Scope) -> int:
+    return scope.spec_cap if state.spec_mode is SpecMode.ON else scope.plain_cap
+
+
+def reserve_per_request(state: State, design: Design) -> int:
+    """Draft-token KV slots a speculative decode step reserves per request (topk 1: steps + 1)."""
+    steps = design.largest_steps() if design.kv_reserve is KvReserve.LARGEST_STATE else state.num_steps
+    return steps + 1
+
+
+def _spec_prepare_path(state: State, design: Design) -> bool:
+    """Whether prepare_for_decode takes SGLang's speculative path. It keys on the batch's
+    spec_algorithm; every design here also has the scheduler prepare a plain decode while
+    speculation is off (for the v1 line the plugin hooks prepare_for_decode to do so)."""
+    return state.running.spec_algorithm_on and state.spec_mode is SpecMode.ON
+
+
+def decode_kv_need(state: State, design: Design) -> int:
+    if _spec_prepare_path(state, design):
+        want = reserve_per_request(state, design)
+        return sum(max(0, want - state.req(rid).kv_reserved) for rid in state.running.rids)
+    return state.running.size
+
+
+def _draft_stale(state: State) -> list[int]:
+    return [rid for rid in state.running.rids if not state.req(rid).draft_current]
+
+
+# ----------------------------------------------------------------------------------------------
+# Enabled actions
+
+
+def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
+    """Every action the real scheduler/worker could take next, in a fixed order."""
+    if state.stage is Stage.SCHEDULE:
+        return _enabled_schedule(state, design, scope)
+    if state.stage is Stage.PREPARED:
+        if state.spec_mode is SpecMode.ON:
+            return [Action("draft", (k,)) for k in design.steps_choices(state.running.size)]
+        return [Action("plain_decode")]
+    if state.stage is Stage.DRAFTED:
+        k = state.num_steps
+        sizes = [range(k + 1)] * state.launched.size  # type: ignore[union-attr]
+        return [Action("verify", accepts) for accepts in itertools.product(*sizes)]
+    if state.stage is Stage.VERIFIED:
+        if state.num_steps == 0 and not design.zero_step_draft_extend:
+            return [Action("skip_draft_extend")]
+        return [Action("draft_extend")]
+    if state.stage is Stage.DECODED:
+        return [Action("draft_sync")]
+    raise AssertionError(state.stage)
+
+
+def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action]:
+    out: list[Action] = []
+    arriving = next((r for r in state.requests if r.status is Status.NOT_ARRIVED), None)
+    if arriving is not None:  # arrivals in id order: a stated scope choice that keeps the space small
+        out.append(Action("arrive", (arriving.rid,)))
+    running = [state.req(rid) for rid in state.running.rids]
+    done = [r.rid for r in running if r.status is Status.RUNNING and r.done]
+    finished_in_batch = any(r.status is Status.FINISHED for r in running)
+    out.extend(Action("finish", (rid,)) for rid in done)
+    if finished_in_batch:
+        out.append(Action("filter_batch"))
+    if state.pending is not None:
+        out.append(Action("merge_batch"))
+    elif _can_prefill(state, scope):
+        out.append(Action("prefill"))
+    if policy_wants_off(state, design):
+        out.append(Action("flip_off"))
+    elif policy_wants_on(state, design, scope):
+        out.append(Action("flip_on"))
+    flip_due = policy_wants_off(state, design) or policy_wants_on(state, design, scope)
+    catch_up_due = (
+        state.spec_mode is SpecMode.ON
+        and design.draft_while_off is DraftWhileOff.CATCH_UP_ON_ENABLE
+        and not design.is_adaptive
+        and bool(_draft_stale(state))
+    )
+    if catch_up_due:
+        out.append(Action("draft_catch_up"))
+    decode_ready = state.running.size > 0 and not done and not finished_in_batch and state.pending is None
+    if decode_ready and not flip_due and not catch_up_due:
+        if decode_kv_need(state, design) <= state.kv_free:
+            out.append(Action("prepare_for_decode"))
+        else:
+            out.extend(Action("retract", (rid,)) for rid in state.running.rids)
+    return out
+
+
+def _can_prefill(state: State, scope: Scope) -> bool:
+    prefilling = [r for r in state.requests if r.status is Status.PREFILLING]
+    if prefilling:
+        return state.kv_free > 0
+    waiting = [r for r in state.requests if r.status is Status.WAITING]
+    return bool(waiting) and state.in_flight_count() < running_cap(state, scope) and state.kv_free > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Next state
+
+
+def apply(state: State, action: Action, design: Design, scope: Scope) -> State:
+    """The state after `action`; `action` must be one `enabled` returned for `state`."""
+    handler = _HANDLERS.get(action.name)
+    if handler is None:
+        raise ValueError(f"unknown action {action.name!r}; known: {sorted(_HANDLERS)}")
+    return handler(state, action, design, scope)
+
+
+def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State:
+    rid = action.args[0]
+    req = attrs.evolve(state.req(rid), status=Status.WAITING)
+    return attrs.evolve(state, requests=state.with_requests({rid: req}), launched=None)
+
+
+def _prefill(state: State, action: Action, design: Design, scope: Scope) -> State:
+    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
+    budget = min(scope.chunk_size, state.kv_free)
+    room = running_cap(state, scope) - state.in_flight_count()
+    changed: dict[int, Request] = {}
+    completed: list[int] = []
+    extended = 0
+    draft_prefills = state.spec_mode is SpecMode.ON or design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
+    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
+        if budget == 0:
+            break
+        if r.status is Status.WAITING:
+            if room == 0:
+                continue
+            room -= 1
+        tokens = min(r.prefill_target - r.prefilled_len, budget)
+        budget -= tokens
+        extended += tokens
+        new = attrs.evolve(r, prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens,
+                           status=Status.PREFILLING)
+        if new.prefilled_len == new.prefill_target:
+            new = attrs.evolve(
+                new, status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
+                draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
+            )
+            completed.append(r.rid)
+        changed[r.rid] = new
+    launched = Batch(rids=tuple(changed), forward_mode=ForwardMode.EXTEND, out_cache_loc_width=extended,
+                     extend_tokens=extended)
+    pending = None
+    if completed:
+        on_batch = _batch_spec_algorithm(state, design)
+        spec = SpecInfo(SpecInfoKind.DRAFT_INPUT, len(completed), 1) if draft_prefills and on_batch else SpecInfo.none()
+        pending = Batch(rids=tuple(completed), forward_mode=ForwardMode.DECODE, spec_info=spec,
+                        spec_algorithm_on=on_batch)
+    return attrs.evolve(state, requests=state.with_requests(changed), pending=pending, launched=launched,
+                        kv_free=state.kv_free - extended)
+
+
+def _batch_spec_algorithm(state: State, design: Design) -> bool:
+    """Whether batches carry spec_algorithm EAGLE now: always, unless the flip takes it off the batch."""
+    return state.spec_mode is SpecMode.ON or design.clear_spec_on is not ClearSpecOn.BATCH_AT_FLIP
+
+
+def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> State:
+    pending = state.pending
+    assert pending is not None
+    running = state.running
+    rids = running.rids + pending.rids
+    if design.merge_spec_info is MergeSpecInfo.CONCAT_UNCHECKED:
+        # ScheduleBatch.merge_batch: `if self.spec_info: self.spec_info.merge_batch(other.spec_info)`
+        lead = running.spec_info if running.size else pending.spec_info
+        rows = sum(b.spec_info.rows for b in (running, pending) if b.spec_info.kind is lead.kind)
+        spec = attrs.evolve(lead, rows=rows) if lead.kind is not SpecInfoKind.NONE else lead
+    elif _batch_spec_algorithm(state, design):
+        # rows for everyone; requests prefilled without the draft stay stale until a catch-up
+        spec = SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1)
+    else:
+        spec = SpecInfo.none()
+    merged = Batch(rids=rids, forward_mode=ForwardMode.DECODE, spec_info=spec,
+                   spec_algorithm_on=_batch_spec_algorithm(state, design))
+    return attrs.evolve(state, running=merged, pending=None, launched=None)
+
+
+def _finish(state: State, action: Action, design: Design, scope: Scope) -> State:
+    r = state.req(action.args[0])
+    freed = r.kv_held + (r.kv_reserved if design.free_reserved_on_finish else 0)
+    new = attrs.evolve(r, status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    return attrs.evolve(state, requests=state.with_requests({r.rid: new}), kv_free=state.kv_free + freed,
+                        launched=None)
+
+
+def _filter_batch(state: State, action: Action, design: Design, scope: Scope) -> State:
+    keep = tuple(rid for rid in state.running.rids if state.req(rid).status is not Status.FINISHED)
+    return attrs.evolve(state, running=_shrink(state.running, keep), launched=None)
+
+
+def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
+    spec = batch.spec_info
+    if spec.kind is not SpecInfoKind.NONE:
+        spec = attrs.evolve(spec, rows=spec.rows - (batch.size - len(keep)))
+    return attrs.evolve(batch, rids=keep, spec_info=spec if keep else SpecInfo.none())
+
+
+def _retract(state: State, action: Action, design: Design, scope: Scope) -> State:
+    r = state.req(action.args[0])
+    new = attrs.evolve(r, status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
+                       draft_kv_len=0, draft_hidden_ready=False)
+    keep = tuple(rid for rid in state.running.rids if rid != r.rid)
+    return attrs.evolve(state, requests=state.with_requests({r.rid: new}), running=_shrink(state.running, keep),
+                        kv_free=state.kv_free + r.kv_held + r.kv_reserved, launched=None)
+
+
+def _flip_off(state: State, action: Action, design: Design, scope: Scope) -> State:
+    changed: dict[int, Request] = {}
+    freed = 0
+    if design.release_reserve_at_flip_off:
+        for rid in state.running.rids:
+            r = state.req(rid)
+            if r.kv_reserved:
+                freed += r.kv_reserved
+                changed[rid] = attrs.evolve(r, kv_reserved=0)
+    running = state.running
+    if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
+        running = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+    pending = state.pending
+    if pending is not None and design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
+        pending = attrs.evolve(pending, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+    return attrs.evolve(state, requests=state.with_requests(changed), running=running, pending=pending,
+                        spec_mode=SpecMode.OFF, kv_free=state.kv_free + freed, launched=None)
+
+
+def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> State:
+    running = state.running
+    if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP and running.size:
+        running = attrs.evolve(running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, running.size, 1),
+                               spec_algorithm_on=True)
+    elif design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
+        running = attrs.evolve(running, spec_algorithm_on=True)
+    pending = state.pending
+    if pending is not None and design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
+        pending = attrs.evolve(pending, spec_algorithm_on=True)
+    return attrs.evolve(state, running=running, pending=pending, spec_mode=SpecMode.ON, launched=None)
+
+
+def _draft_extend_all(state: State, rids: tuple[int, ...]) -> dict[int, Request]:
+    return {rid: attrs.evolve(state.req(rid), draft_kv_len=state.req(rid).seq_len, draft_hidden_ready=True)
+            for rid in rids}
+
+
+def _draft_batch(rids: tuple[int, ...]) -> Batch:
+    return Batch(rids=rids, forward_mode=ForwardMode.DRAFT_EXTEND,
+                 spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1), spec_algorithm_on=True)
+
+
+def _draft_catch_up(state: State, action: Action, design: Design, scope: Scope) -> State:
+    rids = state.running.rids
+    running = attrs.evolve(state.running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
+                           spec_algorithm_on=True)
+    return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
+                        launched=_draft_batch(rids))
+
+
+def _prepare_for_decode(state: State, action: Action, design: Design, scope: Scope) -> State:
+    rids = state.running.rids
+    changed: dict[int, Request] = {}
+    if _spec_prepare_path(state, design):
+        # eagle_prepare_for_decode / alloc_for_spec_decode: top the reserve up; seq_lens and
+        # out_cache_loc are the worker's business
+        want = reserve_per_request(state, design)
+        allocated = 0
+        for rid in rids:
+            r = state.req(rid)
+            extra = max(0, want - r.kv_reserved)
+            allocated += extra
+            changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved + extra)
+        running = attrs.evolve(state.running, forward_mode=ForwardMode.DECODE, out_cache_loc_width=0)
+    else:
+        # plain path: alloc_for_decode, one slot per request
+        allocated = len(rids)
+        for rid in rids:
+            r = state.req(rid)
+            changed[rid] = attrs.evolve(r, kv_held=r.kv_held + 1)
+        running = attrs.evolve(state.running, forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
+    return attrs.evolve(state, requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
+                        kv_free=state.kv_free - allocated, launched=None)
+
+
+def _select_graph(batch: Batch, design: Design, scope: Scope, draft_tokens: int) -> GraphShape | None:
+    """CudaGraphRunner: a batch with spec_algorithm set and spec_info present replays the target-verify
+    graph of `draft_tokens` per request; a plain DECODE batch replays what the design gave plain
+    steps (on a speculative server, only the verify graphs exist unless a decode runner was captured)."""
+    bucket = scope.graph_bucket(batch.size)
+    if bucket is None:
+        return None
+    speculative = batch.spec_algorithm_on and batch.spec_info.kind is not SpecInfoKind.NONE
+    if speculative or batch.forward_mode is ForwardMode.TARGET_VERIFY:
+        return GraphShape(bucket, draft_tokens)
+    if design.plain_step_graphs is PlainStepGraphs.EAGER:
+        return None
+    if design.plain_step_graphs is PlainStepGraphs.VERIFY_RUNNER:
+        return GraphShape(bucket, draft_tokens)
+    return GraphShape(bucket, 1)
+
+
+def _draft(state: State, action: Action, design: Design, scope: Scope) -> State:
+    steps = action.args[0]
+    rids = state.running.rids
+    spec = SpecInfo(SpecInfoKind.VERIFY_INPUT, len(rids), steps + 1)
+    verify_batch = Batch(rids=rids, forward_mode=ForwardMode.TARGET_VERIFY, spec_info=spec, spec_algorithm_on=True,
+                         out_cache_loc_width=len(rids) * (steps + 1))
+    verify_batch = attrs.evolve(verify_batch, graph=_select_graph(verify_batch, design, scope, steps + 1))
+    return attrs.evolve(state, launched=verify_batch, stage=Stage.DRAFTED, num_steps=steps)
+
+
+def _verify(state: State, action: Action, design: Design, scope: Scope) -> State:
+    launched = state.launched
+    assert launched is not None
+    changed: dict[int, Request] = {}
+    freed = 0
+    for rid, accepted in zip(launched.rids, action.args, strict=True):
+        r = state.req(rid)
+        kept = min(accepted + 1, r.max_new_tokens - r.committed)
+        used = min(kept, r.kv_reserved)
+        # accepted tokens move from the reserve into held slots; the rest of the reserve stays
+        # allocated for the next round (SGLang v2 over-allocation), freed at finish
+        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + kept, committed=r.committed + kept,
+                                    kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
+                                    draft_hidden_ready=False)
+    # the verify forward has run: nothing is in flight until draft-extend launches
+    return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED,
+                        kv_free=state.kv_free + freed, launched=None)
+
+
+def _draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
+    rids = state.running.rids
+    running = attrs.evolve(state.running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
+                           spec_algorithm_on=True, out_cache_loc_width=0)
+    return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
+                        launched=_draft_batch(rids), stage=Stage.SCHEDULE)
+
+
+def _skip_draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
+    # the draft input is rebuilt from the verify's bonus token, but the draft KV is not extended
+    changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=True) for rid in state.running.rids}
+    return attrs.evolve(state, requests=state.with_requests(changed), launched=None, stage=Stage.SCHEDULE)
+
+
+def _plain_decode(state: State, action: Action, design: Design, scope: Scope) -> State:
+    rids = state.running.rids
+    running = state.running
+    worker = running  # the batch the target forward runs on
+    changed: dict[int, Request] = {}
+    if design.clear_spec_on is ClearSpecOn.WORKER_COPY:
+        worker = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+    elif design.clear_spec_on is ClearSpecOn.SCHEDULER_BATCH:
+        running = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+        worker = running
+        # the EagleDraftInput on the ScheduleBatch held the hidden states the next draft needs
+        changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in rids}
+    kv_free = state.kv_free
+    if design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
+        # alloc_token_slots(..., backup_state=False) returns one tensor of len(rids) slots: unpacking
+        # it into two names takes its first element (a scalar) when there are exactly 2, else fails
+        kv_free -= len(rids)
+        worker = attrs.evolve(worker, out_cache_loc_width=1 if len(rids) == 2 else -1)
+    worker = attrs.evolve(worker, forward_mode=ForwardMode.DECODE)
+    worker = attrs.evolve(worker, graph=_select_graph(worker, design, scope, state.num_steps + 1))
+    growth = 2 if design.plain_step_advances_seq_lens_twice else 1
+    for rid in rids:
+        r = changed.get(rid, state.req(rid))
+        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + growth, committed=r.committed + 1)
+    syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
+    return attrs.evolve(state, requests=state.with_requests(changed), running=running, launched=worker,
+                        kv_free=kv_free, stage=Stage.DECODED if syncs else Stage.SCHEDULE)
+
+
+def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> State:
+    rids = state.running.rids
+    running = state.running
+    if running.spec_algorithm_on or design.clear_spec_on is ClearSpecOn.WORKER_COPY:
+        running = attrs.evolve(running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1))
+    return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
+                        launched=_draft_batch(rids), stage=Stage.SCHEDULE)
+
+
+_HANDLERS = {
+    "arrive": _arrive,
+    "prefill": _prefill,
+    "merge_batch": _merge_batch,
+    "finish": _finish,
+    "filter_batch": _filter_batch,
+    "retract": _retract,
+    "flip_off": _flip_off,
+    "flip_on": _flip_on,
+    "draft_catch_up": _draft_catch_up,
+    "prepare_for_decode": _prepare_for_decode,
+    "draft": _draft,
+    "verify": _verify,
+    "draft_extend": _draft_extend,
+    "skip_draft_extend": _skip_draft_extend,
+    "plain_decode": _plain_decode,
+    "draft_sync": _draft_sync,
+}
+
+assert set(_HANDLERS) == set(ACTIONS_BY_NAME), "every catalogued action has exactly one handler"
+
+__all__ = [
+    "ACTION_CATALOGUE",
+    "ACTIONS_BY_NAME",
+    "Action",
+    "ActionInfo",
+    "AdaptiveTiers",
+    "apply",
+    "enabled",
+    "initial_states",
+]

@@ -1,0 +1,183 @@
+"""A design is one way to perform the flip, written as data; the scope bounds what the checker explores.
+
+Every choice a flip implementation makes that the failures in ANCHORS.md turn on is a field here, so
+one transition function (`statemodel.actions`) serves every design, shipped or known-bad.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class DesignKind(enum.Enum):
+    SHIPPED = "shipped"
+    KNOWN_BAD = "known-bad"
+
+
+class ClearSpecOn(enum.Enum):
+    """Where a spec-off step strips the speculative metadata before the plain target forward."""
+
+    WORKER_COPY = "worker_copy"  # the seeds' fix: the ModelWorkerBatch only; the ScheduleBatch keeps it
+    BATCH_AT_FLIP = "batch_at_flip"  # one-object lines: the flip itself takes spec_info off the batch
+    SCHEDULER_BATCH = "scheduler_batch"  # strips the ScheduleBatch (the draft input with it), per step
+    NOWHERE = "nowhere"  # the seeds' attempt 1
+
+
+class OutCacheLocFrom(enum.Enum):
+    """Where the plain step's `out_cache_loc` comes from."""
+
+    PREPARE_FOR_DECODE = "prepare_for_decode"  # the slots the scheduler already allocated
+    TUPLE_UNPACK = "tuple_unpack"  # the seeds' attempt 2: `out_cache_loc, _ = alloc_token_slots(...)`
+
+
+class DraftWhileOff(enum.Enum):
+    """How the draft model's KV is kept while speculation is off."""
+
+    SYNC_EVERY_STEP = "sync_every_step"  # draft-extend over the one new token after every plain step
+    CATCH_UP_ON_ENABLE = "catch_up_on_enable"  # nothing while off; one draft-extend over the gap at flip-on
+    NONE = "none"  # nothing at all (vLLM V0 "disabled forever", TRT-LLM #16888)
+
+
+class KvReserve(enum.Enum):
+    """What the speculative KV reserve per request is sized by."""
+
+    LARGEST_STATE = "largest_state"  # the most draft tokens any runtime state can verify
+    CURRENT_STATE = "current_state"  # the current step count (SGLang PR #24055)
+
+
+class PlainStepGraphs(enum.Enum):
+    """Which CUDA graphs a plain DECODE step replays on a speculative server. Its target graphs are
+    captured for TARGET_VERIFY shapes only, and the runner's can_run does not look at forward_mode."""
+
+    DECODE_RUNNER = "decode_runner"  # a decode graph runner (1 token per request) captured beside them
+    VERIFY_RUNNER = "verify_runner"  # nothing done: the verify graphs (draft tokens per request) replay
+    EAGER = "eager"  # graphs disabled for plain steps
+
+
+class MergeSpecInfo(enum.Enum):
+    CHECKED = "checked"  # rows for every request, a draft catch-up for rows that had none
+    CONCAT_UNCHECKED = "concat_unchecked"  # concatenates whatever the two batches hold (PR #10090)
+
+
+@attrs.frozen
+class ThresholdPolicy:
+    """Speculation off when demand reaches `t_off`, back on when it falls to `t_on` (hysteresis).
+
+    The checker explores every pair in `t_off_range` x `t_on_range` with `t_on < t_off` as separate
+    initial states. `clamp_to_spec_cap`: never re-enable while more requests run than speculation
+    can hold.
+    """
+
+    t_off_range: tuple[int, ...]
+    t_on_range: tuple[int, ...]
+    clamp_to_spec_cap: bool = True
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return [(off, on) for off in self.t_off_range for on in self.t_on_range if on < off]
+
+    def describe(self) -> str:
+        clamp = ", on only within the spec cap" if self.clamp_to_spec_cap else ""
+        return f"threshold off>={list(self.t_off_range)} on<={list(self.t_on_range)}{clamp}"
+
+
+@attrs.frozen
+class AdaptiveTiers:
+    """SGLang's `--speculative-adaptive`: per batch-size tier, the step counts the controller may pick.
+
+    `tiers` is ((min_batch_size, candidate_steps), ...), ascending; steps 0 means "no drafting": a
+    one-token trivial verify. The checker lets the controller pick any candidate, so every
+    decision SGLang's accept-rate controller can make is covered.
+    """
+
+    tiers: tuple[tuple[int, tuple[int, ...]], ...]
+
+    def candidates(self, batch_size: int) -> tuple[int, ...]:
+        chosen = self.tiers[0][1]
+        for min_bs, steps in self.tiers:
+            if batch_size >= min_bs:
+                chosen = steps
+        return chosen
+
+    def all_steps(self) -> tuple[int, ...]:
+        return tuple(sorted({s for _, steps in self.tiers for s in steps}))
+
+    def describe(self) -> str:
+        return "adaptive tiers " + ", ".join(f"bs>={bs}: steps {list(s)}" for bs, s in self.tiers)
+
+
+Policy = ThresholdPolicy | AdaptiveTiers
+
+
+@attrs.frozen
+class Design:
+    """One way to perform the flip, checked against the same invariants as every other."""
+
+    name: str
+    kind: DesignKind
+    summary: str
+    source: str
+    sglang_line: str
+    policy: Policy
+    num_steps: int = 2  # spec-on step count for threshold policies
+    has_worker_copy: bool = False  # ModelWorkerBatch exists (up to 0.5.12)
+    clear_spec_on: ClearSpecOn = ClearSpecOn.BATCH_AT_FLIP
+    out_cache_loc_from: OutCacheLocFrom = OutCacheLocFrom.PREPARE_FOR_DECODE
+    plain_step_graphs: PlainStepGraphs = PlainStepGraphs.DECODE_RUNNER
+    draft_while_off: DraftWhileOff = DraftWhileOff.CATCH_UP_ON_ENABLE
+    zero_step_draft_extend: bool = True
+    kv_reserve: KvReserve = KvReserve.LARGEST_STATE
+    merge_spec_info: MergeSpecInfo = MergeSpecInfo.CHECKED
+    free_reserved_on_finish: bool = True
+    release_reserve_at_flip_off: bool = True
+    plain_step_advances_seq_lens_twice: bool = False
+    expected_invariant: str | None = None  # known-bad: the invariant its shortest counterexample breaks
+
+    @property
+    def is_adaptive(self) -> bool:
+        return isinstance(self.policy, AdaptiveTiers)
+
+    def steps_choices(self, batch_size: int) -> tuple[int, ...]:
+        """Step counts a spec-on worker forward may run with for this batch size."""
+        if isinstance(self.policy, AdaptiveTiers):
+            return self.policy.candidates(batch_size)
+        return (self.num_steps,)
+
+    def largest_steps(self) -> int:
+        if isinstance(self.policy, AdaptiveTiers):
+            return max(self.policy.all_steps())
+        return self.num_steps
+
+
+@attrs.frozen
+class RequestSpec:
+    prompt_len: int
+    max_new_tokens: int
+
+
+@attrs.frozen
+class Scope:
+    """The bounds the checker exhausts. Small on purpose: every interleaving within them is explored."""
+
+    requests: tuple[RequestSpec, ...] = (
+        RequestSpec(3, 3), RequestSpec(1, 3), RequestSpec(2, 2), RequestSpec(1, 2))
+    kv_pool_size: int = 11
+    spec_cap: int = 2  # max running requests with speculation (48 on the GPU host)
+    plain_cap: int = 4  # max running requests without (128 on the GPU host)
+    chunk_size: int = 2  # chunked prefill: tokens one prefill batch extends at most
+    graph_capture_sizes: tuple[int, ...] = (1, 2)  # batch sizes with captured CUDA graphs
+
+    def describe(self) -> str:
+        reqs = ", ".join(f"prompt {r.prompt_len}/max_new {r.max_new_tokens}" for r in self.requests)
+        return (
+            f"{len(self.requests)} requests ({reqs}); KV pool {self.kv_pool_size} slots; running cap "
+            f"{self.spec_cap} with speculation, {self.plain_cap} without; chunked prefill {self.chunk_size} "
+            f"tokens; CUDA graphs for batch sizes {list(self.graph_capture_sizes)}"
+        )
+
+    def graph_bucket(self, batch_size: int) -> int | None:
+        for size in self.graph_capture_sizes:
+            if batch_size <= size:
+                return size
+        return None

@@ -1,0 +1,228 @@
+"""The designs: every way of performing the flip that specflip ships or refutes, as data.
+
+Shipped designs must pass every invariant within the scope; known-bad designs must each be refuted
+by a shortest counterexample whose last step breaks `expected_invariant`.
+"""
+
+from __future__ import annotations
+
+from statemodel.design import (
+    AdaptiveTiers,
+    ClearSpecOn,
+    Design,
+    DesignKind,
+    DraftWhileOff,
+    KvReserve,
+    MergeSpecInfo,
+    OutCacheLocFrom,
+    PlainStepGraphs,
+    ThresholdPolicy,
+)
+
+# Threshold pairs the checker explores for every threshold design: off at 1..4, on below it. t_on = 3
+# lies above speculation's running cap (2 in the scope): safe only because the policy is clamped.
+THRESHOLDS = ThresholdPolicy(t_off_range=(1, 2, 3, 4), t_on_range=(0, 1, 2, 3))
+# SGLang's adaptive tiers scaled to the scope: bs1 up to 2 steps, bs2 [0, 1], bs3 [0].
+TIERS = AdaptiveTiers(tiers=((1, (1, 2)), (2, (0, 1)), (3, (0,))))
+
+SEEDS_FINAL = Design(
+    name="seeds_final",
+    kind=DesignKind.SHIPPED,
+    summary="The seeds' final design, done right: leave the ScheduleBatch alone; on the worker's copy clear "
+    "spec_info and spec_algorithm; plain target forward on one slot per request allocated for the plain "
+    "step (the plugin makes prepare_for_decode allocate it: v1 returns early when speculating), replaying "
+    "a decode graph runner captured beside the verify graphs; restore; draft sync after every plain step.",
+    source="shared/seeds (msg 5559)",
+    sglang_line="0.5.12",
+    policy=THRESHOLDS,
+    has_worker_copy=True,
+    clear_spec_on=ClearSpecOn.WORKER_COPY,
+    draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+)
+
+CATCH_UP = Design(
+    name="plain_off_catch_up",
+    kind=DesignKind.SHIPPED,
+    summary="specflip's v2 switch: the flip takes spec_info and spec_algorithm off the batch so a spec-off "
+    "step is a real plain DECODE; no draft work while off; one draft-extend over every token committed "
+    "while off when speculation comes back; the running cap and KV reserve follow the mode and the "
+    "policy never re-enables above speculation's cap.",
+    source="issue 5 (v2 worker, 0.5.16 / 0.5.23)",
+    sglang_line="0.5.23",
+    policy=THRESHOLDS,
+    clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+    draft_while_off=DraftWhileOff.CATCH_UP_ON_ENABLE,
+)
+
+SYNC_V2 = Design(
+    name="plain_off_sync",
+    kind=DesignKind.SHIPPED,
+    summary="specflip's v2 switch with the draft kept current: as plain_off_catch_up, but a draft-extend "
+    "over the new token after every plain step instead of one catch-up.",
+    source="issue 5 (v2 worker, 0.5.16 / 0.5.23)",
+    sglang_line="0.5.23",
+    policy=THRESHOLDS,
+    clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+    draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+)
+
+ADAPTIVE_WARM = Design(
+    name="sglang_adaptive_warm",
+    kind=DesignKind.SHIPPED,
+    summary="SGLang 0.5.23's --speculative-adaptive: per batch-size tiers of step counts including 0 "
+    "(a trivial one-token verify), draft-extend kept running at steps=0, KV reserve sized for the "
+    "largest tier.",
+    source="sglang 0.5.23 eagle_worker_v2.py, adaptive_spec_params.py",
+    sglang_line="0.5.23",
+    policy=TIERS,
+    zero_step_draft_extend=True,
+)
+
+SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, ADAPTIVE_WARM)
+
+KNOWN_BAD = (
+    Design(
+        name="seeds_final_verify_graphs_only",
+        kind=DesignKind.KNOWN_BAD,
+        summary="The seeds' final design exactly as written: spec_info and spec_algorithm cleared on the worker "
+        "copy, but a speculative server has captured only target-verify graphs and CudaGraphRunner.can_run "
+        "ignores forward_mode, so the plain decode still replays a verify graph.",
+        source="sglang 0.5.12 model_executor/cuda_graph_runner.py (docs/correspondence-research.md)",
+        sglang_line="0.5.12",
+        policy=THRESHOLDS,
+        has_worker_copy=True,
+        clear_spec_on=ClearSpecOn.WORKER_COPY,
+        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+        plain_step_graphs=PlainStepGraphs.VERIFY_RUNNER,
+        expected_invariant="shapes_agree",
+    ),
+    Design(
+        name="seeds_attempt1_spec_info_left",
+        kind=DesignKind.KNOWN_BAD,
+        summary="Seeds' attempt 1: the EagleDraftInput stays on the batch of a plain decode; the CUDA graph "
+        "runner prepares the speculative shape (\"size of tensor a (160) must match tensor b (2)\").",
+        source="shared/seeds (msg 5536); ANCHORS.md seeds row",
+        sglang_line="0.5.12",
+        policy=THRESHOLDS,
+        has_worker_copy=True,
+        clear_spec_on=ClearSpecOn.NOWHERE,
+        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+        expected_invariant="spec_info_matches_mode",
+    ),
+    Design(
+        name="seeds_attempt2_tuple_unpack",
+        kind=DesignKind.KNOWN_BAD,
+        summary="Seeds' attempt 2: the fallback allocates its own slots and unpacks "
+        "`out_cache_loc, _ = alloc_token_slots(..., backup_state=False)`, a tensor, not a tuple.",
+        source="shared/seeds (msg 5556, 5559)",
+        sglang_line="0.5.12",
+        policy=THRESHOLDS,
+        has_worker_copy=True,
+        clear_spec_on=ClearSpecOn.WORKER_COPY,
+        out_cache_loc_from=OutCacheLocFrom.TUPLE_UNPACK,
+        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+        expected_invariant="shapes_agree",
+    ),
+    Design(
+        name="clear_on_scheduler_batch",
+        kind=DesignKind.KNOWN_BAD,
+        summary="Clears spec_info and spec_algorithm on the ScheduleBatch instead of the worker's copy: the "
+        "draft input the next draft step needs is gone when speculation comes back.",
+        source="shared/seeds (msg 5559: 'not the ScheduleBatch itself')",
+        sglang_line="0.5.12",
+        policy=THRESHOLDS,
+        has_worker_copy=True,
+        clear_spec_on=ClearSpecOn.SCHEDULER_BATCH,
+        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+        expected_invariant="draft_kv_covers_prefix",
+    ),
+    Design(
+        name="zero_steps_skip_draft_extend",
+        kind=DesignKind.KNOWN_BAD,
+        summary="Adaptive steps=0 with draft-extend skipped (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) and no "
+        "recovery: when steps go back up the draft runs on a stale KV.",
+        source="ANCHORS.md: sglang adaptive; TRT-LLM PR #16888; vllm-metal PR #716",
+        sglang_line="0.5.23",
+        policy=TIERS,
+        zero_step_draft_extend=False,
+        expected_invariant="draft_kv_covers_prefix",
+    ),
+    Design(
+        name="kv_reserve_by_current_steps",
+        kind=DesignKind.KNOWN_BAD,
+        summary="The speculative KV reserve is sized by the current step count; the adaptive switch to more "
+        "steps happens after prepare_for_decode, so the verify writes past the reserve.",
+        source="sglang PR #24055",
+        sglang_line="0.5.23",
+        policy=TIERS,
+        kv_reserve=KvReserve.CURRENT_STATE,
+        expected_invariant="kv_reserve_covers_writes",
+    ),
+    Design(
+        name="merge_unchecked_spec_info",
+        kind=DesignKind.KNOWN_BAD,
+        summary="merge_batch concatenates spec_info as it is: a batch prefilled while speculation was off "
+        "(no draft input) merges into a speculative running batch and spec_info loses rows.",
+        source="sglang PR #10090 comment (merge_batch -> spec_info.merge_batch shape error under load)",
+        sglang_line="0.5.23",
+        policy=THRESHOLDS,
+        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+        merge_spec_info=MergeSpecInfo.CONCAT_UNCHECKED,
+        expected_invariant="spec_info_matches_batch",
+    ),
+    Design(
+        name="draft_kv_never_freed",
+        kind=DesignKind.KNOWN_BAD,
+        summary="The KV over-allocated for draft tokens is not freed when a request finishes.",
+        source="sglang #13826, #19518",
+        sglang_line="0.5.23",
+        policy=TIERS,
+        free_reserved_on_finish=False,
+        expected_invariant="kv_conservation",
+    ),
+    Design(
+        name="reenable_above_spec_cap",
+        kind=DesignKind.KNOWN_BAD,
+        summary="The policy re-enables speculation at t_on although more requests run than speculation "
+        "holds (48 against 128 on the GPU host).",
+        source="issue 2; GPU-HOST.md (max_running_requests 48 with speculation)",
+        sglang_line="0.5.23",
+        policy=ThresholdPolicy(t_off_range=(4,), t_on_range=(3,), clamp_to_spec_cap=False),
+        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+        expected_invariant="running_within_cap",
+    ),
+    Design(
+        name="no_draft_work_while_off",
+        kind=DesignKind.KNOWN_BAD,
+        summary="No draft work while off and no catch-up when speculation comes back: the draft KV is stale.",
+        source="vLLM PR #4592 ('disabled forever'), TRT-LLM PR #16888, vllm-metal PR #716",
+        sglang_line="0.5.23",
+        policy=THRESHOLDS,
+        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+        draft_while_off=DraftWhileOff.NONE,
+        expected_invariant="draft_kv_covers_prefix",
+    ),
+    Design(
+        name="seq_lens_advanced_twice",
+        kind=DesignKind.KNOWN_BAD,
+        summary="A plain step whose seq_lens are advanced by prepare_for_decode and again by the speculative "
+        "worker's post-verify bookkeeping.",
+        source="sglang closed PR #13804 (cleanup_speculative_state re-allocates and resets per step)",
+        sglang_line="0.5.23",
+        policy=THRESHOLDS,
+        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+        plain_step_advances_seq_lens_twice=True,
+        expected_invariant="seq_lens_growth",
+    ),
+)
+
+ALL_DESIGNS: tuple[Design, ...] = SHIPPED + KNOWN_BAD
+DESIGNS_BY_NAME: dict[str, Design] = {d.name: d for d in ALL_DESIGNS}
+
+
+def get_design(name: str) -> Design:
+    """A design by name, with a clear error listing the known names."""
+    try:
+        return DESIGNS_BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no design named {name!r}; known designs: {', '.join(DESIGNS_BY_NAME)}") from None

@@ -1,0 +1,286 @@
+"""Named invariants: the one definition the checker, the runtime guard, the diagrams and the docs read.
+
+Two shapes: a state invariant looks at one state; a step invariant looks at one transition
+(before, action, after). Each returns the violations it finds, with expected vs actual in numbers.
+Names are stable: they appear in `SpecFlipViolation` messages, proof reports, traces and docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from statemodel.actions import Action
+from statemodel.design import Scope
+from statemodel.state import Batch, ForwardMode, SpecInfoKind, SpecMode, Stage, State, Status
+
+
+@attrs.frozen
+class Violation:
+    invariant: str
+    message: str
+    rids: tuple[int, ...] = ()
+    expected: str = ""
+    actual: str = ""
+
+    def describe(self) -> str:
+        who = f" (requests {list(self.rids)})" if self.rids else ""
+        return f"{self.invariant}: {self.message}{who}"
+
+
+@attrs.frozen
+class Invariant:
+    name: str
+    summary: str
+    check: Callable[..., list[Violation]]
+    on_step: bool  # True: check(before, action, after, scope); False: check(state, scope)
+
+
+# spec_info kinds a launched forward may carry, per forward mode.
+ALLOWED_SPEC_INFO: dict[ForwardMode, frozenset[SpecInfoKind]] = {
+    ForwardMode.IDLE: frozenset({SpecInfoKind.NONE}),
+    ForwardMode.EXTEND: frozenset({SpecInfoKind.NONE}),
+    ForwardMode.MIXED: frozenset({SpecInfoKind.NONE}),
+    ForwardMode.DECODE: frozenset({SpecInfoKind.NONE}),  # a plain target decode
+    ForwardMode.TARGET_VERIFY: frozenset({SpecInfoKind.VERIFY_INPUT}),
+    ForwardMode.DRAFT_EXTEND: frozenset({SpecInfoKind.DRAFT_INPUT}),
+}
+
+
+def _launched(state: State) -> Batch | None:
+    return state.launched
+
+
+def spec_info_matches_mode(state: State, scope: Scope) -> list[Violation]:
+    """The forward just launched carries the spec_info its forward_mode reads, and no other."""
+    batch = _launched(state)
+    if batch is None:
+        return []
+    allowed = ALLOWED_SPEC_INFO[batch.forward_mode]
+    problems: list[Violation] = []
+    if batch.spec_info.kind not in allowed:
+        want = " or ".join(sorted(k.value for k in allowed))
+        problems.append(Violation(
+            "spec_info_matches_mode",
+            f"a {batch.forward_mode.value} forward of {batch.size} requests carries spec_info "
+            f"{batch.spec_info.describe()}; it must carry {want}",
+            batch.rids, expected=want, actual=batch.spec_info.kind.value,
+        ))
+    if batch.forward_mode is ForwardMode.DECODE and batch.spec_algorithm_on:
+        problems.append(Violation(
+            "spec_info_matches_mode",
+            f"a plain DECODE forward of {batch.size} requests still has spec_algorithm set",
+            batch.rids, expected="spec_algorithm NONE", actual="spec_algorithm EAGLE",
+        ))
+    return problems
+
+
+def spec_info_matches_batch(state: State, scope: Scope) -> list[Violation]:
+    """spec_info has one row per request of the batch it is attached to (merge/filter keep it so)."""
+    problems = []
+    for label, batch in (("running batch", state.running), ("launched batch", state.launched)):
+        if batch is None or batch.spec_info.kind is SpecInfoKind.NONE:
+            continue
+        if batch.spec_info.rows != batch.size:
+            problems.append(Violation(
+                "spec_info_matches_batch",
+                f"the {label} holds {batch.size} requests but its spec_info has {batch.spec_info.rows} rows",
+                batch.rids, expected=str(batch.size), actual=str(batch.spec_info.rows),
+            ))
+    return problems
+
+
+def shapes_agree(state: State, scope: Scope) -> list[Violation]:
+    """out_cache_loc width == tokens the forward writes == the replayed CUDA graph's shape."""
+    batch = _launched(state)
+    if batch is None or batch.forward_mode is ForwardMode.DRAFT_EXTEND:
+        return []  # draft-extend writes the draft model's own pool
+    problems = []
+    written = batch.tokens_written()
+    if batch.out_cache_loc_width != written:
+        per_req = batch.tokens_written_per_req()
+        how = f"{batch.size} requests x {per_req}" if per_req else f"{batch.size} requests"
+        problems.append(Violation(
+            "shapes_agree",
+            f"out_cache_loc holds {batch.out_cache_loc_width} slots; a {batch.forward_mode.value} step of "
+            f"{how} writes {written}",
+            batch.rids, expected=str(written), actual=str(batch.out_cache_loc_width),
+        ))
+    graph = batch.graph
+    if graph is not None:
+        per_req = batch.tokens_written_per_req()
+        if graph.tokens_per_req != per_req or graph.batch_bucket < batch.size:
+            problems.append(Violation(
+                "shapes_agree",
+                f"the replayed CUDA graph is {graph.batch_bucket} requests x {graph.tokens_per_req} tokens "
+                f"= {graph.batch_bucket * graph.tokens_per_req} rows; the {batch.forward_mode.value} step "
+                f"feeds {batch.size} requests x {per_req} tokens = {batch.size * per_req}",
+                batch.rids, expected=f"{batch.size}x{per_req}", actual=graph.describe(),
+            ))
+    return problems
+
+
+def kv_conservation(state: State, scope: Scope) -> list[Violation]:
+    """free + held + reserved == pool size, nothing negative: no leak, no double free."""
+    accounted = state.kv_accounted()
+    problems = []
+    if accounted != state.kv_pool_size or state.kv_free < 0:
+        held = sum(r.kv_held for r in state.requests)
+        reserved = sum(r.kv_reserved for r in state.requests)
+        what = "leaked" if accounted < state.kv_pool_size else "freed twice"
+        problems.append(Violation(
+            "kv_conservation",
+            f"KV pool of {state.kv_pool_size} slots: free {state.kv_free} + held {held} + reserved {reserved} "
+            f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
+            expected=str(state.kv_pool_size), actual=str(accounted),
+        ))
+    for r in state.requests:
+        if r.status in (Status.FINISHED, Status.NOT_ARRIVED, Status.WAITING) and (r.kv_held or r.kv_reserved):
+            problems.append(Violation(
+                "kv_conservation",
+                f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
+                (r.rid,), expected="0", actual=str(r.kv_held + r.kv_reserved),
+            ))
+    return problems
+
+
+def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
+    """A verify forward writes only into slots reserved for it: draft tokens <= reserved per request."""
+    batch = _launched(state)
+    if batch is None or batch.forward_mode is not ForwardMode.TARGET_VERIFY:
+        return []
+    per_req = batch.spec_info.tokens_per_row
+    short = [rid for rid in batch.rids if state.req(rid).kv_reserved < per_req]
+    if not short:
+        return []
+    have = min(state.req(rid).kv_reserved for rid in short)
+    return [Violation(
+        "kv_reserve_covers_writes",
+        f"the verify step writes {per_req} tokens per request but only {have} slots are reserved",
+        tuple(short), expected=str(per_req), actual=str(have),
+    )]
+
+
+def running_within_cap(state: State, scope: Scope) -> list[Violation]:
+    """No more requests run than the current mode can hold (speculation holds fewer)."""
+    cap = scope.spec_cap if state.spec_mode is SpecMode.ON else scope.plain_cap
+    count = state.in_flight_count()
+    if count <= cap:
+        return []
+    return [Violation(
+        "running_within_cap",
+        f"{count} requests run with speculation {state.spec_mode.value}; that mode holds at most {cap}",
+        state.running.rids, expected=f"<= {cap}", actual=str(count),
+    )]
+
+
+def seq_lens_growth(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+    """seq_lens grow by accepted+1 on a verify, by 1 on a plain decode, and not at all otherwise
+    (except prefill and retract, which set them)."""
+    if action.name in ("prefill", "retract"):
+        return []
+    problems = []
+    expected_growth = _expected_growth(before, action)
+    for a, b in zip(before.requests, after.requests, strict=True):
+        want = expected_growth.get(a.rid, 0)
+        grew = b.seq_len - a.seq_len
+        if grew != want:
+            problems.append(Violation(
+                "seq_lens_growth",
+                f"{action.name} moved seq_len of request {a.rid} from {a.seq_len} to {b.seq_len}; "
+                f"it must grow by {want}",
+                (a.rid,), expected=str(a.seq_len + want), actual=str(b.seq_len),
+            ))
+    return problems
+
+
+def _expected_growth(before: State, action: Action) -> dict[int, int]:
+    if action.name == "verify":
+        return {
+            rid: min(accepted + 1, before.req(rid).max_new_tokens - before.req(rid).committed)
+            for rid, accepted in zip(before.launched.rids, action.args, strict=True)  # type: ignore[union-attr]
+        }
+    if action.name == "plain_decode":
+        return dict.fromkeys(before.running.rids, 1)
+    return {}
+
+
+def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+    """Before any draft step, the draft model's KV covers every committed token and the hidden
+    state it starts from exists."""
+    if action.name != "draft" or action.args[0] == 0:
+        return []
+    spec = before.running.spec_info
+    if spec.kind is not SpecInfoKind.DRAFT_INPUT:
+        return [Violation(
+            "draft_kv_covers_prefix",
+            f"draft step {action.args[0]} starts from spec_info {spec.describe()}: the draft input (hidden "
+            f"states, bonus tokens) of {before.running.size} requests is gone",
+            before.running.rids, expected="draft_input", actual=spec.kind.value,
+        )]
+    stale = [r for r in (before.req(rid) for rid in before.running.rids) if not r.draft_current]
+    if not stale:
+        return []
+    r = stale[0]
+    hidden = "present" if r.draft_hidden_ready else "missing"
+    return [Violation(
+        "draft_kv_covers_prefix",
+        f"draft step {action.args[0]} starts with the draft KV covering {r.draft_kv_len} of {r.seq_len} "
+        f"committed tokens of request {r.rid}, hidden state {hidden}",
+        tuple(x.rid for x in stale), expected=f"{r.seq_len} tokens, hidden state present",
+        actual=f"{r.draft_kv_len} tokens, hidden state {hidden}",
+    )]
+
+
+def committed_never_lost(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+    """No step takes away an output token a request has committed, retraction included."""
+    lost = [(a, b) for a, b in zip(before.requests, after.requests, strict=True) if b.committed < a.committed]
+    return [Violation(
+        "committed_never_lost",
+        f"{action.name} dropped request {a.rid}'s output from {a.committed} to {b.committed} tokens",
+        (a.rid,), expected=str(a.committed), actual=str(b.committed),
+    ) for a, b in lost]
+
+
+# The order is the order of report: a broken precondition of the step first, then the batch the
+# step launched, then the pool, then the step's effect.
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("draft_kv_covers_prefix", draft_kv_covers_prefix.__doc__ or "", draft_kv_covers_prefix, True),
+    Invariant("spec_info_matches_mode", spec_info_matches_mode.__doc__ or "", spec_info_matches_mode, False),
+    Invariant("spec_info_matches_batch", spec_info_matches_batch.__doc__ or "", spec_info_matches_batch, False),
+    Invariant("shapes_agree", shapes_agree.__doc__ or "", shapes_agree, False),
+    Invariant("kv_reserve_covers_writes", kv_reserve_covers_writes.__doc__ or "", kv_reserve_covers_writes, False),
+    Invariant("kv_conservation", kv_conservation.__doc__ or "", kv_conservation, False),
+    Invariant("seq_lens_growth", seq_lens_growth.__doc__ or "", seq_lens_growth, True),
+    Invariant("committed_never_lost", committed_never_lost.__doc__ or "", committed_never_lost, True),
+    Invariant("running_within_cap", running_within_cap.__doc__ or "", running_within_cap, False),
+)
+
+INVARIANT_NAMES: tuple[str, ...] = tuple(i.name for i in INVARIANTS)
+
+
+def check_state(state: State, scope: Scope) -> list[Violation]:
+    """Every state invariant, in the fixed order of INVARIANTS."""
+    found: list[Violation] = []
+    for inv in INVARIANTS:
+        if not inv.on_step:
+            found.extend(inv.check(state, scope))
+    return found
+
+
+def check_step(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+    """Every step invariant of one transition, then every state invariant of its result."""
+    found: list[Violation] = []
+    for inv in INVARIANTS:
+        if inv.on_step:
+            found.extend(inv.check(before, action, after, scope))
+        else:
+            found.extend(inv.check(after, scope))
+    order = {name: i for i, name in enumerate(INVARIANT_NAMES)}
+    return sorted(found, key=lambda v: order[v.invariant])
+
+
+def is_resting(state: State) -> bool:
+    """A state between scheduler iterations (no forward in flight)."""
+    return state.stage is Stage.SCHEDULE

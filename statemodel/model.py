@@ -1,0 +1,133 @@
+"""The model interface every consumer uses (stateright's shape): initial states, actions, next state,
+and properties of three kinds: always (the invariants), sometimes (reachability, so no invariant holds
+vacuously), eventually (checked on terminal states: every request finishes, nothing deadlocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+from statemodel import actions as _actions
+from statemodel.actions import Action
+from statemodel.design import Design, Scope, ThresholdPolicy
+from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
+from statemodel.state import SpecMode, State
+
+
+class Transition(Protocol):
+    before: State
+    action: Action
+    after: State
+
+
+@attrs.frozen
+class Sometimes:
+    """A transition that must occur somewhere in the explored space."""
+
+    name: str
+    summary: str
+    holds: Callable[[State, Action, State], bool]
+
+
+@attrs.frozen
+class Eventually:
+    """A property every terminal state (no action enabled) must satisfy."""
+
+    name: str
+    summary: str
+    holds: Callable[[State], bool]
+
+
+def _named(name: str) -> Callable[[State, Action, State], bool]:
+    return lambda before, action, after: action.name == name
+
+
+def _verify_accepting(count: int) -> Callable[[State, Action, State], bool]:
+    return lambda before, action, after: action.name == "verify" and count in action.args
+
+
+def _draft_with(pred: Callable[[int], bool]) -> Callable[[State, Action, State], bool]:
+    return lambda before, action, after: action.name == "draft" and pred(action.args[0])
+
+
+def _chunked(before: State, action: Action, after: State) -> bool:
+    return action.name == "prefill" and any(
+        r.prefilled_len and r.prefilled_len < r.prefill_target for r in after.requests)
+
+
+def _flip_with_batch(before: State, action: Action, after: State) -> bool:
+    return action.name in ("flip_off", "flip_on") and before.running.size > 0
+
+
+def _steps_switched(before: State, action: Action, after: State) -> bool:
+    return action.name == "draft" and action.args[0] != before.num_steps
+
+
+@attrs.frozen
+class Model:
+    """One design under one scope: what the checker explores and what the guard checks against."""
+
+    design: Design
+    scope: Scope
+
+    def init_states(self) -> list[State]:
+        return _actions.initial_states(self.design, self.scope)
+
+    def actions(self, state: State) -> list[Action]:
+        return _actions.enabled(state, self.design, self.scope)
+
+    def next_state(self, state: State, action: Action) -> State:
+        return _actions.apply(state, action, self.design, self.scope)
+
+    def always(self) -> tuple[Invariant, ...]:
+        return INVARIANTS
+
+    def check_state(self, state: State) -> list[Violation]:
+        return check_state(state, self.scope)
+
+    def check_step(self, before: State, action: Action, after: State) -> list[Violation]:
+        return check_step(before, action, after, self.scope)
+
+    def sometimes(self) -> tuple[Sometimes, ...]:
+        """Reachability properties that apply to this design."""
+        out = [
+            Sometimes("prefill_chunked", "a prompt is prefilled in more than one chunk", _chunked),
+            Sometimes("merge_batch", "a prefilled batch merges into the running batch", _named("merge_batch")),
+            Sometimes("finish", "a request finishes", _named("finish")),
+            Sometimes("filter_batch", "finished requests are filtered out", _named("filter_batch")),
+            Sometimes("retract", "a request is retracted under KV pressure", _named("retract")),
+            Sometimes("draft_k_steps", "a draft of at least one step", _draft_with(lambda k: k > 0)),
+        ]
+        largest = self.design.largest_steps()
+        out += [Sometimes(f"verify_accepts_{n}", f"a verify where some request accepts {n} draft tokens",
+                          _verify_accepting(n)) for n in range(largest + 1)]
+        if isinstance(self.design.policy, ThresholdPolicy):
+            out += [
+                Sometimes("plain_decode", "a spec-off step runs a plain decode", _named("plain_decode")),
+                Sometimes("flip_off", "speculation is switched off", _named("flip_off")),
+                Sometimes("flip_on", "speculation is switched back on", _named("flip_on")),
+                Sometimes("flip_with_running_batch", "a flip happens while requests are running",
+                          _flip_with_batch),
+            ]
+            if self.design.draft_while_off.value == "sync_every_step":
+                out.append(Sometimes("draft_sync", "the draft syncs after a plain step", _named("draft_sync")))
+            if self.design.draft_while_off.value == "catch_up_on_enable":
+                out.append(Sometimes("draft_catch_up", "the draft catches up at flip-on", _named("draft_catch_up")))
+        else:
+            out += [
+                Sometimes("zero_step", "a steps=0 round (trivial verify)", _draft_with(lambda k: k == 0)),
+                Sometimes("steps_switch", "the adaptive controller switches step count", _steps_switched),
+            ]
+        return tuple(out)
+
+    def eventually(self) -> tuple[Eventually, ...]:
+        return (
+            Eventually("all_requests_finish", "every request finishes (no deadlock, no request lost)",
+                       lambda s: s.all_finished()),
+        )
+
+    def spec_cap_for(self, state: State) -> int:
+        return self.scope.spec_cap if state.spec_mode is SpecMode.ON else self.scope.plain_cap

@@ -1,0 +1,217 @@
+"""The batch state that matters across spec-on and spec-off steps, as frozen attrs classes.
+
+Every class here is immutable and hashable so that the checker can deduplicate states by hash.
+Field names follow SGLang where SGLang has a name (`forward_mode`, `spec_info`, `out_cache_loc`,
+`seq_lens`); `docs/model.md` maps each field to the SGLang attribute it stands for, per release line.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class ForwardMode(enum.Enum):
+    """SGLang's `ForwardMode`, restricted to the modes a decode-time flip touches."""
+
+    IDLE = "IDLE"
+    EXTEND = "EXTEND"
+    DECODE = "DECODE"
+    MIXED = "MIXED"
+    TARGET_VERIFY = "TARGET_VERIFY"
+    DRAFT_EXTEND = "DRAFT_EXTEND"
+
+
+class SpecInfoKind(enum.Enum):
+    """What `batch.spec_info` holds: nothing, an `EagleDraftInput` or an `EagleVerifyInput`."""
+
+    NONE = "none"
+    DRAFT_INPUT = "draft_input"
+    VERIFY_INPUT = "verify_input"
+
+
+class Status(enum.Enum):
+    """Where a request is in the scheduler. A retracted request goes back to WAITING."""
+
+    NOT_ARRIVED = "not_arrived"
+    WAITING = "waiting"
+    PREFILLING = "prefilling"  # part of its prompt is in KV (chunked prefill)
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Stage(enum.Enum):
+    """Where one scheduler iteration is: the scheduler's part, or the worker forward in flight."""
+
+    SCHEDULE = "schedule"  # get_next_batch_to_run / process_batch_result
+    PREPARED = "prepared"  # prepare_for_decode ran; the worker forward comes next
+    DRAFTED = "drafted"  # draft ran; the verify input is built
+    VERIFIED = "verified"  # verify ran; draft-extend comes next
+    DECODED = "decoded"  # a plain target decode ran; a draft sync may come next
+
+
+class SpecMode(enum.Enum):
+    """The runtime mode a flip policy chose."""
+
+    ON = "on"
+    OFF = "off"
+
+
+@attrs.frozen(cache_hash=True)
+class SpecInfo:
+    """`batch.spec_info`: its kind, how many requests it has rows for, and tokens per row."""
+
+    kind: SpecInfoKind = SpecInfoKind.NONE
+    rows: int = 0
+    tokens_per_row: int = 0
+
+    @classmethod
+    def none(cls) -> SpecInfo:
+        return _NO_SPEC_INFO
+
+    def describe(self) -> str:
+        if self.kind is SpecInfoKind.NONE:
+            return "none"
+        return f"{self.kind.value}[{self.rows}x{self.tokens_per_row}]"
+
+
+_NO_SPEC_INFO = SpecInfo()
+
+
+@attrs.frozen(cache_hash=True)
+class GraphShape:
+    """The CUDA graph a forward replays: the captured batch-size bucket x tokens per request."""
+
+    batch_bucket: int
+    tokens_per_req: int
+
+    def describe(self) -> str:
+        return f"{self.batch_bucket}x{self.tokens_per_req}"
+
+
+@attrs.frozen(cache_hash=True)
+class Batch:
+    """A batch as the scheduler holds it (`ScheduleBatch`) or as a forward launches it.
+
+    `out_cache_loc_width` is the number of KV slots the forward writes into; `graph` is the CUDA
+    graph the forward replays (None: eager, or no forward launched).
+    """
+
+    rids: tuple[int, ...] = ()
+    forward_mode: ForwardMode = ForwardMode.IDLE
+    spec_info: SpecInfo = _NO_SPEC_INFO
+    spec_algorithm_on: bool = False
+    out_cache_loc_width: int = 0
+    graph: GraphShape | None = None
+    extend_tokens: int = 0  # EXTEND only: tokens the prefill writes
+
+    @property
+    def size(self) -> int:
+        return len(self.rids)
+
+    def tokens_written_per_req(self) -> int:
+        """Tokens per request the target forward of this batch writes into the KV pool."""
+        if self.forward_mode is ForwardMode.TARGET_VERIFY:
+            return self.spec_info.tokens_per_row
+        if self.forward_mode in (ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND):
+            return 1
+        return 0
+
+    def tokens_written(self) -> int:
+        if self.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED):
+            return self.extend_tokens
+        return self.size * self.tokens_written_per_req()
+
+
+EMPTY_BATCH = Batch()
+
+
+@attrs.frozen(cache_hash=True)
+class Request:
+    """One request's share of the state.
+
+    `seq_len` is tokens in the target's KV (SGLang's `seq_lens`), `committed` the output tokens the
+    request has (`len(req.output_ids)`); `kv_held` KV slots holding committed tokens, `kv_reserved`
+    slots over-allocated for draft tokens; `draft_kv_len` how far the draft model's KV covers the
+    committed prefix, `draft_hidden_ready` whether the hidden state / bonus token the next draft
+    step starts from exists.
+    """
+
+    rid: int
+    prompt_len: int
+    max_new_tokens: int
+    status: Status = Status.NOT_ARRIVED
+    prefilled_len: int = 0
+    seq_len: int = 0
+    committed: int = 0
+    kv_held: int = 0
+    kv_reserved: int = 0
+    draft_kv_len: int = 0
+    draft_hidden_ready: bool = False
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens a (re-)prefill must put in KV: the prompt plus outputs kept across a retract."""
+        return self.prompt_len + self.committed
+
+    @property
+    def done(self) -> bool:
+        return self.committed >= self.max_new_tokens
+
+    @property
+    def draft_current(self) -> bool:
+        return self.draft_kv_len == self.seq_len and self.draft_hidden_ready
+
+
+@attrs.frozen(cache_hash=True)
+class Thresholds:
+    """The flip policy's thresholds on demand (running + waiting requests): off at `t_off`, on at `t_on`."""
+
+    t_off: int
+    t_on: int
+
+
+@attrs.frozen(cache_hash=True)
+class State:
+    """The whole model state: requests, the scheduler's batches, the KV pool, the runtime mode.
+
+    `running` is the scheduler's running `ScheduleBatch`; `pending` a prefilled batch not yet merged
+    into it; `launched` the batch the last forward ran on: the worker's copy (`ModelWorkerBatch`)
+    on lines that have one, the `ScheduleBatch` itself on lines that do not.
+    """
+
+    requests: tuple[Request, ...]
+    running: Batch
+    pending: Batch | None
+    launched: Batch | None
+    stage: Stage
+    spec_mode: SpecMode
+    num_steps: int
+    kv_free: int
+    kv_pool_size: int
+    thresholds: Thresholds | None = None
+
+    def req(self, rid: int) -> Request:
+        return self.requests[rid]
+
+    def with_requests(self, changed: dict[int, Request]) -> tuple[Request, ...]:
+        return tuple(changed.get(r.rid, r) for r in self.requests)
+
+    def waiting(self) -> list[Request]:
+        return [r for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING)]
+
+    def in_flight_count(self) -> int:
+        """Requests the running batch holds now or will once merged: pending and chunked ones count."""
+        chunked = sum(1 for r in self.requests if r.status is Status.PREFILLING)
+        return self.running.size + (self.pending.size if self.pending else 0) + chunked
+
+    def demand(self) -> int:
+        """What the flip policy looks at: requests running plus requests waiting to run."""
+        return sum(1 for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING, Status.RUNNING))
+
+    def kv_accounted(self) -> int:
+        return self.kv_free + sum(r.kv_held + r.kv_reserved for r in self.requests)
+
+    def all_finished(self) -> bool:
+        return all(r.status is Status.FINISHED for r in self.requests)

@@ -1,0 +1,118 @@
+"""Each action's effect, on paths through the real transition function."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled
+from statemodel.design import Scope
+from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, SEEDS_FINAL, SYNC_V2, get_design
+from statemodel.state import ForwardMode, SpecInfoKind, SpecMode, Stage, Status
+from tests.model_helpers import initial_with, model_for, take, walk
+
+
+def test_chunked_prefill_takes_two_steps_and_commits_the_first_token() -> None:
+    m = model_for(SEEDS_FINAL)
+    s = walk(m, initial_with(m, 4, 3), ["arrive", "prefill"])
+    r0 = s.req(0)
+    assert r0.status is Status.PREFILLING and r0.prefilled_len == 2 and r0.committed == 0
+    assert s.launched is not None and s.launched.forward_mode is ForwardMode.EXTEND
+    assert s.launched.out_cache_loc_width == 2
+    s = walk(m, s, ["prefill"])
+    r0 = s.req(0)
+    assert r0.status is Status.RUNNING and r0.seq_len == 3 and r0.committed == 1 and r0.draft_current
+    assert s.pending is not None and s.pending.spec_info.kind is SpecInfoKind.DRAFT_INPUT
+
+
+def test_speculative_round_grows_seq_len_by_accepted_plus_one() -> None:
+    m = model_for(SEEDS_FINAL)
+    s = walk(m, initial_with(m, 4, 3), ["arrive", "prefill", "prefill", "merge_batch", "prepare_for_decode"])
+    assert s.req(0).kv_reserved == 3  # steps 2 + bonus
+    s = take(m, s, Action("draft", (2,)))
+    assert s.launched.forward_mode is ForwardMode.TARGET_VERIFY and s.launched.out_cache_loc_width == 3
+    assert s.launched.graph is not None and s.launched.graph.tokens_per_req == 3
+    s = take(m, s, Action("verify", (1,)))
+    r0 = s.req(0)
+    assert (r0.seq_len, r0.committed, r0.kv_held, r0.kv_reserved) == (5, 3, 5, 1)
+    assert not r0.draft_hidden_ready
+    s = walk(m, s, ["draft_extend"])
+    assert s.req(0).draft_current and s.stage is Stage.SCHEDULE
+    assert s.running.spec_info.kind is SpecInfoKind.DRAFT_INPUT
+
+
+def test_verify_offers_every_accept_count_per_request() -> None:
+    m = model_for(ADAPTIVE_WARM)
+    s = walk(m, m.init_states()[0], ["arrive", "prefill", "prefill", "arrive", "merge_batch", "prefill",
+                                      "merge_batch", "prepare_for_decode"])
+    assert s.running.size == 2
+    s = take(m, s, Action("draft", (1,)))
+    assert sorted(a.args for a in m.actions(s)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_flip_off_releases_the_reserve_and_strips_the_batch() -> None:
+    m = model_for(CATCH_UP)
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "prefill", "merge_batch", "prepare_for_decode",
+                                         "draft", "verify", "draft_extend", "arrive"])
+    reserved = s.req(0).kv_reserved
+    assert reserved > 0 and Action("flip_off") in m.actions(s)
+    off = take(m, s, Action("flip_off"))
+    assert off.spec_mode is SpecMode.OFF and off.req(0).kv_reserved == 0
+    assert off.kv_free == s.kv_free + reserved
+    assert off.running.spec_info.kind is SpecInfoKind.NONE and not off.running.spec_algorithm_on
+
+
+def test_plain_step_is_a_real_decode_and_catch_up_runs_at_flip_on() -> None:
+    m = model_for(CATCH_UP)
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "prefill", "merge_batch", "arrive", "flip_off",
+                                         "prepare_for_decode"])
+    assert s.running.out_cache_loc_width == 1
+    s = take(m, s, Action("plain_decode"))
+    assert s.launched.forward_mode is ForwardMode.DECODE and s.launched.spec_info.kind is SpecInfoKind.NONE
+    assert s.launched.graph is not None and s.launched.graph.tokens_per_req == 1
+    assert s.req(0).draft_kv_len == 3 and s.req(0).seq_len == 4  # the draft fell behind by one token
+    assert s.stage is Stage.SCHEDULE  # no draft sync in this design
+
+
+def test_sync_design_runs_draft_sync_after_every_plain_step() -> None:
+    m = model_for(SYNC_V2)
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "prefill", "merge_batch", "arrive", "flip_off",
+                                         "prepare_for_decode", "plain_decode"])
+    assert s.stage is Stage.DECODED and enabled(s, SYNC_V2, Scope()) == [Action("draft_sync")]
+    s = walk(m, s, ["draft_sync"])
+    assert s.req(0).draft_current
+
+
+def test_retract_keeps_committed_output_and_frees_everything() -> None:
+    scope = attrs.evolve(Scope(), kv_pool_size=9)
+    m = model_for(SEEDS_FINAL, scope)
+    s = initial_with(m, 4, 3)
+    s = walk(m, s, ["arrive", "prefill", "prefill", "merge_batch", "prepare_for_decode", "draft", "verify",
+                    "draft_extend", "arrive", "prefill", "merge_batch"])
+    # two requests each want a reserve of 3 for the next speculative step; 9 slots cannot hold that
+    assert any(a.name == "retract" for a in m.actions(s)), [a.describe() for a in m.actions(s)]
+    before = s.req(0)
+    s = take(m, s, Action("retract", (0,)))
+    r0 = s.req(0)
+    assert r0.status is Status.WAITING and r0.committed == before.committed
+    assert (r0.kv_held, r0.kv_reserved, r0.seq_len) == (0, 0, 0)
+    assert 0 not in s.running.rids and s.running.spec_info.rows == s.running.size
+
+
+def test_unknown_action_is_a_clear_error() -> None:
+    m = model_for(SEEDS_FINAL)
+    with pytest.raises(ValueError, match="unknown action 'warp'"):
+        apply(m.init_states()[0], Action("warp"), SEEDS_FINAL, Scope())
+
+
+def test_unknown_design_is_a_clear_error() -> None:
+    with pytest.raises(KeyError, match="no design named 'nope'; known designs: seeds_final"):
+        get_design("nope")
+
+
+def test_catalogue_is_complete() -> None:
+    names = [a.name for a in ACTION_CATALOGUE]
+    assert len(names) == len(set(names))
+    for required in ("arrive", "prefill", "draft", "verify", "draft_extend", "plain_decode", "finish", "retract",
+                     "merge_batch", "filter_batch", "flip_off", "flip_on", "prepare_for_decode"):
+        assert required in names

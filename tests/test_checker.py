@@ -1,0 +1,124 @@
+"""The BFS checker: verdicts for every design, shortest traces, vacuity and deadlock detection, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+from proofs.bfs import check
+from proofs.verdicts import judge, report_markdown, run_design
+from specflip.cli import main
+from statemodel.design import RequestSpec, Scope, ThresholdPolicy
+from statemodel.designs import ALL_DESIGNS, KNOWN_BAD, SEEDS_FINAL, SHIPPED, get_design
+from statemodel.model import Model
+
+
+@pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
+def test_known_bad_design_is_refuted_with_its_invariant(design) -> None:
+    verdict = run_design(design)
+    assert verdict.verdict == "refuted", verdict.reason
+    assert verdict.invariant == design.expected_invariant
+    last = verdict.result.trace[-1]
+    assert verdict.result.violations and last.state is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("design", SHIPPED, ids=lambda d: d.name)
+def test_shipped_design_passes_without_vacuity(design) -> None:
+    verdict = run_design(design)
+    assert verdict.verdict == "pass", verdict.reason
+    assert verdict.result.complete and not verdict.result.vacuous and not verdict.result.eventually_failed
+    assert all(verdict.result.sometimes_reached.values())
+
+
+def _violation_within(model: Model, depth: int) -> bool:
+    """Depth-limited DFS, independent of the BFS: is any violation reachable in <= depth steps?"""
+    def dfs(state, left: int) -> bool:
+        if left == 0:
+            return False
+        for action in model.actions(state):
+            nxt = model.next_state(state, action)
+            if model.check_step(state, action, nxt) or dfs(nxt, left - 1):
+                return True
+        return False
+    return any(dfs(s, depth) for s in model.init_states())
+
+
+@pytest.mark.parametrize("name", ["seeds_attempt1_spec_info_left", "seq_lens_advanced_twice",
+                                  "draft_kv_never_freed"])
+def test_counterexample_is_shortest(name: str) -> None:
+    design = get_design(name)
+    model = Model(design, Scope())
+    result = check(model)
+    length = len(result.trace)
+    assert _violation_within(model, length)
+    assert not _violation_within(model, length - 1), f"a violation exists in fewer than {length} steps"
+
+
+def test_trace_replays_through_the_model() -> None:
+    design = get_design("merge_unchecked_spec_info")
+    model = Model(design, Scope())
+    result = check(model)
+    state = result.initial
+    for step in result.trace:
+        assert step.action in model.actions(state)
+        state = model.next_state(state, step.action)
+        assert state == step.state
+    assert model.check_state(state)[0].invariant == design.expected_invariant
+
+
+def test_shipped_design_on_a_scope_without_flips_fails_as_vacuous() -> None:
+    # one short request never reaches t_off=4: the flip properties are never exercised
+    scope = attrs.evolve(Scope(), requests=(RequestSpec(1, 2),))
+    design = attrs.evolve(SEEDS_FINAL, policy=ThresholdPolicy((4,), (3,)))
+    verdict = judge(design, scope, check(Model(design, scope)))
+    assert verdict.verdict == "fail"
+    assert "flip_off" in verdict.result.vacuous and "never reached" in verdict.reason
+
+
+def test_deadlock_fails_eventually() -> None:
+    # a pool too small for the longest prompt: its chunked prefill holds the pool and nothing can move
+    scope = attrs.evolve(Scope(), kv_pool_size=2)
+    verdict = judge(SEEDS_FINAL, scope, check(Model(SEEDS_FINAL, scope)))
+    assert verdict.verdict == "fail"
+    assert verdict.result.eventually_failed == ("all_requests_finish",)
+
+
+def test_known_bad_with_no_violation_is_not_refuted() -> None:
+    # the same bad design, judged in a scope where its bug cannot show (no flip ever happens)
+    design = get_design("seeds_attempt1_spec_info_left")
+    scope = attrs.evolve(Scope(), requests=(RequestSpec(1, 2),))
+    verdict = judge(design, scope, check(Model(attrs.evolve(design, policy=ThresholdPolicy((4,), (3,))), scope)))
+    assert verdict.verdict == "not-refuted"
+
+
+def test_report_names_the_invariant_and_numbers_the_steps() -> None:
+    verdict = run_design(get_design("seeds_attempt1_spec_info_left"))
+    text = report_markdown(verdict)
+    assert "**Verdict: refuted**" in text and "`spec_info_matches_mode`: **broken**" in text
+    assert "\n1. arrive(0)\n" in text and "plain_decode" in text
+
+
+def test_cli_json_matches_the_schema(capsys) -> None:
+    code = main(["check", "--json", "--design", "seeds_attempt2_tuple_unpack", "--design", "draft_kv_never_freed"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in data["designs"]] == ["seeds_attempt2_tuple_unpack", "draft_kv_never_freed"]
+    for d in data["designs"]:
+        assert set(d) >= {"name", "kind", "verdict", "invariant", "trace", "states"}
+        assert d["kind"] == "known-bad" and d["verdict"] == "refuted" and isinstance(d["states"], int)
+        assert all(isinstance(step, str) for step in d["trace"])
+
+
+def test_cli_unknown_design_is_a_clear_error(capsys) -> None:
+    assert main(["check", "--design", "nope"]) == 2
+    assert "no design named 'nope'" in capsys.readouterr().err
+
+
+def test_every_design_has_a_unique_name_and_a_source() -> None:
+    names = [d.name for d in ALL_DESIGNS]
+    assert len(names) == len(set(names))
+    assert all(d.source and d.summary for d in ALL_DESIGNS)
+    assert all(d.expected_invariant for d in KNOWN_BAD) and not any(d.expected_invariant for d in SHIPPED)

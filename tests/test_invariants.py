@@ -1,0 +1,192 @@
+"""Each invariant on hand-built states: one that holds it, one that breaks it, with the numbers named."""
+
+from __future__ import annotations
+
+import attrs
+
+from statemodel.actions import Action
+from statemodel.design import Scope
+from statemodel.invariants import (
+    INVARIANT_NAMES,
+    INVARIANTS,
+    check_state,
+    check_step,
+    committed_never_lost,
+    draft_kv_covers_prefix,
+    kv_conservation,
+    kv_reserve_covers_writes,
+    running_within_cap,
+    seq_lens_growth,
+    shapes_agree,
+    spec_info_matches_batch,
+    spec_info_matches_mode,
+)
+from statemodel.state import (
+    Batch,
+    ForwardMode,
+    GraphShape,
+    Request,
+    SpecInfo,
+    SpecInfoKind,
+    SpecMode,
+    Stage,
+    State,
+    Status,
+)
+
+SCOPE = Scope()
+
+
+def running_req(rid: int, seq_len: int = 4, committed: int = 2, reserved: int = 0, draft_kv: int | None = None,
+                hidden: bool = True) -> Request:
+    return Request(rid=rid, prompt_len=seq_len - committed + 1, max_new_tokens=5, status=Status.RUNNING,
+                   prefilled_len=seq_len - committed + 1, seq_len=seq_len, committed=committed, kv_held=seq_len,
+                   kv_reserved=reserved, draft_kv_len=seq_len if draft_kv is None else draft_kv,
+                   draft_hidden_ready=hidden)
+
+
+def make_state(requests: tuple[Request, ...], running: Batch, launched: Batch | None = None, pool: int = 30,
+               mode: SpecMode = SpecMode.ON, stage: Stage = Stage.SCHEDULE) -> State:
+    used = sum(r.kv_held + r.kv_reserved for r in requests)
+    return State(requests=requests, running=running, pending=None, launched=launched, stage=stage, spec_mode=mode,
+                 num_steps=2, kv_free=pool - used, kv_pool_size=pool)
+
+
+def draft_input(rows: int) -> SpecInfo:
+    return SpecInfo(SpecInfoKind.DRAFT_INPUT, rows, 1)
+
+
+TWO = (running_req(0), running_req(1))
+RUNNING_SPEC = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE, spec_info=draft_input(2), spec_algorithm_on=True)
+
+
+def test_names_are_unique_and_stable() -> None:
+    assert len(set(INVARIANT_NAMES)) == len(INVARIANT_NAMES)
+    assert set(INVARIANT_NAMES) == {
+        "spec_info_matches_mode", "spec_info_matches_batch", "shapes_agree", "kv_reserve_covers_writes",
+        "kv_conservation", "draft_kv_covers_prefix", "seq_lens_growth", "committed_never_lost",
+        "running_within_cap",
+    }
+    assert all(inv.summary for inv in INVARIANTS)
+
+
+def test_plain_decode_with_draft_input_left_breaks_spec_info_matches_mode() -> None:
+    # the seeds' attempt 1 at 10 requests x 16 draft tokens
+    reqs = tuple(running_req(i) for i in range(10))
+    launched = Batch(rids=tuple(range(10)), forward_mode=ForwardMode.DECODE, spec_info=draft_input(10),
+                     spec_algorithm_on=True, out_cache_loc_width=10, graph=GraphShape(16, 16))
+    state = make_state(reqs, attrs.evolve(launched, graph=None), launched, pool=200, mode=SpecMode.OFF)
+    names = [v.invariant for v in check_state(state, SCOPE)]
+    assert names[0] == "spec_info_matches_mode"
+    shape = [v for v in shapes_agree(state, SCOPE)]
+    assert "16 requests x 16 tokens = 256 rows" in shape[0].message
+    assert "10 requests x 1 tokens = 10" in shape[0].message
+
+
+def test_clean_plain_decode_holds() -> None:
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE, out_cache_loc_width=2, graph=GraphShape(2, 1))
+    state = make_state(TWO, attrs.evolve(launched, graph=None), launched, mode=SpecMode.OFF)
+    assert check_state(state, SCOPE) == []
+
+
+def test_verify_input_must_match_target_verify() -> None:
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY, spec_info=draft_input(2),
+                     spec_algorithm_on=True, out_cache_loc_width=2)
+    state = make_state(TWO, RUNNING_SPEC, launched)
+    assert [v.invariant for v in spec_info_matches_mode(state, SCOPE)] == ["spec_info_matches_mode"]
+
+
+def test_spec_info_rows_must_match_batch() -> None:
+    short = attrs.evolve(RUNNING_SPEC, spec_info=draft_input(1))
+    bad = spec_info_matches_batch(make_state(TWO, short), SCOPE)
+    assert bad and bad[0].expected == "2" and bad[0].actual == "1"
+    assert spec_info_matches_batch(make_state(TWO, RUNNING_SPEC), SCOPE) == []
+
+
+def test_out_cache_loc_width_must_equal_tokens_written() -> None:
+    reqs = tuple(running_req(i, reserved=3) for i in range(2))
+    good = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
+                 spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 2, 3), spec_algorithm_on=True,
+                 out_cache_loc_width=6, graph=GraphShape(2, 3))
+    assert shapes_agree(make_state(reqs, RUNNING_SPEC, good), SCOPE) == []
+    bad = attrs.evolve(good, out_cache_loc_width=2)
+    found = shapes_agree(make_state(reqs, RUNNING_SPEC, bad), SCOPE)
+    assert found[0].message == ("out_cache_loc holds 2 slots; a TARGET_VERIFY step of 2 requests x 3 writes 6")
+
+
+def test_graph_bucket_smaller_than_batch_is_a_shape_error() -> None:
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE, out_cache_loc_width=2, graph=GraphShape(1, 1))
+    assert shapes_agree(make_state(TWO, launched, launched, mode=SpecMode.OFF), SCOPE)
+
+
+def test_kv_conservation_catches_leak_and_double_free() -> None:
+    state = make_state(TWO, RUNNING_SPEC)
+    assert kv_conservation(state, SCOPE) == []
+    leak = kv_conservation(attrs.evolve(state, kv_free=state.kv_free - 1), SCOPE)
+    assert "1 slots leaked" in leak[0].message
+    double = kv_conservation(attrs.evolve(state, kv_free=state.kv_free + 2), SCOPE)
+    assert "freed twice" in double[0].message
+    finished_holding = attrs.evolve(TWO[0], status=Status.FINISHED)
+    held = kv_conservation(make_state((finished_holding, TWO[1]), RUNNING_SPEC), SCOPE)
+    assert any("finished but still holds" in v.message for v in held)
+
+
+def test_verify_beyond_reserve_breaks_kv_reserve_covers_writes() -> None:
+    reqs = (running_req(0, reserved=3), running_req(1, reserved=2))
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 2, 3), spec_algorithm_on=True,
+                     out_cache_loc_width=6)
+    found = kv_reserve_covers_writes(make_state(reqs, RUNNING_SPEC, launched), SCOPE)
+    assert found[0].rids == (1,) and found[0].expected == "3" and found[0].actual == "2"
+
+
+def test_running_within_cap_depends_on_mode() -> None:
+    three = tuple(running_req(i) for i in range(3))
+    batch = Batch(rids=(0, 1, 2), forward_mode=ForwardMode.DECODE)
+    assert running_within_cap(make_state(three, batch, mode=SpecMode.OFF), SCOPE) == []
+    assert running_within_cap(make_state(three, batch, mode=SpecMode.ON), SCOPE)[0].expected == "<= 2"
+
+
+def test_draft_needs_current_draft_kv_and_hidden_state() -> None:
+    current = make_state(TWO, RUNNING_SPEC, stage=Stage.PREPARED)
+    draft = Action("draft", (2,))
+    assert draft_kv_covers_prefix(current, draft, current, SCOPE) == []
+    stale = make_state((running_req(0, draft_kv=3), TWO[1]), RUNNING_SPEC, stage=Stage.PREPARED)
+    found = draft_kv_covers_prefix(stale, draft, stale, SCOPE)
+    assert found[0].rids == (0,) and "covering 3 of 4" in found[0].message
+    # steps=0 drafts nothing: a stale draft is allowed there
+    assert draft_kv_covers_prefix(stale, Action("draft", (0,)), stale, SCOPE) == []
+    lost = make_state(TWO, attrs.evolve(RUNNING_SPEC, spec_info=SpecInfo.none()), stage=Stage.PREPARED)
+    assert "draft input" in draft_kv_covers_prefix(lost, draft, lost, SCOPE)[0].message
+
+
+def test_seq_lens_grow_by_accepted_plus_one() -> None:
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 2, 3), spec_algorithm_on=True)
+    before = make_state(TWO, RUNNING_SPEC, launched, stage=Stage.DRAFTED)
+    verify = Action("verify", (2, 0))
+    good = tuple(attrs.evolve(r, seq_len=r.seq_len + n, committed=r.committed + n)
+                 for r, n in zip(TWO, (3, 1), strict=True))
+    assert seq_lens_growth(before, verify, attrs.evolve(before, requests=good), SCOPE) == []
+    bad = tuple(attrs.evolve(r, seq_len=r.seq_len + n) for r, n in zip(TWO, (3, 2), strict=True))
+    found = seq_lens_growth(before, verify, attrs.evolve(before, requests=bad), SCOPE)
+    assert [v.rids for v in found] == [(1,)]
+    assert found[0].expected == "5" and found[0].actual == "6"
+
+
+def test_committed_tokens_are_never_lost() -> None:
+    before = make_state(TWO, RUNNING_SPEC)
+    fewer = (attrs.evolve(TWO[0], committed=1), TWO[1])
+    found = committed_never_lost(before, Action("retract", (0,)), attrs.evolve(before, requests=fewer), SCOPE)
+    assert found[0].message == "retract dropped request 0's output from 2 to 1 tokens"
+
+
+def test_check_step_orders_violations_by_invariant_order() -> None:
+    reqs = tuple(running_req(i) for i in range(2))
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE, spec_info=draft_input(2), spec_algorithm_on=True,
+                     out_cache_loc_width=1, graph=GraphShape(2, 3))
+    before = make_state(reqs, RUNNING_SPEC, stage=Stage.PREPARED, mode=SpecMode.OFF)
+    after = attrs.evolve(before, launched=launched, kv_free=before.kv_free - 1)
+    names = [v.invariant for v in check_step(before, Action("plain_decode"), after, SCOPE)]
+    assert names == sorted(names, key=INVARIANT_NAMES.index)
+    assert names[0] == "spec_info_matches_mode" and "kv_conservation" in names
