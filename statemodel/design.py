@@ -19,7 +19,9 @@ class DesignKind(enum.Enum):
 class ClearSpecOn(enum.Enum):
     """Where a spec-off step strips the speculative metadata before the plain target forward."""
 
-    WORKER_COPY = "worker_copy"  # the seeds' fix: the ModelWorkerBatch only; the ScheduleBatch keeps it
+    # the seeds' fix: only the batch the worker forward sees (the ModelWorkerBatch on 0.5.12; on 0.5.16+
+    # the ScheduleBatch inside the scheduler's _forward_isolation snapshot/restore); the ScheduleBatch keeps it
+    WORKER_COPY = "worker_copy"
     BATCH_AT_FLIP = "batch_at_flip"  # one-object lines: the flip itself takes spec_info off the batch
     SCHEDULER_BATCH = "scheduler_batch"  # strips the ScheduleBatch (the draft input with it), per step
     NOWHERE = "nowhere"  # the seeds' attempt 1
@@ -121,7 +123,6 @@ class Design:
     sglang_line: str
     policy: Policy
     num_steps: int = 2  # spec-on step count for threshold policies
-    has_worker_copy: bool = False  # ModelWorkerBatch exists (up to 0.5.12)
     clear_spec_on: ClearSpecOn = ClearSpecOn.BATCH_AT_FLIP
     out_cache_loc_from: OutCacheLocFrom = OutCacheLocFrom.PREPARE_FOR_DECODE
     plain_step_graphs: PlainStepGraphs = PlainStepGraphs.DECODE_RUNNER
