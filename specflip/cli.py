@@ -103,10 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"))
     diagram.set_defaults(func=_cmd_diagram)
 
+    # Every argument after `lint` is passed through untouched (launch_server flags start with "--" too);
+    # shim.lint parses its own flags (--json, --specflip-*, --help) out of them.
     lint = sub.add_parser("lint", help="check a speculative server configuration before it starts",
-                          add_help=True)
-    lint.add_argument("--json", action="store_true")
-    lint.add_argument("server_args", nargs=argparse.REMAINDER, help="the launch_server arguments")
+                          add_help=False, prefix_chars="+")
+    lint.add_argument("argv", nargs="*", help="launch_server arguments, plus --json / --specflip-* / --help")
     lint.set_defaults(func=_cmd_lint)
 
     replay = sub.add_parser("replay", help="send Hypothesis flip schedules to a live SGLang server")

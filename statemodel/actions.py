@@ -163,9 +163,12 @@ def reserve_per_request(state: State, design: Design) -> int:
 
 def _spec_prepare_path(state: State, design: Design) -> bool:
     """Whether prepare_for_decode takes SGLang's speculative path. It keys on the batch's
-    spec_algorithm; every design here also has the scheduler prepare a plain decode while
-    speculation is off (for the v1 line the plugin hooks prepare_for_decode to do so)."""
-    return state.running.spec_algorithm_on and state.spec_mode is SpecMode.ON
+    spec_algorithm. Designs that take the plain slot from a fresh allocation have the scheduler
+    prepare a plain decode while speculation is off (on the v1 line the plugin hooks
+    prepare_for_decode to do so); designs that take it from the v2 reserve keep the speculative path."""
+    if not state.running.spec_algorithm_on:
+        return False
+    return state.spec_mode is SpecMode.ON or design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE
 
 
 def decode_kv_need(state: State, design: Design) -> int:
@@ -508,7 +511,17 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
         # the EagleDraftInput on the ScheduleBatch held the hidden states the next draft needs
         changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in rids}
     kv_free = state.kv_free
-    if design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
+    if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE:
+        # out_cache_loc = req_to_token[req_pool_indices, seq_lens]: one reserved slot per request
+        # becomes held; a request without one contributes no slot
+        have = 0
+        for rid in rids:
+            r = changed.get(rid, state.req(rid))
+            if r.kv_reserved:
+                have += 1
+                changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
+        worker = attrs.evolve(worker, out_cache_loc_width=have)
+    elif design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
         # alloc_token_slots(..., backup_state=False) returns one tensor of len(rids) slots: unpacking
         # it into two names takes its first element (a scalar) when there are exactly 2, else fails
         kv_free -= len(rids)

@@ -30,7 +30,10 @@ class ClearSpecOn(enum.Enum):
 class OutCacheLocFrom(enum.Enum):
     """Where the plain step's `out_cache_loc` comes from."""
 
-    PREPARE_FOR_DECODE = "prepare_for_decode"  # the slots the scheduler already allocated
+    PREPARE_FOR_DECODE = "prepare_for_decode"  # one fresh slot per request from a plain prepare_for_decode
+    # the v2 over-allocation already holds the next slot (req_to_token[seq_lens]); the reserve is kept
+    # across the flip and prepare_for_decode keeps its speculative path while off
+    V2_RESERVE = "v2_reserve"
     TUPLE_UNPACK = "tuple_unpack"  # the seeds' attempt 2: `out_cache_loc, _ = alloc_token_slots(...)`
 
 

@@ -459,10 +459,10 @@ def _wrap(text: str, width: int = 56) -> str:
 
 
 def all_graphs(shipped: Sequence[Design] = SHIPPED, known_bad: Sequence[Design] = KNOWN_BAD,
-               scope: Scope | None = None) -> tuple[Graph, ...]:
-    """Every diagram in docs/diagrams/, in a fixed order."""
+               scope: Scope | None = None, obs: Observations | None = None) -> tuple[Graph, ...]:
+    """Every diagram in docs/diagrams/, in a fixed order (`obs`: observations already made)."""
     scope = scope or Scope()
-    obs = observe(shipped, known_bad, scope)
+    obs = obs or observe(shipped, known_bad, scope)
     graphs = [mode_level(obs), step_level(obs, ON), step_level(obs, OFF)]
     for design in shipped:
         initial, steps = flip_path(Model(design, scope))

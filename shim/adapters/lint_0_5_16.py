@@ -1,0 +1,137 @@
+"""`specflip lint` for SGLang 0.5.16, transcribed from the 0.5.16 wheel's source (read, not installed here).
+
+0.5.16 resolves ServerArgs in `__post_init__` (plain attributes, no published config bags), so the sizing is a
+pure function of those attributes. What 0.5.16 sizes (paths relative to `sglang/srt/` of the 0.5.16 wheel):
+  - KV reserve: `mem_cache/allocation_sizing.get_alloc_len_per_decode(server_args)` =
+    max(steps * topk, server_args.max_speculative_num_draft_tokens) (page 1 or topk 1), where
+    `server_args.max_speculative_num_draft_tokens` (server_args.py ~L7523) is max(candidate_steps) + 1 under
+    --speculative-adaptive: the largest state, as in 0.5.23. x2 in get_alloc_reserve_per_decode.
+  - Logits buffer: `model_executor/model_runner.ModelRunner.max_decode_logits_rows` (~L722) =
+    max(capture_bs) x decode_num_tokens_per_req() of the LAUNCH draft-token count only (0.5.23 takes the max
+    over every adaptive tier); `model_executor/graph_shared_output.GraphSharedOutput.get_logits_buffer` asserts
+    rows <= max_rows (sglang #30549).
+  - Graphs per adaptive state: `speculative/adaptive_spec_params.AdaptiveSpeculativeParams.cuda_graph_bs_for_step`
+    (same routing as 0.5.23); default tiers `DEFAULT_ADAPTIVE_CONFIG` = bs1 [1,3,7], bs8 [0,1,3], bs32 [0,1],
+    bs64 [0]; launch steps candidate_steps[len // 2] (`arg_groups/speculative_hook.py` ~L750).
+  - Refusals: `adaptive_unsupported_reason` (topk != 1, dp attention, multi-layer EAGLE, TBO, PD-mux).
+This module is not exercised against an installed 0.5.16 in CI; `sizing_from_values` is, on CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from shim.lint_rules import Sizing, SpecflipPolicy, StepSizing
+
+RELEASE = "0.5.16"
+DEFAULT_ADAPTIVE_TIERS: tuple[tuple[int, tuple[int, ...]], ...] = (
+    (1, (1, 3, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
+
+
+class LintInputError(Exception):
+    """Bad launch arguments: one line, exit 2."""
+
+
+class SGLangRefused(Exception):
+    """SGLang's own resolution rejected the configuration."""
+
+
+def spec_decode_capture_bs(max_bs: int) -> list[int]:
+    """`generate_decode_cuda_graph_batch_sizes`, speculative branch (identical in 0.5.16 and 0.5.23)."""
+    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+          + list(range(272, max_bs + 1, 16)))
+    bs = [b for b in bs if b <= max_bs]
+    return bs if max_bs in bs else [*bs, max_bs]
+
+
+def _graph_bs_for_step(tiers: Sequence[tuple[int, Sequence[int]]], capture_bs: Sequence[int], step: int) -> list[int]:
+    """`AdaptiveSpeculativeParams.cuda_graph_bs_for_step`: capture sizes whose tier offers `step`."""
+    bs_list = [bs for bs, _ in tiers]
+    out = []
+    for v in capture_bs:
+        idx = max(0, bisect.bisect_right(bs_list, v) - 1)
+        if step in tiers[idx][1]:
+            out.append(v)
+    return out
+
+
+def sizing_from_values(*, algorithm: str = "EAGLE", topk: int = 1, steps: int | None = None,
+                       draft_tokens: int | None = None, adaptive: bool = False,
+                       tiers: Sequence[tuple[int, Sequence[int]]] = DEFAULT_ADAPTIVE_TIERS,
+                       max_running_requests: int = 48, capture_bs: Sequence[int] | None = None,
+                       overlap: bool = True, refusals: Sequence[str] = (),
+                       specflip: SpecflipPolicy | None = None) -> Sizing:
+    """0.5.16's start-up sizing from resolved values (what its ServerArgs attributes hold)."""
+    tiers = tuple((bs, tuple(sorted(set(s)))) for bs, s in sorted(tiers))
+    candidates = sorted({s for _, st in tiers for s in st})
+    if adaptive:
+        steps = candidates[len(candidates) // 2] if steps is None else steps
+        draft_tokens = steps + 1
+        max_draft = max(candidates) + 1
+    else:
+        if steps is None or draft_tokens is None:
+            raise LintInputError("0.5.16 static speculation needs --speculative-num-steps and -num-draft-tokens")
+        max_draft = draft_tokens
+    if capture_bs is None:
+        capture_bs = spec_decode_capture_bs(max_running_requests)
+    capture_bs = sorted({b for b in capture_bs if b <= max_running_requests} | (
+        {max_running_requests} if capture_bs and max(capture_bs) > max_running_requests else set()))
+    states = []
+    for s in (candidates if adaptive else [steps]):
+        d = s + 1 if adaptive else draft_tokens
+        alloc_len = max(s * topk if s else topk, max_draft)  # `speculative_num_steps or 1`
+        graph_bs = tuple(_graph_bs_for_step(tiers, capture_bs, s)) if adaptive else tuple(capture_bs)
+        states.append(StepSizing(steps=s, draft_tokens=d, alloc_len=alloc_len, verify_width=d,
+                                 draft_extend_width=d, graph_bs=graph_bs))
+    logits_rows = max(capture_bs) * draft_tokens if capture_bs else 0  # launch width only
+    return Sizing(release=RELEASE, algorithm=algorithm, topk=topk, launch_steps=steps, launch_draft_tokens=draft_tokens,
+                  overlap=overlap, max_running_requests=max_running_requests, logits_rows=logits_rows,
+                  states=tuple(states), adaptive=adaptive, tiers=tiers if adaptive else (),
+                  refusals=tuple(refusals), specflip=specflip)
+
+
+def build_server_args(argv: Sequence[str]) -> Any:  # pragma: no cover - needs sglang 0.5.16 installed
+    """`prepare_server_args(argv)`; 0.5.16 resolves in ServerArgs.__post_init__."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+    class _Raising(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:
+            raise LintInputError(message)
+
+    parser = _Raising(prog="sglang serve", add_help=False)
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(list(argv))
+    try:
+        return prepare_server_args(list(argv))
+    except (ValueError, NotImplementedError, AssertionError) as exc:
+        raise SGLangRefused(str(exc).strip().splitlines()[0]) from None
+
+
+def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *,
+                republish: bool = True) -> Sizing:  # pragma: no cover - needs sglang 0.5.16 installed
+    from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG, adaptive_unsupported_reason
+
+    sa = server_args
+    if sa.speculative_algorithm is None:
+        raise LintInputError("no --speculative-algorithm: nothing switches, nothing to lint")
+    refusals = []
+    reason = adaptive_unsupported_reason(sa) if sa.speculative_adaptive else None
+    if reason:
+        refusals.append(f"SGLang drops --speculative-adaptive: {reason}")
+    cfg = DEFAULT_ADAPTIVE_CONFIG
+    if sa.speculative_adaptive_config:
+        with open(sa.speculative_adaptive_config) as f:
+            cfg = json.load(f)
+    tiers = [(int(k), v["candidate_steps"]) for k, v in cfg.items() if k.isdigit()]
+    decode = sa.cuda_graph_config.decode if getattr(sa, "cuda_graph_config", None) else None
+    capture_bs = [] if sa.disable_cuda_graph or decode is None else list(decode.bs or [])
+    return sizing_from_values(
+        algorithm=sa.speculative_algorithm, topk=sa.speculative_eagle_topk or 1, steps=sa.speculative_num_steps,
+        draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive), tiers=tiers,
+        max_running_requests=sa.max_running_requests, capture_bs=capture_bs,
+        overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip)

@@ -1,0 +1,239 @@
+"""`specflip lint <launch_server args...>`: refuse a speculative configuration that cannot survive its own
+switches, before the server starts.
+
+Builds SGLang's own `ServerArgs` from the arguments (the installed release, through its adapter in
+`shim/adapters/lint_<release>.py`), derives every runtime state the server can switch into and checks each
+against what SGLang sizes at start-up (rules: `shim/lint_rules.py`, named after the model's invariants).
+
+Exit 0: every state fits (one summary line). Exit 1: one line per finding. Exit 2: bad input (unknown flag,
+unreadable file, unsupported release). `lint_server_args(server_args)` is the same check for a server that
+is starting (the guard's assert mode calls it once).
+
+Resolving ServerArgs imports SGLang's whole resolution pipeline (torch, transformers, model configs): seconds.
+The sizing read for one configuration is cached under ~/.cache/specflip/lint, keyed by everything it depends
+on (release, install path, arguments, SGLANG_* environment, adaptive config and model config.json bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shim.lint_rules import Finding, Sizing, SpecflipPolicy, check, summary
+
+SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "shim.adapters.lint_0_5_23", "0.5.16": "shim.adapters.lint_0_5_16"}
+CACHE_VERSION = 1
+
+
+class LintUsageError(Exception):
+    """Bad input: one line, exit 2."""
+
+
+USAGE = ("usage: specflip lint [--json] [--no-cache] [--specflip-t-off N --specflip-t-on N "
+         "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft sync|none]] "
+         "<python -m sglang.launch_server arguments>")
+
+
+def _own_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--help", "-h", action="store_true")
+    p.add_argument("--specflip-t-off", type=int)
+    p.add_argument("--specflip-t-on", type=int)
+    p.add_argument("--specflip-spec-cap", type=int, default=48)
+    p.add_argument("--specflip-plain-graphs", default="decode")
+    p.add_argument("--specflip-draft", default="sync")
+    return p
+
+
+def split_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """specflip's own flags, and the rest (the launch_server arguments, order kept)."""
+    own, rest = _own_parser().parse_known_args(list(argv))
+    return own, rest
+
+
+def specflip_policy(own: argparse.Namespace) -> SpecflipPolicy | None:
+    if own.specflip_t_off is None and own.specflip_t_on is None:
+        return None
+    if own.specflip_t_off is None or own.specflip_t_on is None:
+        raise LintUsageError("--specflip-t-off and --specflip-t-on go together")
+    from shim.switch_v2 import SwitchConfig, SwitchConfigError
+
+    try:  # the switch's own validation, so lint accepts exactly what the switch accepts
+        cfg = SwitchConfig(t_off=own.specflip_t_off, t_on=own.specflip_t_on, spec_cap=own.specflip_spec_cap,
+                           draft_while_off=own.specflip_draft, plain_graphs=own.specflip_plain_graphs)
+    except SwitchConfigError as exc:
+        raise LintUsageError(str(exc)) from None
+    return SpecflipPolicy(t_off=cfg.t_off, t_on=cfg.t_on, spec_cap=cfg.spec_cap, plain_graphs=cfg.plain_graphs,
+                          draft_while_off=cfg.draft_while_off)
+
+
+def installed_release() -> str:
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        raise LintUsageError("sglang is not installed; lint reads the installed release's ServerArgs") from None
+    if version not in SUPPORTED_RELEASES:
+        raise LintUsageError(f"sglang {version} is not a supported release line "
+                             f"(supported: {', '.join(sorted(SUPPORTED_RELEASES))})")
+    return version
+
+
+def _flag_value(argv: Sequence[str], *names: str) -> str | None:
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                return argv[i + 1]
+            if a.startswith(n + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def _read_inputs(argv: Sequence[str]) -> dict[str, str]:
+    """Bytes of the files the configuration names (hashed into the cache key); unreadable ones are errors."""
+    files: dict[str, str] = {}
+    cfg_path = _flag_value(argv, "--speculative-adaptive-config")
+    if cfg_path is not None:
+        try:
+            text = Path(cfg_path).read_text()
+            json.loads(text)
+        except OSError as exc:
+            raise LintUsageError(f"cannot read the adaptive config {cfg_path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise LintUsageError(f"the adaptive config {cfg_path} is not JSON: {exc.msg} "
+                                 f"at line {exc.lineno}") from None
+        files["adaptive_config"] = text
+    model = _flag_value(argv, "--model-path", "--model")
+    if model is not None and (Path(model) / "config.json").is_file():
+        files["model_config"] = (Path(model) / "config.json").read_text()
+    return files
+
+
+def _cache_key(release: str, argv: Sequence[str], files: dict[str, str], policy: SpecflipPolicy | None) -> str:
+    spec = importlib.util.find_spec("sglang")
+    env = {k: v for k, v in os.environ.items() if k.startswith(("SGLANG_", "CUDA_VISIBLE_DEVICES", "HF_"))}
+    blob = json.dumps({"v": CACHE_VERSION, "release": release, "where": str(spec.origin if spec else ""),
+                       "argv": list(argv), "env": env, "files": files,
+                       "policy": None if policy is None else [policy.t_off, policy.t_on, policy.spec_cap,
+                                                              policy.plain_graphs, policy.draft_while_off],
+                       "rules": _rules_fingerprint()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _rules_fingerprint() -> str:
+    # the adapters' code decides what a cached sizing holds: a change to it invalidates the cache
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for p in sorted((here / "adapters").glob("lint_*.py")) + [here / "lint_rules.py"]:
+        digest.update(p.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specflip" / "lint"
+
+
+def _with_default_device(argv: list[str]) -> list[str]:
+    """lint describes a GPU server; on a machine without an accelerator SGLang cannot pick the device itself."""
+    if _flag_value(argv, "--device") is not None:
+        return argv
+    try:
+        import torch  # noqa: F401 - already imported by SGLang when this matters
+
+        has_gpu = bool(torch.cuda.is_available())
+    except Exception:  # pragma: no cover - torch missing or broken: SGLang will say so
+        has_gpu = False
+    return argv if has_gpu else [*argv, "--device", "cuda"]
+
+
+def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache: bool = True) -> Sizing | str:
+    """The Sizing of a launch configuration, or SGLang's refusal as one line."""
+    release = installed_release()
+    files = _read_inputs(argv)
+    cache_file = _cache_dir() / f"{_cache_key(release, argv, files, policy)}.json"
+    if use_cache and cache_file.is_file():
+        try:
+            data = json.loads(cache_file.read_text())
+            return data["refused"] if "refused" in data else Sizing.from_json(data["sizing"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a stale or torn cache entry: recompute
+    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    try:
+        server_args = adapter.build_server_args(_with_default_device(list(argv)))
+        result: Sizing | str = adapter.read_sizing(server_args, policy)
+    except adapter.SGLangRefused as exc:
+        result = str(exc)
+    except adapter.LintInputError as exc:
+        raise LintUsageError(str(exc)) from None
+    if use_cache:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            payload = {"refused": result} if isinstance(result, str) else {"sizing": result.to_json()}
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(payload))
+            tmp.replace(cache_file)
+        except OSError:
+            pass  # a read-only home: lint still answers, just slower next time
+    return result
+
+
+def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *,
+              use_cache: bool = True) -> tuple[Sizing | None, list[Finding]]:
+    """Findings for launch_server arguments (specflip's flags already stripped)."""
+    from shim.lint_rules import SGLANG_REFUSES
+
+    result = sizing_for(argv, policy, use_cache=use_cache)
+    if isinstance(result, str):
+        return None, [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused at start-up",
+                              "change the flag SGLang names", result)]
+    return result, check(result)
+
+
+def lint_server_args(server_args: Any, policy: SpecflipPolicy | None = None) -> list[Finding]:
+    """The lint findings for a resolved ServerArgs inside a starting server (the guard's assert mode).
+
+    Reads the config the server already published and leaves it as it was; no cache, no re-parse.
+    """
+    release = installed_release()
+    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    sizing = adapter.read_sizing(server_args, policy, republish=False)
+    return check(sizing)
+
+
+def main(args: argparse.Namespace) -> int:
+    argv = list(getattr(args, "argv", None) or [])
+    try:
+        own, rest = split_args(argv)
+        if own.help:
+            print(USAGE)
+            print(__doc__.strip().splitlines()[0])
+            return 0
+        if not rest:
+            raise LintUsageError("no launch_server arguments given; " + USAGE)
+        policy = specflip_policy(own)
+        sizing, findings = lint_argv(rest, policy, use_cache=not own.no_cache)
+    except LintUsageError as exc:
+        print(f"specflip lint: {exc}", file=sys.stderr)
+        return 2
+    if own.json:
+        print(json.dumps({"ok": not findings, "release": sizing.release if sizing else None,
+                          "summary": summary(sizing) if sizing and not findings else None,
+                          "findings": [f.to_json() for f in findings],
+                          "sizing": sizing.to_json() if sizing else None}, indent=2))
+    elif findings:
+        for f in findings:
+            print(f.describe())
+    else:
+        assert sizing is not None
+        print(summary(sizing))
+    return 1 if findings else 0

@@ -1,0 +1,278 @@
+"""`specflip lint`'s rules: every runtime state a speculative configuration can switch into, checked against
+what SGLang sized for it at start-up. Pure Python: the per-line adapters (`shim/adapters/lint_*.py`) read
+SGLang's sizing into a `Sizing`; nothing here imports SGLang.
+
+Each rule carries the name of the model invariant it is a start-up instance of (`statemodel.invariants`), so a
+lint finding, a guard violation and a checker counterexample for the same fault read the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from statemodel.invariants import INVARIANT_NAMES
+
+_NAMES = {name: name for name in INVARIANT_NAMES}
+KV_RESERVE = _NAMES["kv_reserve_covers_writes"]
+SHAPES = _NAMES["shapes_agree"]
+RUNNING_CAP = _NAMES["running_within_cap"]
+DRAFT_KV = _NAMES["draft_kv_covers_prefix"]
+# Not a model invariant: SGLang itself refuses (or silently drops) part of the configuration at start-up.
+# Named here, once, and listed in docs/lint.md as the one lint-only rule.
+SGLANG_REFUSES = "sglang_refuses"
+RULE_NAMES: tuple[str, ...] = (SGLANG_REFUSES, DRAFT_KV, SHAPES, KV_RESERVE, RUNNING_CAP)
+
+
+@attrs.frozen
+class StepSizing:
+    """What SGLang sized for one step count (one adaptive runtime state, or the static launch state)."""
+
+    steps: int
+    draft_tokens: int
+    alloc_len: int  # get_alloc_len_per_decode() while this state is the published one
+    verify_width: int  # tokens per request the target-verify graph of this state is captured at
+    draft_extend_width: int  # tokens per request the draft-extend of this state is sized for
+    graph_bs: tuple[int, ...] = ()  # batch sizes with a captured target graph for this state (empty: eager)
+
+
+@attrs.frozen
+class SpecflipPolicy:
+    """specflip's threshold switch (shim/switch_v2.py): off at demand >= t_off, on at running <= t_on."""
+
+    t_off: int
+    t_on: int
+    spec_cap: int = 48
+    plain_graphs: str = "decode"
+    draft_while_off: str = "sync"
+
+
+@attrs.frozen
+class Sizing:
+    """What one SGLang release sized at start-up for one launch configuration (plain data, JSON round-trip)."""
+
+    release: str
+    algorithm: str | None
+    topk: int
+    launch_steps: int
+    launch_draft_tokens: int
+    overlap: bool
+    max_running_requests: int
+    logits_rows: int  # rows of the shared logits buffer the graph runners write into
+    states: tuple[StepSizing, ...]
+    adaptive: bool = False
+    tiers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # ((min_batch_size, candidate_steps), ...)
+    refusals: tuple[str, ...] = ()  # what SGLang refused or dropped, one line each
+    skip_zero_step_draft_extend: bool = False
+    specflip: SpecflipPolicy | None = None
+
+    def state(self, steps: int) -> StepSizing:
+        return next(s for s in self.states if s.steps == steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sizing:
+        data = dict(data)
+        data["states"] = tuple(StepSizing(**{**s, "graph_bs": tuple(s["graph_bs"])}) for s in data["states"])
+        data["tiers"] = tuple((bs, tuple(steps)) for bs, steps in data["tiers"])
+        data["refusals"] = tuple(data["refusals"])
+        data["specflip"] = SpecflipPolicy(**data["specflip"]) if data["specflip"] else None
+        return cls(**data)
+
+
+@attrs.frozen
+class Finding:
+    rule: str  # a model invariant name (or SGLANG_REFUSES)
+    state: str
+    needed: str
+    sized: str
+    fix: str
+    message: str
+
+    def describe(self) -> str:
+        return f"{self.rule}: {self.state}: {self.message} (needs {self.needed}, sized {self.sized}); fix: {self.fix}"
+
+    def to_json(self) -> dict[str, str]:
+        return attrs.asdict(self)
+
+
+def tier_batch_ranges(sizing: Sizing) -> dict[int, list[tuple[int, int]]]:
+    """Batch-size ranges each adaptive step count can run at, capped by the running-request cap."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    cap = sizing.max_running_requests
+    bounds = [bs for bs, _ in sizing.tiers] + [cap + 1]
+    for (lo, steps), nxt in zip(sizing.tiers, bounds[1:], strict=True):
+        lo = 1 if lo == sizing.tiers[0][0] else lo  # the first tier also takes smaller batches
+        hi = min(nxt - 1, cap)
+        if lo > hi:
+            continue
+        for s in steps:
+            ranges.setdefault(s, []).append((lo, hi))
+    return ranges
+
+
+def state_label(steps: int, draft_tokens: int, where: str = "") -> str:
+    what = "steps=0 (one-token trivial verify)" if steps == 0 else f"steps={steps} draft_tokens={draft_tokens}"
+    return f"{what}{' ' + where if where else ''}"
+
+
+def reachable_states(sizing: Sizing) -> list[tuple[StepSizing, str]]:
+    """Every speculative runtime state the server can switch into, with where it is reached."""
+    if not sizing.adaptive:
+        return [(sizing.state(sizing.launch_steps), "(launch)")]
+    ranges = tier_batch_ranges(sizing)
+    out = []
+    for st in sizing.states:
+        spans = ranges.get(st.steps)
+        if spans:
+            out.append((st, "at batch sizes " + ", ".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in spans)))
+    return out
+
+
+def dead_tiers(sizing: Sizing) -> list[int]:
+    """Tiers whose minimum batch size lies above the running-request cap: never reached."""
+    return [bs for bs, _ in sizing.tiers if bs > sizing.max_running_requests and bs != sizing.tiers[0][0]]
+
+
+def check(sizing: Sizing) -> list[Finding]:
+    """Every finding for one configuration, in RULE_NAMES order."""
+    found: list[Finding] = []
+    found += _refusals(sizing)
+    found += _draft_kv(sizing)
+    states = reachable_states(sizing)
+    found += _shapes(sizing, states)
+    found += _kv_reserve(sizing, states)
+    found += _running_cap(sizing)
+    order = {name: i for i, name in enumerate(RULE_NAMES)}
+    return sorted(found, key=lambda f: order[f.rule])
+
+
+def _refusals(sizing: Sizing) -> list[Finding]:
+    return [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused", _refusal_fix(r), r)
+            for r in sizing.refusals]
+
+
+def _refusal_fix(reason: str) -> str:
+    if "topk" in reason:
+        return "use --speculative-eagle-topk 1 or drop --speculative-adaptive"
+    if "candidate_steps" in reason:
+        return "pass a --speculative-num-steps that is one of the adaptive candidate steps"
+    return "drop --speculative-adaptive or the flag SGLang names"
+
+
+def _draft_kv(sizing: Sizing) -> list[Finding]:
+    found = []
+    steps = {st.steps for st, _ in reachable_states(sizing)}
+    if sizing.adaptive and sizing.skip_zero_step_draft_extend and 0 in steps and any(s > 0 for s in steps):
+        up = min(s for s in steps if s > 0)
+        found.append(Finding(
+            DRAFT_KV, f"steps=0 -> steps={up}",
+            "draft KV extended over every token of the steps=0 rounds", "draft-extend skipped at steps=0",
+            "unset SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND or drop 0 from the candidate steps",
+            f"with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 the first steps={up} draft after a steps=0 round "
+            "starts from a draft KV that misses those tokens"))
+    flip = sizing.specflip
+    if flip is not None and flip.draft_while_off == "none":
+        found.append(Finding(
+            DRAFT_KV, "spec off -> spec on", "draft KV caught up over the tokens committed while off",
+            "no draft work while off", "--specflip-draft sync",
+            "with no draft work while speculation is off, the first draft after flip-on runs on a stale draft KV"))
+    return found
+
+
+def _shapes(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Finding]:
+    found = []
+    for st, where in states:
+        label = state_label(st.steps, st.draft_tokens, where)
+        fed = st.draft_tokens  # a verify of this state feeds draft_tokens per request (1 at steps=0)
+        if st.graph_bs and st.verify_width != fed:
+            found.append(Finding(
+                SHAPES, label, f"{fed} tokens per request", f"graph captured at {st.verify_width}",
+                f"--speculative-num-draft-tokens {fed} or --disable-cuda-graph",
+                f"the target-verify graph replayed in this state was captured for {st.verify_width} tokens per "
+                f"request; the verify feeds {fed}"))
+        # draft-extend runs over the accepted drafts + the bonus token: at most steps + 1, and never more than
+        # the verify's draft tokens (topk > 1 trees)
+        extend_fed = min(st.steps + 1, st.draft_tokens)
+        if st.draft_extend_width < extend_fed:
+            found.append(Finding(
+                SHAPES, label, f"{extend_fed} tokens per request", f"{st.draft_extend_width}",
+                f"--speculative-num-draft-tokens >= {extend_fed}",
+                "the draft-extend after verify is sized for fewer tokens per request than it extends"))
+        if st.graph_bs:
+            rows = max(st.graph_bs) * st.verify_width
+            if rows > sizing.logits_rows:
+                fix = (f"drop steps {st.steps} from the adaptive tiers, or launch with --speculative-num-steps "
+                       f"{st.steps} (the buffer follows the launch width on this release)")
+                found.append(Finding(
+                    SHAPES, label, f"{rows} logits rows ({max(st.graph_bs)} requests x {st.verify_width})",
+                    f"{sizing.logits_rows} rows", fix,
+                    "the shared logits buffer the graph runners write into is smaller than this state's largest "
+                    "captured graph"))
+    flip = sizing.specflip
+    if flip is not None and flip.plain_graphs not in ("decode", "eager"):
+        found.append(Finding(
+            SHAPES, "spec off (plain DECODE)", "1 token per request", f"plain graphs {flip.plain_graphs!r}",
+            "--specflip-plain-graphs decode", "plain steps would replay a target-verify graph"))
+    return found
+
+
+def _kv_reserve(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Finding]:
+    """The reserve is topped up in prepare_for_decode under the state published then; the adaptive switch
+    happens after it (inside the worker forward), so every state's writes must fit every state's reserve.
+    Reserve per request is 2 x alloc_len; under the overlap schedule up to one in-flight verify's tokens of it
+    are still uncommitted (the documented reason for the 2x)."""
+    found = []
+    if not states:
+        return found
+    usable = []
+    for st, _ in states:
+        lag = st.draft_tokens if sizing.overlap else 0
+        usable.append((2 * st.alloc_len - lag, st))
+    sized, at = min(usable, key=lambda x: x[0])
+    for st, where in states:
+        needed = max(st.steps * sizing.topk, st.draft_tokens)
+        if needed > sized:
+            found.append(Finding(
+                KV_RESERVE, state_label(st.steps, st.draft_tokens, where), f"{needed} KV slots per request",
+                f"{sized} (reserve topped up while steps={at.steps})",
+                f"drop candidate steps above {at.steps} or use a release that sizes the reserve by the largest "
+                "state (sglang PR #24055)",
+                "the verify/draft writes more slots per request than prepare_for_decode reserved"))
+    return found
+
+
+def _running_cap(sizing: Sizing) -> list[Finding]:
+    flip = sizing.specflip
+    if flip is None:
+        return []
+    found = []
+    if flip.t_on > flip.spec_cap:
+        found.append(Finding(
+            RUNNING_CAP, f"spec on, re-enabled at t_on={flip.t_on}", f"{flip.t_on} running requests",
+            f"speculation holds {flip.spec_cap}",
+            f"--specflip-t-on {flip.spec_cap} (or raise --specflip-spec-cap to {flip.t_on})",
+            "the policy re-enables speculation with more requests running than speculation's cap; the switch's "
+            "clamp keeps it off there, so the threshold above the cap never fires"))
+    if flip.spec_cap > sizing.max_running_requests:
+        found.append(Finding(
+            RUNNING_CAP, "spec on", f"{flip.spec_cap} running requests", f"{sizing.max_running_requests} (launch cap)",
+            f"--max-running-requests {flip.spec_cap} (the plain cap) or --specflip-spec-cap "
+            f"{sizing.max_running_requests}",
+            "speculation's cap is above the launch running-request cap that SGLang sized its pools and graphs for"))
+    return found
+
+
+def summary(sizing: Sizing) -> str:
+    states = reachable_states(sizing)
+    steps = sorted({st.steps for st, _ in states})
+    extra = ""
+    if sizing.specflip is not None:
+        extra = f" + specflip off/on (t_off={sizing.specflip.t_off}, t_on={sizing.specflip.t_on})"
+    dead = dead_tiers(sizing)
+    dead_note = f"; tiers bs>={dead} never reached under the running cap {sizing.max_running_requests}" if dead else ""
+    return (f"ok: sglang {sizing.release}, {sizing.algorithm}, {len(states)} speculative state(s) "
+            f"(steps {steps}){extra} fit what SGLang sizes at start-up{dead_note}")

@@ -1,0 +1,214 @@
+"""`specflip lint` on CPU with the real ServerArgs of the installed SGLang (0.5.23): configurations known to fit
+pass, a configuration built to break each rule fails with that rule's (model invariant) name."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+from shim.adapters import lint_0_5_16
+from shim.lint_rules import (
+    DRAFT_KV,
+    KV_RESERVE,
+    RULE_NAMES,
+    RUNNING_CAP,
+    SGLANG_REFUSES,
+    SHAPES,
+    SpecflipPolicy,
+    check,
+)
+from statemodel.invariants import INVARIANT_NAMES
+
+sglang_23 = pytest.importorskip("shim.adapters.lint_0_5_23")
+try:
+    import importlib.metadata as _md
+
+    _RELEASE = _md.version("sglang")
+except Exception:  # pragma: no cover
+    _RELEASE = None
+needs_sglang = pytest.mark.skipif(_RELEASE != "0.5.23", reason="needs sglang 0.5.23 (scripts/setup.sh)")
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    (d / "config.json").write_text(json.dumps(TINY))
+    return str(d)
+
+
+def sizing(model_dir, *flags, policy=None):
+    sa = sglang_23.build_server_args(["--model-path", model_dir, "--device", "cuda", *flags])
+    return sglang_23.read_sizing(sa, policy)
+
+
+def rules(findings):
+    return {f.rule for f in findings}
+
+
+def test_rule_names_are_model_invariants_except_the_one_lint_only_rule():
+    assert set(RULE_NAMES) - set(INVARIANT_NAMES) == {SGLANG_REFUSES}
+
+
+# ---- fitting configurations ------------------------------------------------------------------------------
+
+@needs_sglang
+def test_static_eagle_fits(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+    assert s.max_running_requests == 48  # SGLang's speculative default
+    assert [(st.steps, st.draft_tokens) for st in s.states] == [(3, 4)]
+    assert check(s) == []
+
+
+@needs_sglang
+def test_default_adaptive_tiers_0_5_23_fit(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive")
+    assert s.tiers == ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
+    assert s.launch_steps == 3
+    assert {st.steps: st.alloc_len for st in s.states} == {0: 8, 1: 8, 3: 8, 5: 8, 7: 8}  # largest state
+    assert s.logits_rows >= max(max(st.graph_bs) * st.verify_width for st in s.states if st.graph_bs)
+    assert check(s) == []
+
+
+@needs_sglang
+def test_specflip_policy_within_cap_fits(model_dir):
+    policy = SpecflipPolicy(t_off=64, t_on=32, spec_cap=48)
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+               "--max-running-requests", "128", policy=policy)
+    assert check(s) == []
+
+
+# ---- one configuration per rule that breaks it -------------------------------------------------------------
+
+@needs_sglang
+def test_sglang_refuses_adaptive_with_topk_2(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-num-steps",
+               "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6")
+    assert not s.adaptive
+    found = check(s)
+    assert rules(found) == {SGLANG_REFUSES} and "topk" in found[0].message
+
+
+@needs_sglang
+def test_sglang_refuses_steps_outside_the_candidates(model_dir):
+    with pytest.raises(sglang_23.SGLangRefused, match="candidate_steps"):
+        sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-num-steps", "4")
+
+
+@needs_sglang
+def test_skipped_zero_step_draft_extend_breaks_draft_kv(model_dir, monkeypatch):
+    monkeypatch.setenv("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", "1")
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive")
+    found = check(s)
+    assert rules(found) == {DRAFT_KV}
+    assert found[0].state == "steps=0 -> steps=1"
+
+
+@needs_sglang
+def test_specflip_without_draft_work_breaks_draft_kv(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--max-running-requests", "128",
+               policy=SpecflipPolicy(t_off=64, t_on=32, draft_while_off="none"))
+    assert rules(check(s)) == {DRAFT_KV}
+
+
+@needs_sglang
+def test_reenable_above_spec_cap_breaks_running_within_cap(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--max-running-requests", "128",
+               policy=SpecflipPolicy(t_off=100, t_on=60, spec_cap=48))
+    found = check(s)
+    assert rules(found) == {RUNNING_CAP}
+    assert found[0].needed == "60 running requests" and found[0].sized == "speculation holds 48"
+
+
+@needs_sglang
+def test_spec_cap_above_launch_cap_breaks_running_within_cap(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+               policy=SpecflipPolicy(t_off=40, t_on=8, spec_cap=64))  # launch cap: SGLang's 48
+    assert rules(check(s)) == {RUNNING_CAP}
+
+
+@needs_sglang
+def test_kv_reserve_by_current_state_breaks_kv_reserve(model_dir):
+    """0.5.23 sizes the reserve by the largest state (passes above); the same ServerArgs with a reserve sized
+    by the state current at prepare time (SGLang before PR #24055) fails."""
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive")
+    current = attrs.evolve(s, states=tuple(attrs.evolve(st, alloc_len=max(st.steps, st.draft_tokens))
+                                           for st in s.states))
+    found = check(current)
+    assert rules(found) == {KV_RESERVE}
+    assert {f.state.split(" ")[0] for f in found} >= {"steps=7"}
+
+
+@needs_sglang
+def test_small_cap_default_tiers_fit_on_0_5_23(model_dir):
+    s = sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--max-running-requests", "4")
+    assert check(s) == []  # 0.5.23 sizes the logits buffer for every tier
+
+
+def test_small_cap_default_tiers_break_shapes_on_0_5_16():
+    """0.5.16 sizes the shared logits buffer for the launch width only (sglang #30549)."""
+    assert check(lint_0_5_16.sizing_from_values(adaptive=True, max_running_requests=48)) == []
+    found = check(lint_0_5_16.sizing_from_values(adaptive=True, max_running_requests=4))
+    assert rules(found) == {SHAPES}
+    assert found[0].needed.startswith("32 logits rows") and found[0].sized == "16 rows"
+
+
+# ---- the guard's entry point and the command line --------------------------------------------------------
+
+@needs_sglang
+def test_lint_server_args_leaves_the_published_spec_bag_alone(model_dir):
+    from sglang.srt import runtime_context
+
+    from shim.lint import lint_server_args
+
+    sa = sglang_23.build_server_args(["--model-path", model_dir, "--device", "cuda", "--speculative-algorithm",
+                                      "EAGLE", "--speculative-adaptive"])
+    runtime_context.publish(sa, role="scheduler")
+    spec = runtime_context.get_spec()
+    before = (spec.speculative_num_steps, spec.speculative_num_draft_tokens)
+    assert lint_server_args(sa) == []
+    assert (spec.speculative_num_steps, spec.speculative_num_draft_tokens) == before
+
+
+@needs_sglang
+def test_cli_exit_codes_and_json(model_dir, capsys, monkeypatch, tmp_path):
+    from specflip.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    base = ["lint", "--model-path", model_dir, "--speculative-algorithm", "EAGLE"]
+    assert main([*base, "--speculative-adaptive"]) == 0
+    assert capsys.readouterr().out.startswith("ok: sglang 0.5.23")
+    assert main([*base, "--speculative-adaptive"]) == 0  # from the cache
+    assert capsys.readouterr().out.startswith("ok: sglang 0.5.23")
+    assert main([*base, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", "4", "--max-running-requests", "128",
+                 "--specflip-t-off", "100", "--specflip-t-on", "60", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert [f["rule"] for f in out["findings"]] == [RUNNING_CAP]
+    assert main([*base, "--no-such-flag"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specflip lint:") and "--no-such-flag" in err and len(err.splitlines()) == 1
+    assert main([*base, "--speculative-adaptive", "--speculative-adaptive-config", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the adaptive config" in capsys.readouterr().err
+    assert main([*base, "--specflip-t-off", "4", "--specflip-t-on", "8"]) == 2
+    assert "t_on < t_off" in capsys.readouterr().err
+
+
+def test_unsupported_release_is_a_usage_error(monkeypatch):
+    import shim.lint as lint
+
+    monkeypatch.setattr(lint.importlib.metadata, "version", lambda name: "0.4.0")
+    with pytest.raises(lint.LintUsageError, match="not a supported release line"):
+        lint.installed_release()
