@@ -1,0 +1,36 @@
+"""Version dispatch, in one place: the SGLang release installed picks the adapter module.
+
+Only modules under `shim.adapters` import SGLang internals.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
+from shim.adapters.common import V2Adapter
+
+# release -> adapter module. A release line missing here gets one message and no guard.
+ADAPTERS: dict[str, str] = {
+    "0.5.23": "shim.adapters.sglang_0_5_23",
+    "0.5.16": "shim.adapters.sglang_0_5_16",
+}
+
+
+def installed_release() -> str | None:
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def select_adapter(release: str | None = None) -> tuple[V2Adapter | None, str]:
+    """(adapter, "") for a supported release, else (None, why not)."""
+    release = release or installed_release()
+    if release is None:
+        return None, "sglang is not installed"
+    module_name = ADAPTERS.get(release)
+    if module_name is None:
+        return None, f"sglang {release} is not a supported release (supported: {', '.join(sorted(ADAPTERS))})"
+    module = importlib.import_module(module_name)
+    return module.Adapter(), ""

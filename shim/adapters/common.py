@@ -1,0 +1,426 @@
+"""What the v2-worker release lines (0.5.16, 0.5.23) share: reading live objects, the hook bodies.
+
+A release module (`sglang_0_5_23`, `sglang_0_5_16`) subclasses `V2Adapter` with what differs: where
+a Req keeps its KV lengths, the release_kv_cache signature, how to find the TP rank and the server
+arguments. Only host-side data is read: python ints and lists, `.shape` of tensors, and the CPU
+mirrors SGLang keeps (`seq_lens_cpu`), after checking they are on the CPU. Never `.item()`,
+`.tolist()` or `.cpu()` of a device tensor: the guard adds no GPU synchronisation.
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from shim.guard import Guard
+from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.runtime import GuardRuntime
+from statemodel.design import Design, Scope
+from statemodel.designs import ADAPTIVE_WARM, CATCH_UP
+from statemodel.state import ForwardMode, SpecInfoKind
+
+logger = logging.getLogger("specflip.guard")
+
+_FORWARD_MODES = {
+    "IDLE": ForwardMode.IDLE, "EXTEND": ForwardMode.EXTEND, "DECODE": ForwardMode.DECODE,
+    "MIXED": ForwardMode.MIXED, "TARGET_VERIFY": ForwardMode.TARGET_VERIFY,
+    "DRAFT_EXTEND": ForwardMode.DRAFT_EXTEND, "DRAFT_EXTEND_V2": ForwardMode.DRAFT_EXTEND,
+}
+NO_CAP = 1 << 30
+
+
+class HostReadError(RuntimeError):
+    """An adapter was about to read a device tensor's values (a GPU sync): refused."""
+
+
+def tensor_width(tensor: Any) -> int:
+    """Entries along dim 0 from the shape alone (a 0-d tensor is one slot; None is none)."""
+    if tensor is None:
+        return 0
+    shape = tuple(tensor.shape)
+    return 1 if not shape else int(shape[0])
+
+
+def host_ints(tensor: Any) -> list[int]:
+    """Values of a CPU tensor (SGLang's `*_cpu` mirrors). A device tensor is refused, not synced."""
+    device = getattr(tensor, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        raise HostReadError(f"refusing to read a {device} tensor on the host (that would sync the GPU)")
+    return [int(x) for x in tensor.tolist()]
+
+
+class V2Adapter:
+    """Maps a v2-worker SGLang line's live objects to the model and installs its hooks."""
+
+    release = "unknown"
+    # (dotted target, hook type name, method name on this adapter)
+    TARGETS: tuple[tuple[str, str, str], ...] = ()
+
+    def __init__(self) -> None:
+        self.runtime: GuardRuntime | None = None
+        self._running_ref: Callable[[], Any] | None = None
+
+    # --- per-release field access (overridden) ------------------------------------------------------
+
+    def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
+        """(holds KV, kv_committed_len, kv_allocated_len, cache_protected_len)."""
+        raise NotImplementedError
+
+    def tp_rank(self) -> int:
+        raise NotImplementedError
+
+    def server_args(self) -> Any:
+        raise NotImplementedError
+
+    def resolve(self, target: str) -> Any:
+        obj_path, _, attr = target.rpartition(".")
+        return getattr(pkgutil.resolve_name(obj_path), attr)
+
+    # --- install ------------------------------------------------------------------------------------
+
+    def install(self, runtime: GuardRuntime) -> str | None:
+        """Register every hook through SGLang's HookRegistry, or none: returns why not, or None."""
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        missing = []
+        for target, _, _ in self.TARGETS:
+            try:
+                self.resolve(target)
+            except Exception as exc:  # noqa: BLE001 - any failure means this target is not there
+                missing.append(f"{target} ({type(exc).__name__})")
+        if missing:
+            return f"sglang {self.release}: hook targets not found: {', '.join(missing)}"
+        self.runtime = runtime
+        runtime.adapter = self
+        for target, kind, method in self.TARGETS:
+            HookRegistry.register(target, getattr(self, method), HookType[kind])
+        return None
+
+    def guard(self) -> Guard | None:
+        """The live Guard, built at the first hooked step once the server's numbers are known."""
+        rt = self.runtime
+        if rt is None or not rt.active:
+            return None
+        if rt.guard is None:
+            sa = self.server_args()
+            reason = self.unsupported_reason(sa)
+            if reason:
+                rt.disable(f"sglang {self.release}: {reason}")
+                return None
+            rt.start(design=self.reference_design(sa), scope=self.scope(sa), rank=self.tp_rank(),
+                     release=self.release)
+        return rt.guard
+
+    def unsupported_reason(self, sa: Any) -> str | None:
+        """Configurations the model does not describe: the guard stays off for them."""
+        if sa is None:
+            return None
+        if getattr(sa, "page_size", 1) not in (None, 1):
+            return f"page_size {sa.page_size} (the model counts KV in single slots; supported: 1)"
+        algo = getattr(sa, "speculative_algorithm", None)
+        if algo not in (None, "EAGLE", "EAGLE3"):
+            return f"speculative algorithm {algo} (supported: EAGLE, EAGLE3, none)"
+        if algo is not None and (getattr(sa, "speculative_eagle_topk", 1) or 1) != 1:
+            return f"speculative_eagle_topk {sa.speculative_eagle_topk} (the model drafts a chain: topk 1)"
+        if (getattr(sa, "pp_size", 1) or 1) > 1:
+            return f"pipeline parallel size {sa.pp_size} (supported: 1)"
+        if getattr(sa, "enable_dp_attention", False):
+            return "DP attention (not modelled)"
+        if getattr(sa, "enable_mixed_chunk", False):
+            return "mixed chunked prefill (MIXED batches are not modelled)"
+        if getattr(sa, "disaggregation_mode", "null") not in (None, "null"):
+            return f"PD disaggregation ({sa.disaggregation_mode})"
+        return None
+
+    def reference_design(self, sa: Any) -> Design:
+        return ADAPTIVE_WARM if getattr(sa, "speculative_adaptive", False) else CATCH_UP
+
+    def scope(self, sa: Any) -> Scope:
+        cap = int(getattr(sa, "max_running_requests", None) or NO_CAP)
+        chunk = int(getattr(sa, "chunked_prefill_size", None) or NO_CAP)
+        return Scope(requests=(), kv_pool_size=0, spec_cap=cap, plain_cap=cap, chunk_size=max(chunk, 1),
+                     graph_capture_sizes=())
+
+    # --- observation ----------------------------------------------------------------------------------
+
+    def observe_request(self, req: Any, seq_len: int | None = None) -> ObservedRequest:
+        holds, committed, allocated, protected = self.req_kv_lens(req)
+        params = req.sampling_params
+        return ObservedRequest(
+            rid=str(req.rid), prompt_len=len(req.origin_input_ids), max_new_tokens=int(params.max_new_tokens or 0),
+            output_len=len(req.output_ids), kv_committed=max(0, committed - protected) if holds else 0,
+            kv_allocated=max(0, allocated - protected) if holds else 0, kv_committed_len=committed,
+            seq_len=committed if seq_len is None else seq_len, holds_kv=holds, finished=bool(req.finished()),
+            prefilled_len=committed, chunked=(getattr(req, "is_chunked", 0) or 0) > 0,
+        )
+
+    def observe_requests(self, batch: Any) -> list[ObservedRequest]:
+        mirror = getattr(batch, "seq_lens_cpu", None)
+        seq = host_ints(mirror) if mirror is not None and tensor_width(mirror) == len(batch.reqs) else None
+        return [self.observe_request(req, None if seq is None else seq[i]) for i, req in enumerate(batch.reqs)]
+
+    def observe_pool(self, allocator: Any, tree_cache: Any = None) -> ObservedPool:
+        free = int(allocator.available_size())
+        if tree_cache is not None:
+            # slots the tree cache owns belong to no request: the model counts them free
+            free += int(tree_cache.evictable_size()) + int(tree_cache.protected_size())
+        return ObservedPool(free=free, size=int(allocator.size))
+
+    def batch_pool(self, batch: Any) -> ObservedPool:
+        return self.observe_pool(batch.token_to_kv_pool_allocator, getattr(batch, "tree_cache", None))
+
+    def spec_shape(self, spec_info: Any) -> tuple[SpecInfoKind, int, int]:
+        if spec_info is None:
+            return SpecInfoKind.NONE, 0, 0
+        if spec_info.is_verify_input():
+            per_row = int(spec_info.draft_token_num)
+            return SpecInfoKind.VERIFY_INPUT, tensor_width(spec_info.draft_token) // max(per_row, 1), per_row
+        if spec_info.is_draft_input():
+            future = getattr(spec_info, "future_indices", None)
+            rows = tensor_width(future) if future is not None else tensor_width(spec_info.topk_index)
+            return SpecInfoKind.DRAFT_INPUT, rows, 1
+        return SpecInfoKind.NONE, 0, 0
+
+    def observe_batch(self, batch: Any, *, forward_mode: ForwardMode | None = None, graph: Any = None,
+                      spec_info: Any = ..., out_cache_loc_width: int | None = None) -> ObservedBatch:
+        # an empty ScheduleBatch is no batch to SGLang (the scheduler drops it): no spec_info either
+        kind, rows, per_row = self.spec_shape(batch.spec_info if spec_info is ... else spec_info) if batch.reqs \
+            else (SpecInfoKind.NONE, 0, 0)
+        mode = forward_mode or _FORWARD_MODES.get(batch.forward_mode.name, ForwardMode.IDLE)
+        return ObservedBatch(
+            rids=tuple(str(r.rid) for r in batch.reqs), forward_mode=mode, spec_kind=kind, spec_rows=rows,
+            spec_tokens_per_row=per_row, spec_algorithm_on=not batch.spec_algorithm.is_none(),
+            out_cache_loc_width=tensor_width(batch.out_cache_loc) if out_cache_loc_width is None
+            else out_cache_loc_width,
+            graph=graph, extend_tokens=int(batch.extend_num_tokens or 0) if mode is ForwardMode.EXTEND else 0,
+        )
+
+    def graph_for(self, model_runner: Any, batch_size: int, spec_info: Any) -> tuple[int, int] | None:
+        """The CUDA graph a forward of `batch_size` requests would replay: DecodeCudaGraphRunner.can_run_graph
+        read from its host-side attributes (None: eager)."""
+        runner = getattr(model_runner, "decode_cuda_graph_runner", None)
+        if runner is None:
+            return None
+        width = int(runner.captured_req_width)
+        per_req = getattr(spec_info, "num_tokens_per_req", -1) if spec_info is not None else -1
+        if per_req is not None and per_req > 0 and per_req != width:
+            return None
+        sizes = sorted(int(b) for b in runner.capture_bs)
+        fitting = [b for b in sizes if b >= batch_size]
+        if not fitting or batch_size > int(runner.max_bs):
+            return None
+        return fitting[0], width
+
+    def remember_running(self, batch: Any) -> None:
+        self._running_ref = weakref.ref(batch)
+
+    # --- hooks (signatures follow HookRegistry: BEFORE fn(*a, **k), AFTER fn(result, *a, **k),
+    #     AROUND fn(original, *a, **k)) ----------------------------------------------------------------
+
+    def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        rt = self.runtime
+        if rt is not None and rt.active:
+            rt.run(fn, *args, **kwargs)
+
+    def after_prepare_for_extend(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        def step() -> None:
+            g = self.guard()
+            if g is None or not batch.reqs:
+                return
+            spec_on = not batch.spec_algorithm.is_none()
+            g.prefill(self.observe_batch(batch, spec_info=None), self.observe_requests(batch), self.batch_pool(batch),
+                      draft_prefills=spec_on, where="ScheduleBatch.prepare_for_extend")
+        self._run(step)
+
+    def after_prepare_for_decode(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        def step() -> None:
+            g = self.guard()
+            if g is None or not batch.reqs:
+                return
+            self.remember_running(batch)
+            spec_path = not batch.spec_algorithm.is_none()
+            # the speculative path leaves out_cache_loc to the worker: no slots of this step in it
+            running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None)
+            g.prepare_for_decode(running, self.observe_requests(batch), self.batch_pool(batch))
+        self._run(step)
+
+    def around_merge_batch(self, original: Callable[..., Any], batch: Any, other: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        def before() -> None:
+            g = self.guard()
+            if g is None or not other.reqs:
+                return
+            pending = self.observe_batch(other)
+            merged = self.merge_preview(batch, other)
+            g.merge(merged, pending, self.observe_requests(batch) + self.observe_requests(other),
+                    self.batch_pool(batch))
+        self._run(before)
+        result = original(batch, other, *args, **kwargs)
+
+        def after() -> None:
+            g = self.guard()
+            if g is not None and other.reqs:
+                self.remember_running(batch)
+                g.refine_running(self.observe_batch(batch), where="ScheduleBatch.merge_batch (result)")
+        self._run(after)
+        return result
+
+    def merge_preview(self, batch: Any, other: Any) -> ObservedBatch:
+        """The batch `batch.merge_batch(other)` produces, computed before it runs (its spec_info rows as
+        ScheduleBatch.merge_batch / EagleDraftInput.merge_batch concatenate them)."""
+        own = self.observe_batch(batch)
+        theirs = self.observe_batch(other)
+        kind, rows, per_row = own.spec_kind, own.spec_rows, own.spec_tokens_per_row
+        if batch.spec_info is not None:  # `if self.spec_info: self.spec_info.merge_batch(other.spec_info)`
+            if rows == 0:
+                kind, rows, per_row = theirs.spec_kind, theirs.spec_rows, theirs.spec_tokens_per_row
+            elif theirs.spec_kind is kind:
+                rows += theirs.spec_rows
+        return ObservedBatch(rids=own.rids + theirs.rids, forward_mode=own.forward_mode, spec_kind=kind,
+                             spec_rows=rows, spec_tokens_per_row=per_row, spec_algorithm_on=own.spec_algorithm_on)
+
+    def around_filter_batch(self, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+        self._run(self._settle)
+        result = original(batch, *args, **kwargs)
+
+        def after() -> None:
+            g = self.guard()
+            if g is None:
+                return
+            ref = self._running_ref() if self._running_ref else None
+            if ref is not None and ref is not batch:
+                return  # a batch other than the running one (e.g. a prefill batch dropping its chunked req)
+            self.remember_running(batch)
+            g.filter(self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch))
+        self._run(after)
+        return result
+
+    def around_release_kv_cache(self, original: Callable[..., Any], req: Any, tree_cache: Any, *args: Any,
+                                **kwargs: Any) -> Any:
+        self._run(self._settle)
+        finished = bool(req.finished())
+        result = original(req, tree_cache, *args, **kwargs)
+
+        def after() -> None:
+            g = self.guard()
+            if g is not None:
+                pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
+                g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
+                          where="mem_cache.common.release_kv_cache")
+        self._run(after)
+        return result
+
+    def _settle(self) -> None:
+        g = self.guard()
+        if g is not None:
+            g.settle_round()
+
+    def before_target_forward(self, worker: Any, batch: Any = None, *args: Any, **kwargs: Any) -> None:
+        is_verify = kwargs.get("is_verify", args[2] if len(args) > 2 else False)
+        if batch is None or is_verify or not batch.forward_mode.is_decode() or not batch.reqs:
+            return None
+
+        def step() -> None:
+            g = self.guard()
+            if g is None:
+                return
+            graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
+            launched = self.observe_batch(batch, graph=graph)
+            g.plain_decode(launched, self.observe_requests(batch), self.batch_pool(batch),
+                           where="TpModelWorker.forward_batch_generation (plain DECODE)")
+        self._run(step)
+        return None
+
+    def _round_observer(self, batch: Any) -> Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]:
+        def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
+            return self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch)
+        return observe
+
+    def before_draft(self, draft_worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("with_topology") or batch.forward_mode.is_idle() or not batch.reqs:
+            return None
+
+        def step() -> None:
+            g = self.guard()
+            if g is not None:
+                steps = int(draft_worker.speculative_num_steps)
+                g.draft(steps, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
+                        where="EagleDraftWorker.draft")
+        self._run(step)
+        return None
+
+    def before_trivial_verify_input(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        if batch.forward_mode.is_idle() or not batch.reqs:
+            return None
+
+        def step() -> None:
+            g = self.guard()
+            if g is not None:
+                g.draft(0, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
+                        where="EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
+        self._run(step)
+        return None
+
+    def before_verify(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        if batch.forward_mode.is_idle() or not batch.reqs:
+            return None
+
+        def step() -> None:
+            g = self.guard()
+            if g is None:
+                return
+            verify_input = batch.spec_info
+            graph = self.graph_for(worker.target_worker.model_runner, len(batch.reqs), verify_input)
+            launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
+                                          out_cache_loc_width=tensor_width(verify_input.draft_token))
+            g.verify_launch(launched, self.observe_requests(batch), self.batch_pool(batch),
+                            where="EAGLEWorkerV2.verify (TARGET_VERIFY launch)")
+        self._run(step)
+        return None
+
+    def before_draft_extend_for_decode(self, draft_worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        self._draft_extend(batch, skipped=False, where="EagleDraftWorker._draft_extend_for_decode")
+
+    def before_stub_skipped_draft_extend(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        self._draft_extend(batch, skipped=True, where="EAGLEWorkerV2._stub_skipped_draft_extend")
+
+    def _draft_extend(self, batch: Any, *, skipped: bool, where: str) -> None:
+        if batch.forward_mode.is_idle() or not batch.reqs:
+            return
+
+        def step() -> None:
+            g = self.guard()
+            if g is not None:
+                g.draft_extend_starts(skipped=skipped, running=self.observe_batch(batch),
+                                      reqs=self.observe_requests(batch), pool=self.batch_pool(batch), where=where)
+        self._run(step)
+
+    def after_apply_runtime_state(self, result: Any, worker: Any, state: Any, *args: Any, **kwargs: Any) -> None:
+        def step() -> None:
+            g = self.guard()
+            if g is not None:
+                g.note(f"adaptive controller: speculative_num_steps -> {state.speculative_num_steps}")
+        self._run(step)
+
+    # --- called by a flip implementation (shim.api.notify_flip) -----------------------------------------
+
+    def on_flip(self, on: bool, batch: Any) -> None:
+        def step() -> None:
+            g = self.guard()
+            if g is None:
+                return
+            if batch is None or not batch.reqs:
+                g.flip(on, None, [], g_pool_or_none(g), where="switch")
+                return
+            self.remember_running(batch)
+            g.flip(on, self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch),
+                   where="switch (shim.api.notify_flip)")
+        self._run(step)
+
+
+def g_pool_or_none(guard: Guard) -> ObservedPool:
+    """The pool as last observed (a flip with nothing running changes no KV)."""
+    return ObservedPool(free=guard.state.kv_free, size=guard.state.kv_pool_size)

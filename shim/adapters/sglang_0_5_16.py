@@ -1,0 +1,39 @@
+"""SGLang 0.5.16 (the GPU host, torch 2.11): the v2 worker takes the ScheduleBatch (no ModelWorkerBatch);
+a Req keeps `kv_committed_len`, `req_pool_idx` and `cache_protected_len` on itself and only
+`kv_allocated_len` in `req.kv` (ReqKvInfo, None while no row is held); `release_kv_cache(req, tree_cache,
+is_insert=True)`. Hook targets are the same dotted paths as 0.5.23 (checked against the 0.5.16 wheel's
+source by tests/test_guard_adapters.py where that source is unpacked)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shim.adapters.common import V2Adapter
+from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
+
+
+class Adapter(V2Adapter):
+    release = "0.5.16"
+    TARGETS = Adapter0523.TARGETS
+
+    def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
+        kv = req.kv
+        if kv is None or req.req_pool_idx is None:
+            return False, 0, 0, 0
+        return True, int(req.kv_committed_len), int(kv.kv_allocated_len), int(req.cache_protected_len)
+
+    def tp_rank(self) -> int:
+        from sglang.srt.runtime_context import get_parallel
+
+        try:
+            return int(get_parallel().tp_rank)
+        except (RuntimeError, AttributeError):  # not written in this process
+            return 0
+
+    def server_args(self) -> Any:
+        from sglang.srt.server_args import get_global_server_args
+
+        try:
+            return get_global_server_args()
+        except Exception:  # noqa: BLE001 - not published yet: run with what the live objects say
+            return None

@@ -1,0 +1,51 @@
+"""SGLang 0.5.23 (what CI installs): the v2 worker takes the ScheduleBatch; a Req keeps its KV lengths
+in `req.kv` (ReqKvInfo); `release_kv_cache(req, tree_cache, *, checkpoint)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shim.adapters.common import V2Adapter
+
+_SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_V2 = "sglang.srt.speculative.eagle_worker_v2"
+
+
+class Adapter(V2Adapter):
+    release = "0.5.23"
+    TARGETS = (
+        (f"{_SB}.prepare_for_extend", "AFTER", "after_prepare_for_extend"),
+        (f"{_SB}.prepare_for_decode", "AFTER", "after_prepare_for_decode"),
+        (f"{_SB}.merge_batch", "AROUND", "around_merge_batch"),
+        (f"{_SB}.filter_batch", "AROUND", "around_filter_batch"),
+        ("sglang.srt.mem_cache.common.release_kv_cache", "AROUND", "around_release_kv_cache"),
+        ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
+        (f"{_V2}.EagleDraftWorker.draft", "BEFORE", "before_draft"),
+        (f"{_V2}.EAGLEWorkerV2._build_trivial_verify_input", "BEFORE", "before_trivial_verify_input"),
+        (f"{_V2}.EAGLEWorkerV2.verify", "BEFORE", "before_verify"),
+        (f"{_V2}.EagleDraftWorker._draft_extend_for_decode", "BEFORE", "before_draft_extend_for_decode"),
+        (f"{_V2}.EAGLEWorkerV2._stub_skipped_draft_extend", "BEFORE", "before_stub_skipped_draft_extend"),
+        (f"{_V2}.EAGLEWorkerV2.apply_runtime_state", "AFTER", "after_apply_runtime_state"),
+    )
+
+    def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
+        kv = req.kv
+        if kv is None or kv.req_pool_idx is None:
+            return False, 0, 0, 0
+        return True, int(kv.kv_committed_len), int(kv.kv_allocated_len), int(kv.cache_protected_len)
+
+    def tp_rank(self) -> int:
+        from sglang.srt.runtime_context import get_parallel
+
+        try:
+            return int(get_parallel().tp_rank)
+        except RuntimeError:  # not written in this process (single-process use, tests)
+            return 0
+
+    def server_args(self) -> Any:
+        from sglang.srt.runtime_context import get_server_args
+
+        try:
+            return get_server_args()
+        except Exception:  # noqa: BLE001 - not published: run with what the live objects say
+            return None

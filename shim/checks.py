@@ -1,0 +1,53 @@
+"""The one check the guard and `specflip explain` both run on a transition.
+
+Every rule comes from the model: invariants from `statemodel.invariants.check_step`, and the
+"legal transition" test from `statemodel.actions.ACTION_CATALOGUE` (the stage an action starts from
+and the runtime mode it belongs to). Nothing here restates a rule.
+"""
+
+from __future__ import annotations
+
+from statemodel.actions import ACTIONS_BY_NAME, Action
+from statemodel.design import Scope
+from statemodel.invariants import Violation, check_state, check_step
+from statemodel.state import State
+
+LEGAL_TRANSITION = "legal_transition"
+
+
+def transition_violations(before: State, action: Action) -> list[Violation]:
+    """The action exists, starts from the stage `before` is in, and belongs to the current mode."""
+    info = ACTIONS_BY_NAME.get(action.name)
+    if info is None:
+        return [Violation(LEGAL_TRANSITION, f"{action.name!r} is not a model action",
+                          expected=" | ".join(ACTIONS_BY_NAME), actual=action.name)]
+    problems = []
+    if before.stage not in info.stage_from:
+        want = " or ".join(s.value for s in info.stage_from)
+        problems.append(Violation(
+            LEGAL_TRANSITION,
+            f"{action.name} ran at stage {before.stage.value}; the model runs it only from {want}",
+            expected=want, actual=before.stage.value,
+        ))
+    if info.spec_mode != "any" and info.spec_mode != before.spec_mode.value:
+        problems.append(Violation(
+            LEGAL_TRANSITION,
+            f"{action.name} belongs to speculation {info.spec_mode} but speculation is {before.spec_mode.value}",
+            expected=info.spec_mode, actual=before.spec_mode.value,
+        ))
+    return problems
+
+
+def step_violations(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+    """A legal transition, then every model invariant of the step and of its result. The step
+    invariants presume a legal step (a verify has a launched batch...): an illegal one gets the state
+    invariants of its result only."""
+    illegal = transition_violations(before, action)
+    if illegal:
+        return illegal + check_state(after, scope)
+    return check_step(before, action, after, scope)
+
+
+def state_violations(state: State, scope: Scope) -> list[Violation]:
+    """Every state invariant (a re-observation of the same step, e.g. the verify batch at launch)."""
+    return check_state(state, scope)

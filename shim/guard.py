@@ -1,0 +1,460 @@
+"""The runtime guard: the model State of one scheduler (TP rank), moved by the hooked SGLang steps.
+
+SGLang-free: adapters (`shim.adapters`) read live objects into `shim.observe` facts and call the
+methods here, one per model action. Each call
+
+1. takes the model's own next state, `statemodel.actions.apply(before, action, design, scope)`: that
+   keeps the ghost fields SGLang does not carry (draft_kv_len, draft_hidden_ready, the stage, the
+   runtime mode) exactly as the model's transition function moves them;
+2. overwrites every field the live objects do carry (batch shape, spec_info, KV per request, the
+   pool) with what was observed, so a bug in SGLang or in a flip implementation shows up;
+3. checks the transition with `shim.checks.step_violations` (the model's invariants, the model's
+   stage/mode rules);
+4. records it (history; trace file) and, in assert mode, raises `SpecFlipViolation`; in warn and trace
+   mode logs, rate-limited.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from shim.checks import state_violations, step_violations
+from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.trace import (
+    TraceWriter,
+    compact_state,
+    rid_name,
+    scope_to_json,
+    state_delta,
+    state_to_json,
+    violation_to_json,
+)
+from statemodel.actions import Action, apply
+from statemodel.design import Design, Scope
+from statemodel.invariants import Violation
+from statemodel.state import (
+    EMPTY_BATCH,
+    Batch,
+    ForwardMode,
+    GraphShape,
+    Request,
+    SpecInfo,
+    SpecInfoKind,
+    SpecMode,
+    Stage,
+    State,
+    Status,
+)
+
+logger = logging.getLogger("specflip.guard")
+
+
+class Mode(enum.Enum):
+    OFF = "off"
+    WARN = "warn"
+    ASSERT = "assert"
+    TRACE = "trace"
+
+
+class SpecFlipViolation(AssertionError):
+    """A step the model forbids, raised in assert mode before the forward that would run it.
+
+    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, or
+    `legal_transition`), `action` the model action, `rank` the TP rank, `rids` the SGLang request ids,
+    `violations` all of them.
+    """
+
+    def __init__(self, message: str, *, invariant: str, action: str, rank: int, rids: tuple[str, ...],
+                 violations: tuple[Violation, ...]) -> None:
+        super().__init__(message)
+        self.invariant = invariant
+        self.action = action
+        self.rank = rank
+        self.rids = rids
+        self.violations = violations
+
+
+@attrs.define
+class GuardConfig:
+    mode: Mode
+    design: Design  # the reference design apply() moves the ghost state with
+    scope: Scope  # kv_pool_size, spec_cap / plain_cap (running_within_cap), chunk_size
+    rank: int = 0
+    release: str = "unknown"
+    trace_path: str | None = None
+    history: int = 6
+    warn_interval_s: float = 30.0
+
+
+@attrs.define
+class _Round:
+    """A speculative round in flight: drafted (and launched for verify), result not yet processed."""
+
+    observe: Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]
+    extend: str | None = None  # "draft_extend" or "skip_draft_extend" once the worker chose
+
+
+_REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
+
+
+class Guard:
+    """Model state + checks for one TP rank. Not thread-safe: one scheduler thread drives it."""
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.state = self._initial_state()
+        self.step_number = 0
+        self.history: deque[str] = deque(maxlen=config.history)
+        self.covered: dict[str, int] = {}
+        self.round: _Round | None = None
+        self.last_action: Action | None = None
+        self.found: list[tuple[str, tuple[Violation, ...]]] = []  # (action, violations), warn/trace mode
+        self._last_warned: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self.trace: TraceWriter | None = TraceWriter(config.trace_path) if config.trace_path else None
+        if self.trace is not None:
+            self.trace.write({"kind": "header", "rank": config.rank, "release": config.release,
+                              "design": config.design.name, "scope": scope_to_json(config.scope),
+                              "rids": list(self.names), "state": state_to_json(self.state)})
+
+    def _initial_state(self) -> State:
+        scope = self.config.scope
+        return State(requests=(), running=EMPTY_BATCH, pending=None, launched=None, stage=Stage.SCHEDULE,
+                     spec_mode=SpecMode.ON, num_steps=self.config.design.largest_steps(),
+                     kv_free=scope.kv_pool_size, kv_pool_size=scope.kv_pool_size)
+
+    # --- the public steps (one per model action) ----------------------------------------------------
+
+    def prefill(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+                *, draft_prefills: bool, where: str = "prepare_for_extend") -> None:
+        """An EXTEND batch was prepared: its requests arrive (if new) and prefill. The draft prefills
+        with them when the batch carries the speculative algorithm (the v2 worker's prefill branch)."""
+        self.settle_round()
+        self._merge_pending_implicitly(None)
+        for r in reqs:
+            if r.rid not in self.index:
+                self._arrive(r, where)
+        before = self.state
+        changed: dict[int, Request] = {}
+        completed: list[int] = []
+        for obs in reqs:
+            r = before.req(self.index[obs.rid])
+            done = not obs.chunked
+            new = attrs.evolve(r, status=Status.RUNNING if done else Status.PREFILLING,
+                               prefilled_len=obs.prefilled_len, **_kv_fields(obs))
+            if done:
+                new = attrs.evolve(new, seq_len=obs.prefilled_len, committed=r.committed + 1,
+                                   draft_kv_len=obs.prefilled_len if draft_prefills else 0,
+                                   draft_hidden_ready=draft_prefills)
+                completed.append(r.rid)
+            changed[r.rid] = new
+        spec = (SpecInfo(SpecInfoKind.DRAFT_INPUT, len(completed), 1)
+                if draft_prefills and launched.spec_algorithm_on else SpecInfo.none())
+        pending = (Batch(rids=tuple(completed), forward_mode=ForwardMode.DECODE, spec_info=spec,
+                         spec_algorithm_on=launched.spec_algorithm_on) if completed else None)
+        after = attrs.evolve(before, requests=before.with_requests(changed), pending=pending,
+                             launched=self._batch(launched), kv_free=pool.free, kv_pool_size=pool.size)
+        self._record(before, Action("prefill"), after, where)
+
+    def merge(self, merged: ObservedBatch, pending: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+              *, where: str = "ScheduleBatch.merge_batch") -> None:
+        """`running.merge_batch(pending)` is about to run; `merged` is the batch it will produce."""
+        self.settle_round()
+        known_pending = self.state.pending
+        if known_pending is None or set(known_pending.rids) != {self.index.get(r, -1) for r in pending.rids}:
+            self.state = attrs.evolve(self.state, pending=self._batch(pending))
+        else:
+            self.state = attrs.evolve(self.state, pending=attrs.evolve(
+                known_pending, spec_info=self._batch(pending).spec_info,
+                spec_algorithm_on=pending.spec_algorithm_on))
+        self._transition(Action("merge_batch"), where, running=merged, reqs=reqs, pool=pool)
+
+    def refine_running(self, running: ObservedBatch, *, where: str) -> None:
+        """The running batch as it really is after a step the guard already recorded."""
+        new = attrs.evolve(self.state, running=self._running_from(self.state.running, running))
+        self._refine(new, where)
+
+    def filter(self, running: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+               *, where: str = "ScheduleBatch.filter_batch") -> None:
+        self.settle_round()
+        self._merge_pending_implicitly(running)
+        if tuple(self.index.get(r, -1) for r in running.rids) == self.state.running.rids:
+            return  # nothing left the batch (retract already shrank it): not a transition
+        self._transition(Action("filter_batch"), where, running=running, reqs=reqs, pool=pool)
+        self._compact()
+
+    def release(self, rid: str, *, finished: bool, reqs: list[ObservedRequest], pool: ObservedPool,
+                where: str = "release_kv_cache") -> None:
+        """A request's KV was released: `finish` when it is done, `retract` otherwise."""
+        self.settle_round()
+        index = self.index.get(rid)
+        if index is None or self.state.req(index).status not in (Status.RUNNING, Status.PREFILLING):
+            return  # not a request the guard tracks as holding KV (e.g. aborted before prefill)
+        name = "finish" if finished else "retract"
+        self._transition(Action(name, (index,)), where, reqs=reqs, pool=pool)
+
+    def prepare_for_decode(self, running: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+                           *, where: str = "ScheduleBatch.prepare_for_decode") -> None:
+        self.settle_round()
+        self._merge_pending_implicitly(running)
+        self._transition(Action("prepare_for_decode"), where, running=running, reqs=reqs, pool=pool)
+
+    def draft(self, steps: int, reqs: list[ObservedRequest], pool: ObservedPool,
+              observe_round: Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]],
+              *, where: str) -> None:
+        """The worker is about to draft `steps` tokens (0: the trivial one-token verify)."""
+        self.round = _Round(observe=observe_round)
+        self._transition(Action("draft", (steps,)), where, reqs=reqs, pool=pool)
+
+    def verify_launch(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+                      *, where: str) -> None:
+        """The verify batch as it launches: a second look at the state the draft step produced."""
+        state = self._overlay(self.state, reqs=reqs, pool=pool)
+        state = attrs.evolve(state, launched=self._batch(launched))
+        self._refine(state, where)
+
+    def draft_extend_starts(self, *, skipped: bool, running: ObservedBatch, reqs: list[ObservedRequest],
+                            pool: ObservedPool, where: str) -> None:
+        """A draft-extend (or its skip) starts. Inside a round it closes the round once the result is
+        processed; outside one it is the design's draft sync or catch-up."""
+        if self.round is not None:
+            self.round.extend = "skip_draft_extend" if skipped else "draft_extend"
+            return
+        if skipped:
+            return
+        if self.state.stage is Stage.DECODED or self.state.spec_mode is SpecMode.OFF:
+            name = "draft_sync"
+        else:
+            name = "draft_catch_up"
+        self._transition(Action(name), where, reqs=reqs, pool=pool)
+
+    def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+                     *, where: str) -> None:
+        """A plain target DECODE forward is about to run on `launched`."""
+        self.settle_round()
+        self._transition(Action("plain_decode"), where, launched=launched, reqs=reqs, pool=pool,
+                         seq_rids=set(launched.rids))
+
+    def flip(self, on: bool, running: ObservedBatch | None, reqs: list[ObservedRequest], pool: ObservedPool,
+             *, where: str = "switch") -> None:
+        """The flip policy switched speculation on or off (called by the switch, after it acted)."""
+        self.settle_round()
+        if running is not None:
+            self._merge_pending_implicitly(running)
+        self._transition(Action("flip_on" if on else "flip_off"), where, running=running, reqs=reqs, pool=pool)
+
+    def settle_round(self) -> None:
+        """Close a speculative round once its result is on the host: verify with the accept counts the
+        scheduler committed (kv_committed_len growth), then the draft-extend (or its skip)."""
+        current = self.round
+        if current is None:
+            return
+        self.round = None
+        batch, reqs, pool = current.observe()
+        before = self.state
+        launched = before.launched
+        if launched is None or before.stage is not Stage.DRAFTED:
+            return
+        by_rid = {r.rid: r for r in reqs}
+        accepts = []
+        for rid in launched.rids:
+            r = before.req(rid)
+            obs = by_rid.get(self.names[rid])
+            committed = obs.kv_committed_len if obs is not None else r.seq_len
+            accepts.append(max(0, committed - r.seq_len - 1))
+            if obs is not None and obs.finished:
+                # SGLang commits the whole accepted run and trims the output at the stop; the model's
+                # request ends at max_new_tokens: tokens past it are not the model's seq_len
+                cap = r.seq_len + r.max_new_tokens - r.committed
+                by_rid[obs.rid] = attrs.evolve(obs, seq_len=min(obs.seq_len, cap))
+        reqs = list(by_rid.values())
+        where = "process_batch_result (verify result)"
+        self._transition(Action("verify", tuple(accepts)), where, reqs=reqs, pool=pool,
+                         seq_rids={self.names[r] for r in launched.rids})
+        extend = current.extend or "draft_extend"
+        self._transition(Action(extend), where, running=batch, reqs=reqs, pool=pool)
+
+    def note(self, text: str) -> None:
+        """Something worth seeing in the last transitions that is not a model action."""
+        self.history.append(f"({text})")
+
+    # --- machinery -----------------------------------------------------------------------------------
+
+    def _arrive(self, obs: ObservedRequest, where: str) -> None:
+        index = len(self.names)
+        self.names.append(obs.rid)
+        self.index[obs.rid] = index
+        new = Request(rid=index, prompt_len=obs.prompt_len, max_new_tokens=obs.max_new_tokens)
+        base = self.state
+        before = attrs.evolve(base, requests=base.requests + (new,))  # NOT_ARRIVED, as in initial_states
+        after = apply(before, Action("arrive", (index,)), self.config.design, self.config.scope)
+        self._record(before, Action("arrive", (index,)), after, where, new_rids=[obs.rid], trace_base=base)
+
+    def _merge_pending_implicitly(self, running: ObservedBatch | None) -> None:
+        """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch
+        call): seen as the pending requests turning up in the running batch."""
+        pending = self.state.pending
+        if pending is None:
+            return
+        if running is not None and not set(pending.rids) <= {self.index.get(r, -1) for r in running.rids}:
+            return
+        self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)
+
+    def _compact(self) -> None:
+        live = set(self.state.running.rids) | set(self.state.pending.rids if self.state.pending else ())
+        keep = [r.rid for r in self.state.requests if r.status is not Status.FINISHED or r.rid in live]
+        if len(keep) == len(self.state.requests):
+            return
+        self.state = compact_state(self.state, keep)
+        self.names = [self.names[i] for i in keep]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        if self.trace is not None:
+            self.trace.write({"kind": "compact", "rank": self.config.rank, "keep": keep})
+
+    def _batch(self, obs: ObservedBatch) -> Batch:
+        return Batch(
+            rids=tuple(self._known(r) for r in obs.rids), forward_mode=obs.forward_mode,
+            spec_info=SpecInfo(obs.spec_kind, obs.spec_rows, obs.spec_tokens_per_row)
+            if obs.spec_kind is not SpecInfoKind.NONE else SpecInfo.none(),
+            spec_algorithm_on=obs.spec_algorithm_on, out_cache_loc_width=obs.out_cache_loc_width,
+            graph=None if obs.graph is None else GraphShape(*obs.graph), extend_tokens=obs.extend_tokens,
+        )
+
+    def _known(self, rid: str) -> int:
+        index = self.index.get(rid)
+        if index is None:
+            raise GuardDesync(f"request {rid!r} is in a batch but the guard never saw it prefilled")
+        return index
+
+    def _running_from(self, predicted: Batch, obs: ObservedBatch) -> Batch:
+        real = self._batch(obs)
+        return attrs.evolve(predicted, rids=real.rids, spec_info=real.spec_info,
+                            spec_algorithm_on=real.spec_algorithm_on)
+
+    def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
+                 reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
+                 seq_rids: Iterable[str] = ()) -> State:
+        seq_rids = set(seq_rids)
+        changed: dict[int, Request] = {}
+        for obs in reqs:
+            index = self.index.get(obs.rid)
+            if index is None:
+                continue
+            r = state.req(index)
+            fields = _kv_fields(obs)
+            if obs.rid in seq_rids:  # seq_len is observed where the step that moves it is seen
+                fields["seq_len"] = obs.seq_len
+            if any(getattr(r, name) != value for name, value in fields.items()):  # evolve is the cost
+                changed[index] = attrs.evolve(r, **fields)
+        new = attrs.evolve(state, requests=state.with_requests(changed))
+        if running is not None:
+            new = attrs.evolve(new, running=self._running_from(new.running, running))
+        if launched is not None:
+            new = attrs.evolve(new, launched=self._batch(launched))
+        if pool is not None:
+            new = attrs.evolve(new, kv_free=pool.free, kv_pool_size=pool.size)
+        return new
+
+    def _transition(self, action: Action, where: str, *, running: ObservedBatch | None = None,
+                    launched: ObservedBatch | None = None, reqs: Iterable[ObservedRequest] = (),
+                    pool: ObservedPool | None = None, seq_rids: Iterable[str] = (),
+                    new_rids: list[str] | None = None) -> None:
+        before = self.state
+        predicted = apply(before, action, self.config.design, self.config.scope)
+        after = self._overlay(predicted, running=running, launched=launched, reqs=reqs, pool=pool, seq_rids=seq_rids)
+        self._record(before, action, after, where, new_rids=new_rids)
+
+    def _record(self, before: State, action: Action, after: State, where: str,
+                new_rids: list[str] | None = None, trace_base: State | None = None) -> None:
+        found = tuple(step_violations(before, action, after, self.config.scope))
+        self.step_number += 1
+        self.covered[action.name] = self.covered.get(action.name, 0) + 1
+        self.last_action = action
+        self.history.append(f"#{self.step_number} {self._describe(action)} [{where}]")
+        if self.trace is not None:
+            self.trace.write({"kind": "step", "rank": self.config.rank, "step": self.step_number,
+                              "action": action.name, "args": list(action.args), "where": where,
+                              "new_rids": new_rids or [],
+                              "delta": state_delta(trace_base or before, after),
+                              "violations": [violation_to_json(v, self.names) for v in found]})
+        self.state = after
+        if found:
+            self._report(action, found)
+
+    def _refine(self, new: State, where: str) -> None:
+        found = tuple(state_violations(new, self.config.scope))
+        if self.trace is not None:
+            action = self.last_action.name if self.last_action else "refine"
+            self.trace.write({"kind": "refine", "rank": self.config.rank, "step": self.step_number, "where": where,
+                              "action": action,
+                              "delta": state_delta(self.state, new),
+                              "violations": [violation_to_json(v, self.names) for v in found]})
+        self.state = new
+        if found:
+            self._report(self.last_action or Action("refine"), found, where=where)
+
+    def _describe(self, action: Action) -> str:
+        if action.name in ("arrive", "finish", "retract") and action.args:
+            return f"{action.name}({rid_name(self.names, action.args[0])!r})"
+        return action.describe()
+
+    def _report(self, action: Action, found: tuple[Violation, ...], where: str | None = None) -> None:
+        message = self.format(action, found, where=where)
+        first = found[0]
+        rids = tuple(dict.fromkeys(rid_name(self.names, r) for v in found for r in v.rids))
+        if not rids and action.name in ("finish", "retract", "arrive") and action.args:
+            rids = (rid_name(self.names, action.args[0]),)  # a pool-wide violation seen at this request's step
+        if self.config.mode is Mode.ASSERT:
+            raise SpecFlipViolation(message, invariant=first.invariant, action=action.name, rank=self.config.rank,
+                                    rids=rids, violations=found)
+        self.found.append((action.name, found))
+        now = time.monotonic()
+        key = first.invariant
+        if now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
+            skipped = self._suppressed.pop(key, 0)
+            extra = f" ({skipped} more like it since the last report)" if skipped else ""
+            logger.warning("%s%s", message, extra)
+            self._last_warned[key] = now
+        else:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+
+    def format(self, action: Action, found: tuple[Violation, ...], *, where: str | None = None) -> str:
+        """The violation message: invariant, action, rank, request ids, numbers, last transitions."""
+        lines = []
+        for i, v in enumerate(found):
+            names = ", ".join(repr(rid_name(self.names, r)) for r in v.rids)
+            who = f" requests [{names}]" if names else ""
+            text = _REQUEST_NUMBER.sub(lambda m: f"request {rid_name(self.names, int(m.group(1)))!r}", v.message)
+            numbers = f" (expected {v.expected}, actual {v.actual})" if v.expected or v.actual else ""
+            head = "specflip: " if i == 0 else "  also: "
+            lines.append(f"{head}{v.invariant} broken by {self._describe(action)} on TP rank {self.config.rank}"
+                         f"{who}: {text}{numbers}")
+        if where:
+            lines.append(f"  seen at: {where}")
+        lines.append("  last transitions: " + "; ".join(self.history))
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
+
+
+class GuardDesync(RuntimeError):
+    """The guard's picture lost track of SGLang's (a step it did not see): an error in the guard, not a
+    violation of the model."""
+
+
+def _kv_fields(obs: ObservedRequest) -> dict[str, int]:
+    if not obs.holds_kv:
+        return {"kv_held": 0, "kv_reserved": 0}
+    return {"kv_held": obs.kv_committed, "kv_reserved": obs.kv_allocated - obs.kv_committed}

@@ -1,0 +1,53 @@
+"""What an adapter hands the guard: plain host-side facts read off live SGLang objects.
+
+No SGLang import here and no torch: an adapter fills these from python ints, CPU mirrors and tensor
+shapes, and the guard (`shim.guard`) turns them into `statemodel.state` objects. Request ids are
+SGLang's rid strings; the guard numbers them.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from statemodel.state import ForwardMode, SpecInfoKind
+
+
+@attrs.frozen
+class ObservedBatch:
+    """A ScheduleBatch (or the batch a forward launches with) as the model sees it."""
+
+    rids: tuple[str, ...]
+    forward_mode: ForwardMode
+    spec_kind: SpecInfoKind = SpecInfoKind.NONE
+    spec_rows: int = 0
+    spec_tokens_per_row: int = 0
+    spec_algorithm_on: bool = False
+    out_cache_loc_width: int = 0
+    graph: tuple[int, int] | None = None  # (batch bucket, tokens per request) of the CUDA graph replayed
+    extend_tokens: int = 0
+
+
+@attrs.frozen
+class ObservedRequest:
+    """One Req: its KV bookkeeping (`req.kv`) and output count, as python ints."""
+
+    rid: str
+    prompt_len: int
+    max_new_tokens: int
+    output_len: int
+    kv_committed: int  # own committed KV slots (kv_committed_len - cache_protected_len)
+    kv_allocated: int  # own allocated KV slots (kv_allocated_len - cache_protected_len)
+    kv_committed_len: int  # req kv_committed_len itself: the scheduler's count of tokens in the target KV
+    seq_len: int  # the batch's view (its seq_lens_cpu entry); kv_committed_len when the batch has no mirror
+    holds_kv: bool = True
+    finished: bool = False
+    prefilled_len: int = 0  # tokens prefilled so far (chunked prefill: less than the prompt)
+    chunked: bool = False
+
+
+@attrs.frozen
+class ObservedPool:
+    """The KV pool as the model counts it: slots no request owns are free (the tree cache's included)."""
+
+    free: int
+    size: int

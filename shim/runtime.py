@@ -1,0 +1,143 @@
+"""The guard's process-wide runtime: mode, the live Guard, and the all-or-nothing switch-off.
+
+SGLang-free. The adapter's hooks call `GuardRuntime.run(fn, ...)`; this owns the rules that keep a
+guard from half-working: an unsupported configuration turns it off once, with one message; an error
+inside the guard itself turns it off in warn/trace mode (logged once) and propagates only in assert
+mode, where the point is to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from shim.guard import Guard, GuardConfig, Mode, SpecFlipViolation
+from shim.trace import trace_path_for
+from statemodel.design import Design, Scope
+from statemodel.designs import get_design
+
+logger = logging.getLogger("specflip.guard")
+
+ENV_MODE = "SPECFLIP_MODE"
+ENV_TRACE = "SPECFLIP_TRACE"
+ENV_DESIGN = "SPECFLIP_DESIGN"
+ENV_SPEC_CAP = "SPECFLIP_SPEC_CAP"
+ENV_PLAIN_CAP = "SPECFLIP_PLAIN_CAP"
+DEFAULT_TRACE = "specflip-trace.rank{rank}.jsonl"
+
+
+class ConfigError(ValueError):
+    """A SPECFLIP_* variable with a value the guard does not know."""
+
+
+def mode_from_env(environ: dict[str, str] | None = None) -> Mode:
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_MODE, "off").strip().lower() or "off"
+    try:
+        return Mode(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_MODE}={raw!r}: expected one of off, warn, assert, trace") from None
+
+
+class GuardRuntime:
+    """One per process. `guard` is built lazily by the adapter once the server's numbers are known."""
+
+    def __init__(self, mode: Mode, *, trace_template: str | None = None, design_name: str | None = None,
+                 spec_cap: int | None = None, plain_cap: int | None = None) -> None:
+        self.mode = mode
+        self.trace_template = trace_template
+        self.design_name = design_name
+        self.spec_cap = spec_cap
+        self.plain_cap = plain_cap
+        self.guard: Guard | None = None
+        self.adapter: Any = None  # the release adapter that installed the hooks
+        self.disabled_reason: str | None = None
+        self.paused = False  # hooks stay installed but pass through (tests share one process)
+        self.internal_errors = 0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> GuardRuntime:
+        env = os.environ if environ is None else environ
+        mode = mode_from_env(env)
+        template = env.get(ENV_TRACE) or (DEFAULT_TRACE if mode is Mode.TRACE else None)
+        design = env.get(ENV_DESIGN) or None
+        if design is not None:
+            try:
+                get_design(design)
+            except KeyError as exc:
+                raise ConfigError(f"{ENV_DESIGN}: {exc.args[0]}") from None
+        return cls(mode, trace_template=template, design_name=design,
+                   spec_cap=_int_env(env, ENV_SPEC_CAP), plain_cap=_int_env(env, ENV_PLAIN_CAP))
+
+    @property
+    def active(self) -> bool:
+        return self.mode is not Mode.OFF and self.disabled_reason is None and not self.paused
+
+    def disable(self, reason: str) -> None:
+        """Turn the guard off for this process, with one message."""
+        if self.disabled_reason is None:
+            self.disabled_reason = reason
+            logger.warning("specflip guard off: %s", reason)
+            if self.guard is not None:
+                self.guard.close()
+
+    def start(self, *, design: Design, scope: Scope, rank: int, release: str) -> Guard:
+        """Build the Guard (the adapter calls this at the first hooked step)."""
+        if self.design_name:
+            design = get_design(self.design_name)
+        if self.spec_cap is not None or self.plain_cap is not None:
+            import attrs
+
+            scope = attrs.evolve(scope, spec_cap=self.spec_cap or scope.spec_cap,
+                                 plain_cap=self.plain_cap or scope.plain_cap)
+        trace_path = trace_path_for(self.trace_template, rank) if self.trace_template else None
+        self.guard = Guard(GuardConfig(mode=self.mode, design=design, scope=scope, rank=rank, release=release,
+                                       trace_path=trace_path))
+        return self.guard
+
+    def reset(self) -> None:
+        """Forget the Guard (a fresh one is built at the next hooked step)."""
+        if self.guard is not None:
+            self.guard.close()
+        self.guard = None
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run one guard step. Violations raise only in assert mode (the Guard decides); any other
+        error is the guard's own bug: it propagates in assert mode, else it switches the guard off."""
+        if not self.active:
+            return
+        try:
+            fn(*args, **kwargs)
+        except SpecFlipViolation:
+            raise
+        except Exception:
+            self.internal_errors += 1
+            if self.mode is Mode.ASSERT:
+                raise
+            logger.exception("specflip guard: internal error; the guard switches itself off and serving goes on")
+            self.disable("internal error (logged above)")
+
+
+def _int_env(env: dict[str, str] | Any, name: str) -> int | None:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+
+
+_RUNTIME: GuardRuntime | None = None
+
+
+def current() -> GuardRuntime | None:
+    """The runtime `shim.plugin.register` installed in this process (None: the plugin did not load)."""
+    return _RUNTIME
+
+
+def install(runtime: GuardRuntime | None) -> None:
+    global _RUNTIME
+    _RUNTIME = runtime

@@ -1,0 +1,284 @@
+"""The guard's trace: JSONL, one record per line, schema version TRACE_VERSION (docs/guard.md).
+
+Record kinds, every one carrying `"v"` (the schema version), `"kind"` and `"rank"`:
+
+* `header`: first line of a file. `release` (SGLang version), `design` (the reference design's name),
+  `scope` (the model bounds the checks use), `rids` (request names by model index), `state` (a full
+  model State).
+* `step`: one model transition. `step` (number, from 1), `action` (an ACTION_CATALOGUE name), `args`,
+  `where` (the hooked SGLang function), `new_rids` (names of requests appended by this step), `delta`
+  (the fields of the State that changed: see `state_delta`), `violations` (what the guard found).
+* `refine`: a second look at the state the last step produced (e.g. the verify batch as it launches);
+  `step` repeats that step's number; `delta`, `violations` as above. Only state invariants apply.
+* `compact`: finished requests dropped from the State; `keep` lists the old indices kept, in order.
+
+`state_to_json` / `state_from_json` round-trip a `statemodel.state.State` exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from statemodel.design import Scope
+from statemodel.invariants import Violation
+from statemodel.state import (
+    Batch,
+    ForwardMode,
+    GraphShape,
+    Request,
+    SpecInfo,
+    SpecInfoKind,
+    SpecMode,
+    Stage,
+    State,
+    Status,
+    Thresholds,
+)
+
+TRACE_VERSION = 1
+RECORD_KINDS = ("header", "step", "refine", "compact")
+_TOP_FIELDS = ("running", "pending", "launched", "stage", "spec_mode", "num_steps", "kv_free", "kv_pool_size",
+               "thresholds")
+
+
+class TraceFormatError(ValueError):
+    """A trace line that is not a valid record: names the file and the line."""
+
+    def __init__(self, path: str, line: int, problem: str) -> None:
+        super().__init__(f"{path}:{line}: {problem}")
+        self.path = path
+        self.line = line
+        self.problem = problem
+
+
+# --- State <-> JSON -----------------------------------------------------------------------------------
+
+
+def batch_to_json(batch: Batch | None) -> dict[str, Any] | None:
+    if batch is None:
+        return None
+    return {
+        "rids": list(batch.rids),
+        "forward_mode": batch.forward_mode.value,
+        "spec_info": [batch.spec_info.kind.value, batch.spec_info.rows, batch.spec_info.tokens_per_row],
+        "spec_algorithm_on": batch.spec_algorithm_on,
+        "out_cache_loc_width": batch.out_cache_loc_width,
+        "graph": None if batch.graph is None else [batch.graph.batch_bucket, batch.graph.tokens_per_req],
+        "extend_tokens": batch.extend_tokens,
+    }
+
+
+def batch_from_json(data: dict[str, Any] | None) -> Batch | None:
+    if data is None:
+        return None
+    kind, rows, per_row = data["spec_info"]
+    graph = data["graph"]
+    return Batch(
+        rids=tuple(int(r) for r in data["rids"]),
+        forward_mode=ForwardMode(data["forward_mode"]),
+        spec_info=SpecInfo(SpecInfoKind(kind), int(rows), int(per_row)),
+        spec_algorithm_on=bool(data["spec_algorithm_on"]),
+        out_cache_loc_width=int(data["out_cache_loc_width"]),
+        graph=None if graph is None else GraphShape(int(graph[0]), int(graph[1])),
+        extend_tokens=int(data["extend_tokens"]),
+    )
+
+
+def request_to_json(r: Request) -> dict[str, Any]:
+    data = attrs.asdict(r)
+    data["status"] = r.status.value
+    return data
+
+
+def request_from_json(data: dict[str, Any]) -> Request:
+    fields = dict(data)
+    fields["status"] = Status(fields["status"])
+    return Request(**fields)
+
+
+def _top_to_json(state: State, name: str) -> Any:
+    value = getattr(state, name)
+    if name in ("running", "pending", "launched"):
+        return batch_to_json(value)
+    if name in ("stage", "spec_mode"):
+        return value.value
+    if name == "thresholds":
+        return None if value is None else [value.t_off, value.t_on]
+    return value
+
+
+def _top_from_json(name: str, value: Any) -> Any:
+    if name in ("running", "pending", "launched"):
+        return batch_from_json(value)
+    if name == "stage":
+        return Stage(value)
+    if name == "spec_mode":
+        return SpecMode(value)
+    if name == "thresholds":
+        return None if value is None else Thresholds(int(value[0]), int(value[1]))
+    return int(value)
+
+
+def state_to_json(state: State) -> dict[str, Any]:
+    data: dict[str, Any] = {name: _top_to_json(state, name) for name in _TOP_FIELDS}
+    data["requests"] = [request_to_json(r) for r in state.requests]
+    return data
+
+
+def state_from_json(data: dict[str, Any]) -> State:
+    fields = {name: _top_from_json(name, data[name]) for name in _TOP_FIELDS}
+    return State(requests=tuple(request_from_json(r) for r in data["requests"]), **fields)
+
+
+def state_delta(before: State, after: State) -> dict[str, Any]:
+    """What changed: top-level fields that differ, requests (by index) that differ or are new, and
+    `n_requests` whenever the request count changed."""
+    delta: dict[str, Any] = {}
+    for name in _TOP_FIELDS:
+        if getattr(before, name) != getattr(after, name):
+            delta[name] = _top_to_json(after, name)
+    changed = {}
+    for i, r in enumerate(after.requests):
+        if i >= len(before.requests) or before.requests[i] != r:
+            changed[str(i)] = request_to_json(r)
+    if changed:
+        delta["requests"] = changed
+    if len(after.requests) != len(before.requests):
+        delta["n_requests"] = len(after.requests)
+    return delta
+
+
+def apply_delta(state: State, delta: dict[str, Any]) -> State:
+    """The State `state_delta(state, after)` was computed against, moved to `after`."""
+    fields = {name: _top_from_json(name, delta[name]) for name in _TOP_FIELDS if name in delta}
+    requests = list(state.requests)
+    count = int(delta.get("n_requests", len(requests)))
+    if count < len(requests):
+        raise ValueError(f"a step delta may only add requests ({len(requests)} -> {count}); compaction is a record")
+    requests.extend([None] * (count - len(requests)))  # type: ignore[list-item]
+    for key, value in delta.get("requests", {}).items():
+        index = int(key)
+        if not 0 <= index < count:
+            raise ValueError(f"request index {index} outside 0..{count - 1}")
+        requests[index] = request_from_json(value)
+    if any(r is None for r in requests):
+        raise ValueError("a new request index has no request record")
+    return attrs.evolve(state, requests=tuple(requests), **fields)
+
+
+def compact_state(state: State, keep: list[int]) -> State:
+    """Drop every request not in `keep` (old indices, ascending) and renumber the rest from 0."""
+    renumber = {old: new for new, old in enumerate(keep)}
+
+    def batch(b: Batch | None) -> Batch | None:
+        if b is None:
+            return None
+        return attrs.evolve(b, rids=tuple(renumber[r] for r in b.rids))
+
+    requests = tuple(attrs.evolve(state.requests[old], rid=new) for new, old in enumerate(keep))
+    return attrs.evolve(state, requests=requests, running=batch(state.running), pending=batch(state.pending),
+                        launched=batch(state.launched))
+
+
+def scope_to_json(scope: Scope) -> dict[str, Any]:
+    return {"kv_pool_size": scope.kv_pool_size, "spec_cap": scope.spec_cap, "plain_cap": scope.plain_cap,
+            "chunk_size": scope.chunk_size, "graph_capture_sizes": list(scope.graph_capture_sizes)}
+
+
+def scope_from_json(data: dict[str, Any]) -> Scope:
+    return Scope(requests=(), kv_pool_size=int(data["kv_pool_size"]), spec_cap=int(data["spec_cap"]),
+                 plain_cap=int(data["plain_cap"]), chunk_size=int(data["chunk_size"]),
+                 graph_capture_sizes=tuple(int(x) for x in data["graph_capture_sizes"]))
+
+
+def violation_to_json(v: Violation, names: list[str]) -> dict[str, Any]:
+    return {"invariant": v.invariant, "message": v.message, "rids": [rid_name(names, r) for r in v.rids],
+            "expected": v.expected, "actual": v.actual}
+
+
+def rid_name(names: list[str], index: int) -> str:
+    return names[index] if 0 <= index < len(names) else f"#{index}"
+
+
+# --- writing and reading ------------------------------------------------------------------------------
+
+
+class TraceWriter:
+    """Appends records to one JSONL file, flushed per record so a crash leaves every finished line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the process
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({"v": TRACE_VERSION, **record}, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def trace_path_for(template: str, rank: int) -> str:
+    """SPECFLIP_TRACE may name `{rank}` and `{pid}`; without `{rank}` each rank past 0 gets `.rankN`."""
+    path = template.replace("{rank}", str(rank)).replace("{pid}", str(os.getpid()))
+    if "{rank}" not in template and rank:
+        stem, dot, ext = path.rpartition(".")
+        path = f"{stem}.rank{rank}.{ext}" if dot else f"{path}.rank{rank}"
+    return path
+
+
+_REQUIRED = {
+    "header": ("rank", "release", "design", "scope", "rids", "state"),
+    "step": ("rank", "step", "action", "args", "delta", "new_rids", "violations"),
+    "refine": ("rank", "step", "delta", "violations"),
+    "compact": ("rank", "keep"),
+}
+
+
+def read_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each line; TraceFormatError naming the line for anything malformed."""
+    name = str(path)
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise TraceFormatError(name, 0, f"cannot open: {exc.strerror}") from None
+    with handle:
+        saw_any = False
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):
+                raise TraceFormatError(name, number, "truncated record (no end of line): the writer stopped mid-line")
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(name, number, f"not JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(record, dict):
+                raise TraceFormatError(name, number, "a record must be a JSON object")
+            version = record.get("v")
+            if version != TRACE_VERSION:
+                raise TraceFormatError(name, number, f"schema version {version!r}; this reader knows {TRACE_VERSION}")
+            kind = record.get("kind")
+            if kind not in _REQUIRED:
+                raise TraceFormatError(name, number, f"unknown record kind {kind!r}; known: {', '.join(RECORD_KINDS)}")
+            if not saw_any and kind != "header":
+                raise TraceFormatError(name, number, f"first record is {kind!r}; a trace starts with a header")
+            missing = [f for f in _REQUIRED[kind] if f not in record]
+            if missing:
+                raise TraceFormatError(name, number, f"{kind} record lacks {', '.join(missing)}")
+            saw_any = True
+            yield number, record
+        if not saw_any:
+            raise TraceFormatError(name, 0, "empty trace (no header)")

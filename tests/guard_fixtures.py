@@ -1,0 +1,402 @@
+"""Fixtures for the guard tests: real sglang 0.5.23 objects on CPU, hooked through SGLang's own
+`load_plugins()`, driven through the steps of each design.
+
+Built on tests/sglang_cpu.py (real ServerArgs, pools, Req, ScheduleBatch, EagleDraftInput,
+EagleVerifyInput). What runs for real here: `ScheduleBatch.prepare_for_extend / prepare_for_decode /
+merge_batch / filter_batch`, `release_kv_cache`, `alloc_token_slots`, and the orchestration of
+`EAGLEWorkerV2.forward_batch_generation` (activate steps, draft or trivial verify input, verify,
+draft-extend or its skip stub). Replaced, because they are GPU forwards, by functions named
+`*_cpu_stand_in`, put on the real classes BEFORE `load_plugins()` so that SGLang's HookRegistry wraps
+them exactly as it wraps the real methods on a GPU host:
+
+- `TpModelWorker.forward_batch_generation` -> `target_forward_cpu_stand_in` (samples one token/request)
+- `EagleDraftWorker.draft` -> `draft_cpu_stand_in` (a real EagleVerifyInput, chain tree)
+- `EAGLEWorkerV2.verify` -> `verify_cpu_stand_in` (accepts what the test queued)
+- `EagleDraftWorker._draft_extend_for_decode` -> `draft_extend_for_decode_cpu_stand_in`
+- the triton `assign_req_to_token_pool_func` -> the harness's `assign_req_to_token_pool_cpu_stand_in`
+
+Objects a GPU host builds and a CPU cannot (model runners, CUDA graph runners) are named
+`*CpuStandIn` and carry only the attributes SGLang reads from them. `object.__new__` builds the
+workers without loading a model; their methods are the real ones.
+
+The scheduler's own bookkeeping between worker calls (Scheduler.run_batch's non-overlap spec branch,
+BatchResultProcessor._resolve_spec_v2_tokens / process_batch_result_decode) is reproduced by
+`settle_spec_result_cpu_stand_in` / `settle_plain_result_cpu_stand_in`, as in the harness.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sglang_cpu as h  # noqa: E402  (puts stand_ins/cpu on sys.path)
+
+from statemodel.design import ClearSpecOn, Design, DraftWhileOff  # noqa: E402
+
+STAND_IN_CALLS: dict[str, int] = {}
+
+
+def _count(name: str) -> None:
+    STAND_IN_CALLS[name] = STAND_IN_CALLS.get(name, 0) + 1
+
+
+# --- GPU stand-ins (installed under the hooks) ---------------------------------------------------------
+
+
+def target_forward_cpu_stand_in(self: Any, batch: Any = None, forward_batch: Any = None, pp_proxy_tensors: Any = None,
+                                is_verify: bool = False, skip_attn_backend_init: Any = None, *,
+                                capture_hidden_mode: Any = None, return_kv_loc_plan: bool = False) -> Any:
+    """TpModelWorker.forward_batch_generation: one sampled token per request, nothing else."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    _count("target_forward")
+    tokens = [h._stand_in_token(req) for req in batch.reqs]
+    return GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
+
+
+def draft_cpu_stand_in(self: Any, batch: Any, *, with_topology: bool = False) -> Any:
+    """EagleDraftWorker.draft: the EagleVerifyInput a k-step chain draft builds."""
+    _count("draft")
+    k = int(self.speculative_num_steps)
+    return h.make_eagle_verify_input(batch, num_steps=k, topk=1, num_draft_tokens=k + 1)
+
+
+def verify_cpu_stand_in(self: Any, batch: Any, pp_proxy_tensors: Any = None, grammar_barrier: Any = None) -> Any:
+    """EAGLEWorkerV2.verify (run_eagle_verify): accepts the lengths queued on the worker."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    _count("verify")
+    verify_input = batch.spec_info
+    width = int(verify_input.draft_token_num)
+    bs = len(batch.reqs)
+    queued = list(getattr(self, "accept_lens_cpu_stand_in", None) or [width] * bs)
+    accept = [max(1, min(width, int(queued[i % len(queued)]))) for i in range(bs)]
+    tokens = [[h._stand_in_token(req, j) for j in range(width)] for req in batch.reqs]
+    accept_lens = torch.tensor(accept, dtype=torch.int32)
+    bonus = [tokens[i][accept[i] - 1] for i in range(bs)]
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    return GenerationBatchResult(
+        next_token_ids=torch.tensor([t for row in tokens for t in row], dtype=torch.int64),
+        accept_lens=accept_lens, new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.dtype),
+        next_draft_input=EagleDraftInput(bonus_tokens=torch.tensor(bonus, dtype=torch.int32)),
+        speculative_num_draft_tokens=width, num_correct_drafts=sum(a - 1 for a in accept),
+    )
+
+
+def draft_extend_for_decode_cpu_stand_in(self: Any, batch: Any, batch_result: Any, *, kv_loc_plan: Any = None) -> None:
+    """EagleDraftWorker._draft_extend_for_decode: fills the next draft input's topk / hidden states."""
+    _count("draft_extend")
+    nd = batch_result.next_draft_input
+    bs = len(batch.reqs)
+    nd.topk_p = torch.ones((bs, 1), dtype=torch.float32)
+    nd.topk_index = torch.zeros((bs, 1), dtype=torch.int64)
+    nd.hidden_states = torch.zeros((bs, h.HIDDEN_SIZE), dtype=torch.float32)
+
+
+def _install_gpu_stand_ins() -> None:
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.mem_cache import allocation
+    from sglang.srt.speculative import spec_utils
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    TpModelWorker.forward_batch_generation = target_forward_cpu_stand_in
+    EagleDraftWorker.draft = draft_cpu_stand_in
+    EAGLEWorkerV2.verify = verify_cpu_stand_in
+    EagleDraftWorker._draft_extend_for_decode = draft_extend_for_decode_cpu_stand_in
+    for module in (allocation, spec_utils):
+        module.assign_req_to_token_pool_func = h.assign_req_to_token_pool_cpu_stand_in
+
+
+# --- objects a GPU host builds -----------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeCudaGraphRunnerCpuStandIn:
+    """What SGLang reads from a DecodeCudaGraphRunner before replaying: capture sizes and the tokens per
+    request it was captured for (1: plain DECODE; num_draft_tokens: TARGET_VERIFY)."""
+
+    captured_req_width: int
+    capture_bs: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+
+    @property
+    def max_bs(self) -> int:
+        return max(self.capture_bs)
+
+
+@dataclass
+class ModelRunnerCpuStandIn:
+    model_config: Any
+    spec_algorithm: Any
+    decode_cuda_graph_runner: Any = None
+    attn_backend: Any = field(default_factory=lambda: SimpleNamespace(verify_mask=None, max_context_len=4096))
+
+
+def install_guard_plugin() -> Any:
+    """Stand-ins under the hooks, SPECFLIP_MODE=assert, then SGLang's own `load_plugins()`. Returns the
+    GuardRuntime the entry point installed. Once per process (load_plugins is idempotent)."""
+    import sglang.srt.plugins as plugins
+
+    import shim.runtime
+
+    if shim.runtime.current() is not None:
+        return shim.runtime.current()
+    if plugins._plugins_loaded:
+        raise RuntimeError("sglang's load_plugins() already ran in this process without the specflip guard")
+    _install_gpu_stand_ins()
+    saved = os.environ.get("SPECFLIP_MODE")
+    os.environ["SPECFLIP_MODE"] = "assert"
+    try:
+        plugins.load_plugins()
+    finally:
+        if saved is None:
+            os.environ.pop("SPECFLIP_MODE", None)
+        else:
+            os.environ["SPECFLIP_MODE"] = saved
+    runtime = shim.runtime.current()
+    if runtime is None:
+        raise RuntimeError("load_plugins() ran but the specflip entry point installed no guard")
+    return runtime
+
+
+def make_workers(pools: h.CpuPools, *, num_steps: int, verify_graphs: bool = False) -> Any:
+    """A real EAGLEWorkerV2 (object.__new__: no model loaded) with a real EagleDraftWorker and
+    TpModelWorker behind it; their GPU methods are the stand-ins above."""
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    graph = DecodeCudaGraphRunnerCpuStandIn(captured_req_width=num_steps + 1) if verify_graphs else None
+    target = object.__new__(TpModelWorker)
+    target._model_runner = ModelRunnerCpuStandIn(pools.model_config, pools.spec_algorithm, graph)
+    target.model_config = pools.model_config
+    draft = object.__new__(EagleDraftWorker)
+    draft.speculative_num_steps = num_steps
+    draft.topk = 1
+    draft.parallel_layout = SimpleNamespace(tp_group=None, disable_cp=False)
+    draft.draft_runner = ModelRunnerCpuStandIn(pools.model_config, pools.spec_algorithm)
+    worker = object.__new__(EAGLEWorkerV2)
+    worker.__dict__.update(
+        server_args=pools.server_args, topk=1, speculative_num_steps=num_steps,
+        speculative_num_draft_tokens=num_steps + 1, device="cpu", _target_worker=target, _draft_worker=draft,
+        page_size=1, speculative_algorithm=pools.spec_algorithm, enable_dp_spec_prefill_coordination=False,
+        adaptive_controller=None, _hosts_draft=True, _additional_graph_memory_usage={},
+        _additional_graph_time_usage={},
+    )
+    return worker
+
+
+def set_steps(worker: Any, steps: int) -> None:
+    """What EAGLEWorkerV2.apply_runtime_state does to the step count when the adaptive controller picks."""
+    worker.speculative_num_steps = steps
+    worker.speculative_num_draft_tokens = steps + 1
+    worker._draft_worker.speculative_num_steps = steps
+
+
+# --- scheduler bookkeeping between worker calls --------------------------------------------------------------
+
+
+def settle_spec_result_cpu_stand_in(batch: Any, result: Any) -> None:
+    """Scheduler.run_batch (non-overlap spec v2) + _resolve_spec_v2_tokens / process_batch_result_decode."""
+    batch.spec_info = result.next_draft_input
+    batch.seq_lens = result.new_seq_lens
+    batch.seq_lens_cpu = result.new_seq_lens.to("cpu")
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+    batch.input_ids = None
+    accept = result.accept_lens.tolist()
+    stride = int(result.speculative_num_draft_tokens)
+    tokens = result.next_token_ids.tolist()
+    for i, req in enumerate(batch.reqs):
+        if req.finished() or req.is_retracted:
+            continue
+        accepted = tokens[i * stride: i * stride + accept[i]]
+        req.kv.kv_committed_len += len(accepted)
+        req.output_ids.extend(accepted)
+        req.update_finish_state(len(accepted))
+
+
+def settle_plain_result_cpu_stand_in(batch: Any, result: Any) -> None:
+    """process_batch_result_decode for a plain step: one token per request."""
+    tokens = result.next_token_ids.tolist()
+    for req, token in zip(batch.reqs, tokens, strict=True):
+        req.output_ids.append(token)
+        req.update_finish_state()
+    batch.input_ids = torch.tensor(tokens, dtype=torch.int64)
+
+
+# --- design drivers -------------------------------------------------------------------------------------------
+
+
+class DesignDriver:
+    """Performs one design's steps on real objects: what a flip implementation of that design does.
+
+    `bug` injects one known-bad behaviour (the names of statemodel.designs.KNOWN_BAD, plus the seeds'
+    attempts); None runs the design as written.
+    """
+
+    def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None) -> None:
+        self.pools = pools
+        self.design = design
+        self.bug = bug
+        # the seeds' line (0.5.12, v1 worker): a ModelWorkerBatch copy per forward, verify-only target graphs,
+        # and the seeds' plugin has prepare_for_decode allocate the plain slot
+        self.seeds_line = design.sglang_line == "0.5.12"
+        self.worker = make_workers(pools, num_steps=num_steps, verify_graphs=self.seeds_line)
+        self.decode_graphs = DecodeCudaGraphRunnerCpuStandIn(captured_req_width=1)
+        self.batch: Any = None  # the running ScheduleBatch
+        self.spec_on = True
+        self.accepts: list[int] = [2, 1, 4]
+        self.rounds = 0
+
+    # scheduler side ----------------------------------------------------------------------------------------
+    def _spec_algorithm(self, on: bool) -> Any:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return self.pools.spec_algorithm if on else SpeculativeAlgorithm.NONE
+
+    def prefill(self, reqs: list[Any]) -> Any:
+        """A prefill batch (get_new_batch_prefill + the prefill forward); merged into the running batch, or
+        made the running batch when nothing runs (as Scheduler does)."""
+        for req in reqs:
+            req.init_next_round_input(self.pools.tree_cache)
+            req.extend_end = len(req.full_untruncated_fill_ids)
+        batch = h.new_batch(self.pools, reqs)
+        batch_carries_spec = self.spec_on or self.design.clear_spec_on is not ClearSpecOn.BATCH_AT_FLIP
+        batch.spec_algorithm = self._spec_algorithm(batch_carries_spec)
+        batch.prepare_for_extend()
+        h.prefill_forward_cpu_stand_in(batch)
+        return batch
+
+    def admit(self, reqs: list[Any]) -> None:
+        batch = self.prefill(reqs)
+        self.merge(batch)
+
+    def merge(self, batch: Any) -> None:
+        batch.forward_mode = batch.forward_mode.DECODE  # Scheduler: the prefilled batch turns decode
+        if self.batch is None or not self.batch.reqs:
+            self.batch = batch
+        else:
+            self.batch.merge_batch(batch)
+
+    def finish_and_filter(self) -> list[Any]:
+        released = h.release_finished_cpu_stand_in(self.pools, self.batch)
+        return released
+
+    # flips ----------------------------------------------------------------------------------------------------
+    def flip_off(self) -> None:
+        import shim.api
+
+        if self.design.release_reserve_at_flip_off:
+            self._release_reserve()
+        if self.design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
+            self.batch.spec_info = None
+            self.batch.spec_algorithm = self._spec_algorithm(False)
+        self.spec_on = False
+        shim.api.notify_flip(False, self.batch)
+
+    def flip_on(self) -> None:
+        import shim.api
+
+        self.spec_on = True
+        if self.design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
+            self.batch.spec_algorithm = self._spec_algorithm(True)
+            self.batch.spec_info = h.make_eagle_draft_input(self.batch)
+        shim.api.notify_flip(True, self.batch)
+        if self.design.draft_while_off is DraftWhileOff.CATCH_UP_ON_ENABLE and self.bug != "no_draft_work_while_off":
+            self.draft_extend_outside_round()
+
+    def _release_reserve(self) -> None:
+        """Free each request's speculative over-allocation [kv_committed_len, kv_allocated_len)."""
+        rows = self.pools.req_to_token_pool.req_to_token
+        for req in self.batch.reqs:
+            kv = req.kv
+            if kv.kv_allocated_len > kv.kv_committed_len:
+                slots = rows[kv.req_pool_idx, kv.kv_committed_len:kv.kv_allocated_len]
+                self.pools.allocator.free(slots.to(torch.int64))
+                kv.kv_allocated_len = kv.kv_committed_len
+
+    def draft_extend_outside_round(self) -> None:
+        """A draft-extend the flip implementation runs itself: the catch-up at flip-on, or the sync after a
+        plain step."""
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        result = GenerationBatchResult(next_draft_input=h.make_eagle_draft_input(self.batch))
+        self.worker.draft_worker._draft_extend_for_decode(self.batch, result)
+        if self.batch.spec_info is not None or self.design.clear_spec_on is ClearSpecOn.WORKER_COPY:
+            self.batch.spec_info = result.next_draft_input
+
+    # decode rounds --------------------------------------------------------------------------------------------
+    def decode(self, accepts: Sequence[int] | None = None) -> None:
+        if self.spec_on:
+            self.spec_round(accepts)
+        else:
+            self.plain_step()
+
+    def spec_round(self, accepts: Sequence[int] | None = None) -> None:
+        with h.patch_assign_req_to_token_pool():
+            self.batch.prepare_for_decode()
+        self.worker.accept_lens_cpu_stand_in = list(accepts or self.accepts)
+        result = self.worker.forward_batch_generation(self.batch)
+        settle_spec_result_cpu_stand_in(self.batch, result)
+        self.rounds += 1
+
+    def plain_step(self) -> None:
+        batch = self.batch
+        worker_copy = self.seeds_line
+        if worker_copy and batch.spec_algorithm is not None and not batch.spec_algorithm.is_none() \
+                and self.bug != "seeds_attempt2_tuple_unpack":
+            # v1 premise of the seeds' design: the plugin has prepare_for_decode allocate the plain slot
+            saved = batch.spec_algorithm
+            batch.spec_algorithm = self._spec_algorithm(False)
+            batch.prepare_for_decode()
+            batch.spec_algorithm = saved
+        else:
+            with h.patch_assign_req_to_token_pool():
+                batch.prepare_for_decode()
+        if self.bug == "seq_lens_advanced_twice":
+            batch.seq_lens = batch.seq_lens + 1
+            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+        launched = batch
+        if worker_copy and self.bug not in ("seeds_attempt1_spec_info_left", "clear_on_scheduler_batch"):
+            launched = copy.copy(batch)  # the ModelWorkerBatch of the seeds' line
+            launched.spec_info = None
+            launched.spec_algorithm = self._spec_algorithm(False)
+        if self.bug == "clear_on_scheduler_batch":
+            batch.spec_info = None
+            batch.spec_algorithm = self._spec_algorithm(False)
+        if self.bug == "seeds_attempt2_tuple_unpack":
+            from sglang.srt.mem_cache.allocation import alloc_token_slots
+
+            out_cache_loc, _ = alloc_token_slots(self.pools.tree_cache, len(batch.reqs))
+            launched.out_cache_loc = out_cache_loc
+        runner = self.worker.target_worker.model_runner
+        saved_graphs = runner.decode_cuda_graph_runner
+        if worker_copy and self.bug != "seeds_final_verify_graphs_only":
+            runner.decode_cuda_graph_runner = self.decode_graphs  # the seeds' captured decode runner
+        try:
+            result = self.worker.target_worker.forward_batch_generation(launched)
+        finally:
+            runner.decode_cuda_graph_runner = saved_graphs
+        settle_plain_result_cpu_stand_in(batch, result)
+        if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP:
+            self.draft_extend_outside_round()
+
+
+def make_reqs(prefix: str, count: int, *, max_new_tokens: int = 40, start: int = 0) -> list[Any]:
+    return [h.make_req(f"{prefix}{start + i}", list(range(10 + i, 20 + 2 * i)), max_new_tokens=max_new_tokens)
+            for i in range(count)]
+
+
+def eagle_pools(model_dir: Path, *, num_steps: int = 3, kv_size: int = 1024, max_reqs: int = 32,
+                max_running_requests: int = 16) -> h.CpuPools:
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=num_steps, topk=1,
+                            num_draft_tokens=num_steps + 1, max_running_requests=max_running_requests)
+    return h.build_pools(sa, kv_size=kv_size, max_reqs=max_reqs)

@@ -1,0 +1,112 @@
+"""The adapters against SGLang's source: every hook target and every Req/ReqKvInfo field an adapter
+reads exists in that release. 0.5.23 is checked against the installed package (CI); 0.5.16 cannot be
+installed beside it, so it is checked against an unpacked 0.5.16 wheel when one is at
+$SPECFLIP_SGLANG_0_5_16_SRC (default /tmp/sg/0.5.16), and skipped otherwise."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from shim.adapters import ADAPTERS, select_adapter
+from shim.adapters.sglang_0_5_16 import Adapter as Adapter0516
+from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
+
+
+def installed_root() -> Path | None:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def root_0_5_16() -> Path | None:
+    root = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", "/tmp/sg/0.5.16"))
+    return root if (root / "sglang" / "srt").is_dir() else None
+
+
+def find_definition(root: Path, target: str) -> bool:
+    """`pkg.module.Class.method` or `pkg.module.function` defined in the source under `root`."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        path = root.joinpath(*parts[:cut]).with_suffix(".py")
+        if path.is_file():
+            names = parts[cut:]
+            break
+    else:
+        return False
+    body = ast.parse(path.read_text()).body
+    for name in names:
+        node = next((n for n in body if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name), None)
+        if node is None:
+            return False
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return True
+
+
+def class_fields(root: Path, module: str, cls: str) -> set[str]:
+    tree = ast.parse(root.joinpath(*module.split(".")).with_suffix(".py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fields = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.AnnAssign) and isinstance(sub.target, ast.Name):
+            fields.add(sub.target.id)
+        target = getattr(sub, "target", None) if isinstance(sub, ast.AnnAssign) else None
+        targets = sub.targets if isinstance(sub, ast.Assign) else [target] if target is not None else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                fields.add(t.attr)
+    return fields
+
+
+RELEASES = [
+    pytest.param(Adapter0523, installed_root, id="0.5.23"),
+    pytest.param(Adapter0516, root_0_5_16, id="0.5.16"),
+]
+
+
+@pytest.mark.parametrize(("adapter", "root_of"), RELEASES)
+def test_every_hook_target_exists(adapter: type, root_of: object) -> None:
+    root = root_of()
+    if root is None or not (root / "sglang" / "srt").is_dir():
+        pytest.skip(f"no sglang {adapter.release} source here")
+    missing = [t for t, _, _ in adapter.TARGETS if not find_definition(root, t)]
+    assert not missing
+    assert not find_definition(root, "sglang.srt.managers.schedule_batch.ScheduleBatch.no_such_method")
+
+
+@pytest.mark.parametrize(("adapter", "root_of"), RELEASES)
+def test_req_kv_fields_exist(adapter: type, root_of: object) -> None:
+    root = root_of()
+    if root is None or not (root / "sglang" / "srt").is_dir():
+        pytest.skip(f"no sglang {adapter.release} source here")
+    req = class_fields(root, "sglang.srt.managers.schedule_batch", "Req")
+    kv = class_fields(root, "sglang.srt.managers.schedule_batch", "ReqKvInfo")
+    if adapter is Adapter0523:
+        assert {"kv_committed_len", "kv_allocated_len", "cache_protected_len", "req_pool_idx"} <= kv
+    else:
+        assert {"kv_committed_len", "cache_protected_len", "req_pool_idx", "kv"} <= req
+        assert "kv_allocated_len" in kv and "kv_committed_len" not in kv
+
+
+def test_kv_mapping_per_release() -> None:
+    req_23 = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=3, kv_committed_len=12, kv_allocated_len=20,
+                                                cache_protected_len=4))
+    req_16 = SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=20), kv_committed_len=12, req_pool_idx=3,
+                             cache_protected_len=4)
+    assert Adapter0523().req_kv_lens(req_23) == Adapter0516().req_kv_lens(req_16) == (True, 12, 20, 4)
+    released_16 = SimpleNamespace(kv=None, kv_committed_len=12, req_pool_idx=None, cache_protected_len=0)
+    assert Adapter0516().req_kv_lens(released_16) == (False, 0, 0, 0)
+
+
+def test_version_dispatch() -> None:
+    assert set(ADAPTERS) == {"0.5.23", "0.5.16"}
+    adapter, why = select_adapter("0.5.12")
+    assert adapter is None and "0.5.12 is not a supported release" in why and "0.5.16, 0.5.23" in why
+    assert select_adapter("0.5.16")[0].release == "0.5.16"
+    assert select_adapter("0.5.23")[0].release == "0.5.23"

@@ -1,0 +1,432 @@
+"""The guard inside real sglang 0.5.23 on CPU: hooks installed by SGLang's own load_plugins() through
+the `sglang.srt.plugins` entry point, real ScheduleBatch / Req / allocator / EagleDraftInput /
+EagleVerifyInput objects, only GPU forwards stood in (tests/guard_fixtures.py)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))  # torchvision stand-in
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("torch")
+    pytest.importorskip("sglang.srt.managers.schedule_batch")
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+
+from shim.explain import explain_traces  # noqa: E402
+from shim.guard import Mode, SpecFlipViolation  # noqa: E402
+from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, KNOWN_BAD, SEEDS_FINAL, SHIPPED, SYNC_V2  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[Any]:
+    rt = gf.install_guard_plugin()
+    rt.paused = False
+    yield rt
+    rt.reset()
+    rt.paused = True  # the hooks stay (HookRegistry cannot unpatch); other test files see pass-through
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
+
+
+def configure(rt: Any, design: Any, *, mode: Mode = Mode.ASSERT, spec_cap: int | None = None,
+              plain_cap: int | None = None, trace: Path | None = None) -> None:
+    rt.reset()
+    rt.mode = mode
+    rt.design_name = design.name
+    rt.spec_cap, rt.plain_cap = spec_cap, plain_cap
+    rt.trace_template = str(trace) if trace else None
+    rt.disabled_reason = None
+
+
+# --- the plugin, through SGLang's entry point --------------------------------------------------------------
+
+
+def test_load_plugins_installs_hooks_through_the_entry_point(runtime: Any) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    adapter = runtime.adapter
+    assert adapter.release == "0.5.23"
+    for target, _, method in adapter.TARGETS:
+        hooks = [hook for _, hook, _ in HookRegistry._hooks[target]]
+        assert getattr(adapter, method) in hooks, target
+        assert target in HookRegistry._patched, target
+
+
+def test_real_prepare_for_decode_fires_the_hook(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, CATCH_UP)
+    pools = h.build_pools(h.make_server_args(model_dir), kv_size=256)
+    batch = h.prefill(pools, [h.make_req("solo", list(range(5)))])
+    before = dict(runtime.guard.covered)
+    batch.prepare_for_decode()  # the real method, patched by HookRegistry.apply_hooks
+    assert runtime.guard.covered["prepare_for_decode"] == before.get("prepare_for_decode", 0) + 1
+    assert runtime.guard.covered["merge_batch"] == 1  # the prefilled batch became the running batch
+
+
+def test_mode_off_registers_no_hook() -> None:
+    code = (
+        "import sys; sys.path.insert(0, 'stand_ins/cpu');"
+        "import sglang.srt.plugins as p; from sglang.srt.plugins.hook_registry import HookRegistry;"
+        "p.load_plugins(); import shim.runtime as r;"
+        "print(r.current(), sum(1 for t in HookRegistry._hooks if 'specflip' in str(HookRegistry._hooks[t])))"
+    )
+    env = {"SPECFLIP_MODE": "off", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["None", "0"]
+
+
+# --- shipped designs run clean -------------------------------------------------------------------------------
+
+
+def run_threshold_scenario(drv: gf.DesignDriver, *, off_steps: int = 4, on_rounds: int = 4) -> None:
+    drv.admit(gf.make_reqs("a", 3, max_new_tokens=60))
+    for _ in range(on_rounds):
+        drv.decode()
+    drv.flip_off()
+    for _ in range(off_steps):
+        drv.decode()
+    drv.admit(gf.make_reqs("b", 2, max_new_tokens=12))
+    for _ in range(off_steps):
+        drv.decode()
+    drv.flip_on()
+    for _ in range(on_rounds):
+        drv.decode(accepts=[4, 3, 1, 2, 4])
+    drv.finish_and_filter()
+    for _ in range(60):
+        if not drv.batch.reqs:
+            break
+        drv.decode()
+        drv.finish_and_filter()
+
+
+@pytest.mark.parametrize("design", [CATCH_UP, SYNC_V2, SEEDS_FINAL], ids=lambda d: d.name)
+def test_threshold_design_runs_clean(runtime: Any, model_dir: Path, design: Any) -> None:
+    configure(runtime, design)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), design)
+    run_threshold_scenario(drv)
+    covered = runtime.guard.covered
+    for name in ("prefill", "merge_batch", "prepare_for_decode", "draft", "verify", "draft_extend", "flip_off",
+                 "plain_decode", "flip_on", "finish", "filter_batch"):
+        assert covered.get(name, 0) > 0, (name, covered)
+    assert covered.get("draft_sync" if design.draft_while_off.value == "sync_every_step" else "draft_catch_up")
+    assert not drv.batch.reqs and drv.pools.available_size() == drv.pools.allocator.size
+
+
+def test_adaptive_design_runs_clean(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, ADAPTIVE_WARM)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), ADAPTIVE_WARM)
+    drv.admit(gf.make_reqs("a", 3, max_new_tokens=40))
+    for steps in (3, 1, 0, 0, 2, 3, 0, 1):
+        gf.set_steps(drv.worker, steps)
+        drv.decode(accepts=[steps + 1, 1, 2])
+        drv.finish_and_filter()
+    covered = runtime.guard.covered
+    assert covered["draft"] == 8 and covered["draft_extend"] == 8 and "skip_draft_extend" not in covered
+
+
+def test_shipped_designs_are_all_driven() -> None:
+    driven = {CATCH_UP.name, SYNC_V2.name, SEEDS_FINAL.name, ADAPTIVE_WARM.name}
+    assert {d.name for d in SHIPPED} <= driven, "a shipped design has no real-object run"
+
+
+# --- every known-bad design, injected into the real objects ----------------------------------------------------
+
+BAD = {d.name: d for d in KNOWN_BAD}
+# the shipped design each bug claims to implement: the guard's reference design for that run
+CLAIMS = {
+    "seeds_final_verify_graphs_only": SEEDS_FINAL, "seeds_attempt1_spec_info_left": SEEDS_FINAL,
+    "seeds_attempt2_tuple_unpack": SEEDS_FINAL, "clear_on_scheduler_batch": SEEDS_FINAL,
+    "zero_steps_skip_draft_extend": ADAPTIVE_WARM, "kv_reserve_by_current_steps": ADAPTIVE_WARM,
+    "draft_kv_never_freed": ADAPTIVE_WARM, "merge_unchecked_spec_info": CATCH_UP,
+    "reenable_above_spec_cap": CATCH_UP, "no_draft_work_while_off": CATCH_UP, "seq_lens_advanced_twice": CATCH_UP,
+}
+
+
+def test_every_known_bad_design_has_an_injection() -> None:
+    assert set(BAD) == set(CLAIMS), "a known-bad design is not injected into real objects"
+
+
+def _expect(name: str, excinfo: pytest.ExceptionInfo[SpecFlipViolation]) -> SpecFlipViolation:
+    exc = excinfo.value
+    assert exc.invariant == BAD[name].expected_invariant, str(exc)
+    assert exc.rank == 0 and exc.action and exc.rids
+    assert f"{exc.invariant} broken by" in str(exc) and "TP rank 0" in str(exc) and "last transitions:" in str(exc)
+    return exc
+
+
+def _calls() -> dict[str, int]:
+    return dict(gf.STAND_IN_CALLS)
+
+
+def _seeds_driver(runtime: Any, model_dir: Path, bug: str, n: int = 3) -> gf.DesignDriver:
+    configure(runtime, CLAIMS[bug])
+    design = BAD[bug]
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), design, bug=bug)
+    drv.admit(gf.make_reqs("s", n))
+    drv.decode()
+    drv.decode()
+    drv.flip_off()
+    return drv
+
+
+@pytest.mark.parametrize("bug", ["seeds_attempt1_spec_info_left", "seeds_final_verify_graphs_only",
+                                 "seeds_attempt2_tuple_unpack"])
+def test_seeds_plain_step_bugs_caught_before_the_target_forward(runtime: Any, model_dir: Path, bug: str) -> None:
+    drv = _seeds_driver(runtime, model_dir, bug, n=2 if bug == "seeds_attempt2_tuple_unpack" else 3)
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    exc = _expect(bug, excinfo)
+    assert exc.action == "plain_decode"
+    assert gf.STAND_IN_CALLS.get("target_forward", 0) == calls.get("target_forward", 0)  # never ran
+
+
+def test_seeds_messages_give_plain_numbers(runtime: Any, model_dir: Path) -> None:
+    drv = _seeds_driver(runtime, model_dir, "seeds_attempt2_tuple_unpack", n=2)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    assert "out_cache_loc holds 1 slots; a DECODE step of 2 requests x 1 writes 2" in str(excinfo.value)
+    assert "'s0'" in str(excinfo.value) and "'s1'" in str(excinfo.value)
+
+
+def test_clear_on_scheduler_batch_caught_before_the_draft(runtime: Any, model_dir: Path) -> None:
+    drv = _seeds_driver(runtime, model_dir, "clear_on_scheduler_batch")
+    drv.decode()
+    drv.decode()  # plain steps: the ScheduleBatch loses its EagleDraftInput
+    drv.flip_on()
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    assert _expect("clear_on_scheduler_batch", excinfo).action == "draft"
+    assert gf.STAND_IN_CALLS.get("draft", 0) == calls.get("draft", 0)
+
+
+def test_zero_steps_skip_draft_extend_caught_at_the_upshift(runtime: Any, model_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.environ import envs
+
+    monkeypatch.setenv(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.name, "1")
+    configure(runtime, ADAPTIVE_WARM)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["zero_steps_skip_draft_extend"])
+    drv.admit(gf.make_reqs("z", 3))
+    gf.set_steps(drv.worker, 0)
+    drv.decode(accepts=[1, 1, 1])  # steps 0: trivial verify, draft-extend skipped (the real stub runs)
+    gf.set_steps(drv.worker, 2)
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    assert _expect("zero_steps_skip_draft_extend", excinfo).action == "draft"
+    assert runtime.guard.covered.get("skip_draft_extend") == 1
+    assert gf.STAND_IN_CALLS.get("draft", 0) == calls.get("draft", 0)
+
+
+def test_kv_reserve_by_current_steps_caught_before_the_draft(runtime: Any, model_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.speculative import eagle_utils
+
+    configure(runtime, ADAPTIVE_WARM)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["kv_reserve_by_current_steps"], num_steps=1)
+    # the bug: the reserve follows the step count current at prepare_for_decode (PR #24055)
+    monkeypatch.setattr(eagle_utils, "get_alloc_reserve_per_decode", lambda: drv.worker.speculative_num_steps + 1)
+    drv.admit(gf.make_reqs("k", 3))
+    drv.decode(accepts=[2, 2, 2])
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()  # reserves for steps 1
+    gf.set_steps(drv.worker, 3)  # the adaptive controller switches after prepare_for_decode
+    drv.worker.accept_lens_cpu_stand_in = [4, 4, 4]
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.worker.forward_batch_generation(drv.batch)
+    assert _expect("kv_reserve_by_current_steps", excinfo) and "writes 4 tokens per request" in str(excinfo.value)
+    assert gf.STAND_IN_CALLS.get("verify", 0) == calls.get("verify", 0)
+
+
+def test_merge_unchecked_spec_info_caught_before_the_merge(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["merge_unchecked_spec_info"])
+    drv.admit(gf.make_reqs("m", 2))
+    drv.decode()
+    drv.flip_off()
+    late = drv.prefill(gf.make_reqs("late", 2))  # prefilled while off: no draft input
+    drv.flip_on()
+    late.forward_mode = late.forward_mode.DECODE
+    rows_before = len(drv.batch.reqs)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.batch.merge_batch(late)
+    _expect("merge_unchecked_spec_info", excinfo)
+    assert len(drv.batch.reqs) == rows_before  # raised before ScheduleBatch.merge_batch ran
+
+
+def test_draft_kv_never_freed_caught_at_finish(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.mem_cache import common
+
+    configure(runtime, ADAPTIVE_WARM)
+    monkeypatch.setattr(common, "_release_overallocated_kv_indices", lambda *a, **k: None)  # the leak
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["draft_kv_never_freed"])
+    drv.admit(gf.make_reqs("f", 2, max_new_tokens=6))
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        for _ in range(6):
+            drv.decode(accepts=[4, 4])
+            drv.finish_and_filter()
+    assert _expect("draft_kv_never_freed", excinfo).action == "finish"
+    assert "leaked" in str(excinfo.value)
+    assert gf.STAND_IN_CALLS.get("draft", 0) - calls.get("draft", 0) <= 2  # caught at the release, no later
+
+
+def test_reenable_above_spec_cap_caught_at_the_flip(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, CATCH_UP, spec_cap=2, plain_cap=4)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["reenable_above_spec_cap"])
+    drv.admit(gf.make_reqs("c", 2))
+    drv.decode()
+    drv.flip_off()
+    drv.admit(gf.make_reqs("d", 1))
+    drv.decode()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.flip_on()
+    assert _expect("reenable_above_spec_cap", excinfo).action == "flip_on"
+    assert "3 requests run with speculation on; that mode holds at most 2" in str(excinfo.value)
+
+
+def test_no_draft_work_while_off_caught_before_the_draft(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["no_draft_work_while_off"], bug="no_draft_work_while_off")
+    drv.admit(gf.make_reqs("n", 3))
+    drv.decode()
+    drv.flip_off()
+    drv.decode()
+    drv.decode()
+    drv.flip_on()  # no catch-up
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    assert _expect("no_draft_work_while_off", excinfo).action == "draft"
+    assert gf.STAND_IN_CALLS.get("draft", 0) == calls.get("draft", 0)
+
+
+def test_seq_lens_advanced_twice_caught_before_the_target_forward(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["seq_lens_advanced_twice"], bug="seq_lens_advanced_twice")
+    drv.admit(gf.make_reqs("t", 3))
+    drv.decode()
+    drv.flip_off()
+    calls = _calls()
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    assert _expect("seq_lens_advanced_twice", excinfo).action == "plain_decode"
+    assert gf.STAND_IN_CALLS.get("target_forward", 0) == calls.get("target_forward", 0)
+
+
+# --- warn mode, internal errors, trace + explain -------------------------------------------------------------
+
+
+def test_warn_mode_logs_and_never_raises(runtime: Any, model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    configure(runtime, CATCH_UP, mode=Mode.WARN)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["seq_lens_advanced_twice"], bug="seq_lens_advanced_twice")
+    drv.admit(gf.make_reqs("w", 3))
+    drv.flip_off()
+    with caplog.at_level(logging.WARNING, logger="specflip.guard"):
+        for _ in range(5):
+            drv.decode()  # the bug repeats every step
+    found = [v.invariant for _, vs in runtime.guard.found for v in vs]
+    assert found.count("seq_lens_growth") >= 5
+    warned = [r for r in caplog.records if "seq_lens_growth" in r.getMessage()]
+    assert len(warned) == 1  # rate-limited: one report per invariant per interval
+
+
+def test_an_error_inside_the_guard_never_propagates_in_warn_mode(runtime: Any, model_dir: Path,
+                                                                 caplog: pytest.LogCaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    configure(runtime, CATCH_UP, mode=Mode.WARN)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("e", 2))
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("bug in the guard")
+
+    monkeypatch.setattr(runtime.guard, "prepare_for_decode", broken)
+    with caplog.at_level(logging.WARNING, logger="specflip.guard"):
+        for _ in range(3):
+            drv.decode()  # serving goes on
+    assert runtime.disabled_reason and runtime.internal_errors == 1
+    assert sum("internal error" in r.getMessage() for r in caplog.records) >= 1
+
+
+def test_trace_of_a_clean_run_conforms_and_covers_the_flip(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "clean.jsonl"
+    configure(runtime, SYNC_V2, mode=Mode.TRACE, trace=trace)
+    run_threshold_scenario(gf.DesignDriver(gf.eagle_pools(model_dir), SYNC_V2))
+    runtime.reset()
+    report = explain_traces([trace])
+    assert report.conforms, report.render()
+    for name in ("flip_off", "plain_decode", "draft_sync", "flip_on", "draft", "verify", "draft_extend", "finish"):
+        assert report.covered.get(name), name
+
+
+def test_trace_of_a_bad_run_names_the_first_illegal_step(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    configure(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["no_draft_work_while_off"], bug="no_draft_work_while_off")
+    drv.admit(gf.make_reqs("x", 2))
+    drv.decode()
+    drv.flip_off()
+    drv.decode()
+    drv.flip_on()
+    drv.decode()  # trace mode: logged, not raised
+    runtime.reset()
+    report = explain_traces([trace])
+    assert not report.conforms
+    first = report.first_illegal[0]
+    assert first.action == "draft" and first.violations[0].invariant == "draft_kv_covers_prefix"
+    assert set(first.rids) == {"x0", "x1"}
+
+
+# --- no GPU synchronisation ------------------------------------------------------------------------------------------
+
+
+def test_adapter_reads_no_device_tensor_values(runtime: Any, model_dir: Path) -> None:
+    """Every device-side tensor of a real batch moved to the meta device (shapes, no values: any
+    .item()/.tolist()/.cpu() on them raises); the adapter's observations must not change."""
+    import torch
+
+    from shim.adapters.common import HostReadError, host_ints
+
+    configure(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("g", 3))
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    adapter = runtime.adapter
+    batch = drv.batch
+    expected = (adapter.observe_batch(batch), adapter.observe_requests(batch), adapter.batch_pool(batch))
+    for name in ("seq_lens", "req_pool_indices", "out_cache_loc", "input_ids", "orig_seq_lens"):
+        value = getattr(batch, name, None)
+        if isinstance(value, torch.Tensor):
+            setattr(batch, name, value.to("meta"))
+    spec = batch.spec_info
+    for name in ("topk_p", "topk_index", "hidden_states", "bonus_tokens"):
+        setattr(spec, name, getattr(spec, name).to("meta"))
+    assert (adapter.observe_batch(batch), adapter.observe_requests(batch), adapter.batch_pool(batch)) == expected
+    with pytest.raises(HostReadError):
+        host_ints(torch.zeros(3, device="meta"))

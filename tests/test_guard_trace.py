@@ -1,0 +1,156 @@
+"""Trace schema, `specflip explain` and the guard's configuration: no SGLang needed.
+
+Traces here are written from walks of the model itself (statemodel.actions.enabled/apply), in the
+guard's schema; tampering with one record must make explain name that record.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from shim.explain import explain_traces
+from shim.guard import Mode
+from shim.runtime import ConfigError, GuardRuntime, mode_from_env
+from shim.trace import (
+    TRACE_VERSION,
+    TraceFormatError,
+    apply_delta,
+    scope_to_json,
+    state_delta,
+    state_from_json,
+    state_to_json,
+)
+from specflip.cli import main as cli_main
+from statemodel.actions import apply, enabled, initial_states
+from statemodel.design import Scope
+from statemodel.designs import CATCH_UP, SHIPPED
+
+SCOPE = Scope()
+
+
+def walk(design: object, steps: int, seed: int) -> list[tuple[object, object, object]]:
+    rng = random.Random(seed)
+    state = initial_states(design, SCOPE)[0]
+    out = []
+    for _ in range(steps):
+        choices = enabled(state, design, SCOPE)
+        if not choices:
+            break
+        action = rng.choice(choices)
+        after = apply(state, action, design, SCOPE)
+        out.append((state, action, after))
+        state = after
+    return out
+
+
+def write_trace(path: Path, design: object = CATCH_UP, steps: int = 60, seed: int = 1) -> list[str]:
+    transitions = walk(design, steps, seed)
+    first = transitions[0][0]
+    lines = [json.dumps({"v": TRACE_VERSION, "kind": "header", "rank": 0, "release": "model", "design": design.name,
+                         "scope": scope_to_json(SCOPE), "rids": [f"r{i}" for i in range(len(first.requests))],
+                         "state": state_to_json(first)})]
+    for number, (before, action, after) in enumerate(transitions, start=1):
+        lines.append(json.dumps({"v": TRACE_VERSION, "kind": "step", "rank": 0, "step": number, "action": action.name,
+                                 "args": list(action.args), "where": "model", "new_rids": [],
+                                 "delta": state_delta(before, after), "violations": []}))
+    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+@pytest.mark.parametrize("design", SHIPPED, ids=lambda d: d.name)
+def test_state_json_round_trips(design: object) -> None:
+    for before, _, after in walk(design, 40, 3):
+        assert state_from_json(json.loads(json.dumps(state_to_json(after)))) == after
+        assert apply_delta(before, json.loads(json.dumps(state_delta(before, after)))) == after
+
+
+def test_model_walk_trace_conforms_and_reports_coverage(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(path)
+    report = explain_traces([path])
+    assert report.conforms, report.render()
+    assert report.covered["arrive"] >= 1 and sum(report.covered.values()) == report.files[0].steps
+    assert "the trace conforms" in report.render()
+
+
+def test_tampered_step_is_the_first_illegal_step(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = write_trace(path)
+    target = next(i for i, line in enumerate(lines) if json.loads(line).get("action") == "prefill")
+    record = json.loads(lines[target])
+    record["delta"]["kv_free"] = record["delta"].get("kv_free", 11) - 1  # one slot vanishes
+    lines[target] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    report = explain_traces([path])
+    assert not report.conforms
+    first = report.first_illegal[0]
+    assert (first.line, first.action, first.violations[0].invariant) == (target + 1, "prefill", "kv_conservation")
+
+
+def test_action_from_the_wrong_stage_is_illegal(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = write_trace(path)
+    record = json.loads(lines[1])
+    record["action"], record["args"] = "verify", []
+    lines[1] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    first = explain_traces([path]).first_illegal[0]
+    assert first.line == 2 and first.violations[0].invariant == "legal_transition"
+
+
+@pytest.mark.parametrize(("mangle", "line", "words"), [
+    (lambda ls: ls[:3] + [ls[3][:20]], 4, "truncated"),
+    (lambda ls: ls[:2] + ["{not json"] + ls[3:], 3, "not JSON"),
+    (lambda ls: ls[1:], 1, "starts with a header"),
+    (lambda ls: [ls[0].replace(f'"v": {TRACE_VERSION}', '"v": 99')] + ls[1:], 1, "schema version 99"),
+    (lambda ls: ls[:2] + [json.dumps({"v": TRACE_VERSION, "kind": "step", "rank": 0})] + ls[3:], 3, "lacks"),
+])
+def test_malformed_trace_names_the_line(tmp_path: Path, mangle: object, line: int, words: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = mangle(write_trace(path))
+    text = "\n".join(lines) + ("" if words == "truncated" else "\n")
+    path.write_text(text)
+    with pytest.raises(TraceFormatError) as excinfo:
+        explain_traces([path])
+    assert excinfo.value.line == line and words in str(excinfo.value)
+    assert cli_main(["explain", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"t.jsonl:{line}:" in err[0]
+
+
+def test_cli_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(path)
+    assert cli_main(["explain", "--json", str(path), str(path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["conforms"] and len(data["files"]) == 2
+
+
+def test_mode_parsing() -> None:
+    assert mode_from_env({}) is Mode.OFF
+    assert mode_from_env({"SPECFLIP_MODE": "Assert"}) is Mode.ASSERT
+    with pytest.raises(ConfigError, match="expected one of off, warn, assert, trace"):
+        mode_from_env({"SPECFLIP_MODE": "loud"})
+    with pytest.raises(ConfigError, match="no design named"):
+        GuardRuntime.from_env({"SPECFLIP_MODE": "warn", "SPECFLIP_DESIGN": "nope"})
+    rt = GuardRuntime.from_env({"SPECFLIP_MODE": "trace"})
+    assert rt.trace_template == "specflip-trace.rank{rank}.jsonl"
+
+
+def test_register_in_off_mode_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shim.plugin
+    import shim.runtime
+
+    saved = shim.runtime.current()
+    shim.runtime.install(None)
+    try:
+        monkeypatch.setenv("SPECFLIP_MODE", "off")
+        shim.plugin.register()
+        assert shim.runtime.current() is None
+    finally:
+        shim.runtime.install(saved)
