@@ -32,7 +32,7 @@ from shim.trace import (
     compact_state,
     rid_name,
     scope_to_json,
-    state_delta,
+    state_delta_json,
     state_to_json,
     violation_to_json,
 )
@@ -222,10 +222,12 @@ class Guard:
         state = attrs.evolve(state, launched=self._batch(launched))
         self._refine(state, where)
 
-    def draft_extend_starts(self, *, skipped: bool, running: ObservedBatch, reqs: list[ObservedRequest],
-                            pool: ObservedPool, where: str) -> None:
+    def draft_extend_starts(self, *, skipped: bool,
+                            observe: Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]],
+                            where: str) -> None:
         """A draft-extend (or its skip) starts. Inside a round it closes the round once the result is
-        processed; outside one it is the design's draft sync or catch-up."""
+        processed; outside one it is the design's draft sync or catch-up. `observe` reads the batch
+        (running, requests, pool) only when the step is checked now: inside a round it is not."""
         if self.round is not None:
             self.round.extend = "skip_draft_extend" if skipped else "draft_extend"
             return
@@ -235,6 +237,7 @@ class Guard:
             name = "draft_sync"
         else:
             name = "draft_catch_up"
+        _, reqs, pool = observe()
         self._transition(Action(name), where, reqs=reqs, pool=pool)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
@@ -275,7 +278,7 @@ class Guard:
                 # SGLang commits the whole accepted run and trims the output at the stop; the model's
                 # request ends at max_new_tokens: tokens past it are not the model's seq_len
                 cap = r.seq_len + r.max_new_tokens - r.committed
-                by_rid[obs.rid] = attrs.evolve(obs, seq_len=min(obs.seq_len, cap))
+                by_rid[obs.rid] = obs._replace(seq_len=min(obs.seq_len, cap))
         reqs = list(by_rid.values())
         where = "process_batch_result (verify result)"
         self._transition(Action("verify", tuple(accepts)), where, reqs=reqs, pool=pool,
@@ -321,8 +324,13 @@ class Guard:
             self.trace.write({"kind": "compact", "rank": self.config.rank, "keep": keep})
 
     def _batch(self, obs: ObservedBatch) -> Batch:
+        index = self.index
+        try:
+            rids = tuple([index[r] for r in obs.rids])
+        except KeyError:
+            rids = tuple(self._known(r) for r in obs.rids)  # raises GuardDesync naming the request
         return Batch(
-            rids=tuple(self._known(r) for r in obs.rids), forward_mode=obs.forward_mode,
+            rids=rids, forward_mode=obs.forward_mode,
             spec_info=SpecInfo(obs.spec_kind, obs.spec_rows, obs.spec_tokens_per_row)
             if obs.spec_kind is not SpecInfoKind.NONE else SpecInfo.none(),
             spec_algorithm_on=obs.spec_algorithm_on, out_cache_loc_width=obs.out_cache_loc_width,
@@ -343,26 +351,36 @@ class Guard:
     def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
                  reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
                  seq_rids: Iterable[str] = ()) -> State:
-        seq_rids = set(seq_rids)
-        changed: dict[int, Request] = {}
+        seq_rids = seq_rids if isinstance(seq_rids, set | frozenset) else set(seq_rids)
+        requests = state.requests
+        updated: list[Request] | None = None  # copied on the first request that differs
+        index_of = self.index
         for obs in reqs:
-            index = self.index.get(obs.rid)
+            index = index_of.get(obs.rid)
             if index is None:
                 continue
-            r = state.req(index)
-            fields = _kv_fields(obs)
-            if obs.rid in seq_rids:  # seq_len is observed where the step that moves it is seen
-                fields["seq_len"] = obs.seq_len
-            if any(getattr(r, name) != value for name, value in fields.items()):  # evolve is the cost
-                changed[index] = attrs.evolve(r, **fields)
-        new = attrs.evolve(state, requests=state.with_requests(changed))
+            r = requests[index]
+            if obs.holds_kv:
+                held, reserved = obs.kv_committed, obs.kv_allocated - obs.kv_committed
+            else:
+                held = reserved = 0
+            # seq_len is observed where the step that moves it is seen
+            seq_len = obs.seq_len if obs.rid in seq_rids else r.seq_len
+            if held != r.kv_held or reserved != r.kv_reserved or seq_len != r.seq_len:
+                if updated is None:
+                    updated = list(requests)
+                updated[index] = _with_observed(r, seq_len, held, reserved)
+        changes: dict[str, object] = {}
+        if updated is not None:
+            changes["requests"] = tuple(updated)
         if running is not None:
-            new = attrs.evolve(new, running=self._running_from(new.running, running))
+            changes["running"] = self._running_from(state.running, running)
         if launched is not None:
-            new = attrs.evolve(new, launched=self._batch(launched))
+            changes["launched"] = self._batch(launched)
         if pool is not None:
-            new = attrs.evolve(new, kv_free=pool.free, kv_pool_size=pool.size)
-        return new
+            changes["kv_free"] = pool.free
+            changes["kv_pool_size"] = pool.size
+        return attrs.evolve(state, **changes) if changes else state
 
     def _transition(self, action: Action, where: str, *, running: ObservedBatch | None = None,
                     launched: ObservedBatch | None = None, reqs: Iterable[ObservedRequest] = (),
@@ -384,7 +402,7 @@ class Guard:
             self.trace.write({"kind": "step", "rank": self.config.rank, "step": self.step_number,
                               "action": action.name, "args": list(action.args), "where": where,
                               "new_rids": new_rids or [],
-                              "delta": state_delta(trace_base or before, after),
+                              "delta": state_delta_json(trace_base or before, after),
                               "violations": [violation_to_json(v, self.names) for v in found]})
         self.state = after
         if found:
@@ -396,7 +414,7 @@ class Guard:
             action = self.last_action.name if self.last_action else "refine"
             self.trace.write({"kind": "refine", "rank": self.config.rank, "step": self.step_number, "where": where,
                               "action": action,
-                              "delta": state_delta(self.state, new),
+                              "delta": state_delta_json(self.state, new),
                               "violations": [violation_to_json(v, self.names) for v in found]})
         self.state = new
         if found:
@@ -452,6 +470,21 @@ class Guard:
 class GuardDesync(RuntimeError):
     """The guard's picture lost track of SGLang's (a step it did not see): an error in the guard, not a
     violation of the model."""
+
+
+# The overlay rebuilds a Request positionally: attrs.evolve costs 2.5x as much, and the overlay runs
+# for every request of the batch at every step. Checked at import, so a field added to the model
+# cannot be dropped here silently.
+_REQUEST_FIELDS = ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed",
+                   "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready")
+if tuple(a.name for a in attrs.fields(Request)) != _REQUEST_FIELDS:
+    raise ImportError("shim.guard: statemodel.state.Request's fields changed; update _with_observed")
+
+
+def _with_observed(r: Request, seq_len: int, kv_held: int, kv_reserved: int) -> Request:
+    """`r` with the fields the live objects carry replaced by what was observed."""
+    return Request(r.rid, r.prompt_len, r.max_new_tokens, r.status, r.prefilled_len, seq_len, r.committed,
+                   kv_held, kv_reserved, r.draft_kv_len, r.draft_hidden_ready)
 
 
 def _kv_fields(obs: ObservedRequest) -> dict[str, int]:

@@ -18,6 +18,7 @@ Record kinds, every one carrying `"v"` (the schema version), `"kind"` and `"rank
 from __future__ import annotations
 
 import json
+import operator
 import os
 import threading
 from collections.abc import Iterator
@@ -44,6 +45,9 @@ from statemodel.state import (
 
 TRACE_VERSION = 1
 RECORD_KINDS = ("header", "step", "refine", "compact")
+# json.dumps(..., separators=(",", ":")) without building an encoder per record; records are trees
+# of fresh dicts and lists, so the circular-reference check has nothing to find
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _TOP_FIELDS = ("running", "pending", "launched", "stage", "spec_mode", "num_steps", "kv_free", "kv_pool_size",
                "thresholds")
 
@@ -91,10 +95,32 @@ def batch_from_json(data: dict[str, Any] | None) -> Batch | None:
     )
 
 
+_REQUEST_NAMES = tuple(a.name for a in attrs.fields(Request))
+_request_values = operator.attrgetter(*_REQUEST_NAMES)
+
+
 def request_to_json(r: Request) -> dict[str, Any]:
-    data = attrs.asdict(r)
+    # attrs.asdict's output (the fields are scalars), at a third of its cost: a trace step holds a
+    # record for every request the step changed
+    data = dict(zip(_REQUEST_NAMES, _request_values(r), strict=True))
     data["status"] = r.status.value
     return data
+
+
+# request_to_json's JSON text, formatted directly (a third of the cost of building the dict and
+# encoding it). Every field is an int except status (an enum value: a plain word) and the one bool.
+_REQUEST_JSON = ('{"rid":%d,"prompt_len":%d,"max_new_tokens":%d,"status":"%s","prefilled_len":%d,"seq_len":%d,'
+                 '"committed":%d,"kv_held":%d,"kv_reserved":%d,"draft_kv_len":%d,"draft_hidden_ready":%s}')
+if _REQUEST_NAMES != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed",
+                      "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready"):
+    raise ImportError("shim.trace: statemodel.state.Request's fields changed; update _REQUEST_JSON")
+
+
+def request_json_text(r: Request) -> str:
+    """The JSON text of `request_to_json(r)`."""
+    return _REQUEST_JSON % (r.rid, r.prompt_len, r.max_new_tokens, r.status.value, r.prefilled_len, r.seq_len,
+                            r.committed, r.kv_held, r.kv_reserved, r.draft_kv_len,
+                            "true" if r.draft_hidden_ready else "false")
 
 
 def request_from_json(data: dict[str, Any]) -> Request:
@@ -137,22 +163,45 @@ def state_from_json(data: dict[str, Any]) -> State:
     return State(requests=tuple(request_from_json(r) for r in data["requests"]), **fields)
 
 
+def _delta_parts(before: State, after: State) -> tuple[dict[str, Any], list[tuple[int, Request]], int | None]:
+    """(top-level fields that differ, as JSON values; requests that differ or are new, by index; the
+    new request count when it changed)."""
+    top: dict[str, Any] = {}
+    for name in _TOP_FIELDS:
+        if getattr(before, name) != getattr(after, name):
+            top[name] = _top_to_json(after, name)
+    old = before.requests
+    count = len(old)
+    # identity first: most requests of a step are the very objects of the state before it
+    changed = [(i, r) for i, r in enumerate(after.requests) if i >= count or (old[i] is not r and old[i] != r)]
+    return top, changed, len(after.requests) if len(after.requests) != count else None
+
+
 def state_delta(before: State, after: State) -> dict[str, Any]:
     """What changed: top-level fields that differ, requests (by index) that differ or are new, and
     `n_requests` whenever the request count changed."""
-    delta: dict[str, Any] = {}
-    for name in _TOP_FIELDS:
-        if getattr(before, name) != getattr(after, name):
-            delta[name] = _top_to_json(after, name)
-    changed = {}
-    for i, r in enumerate(after.requests):
-        if i >= len(before.requests) or before.requests[i] != r:
-            changed[str(i)] = request_to_json(r)
+    delta, changed, count = _delta_parts(before, after)
     if changed:
-        delta["requests"] = changed
-    if len(after.requests) != len(before.requests):
-        delta["n_requests"] = len(after.requests)
+        delta["requests"] = {str(i): request_to_json(r) for i, r in changed}
+    if count is not None:
+        delta["n_requests"] = count
     return delta
+
+
+class JsonText(str):
+    """JSON already encoded: `TraceWriter.write` puts it into the record as it is."""
+
+
+def state_delta_json(before: State, after: State) -> JsonText:
+    """`state_delta(before, after)` as the JSON text the writer would make of it, built directly: the
+    guard's hot path in trace mode (a decode step changes every request of the batch)."""
+    top, changed, count = _delta_parts(before, after)
+    parts = [f"{_ENCODER.encode(name)}:{_ENCODER.encode(value)}" for name, value in top.items()]
+    if changed:
+        parts.append('"requests":{' + ",".join([f'"{i}":{request_json_text(r)}' for i, r in changed]) + "}")
+    if count is not None:
+        parts.append(f'"n_requests":{count}')
+    return JsonText("{" + ",".join(parts) + "}")
 
 
 def apply_delta(state: State, delta: dict[str, Any]) -> State:
@@ -210,6 +259,16 @@ def rid_name(names: list[str], index: int) -> str:
 # --- writing and reading ------------------------------------------------------------------------------
 
 
+def _encode_record(record: dict[str, Any]) -> str:
+    """One record as a JSON line; a `JsonText` value goes in as it is."""
+    if not any(isinstance(value, JsonText) for value in record.values()):
+        return _ENCODER.encode(record)
+    return "{" + ",".join(
+        f"{_ENCODER.encode(key)}:{value if isinstance(value, JsonText) else _ENCODER.encode(value)}"
+        for key, value in record.items()
+    ) + "}"
+
+
 class TraceWriter:
     """Appends records to one JSONL file, flushed per record so a crash leaves every finished line."""
 
@@ -220,7 +279,7 @@ class TraceWriter:
         self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps({"v": TRACE_VERSION, **record}, separators=(",", ":"))
+        line = _encode_record({"v": TRACE_VERSION, **record})
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()

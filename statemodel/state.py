@@ -196,14 +196,17 @@ class State:
         return self.requests[rid]
 
     def with_requests(self, changed: dict[int, Request]) -> tuple[Request, ...]:
-        return tuple(changed.get(r.rid, r) for r in self.requests)
+        if not changed:
+            return self.requests
+        get = changed.get
+        return tuple([get(r.rid, r) for r in self.requests])
 
     def waiting(self) -> list[Request]:
         return [r for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING)]
 
     def in_flight_count(self) -> int:
         """Requests the running batch holds now or will once merged: pending and chunked ones count."""
-        chunked = sum(1 for r in self.requests if r.status is Status.PREFILLING)
+        chunked = [r.status for r in self.requests].count(Status.PREFILLING)  # list.count: the loop in C
         return self.running.size + (self.pending.size if self.pending else 0) + chunked
 
     def demand(self) -> int:
@@ -211,7 +214,7 @@ class State:
         return sum(1 for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING, Status.RUNNING))
 
     def kv_accounted(self) -> int:
-        return self.kv_free + sum(r.kv_held + r.kv_reserved for r in self.requests)
+        return self.kv_free + sum([r.kv_held + r.kv_reserved for r in self.requests])  # a list sums faster
 
     def all_finished(self) -> bool:
         return all(r.status is Status.FINISHED for r in self.requests)

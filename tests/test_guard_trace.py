@@ -18,9 +18,12 @@ from shim.runtime import ConfigError, GuardRuntime, mode_from_env
 from shim.trace import (
     TRACE_VERSION,
     TraceFormatError,
+    TraceWriter,
     apply_delta,
+    read_records,
     scope_to_json,
     state_delta,
+    state_delta_json,
     state_from_json,
     state_to_json,
 )
@@ -66,6 +69,30 @@ def test_state_json_round_trips(design: object) -> None:
     for before, _, after in walk(design, 40, 3):
         assert state_from_json(json.loads(json.dumps(state_to_json(after)))) == after
         assert apply_delta(before, json.loads(json.dumps(state_delta(before, after)))) == after
+
+
+@pytest.mark.parametrize("design", SHIPPED, ids=lambda d: d.name)
+def test_delta_text_is_the_delta(design: object, tmp_path: Path) -> None:
+    """The guard writes deltas as text built directly (state_delta_json); it must read back as exactly
+    state_delta's dict, statuses and booleans included, through the writer and the reader."""
+    transitions = walk(design, 60, 5)
+    writer = TraceWriter(tmp_path / "t.jsonl")
+    first = transitions[0][0]
+    writer.write({"kind": "header", "rank": 0, "release": "model", "design": design.name,
+                  "scope": scope_to_json(SCOPE), "rids": [], "state": state_to_json(first)})
+    for number, (before, _, after) in enumerate(transitions, start=1):
+        assert json.loads(state_delta_json(before, after)) == state_delta(before, after)
+        writer.write({"kind": "refine", "rank": 0, "step": number, "where": "model", "action": "x",
+                      "delta": state_delta_json(before, after), "violations": []})
+    writer.close()
+    records = [record for _, record in read_records(tmp_path / "t.jsonl")][1:]
+    assert [r["delta"] for r in records] == [state_delta(b, a) for b, _, a in transitions]
+    assert {r["step"] for r in records} == set(range(1, len(transitions) + 1))
+    assert any(r["delta"].get("requests") for r in records)
+    # the bool is written as a JSON bool (1 == True would hide an int), statuses as their values
+    written = [req for r in records for req in r["delta"].get("requests", {}).values()]
+    assert {type(req["draft_hidden_ready"]) for req in written} == {bool}
+    assert {type(req["kv_held"]) for req in written} == {int}
 
 
 def test_model_walk_trace_conforms_and_reports_coverage(tmp_path: Path) -> None:

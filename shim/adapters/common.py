@@ -30,6 +30,7 @@ _FORWARD_MODES = {
     "DRAFT_EXTEND": ForwardMode.DRAFT_EXTEND, "DRAFT_EXTEND_V2": ForwardMode.DRAFT_EXTEND,
 }
 NO_CAP = 1 << 30
+_new_tuple = tuple.__new__
 
 
 class HostReadError(RuntimeError):
@@ -147,20 +148,34 @@ class V2Adapter:
     # --- observation ----------------------------------------------------------------------------------
 
     def observe_request(self, req: Any, seq_len: int | None = None) -> ObservedRequest:
-        holds, committed, allocated, protected = self.req_kv_lens(req)
-        params = req.sampling_params
-        return ObservedRequest(
-            rid=str(req.rid), prompt_len=len(req.origin_input_ids), max_new_tokens=int(params.max_new_tokens or 0),
-            output_len=len(req.output_ids), kv_committed=max(0, committed - protected) if holds else 0,
-            kv_allocated=max(0, allocated - protected) if holds else 0, kv_committed_len=committed,
-            seq_len=committed if seq_len is None else seq_len, holds_kv=holds, finished=bool(req.finished()),
-            prefilled_len=committed, chunked=(getattr(req, "is_chunked", 0) or 0) > 0,
-        )
+        return self._observe_reqs([req], [seq_len])[0]
 
     def observe_requests(self, batch: Any) -> list[ObservedRequest]:
+        reqs = batch.reqs
         mirror = getattr(batch, "seq_lens_cpu", None)
-        seq = host_ints(mirror) if mirror is not None and tensor_width(mirror) == len(batch.reqs) else None
-        return [self.observe_request(req, None if seq is None else seq[i]) for i, req in enumerate(batch.reqs)]
+        if mirror is not None and tensor_width(mirror) == len(reqs):
+            return self._observe_reqs(reqs, host_ints(mirror))  # the CPU mirror, read once for the batch
+        return self._observe_reqs(reqs, [None] * len(reqs))
+
+    def _observe_reqs(self, reqs: list[Any], seq_lens: list[int] | list[None]) -> list[ObservedRequest]:
+        # one tight loop: this runs for every request of the batch several times per decode step
+        kv_lens = self.req_kv_lens
+        out: list[ObservedRequest] = []
+        append = out.append
+        for req, seq_len in zip(reqs, seq_lens, strict=True):
+            holds, committed, allocated, protected = kv_lens(req)
+            if holds:
+                own_committed = committed - protected if committed > protected else 0
+                own_allocated = allocated - protected if allocated > protected else 0
+            else:
+                own_committed = own_allocated = 0
+            append(_new_tuple(ObservedRequest, (  # ObservedRequest's fields in order, without __new__'s call cost
+                str(req.rid), len(req.origin_input_ids), int(req.sampling_params.max_new_tokens or 0),
+                len(req.output_ids), own_committed, own_allocated, committed,
+                committed if seq_len is None else seq_len, holds, bool(req.finished()), committed,
+                (getattr(req, "is_chunked", 0) or 0) > 0,
+            )))
+        return out
 
     def observe_pool(self, allocator: Any, tree_cache: Any = None) -> ObservedPool:
         free = int(allocator.available_size())
@@ -191,7 +206,7 @@ class V2Adapter:
             else (SpecInfoKind.NONE, 0, 0)
         mode = forward_mode or _FORWARD_MODES.get(batch.forward_mode.name, ForwardMode.IDLE)
         return ObservedBatch(
-            rids=tuple(str(r.rid) for r in batch.reqs), forward_mode=mode, spec_kind=kind, spec_rows=rows,
+            rids=tuple([str(r.rid) for r in batch.reqs]), forward_mode=mode, spec_kind=kind, spec_rows=rows,
             spec_tokens_per_row=per_row, spec_algorithm_on=not batch.spec_algorithm.is_none(),
             out_cache_loc_width=tensor_width(batch.out_cache_loc) if out_cache_loc_width is None
             else out_cache_loc_width,
@@ -394,8 +409,7 @@ class V2Adapter:
         def step() -> None:
             g = self.guard()
             if g is not None:
-                g.draft_extend_starts(skipped=skipped, running=self.observe_batch(batch),
-                                      reqs=self.observe_requests(batch), pool=self.batch_pool(batch), where=where)
+                g.draft_extend_starts(skipped=skipped, observe=self._round_observer(batch), where=where)
         self._run(step)
 
     def after_apply_runtime_state(self, result: Any, worker: Any, state: Any, *args: Any, **kwargs: Any) -> None:
