@@ -11,5 +11,9 @@ if .venv/bin/python -c "import specflip.diagrams" 2>/dev/null; then
   echo "test: specflip diagram --check"
   .venv/bin/specflip diagram --check
 fi
+bash scripts/setup-v1.sh && .venv12/bin/python -m pytest tests/test_v1_switch.py  # sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12
+echo "test: sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12"
+bash scripts/setup-v1.sh
+.venv12/bin/python -m pytest -p no:warnings tests/test_v1_switch.py
 echo "test: pytest"
 .venv/bin/python -m pytest "$@"

@@ -205,7 +205,9 @@ def explain_traces(paths: Sequence[str | Path]) -> ExplainReport:
     order = [a.name for a in ACTION_CATALOGUE]
     covered = {name: covered[name] for name in order if name in covered}
     ranks = None
-    if len(files) > 1 and all(len(f.ranks) == 1 for f in files):
+    # several files, one rank each and no rank twice: one run's ranks, which must agree step by step
+    file_ranks = [f.ranks[0] for f in files if len(f.ranks) == 1]
+    if len(files) > 1 and len(file_ranks) == len(files) and len(set(file_ranks)) == len(files):
         ranks = check_rank_agreement(paths)
     return ExplainReport(files=tuple(files), first_illegal=tuple(illegal), covered=covered,
                          not_covered=tuple(n for n in order if n not in covered), ranks=ranks)

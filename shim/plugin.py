@@ -25,6 +25,9 @@ logger = logging.getLogger("specflip.guard")
 
 def register() -> None:
     """Install the guard's hooks through SGLang's HookRegistry, or nothing (with one message why)."""
+    # specflip's v2 switch (shim/switch_v2.py, issue 5): a no-op unless SPECFLIP_SWITCH is set
+    from shim.switch_v2 import install_from_env as install_switch_v2_from_env
+    install_switch_v2_from_env()
     if current() is not None:
         return  # already registered in this process
     try:

@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--t-off", type=int, default=6, help="the switch's t_off the schedules straddle")
     replay.add_argument("--t-on", type=int, default=2, help="the switch's t_on the schedules straddle")
     replay.add_argument("--max-new-cap", type=int, default=96)
-    replay.add_argument("--design", default="plain_off_sync", help="checker design the switch implements")
+    replay.add_argument("--design", default="v2_switch_reserve_sync", help="checker design the switch implements")
     replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
     replay.add_argument("--compare-url", help="a server without speculation: outputs must be equal")
     replay.add_argument("--recorded", help="judge a recorded report (JSON from --out) instead of sending")

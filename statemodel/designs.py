@@ -65,6 +65,23 @@ SYNC_V2 = Design(
     draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
 )
 
+V2_SWITCH = Design(
+    name="v2_switch_reserve_sync",
+    kind=DesignKind.SHIPPED,
+    summary="specflip's v2 switch as shim/switch_v2.py implements it on SGLang 0.5.16: the ScheduleBatch keeps "
+    "its draft input and prepare_for_decode its speculative path (the reserve is topped up, never released); "
+    "a spec-off step strips spec_info and spec_algorithm only inside the worker call (_forward_isolation "
+    "restores them), takes its slot from the v2 over-allocation, replays a decode graph runner captured at "
+    "start-up, and a draft-extend follows every plain step.",
+    source="shim/switch_v2.py; docs/gpu-results.md (H200, 0.5.16)",
+    sglang_line="0.5.16",
+    policy=THRESHOLDS,
+    clear_spec_on=ClearSpecOn.WORKER_COPY,
+    out_cache_loc_from=OutCacheLocFrom.V2_RESERVE,
+    release_reserve_at_flip_off=False,
+    draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
+)
+
 ADAPTIVE_WARM = Design(
     name="sglang_adaptive_warm",
     kind=DesignKind.SHIPPED,
@@ -77,7 +94,7 @@ ADAPTIVE_WARM = Design(
     zero_step_draft_extend=True,
 )
 
-SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, ADAPTIVE_WARM)
+SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM)
 
 KNOWN_BAD = (
     Design(

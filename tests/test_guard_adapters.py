@@ -105,8 +105,8 @@ def test_kv_mapping_per_release() -> None:
 
 
 def test_version_dispatch() -> None:
-    assert set(ADAPTERS) == {"0.5.23", "0.5.16"}
-    adapter, why = select_adapter("0.5.12")
-    assert adapter is None and "0.5.12 is not a supported release" in why and "0.5.16, 0.5.23" in why
+    assert set(ADAPTERS) == {"0.5.23", "0.5.16", "0.5.12"}
+    adapter, why = select_adapter("0.5.11")
+    assert adapter is None and "0.5.11 is not a supported release" in why and "0.5.12, 0.5.16, 0.5.23" in why
     assert select_adapter("0.5.16")[0].release == "0.5.16"
     assert select_adapter("0.5.23")[0].release == "0.5.23"

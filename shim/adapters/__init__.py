@@ -14,6 +14,7 @@ from shim.adapters.common import V2Adapter
 ADAPTERS: dict[str, str] = {
     "0.5.23": "shim.adapters.sglang_0_5_23",
     "0.5.16": "shim.adapters.sglang_0_5_16",
+    "0.5.12": "shim.adapters.sglang_0_5_12",
 }
 
 

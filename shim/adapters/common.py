@@ -240,6 +240,14 @@ class V2Adapter:
         if rt is not None and rt.active:
             rt.run(fn, *args, **kwargs)
 
+    def around_prepare_for_extend(self, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+        # close a speculative round before the prefill allocates: its pool reading must not count the new
+        # requests' slots, which belong to requests the guard has not seen arrive yet
+        self._run(self._settle)
+        result = original(batch, *args, **kwargs)
+        self.after_prepare_for_extend(result, batch, *args, **kwargs)
+        return result
+
     def after_prepare_for_extend(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         def step() -> None:
             g = self.guard()

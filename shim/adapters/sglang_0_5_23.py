@@ -14,7 +14,7 @@ _V2 = "sglang.srt.speculative.eagle_worker_v2"
 class Adapter(V2Adapter):
     release = "0.5.23"
     TARGETS = (
-        (f"{_SB}.prepare_for_extend", "AFTER", "after_prepare_for_extend"),
+        (f"{_SB}.prepare_for_extend", "AROUND", "around_prepare_for_extend"),
         (f"{_SB}.prepare_for_decode", "AFTER", "after_prepare_for_decode"),
         (f"{_SB}.merge_batch", "AROUND", "around_merge_batch"),
         (f"{_SB}.filter_batch", "AROUND", "around_filter_batch"),

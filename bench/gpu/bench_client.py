@@ -1,0 +1,70 @@
+"""Concurrency sweep against a running server: output tok/s, per-request latency, exact counter check.
+
+Same requests as ../shared/gpu-host/bench_client.py (the issue's table): 32-token prompts whose last
+token lies in [0, 300) so the counter stays inside the draft vocabulary, 128 new tokens, max(8, 2c)
+requests per concurrency c, greedy. One JSON row per concurrency on stdout (prefix BENCH) and in --out.
+"""
+import argparse
+import json
+import random
+import statistics
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+
+def gen(url, ids, n, v, timeout):
+    t = time.time()
+    body = json.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0,
+                                                             "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            j = json.loads(r.read())
+    except Exception as e:  # noqa: BLE001 - counted as an error row
+        return time.time() - t, 0, False, None, repr(e)
+    out = j.get("output_ids", [])
+    exp = [(ids[-1] + 1 + k) % v for k in range(n)]
+    return time.time() - t, len(out), out == exp, (j.get("meta_info") or {}).get("spec_accept_length"), None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("name")
+    p.add_argument("--url", default="http://127.0.0.1:30000")
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--out")
+    p.add_argument("--deadline", type=float, default=1e9, help="stop starting new concurrencies after this many s")
+    a = p.parse_args()
+    random.seed(1)
+    t_start = time.time()
+    for c in [int(x) for x in a.concurrency.split(",")]:
+        if time.time() - t_start > a.deadline:
+            print(f"BENCH_SKIP {a.name} conc={c}: deadline", flush=True)
+            continue
+        nreq = max(8, 2 * c)
+        prompts = [[random.randrange(3, a.vocab) for _ in range(32)] for _ in range(nreq)]
+        for q in prompts:
+            q[-1] = random.randrange(0, 300)
+        with ThreadPoolExecutor(c) as ex:  # warm
+            list(ex.map(lambda q: gen(a.url, q, a.new_tokens, a.vocab, 60), prompts[:min(c, 4)]))
+        t0 = time.time()
+        with ThreadPoolExecutor(c) as ex:
+            res = list(ex.map(lambda q: gen(a.url, q, a.new_tokens, a.vocab, 60), prompts))
+        wall = time.time() - t0
+        lats = [r[0] for r in res]
+        acc = [r[3] for r in res if r[3]]
+        row = dict(cfg=a.name, conc=c, nreq=nreq, tok_s=round(sum(r[1] for r in res) / wall, 1),
+                   lat_mean=round(statistics.mean(lats), 4), lat_p50=round(statistics.median(lats), 4),
+                   exact=sum(r[2] for r in res), errors=sum(1 for r in res if r[4]),
+                   acc=round(sum(acc) / len(acc), 3) if acc else None, wall=round(wall, 3))
+        print("BENCH", json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

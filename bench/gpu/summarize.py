@@ -1,0 +1,203 @@
+"""Summarise device runs: the throughput/latency table, the switch's step timings (first step after a flip
+vs steady) and the plot (PNG with matplotlib, else an SVG written here).
+
+usage: python bench/gpu/summarize.py OUTDIR_OR_JSONL... [--traces DIR_OR_TGZ...] [--md FILE] [--plot FILE]
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+import tarfile
+
+CFG_LABEL = {
+    "plain": "plain decoding",
+    "spec": "EAGLE-3 always on",
+    "adaptive": "SGLang adaptive, steps 3 / 0 from 16",
+    "specflip": "specflip switch (v2_switch_reserve_sync)",
+    "specflip_none": "specflip, no draft work while off (known bad)",
+    "specflip_v0": "specflip (sync), before the admission fix",
+    "specflip_none_v0": "specflip (none), before the admission fix",
+    "specflip_t1_v0": "specflip (sync), t_off 1 / t_on 0, before the fix",
+}
+CFG_ORDER = list(CFG_LABEL)
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def load_rows(paths):
+    rows = []
+    for p in paths:
+        files = sorted(glob.glob(os.path.join(p, "bench*.jsonl"))) if os.path.isdir(p) else [p]
+        for f in files:
+            with open(f) as fh:
+                rows += [json.loads(x) for x in fh if x.strip()]
+    return rows
+
+
+def trace_texts(sources):
+    """(config name, text) of every switch trace under a run's $OUT (tr/NAME/switch-*.jsonl) or its tgz."""
+    out = []
+    for src in sources:
+        if os.path.isdir(src):
+            for f in glob.glob(os.path.join(src, "tr", "*", "switch-*.jsonl")):
+                with open(f) as fh:
+                    out.append((f.split(os.sep)[-2], fh.read()))
+        elif src.endswith(".tar.gz"):
+            with tarfile.open(src) as t:
+                for m in t.getmembers():
+                    if m.isfile() and "/switch-" in m.name:
+                        out.append((m.name.split("/")[-2], t.extractfile(m).read().decode()))
+    return out
+
+
+def timings(sources):
+    by = {}
+    for cfg, text in trace_texts(sources):
+        for line in text.splitlines():
+            ev = json.loads(line)
+            act = ev.get("action")
+            if act == "timing":
+                key = (cfg, ev["kind"], "first after a flip" if ev["first_after_flip"] else "steady")
+                by.setdefault(key, []).append((ev["bs"], ev["ms"]))
+            elif act in ("flip_off", "flip_on"):
+                by.setdefault((cfg, "flips", act), []).append((ev.get("running"), 0.0))
+            elif act == "capture_plain_runner":
+                by.setdefault((cfg, "capture", "s"), []).append((0, ev["seconds"]))
+    return by
+
+
+def fmt_cell(r):
+    if r is None:
+        return "-"
+    cell = f"{r['tok_s']:,.0f} / {r['lat_mean']:.2f} s"
+    return cell if r["exact"] == r["nreq"] else cell + f" ({r['exact']}/{r['nreq']} exact)"
+
+
+def table(rows):
+    concs = sorted({r["conc"] for r in rows})
+    cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
+    cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
+    get = {(r["cfg"], r["conc"]): r for r in rows}
+    ratio_cfgs = [c for c in ("specflip", "specflip_none") if c in cfgs]
+    head = ["concurrency"] + [CFG_LABEL.get(c, c) for c in cfgs] + [f"{c} / best(plain, always on)" for c in ratio_cfgs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in concs:
+        cells = [fmt_cell(get.get((cfg, c))) for cfg in cfgs]
+        best = max([get[(k, c)]["tok_s"] for k in ("plain", "spec") if (k, c) in get] or [0])
+        for rc in ratio_cfgs:
+            cells.append(f"{get[(rc, c)]['tok_s'] / best:.2f}" if best and (rc, c) in get else "-")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def timing_lines(sources):
+    md = []
+    for (cfg, kind, which), vals in sorted(timings(sources).items()):
+        ms = [v[1] for v in vals]
+        if kind in ("spec", "plain"):
+            md.append(f"- {cfg}, {kind} step, {which}: n={len(ms)}, median {statistics.median(ms):.2f} ms, "
+                      f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
+        elif kind == "flips":
+            md.append(f"- {cfg}: {len(vals)} x {which}")
+        else:
+            md.append(f"- {cfg}: plain decode runner captured in {ms[0]:.1f} s")
+    return md
+
+
+def plot(rows, path):
+    cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return plot_svg(rows, cfgs, os.path.splitext(path)[0] + ".svg")
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    for cfg in cfgs:
+        rs = sorted((r for r in rows if r["cfg"] == cfg), key=lambda r: r["conc"])
+        for a, key in zip(ax, ("tok_s", "lat_mean"), strict=True):
+            a.plot([r["conc"] for r in rs], [r[key] for r in rs], marker="o", label=CFG_LABEL.get(cfg, cfg))
+    for a, label in zip(ax, ("output tokens/s", "mean request latency (s)"), strict=True):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("concurrency")
+        a.set_ylabel(label)
+        a.grid(alpha=0.3)
+    ax[1].set_yscale("log")
+    ax[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _panel(rows, cfgs, key, x0, title, log_y):
+    """One SVG panel: lines per configuration over log2(concurrency)."""
+    w, h, pad = 430, 330, 55
+    concs = sorted({r["conc"] for r in rows})
+    vals = [r[key] for r in rows if r["cfg"] in cfgs]
+    lo, hi = (min(vals), max(vals)) if log_y else (0.0, max(vals) * 1.05)
+    fy = (lambda v: math.log10(v)) if log_y else (lambda v: v)
+    span = max(1e-9, fy(hi) - fy(lo))
+    xs = lambda c: x0 + pad + (w - pad - 10) * math.log2(c) / max(1.0, math.log2(max(concs)))
+    ys = lambda v: 30 + (h - 30 - pad) * (1 - (fy(v) - fy(lo)) / span)
+    out = [f'<text x="{x0 + w / 2}" y="18" text-anchor="middle" font-size="13">{title}</text>',
+           f'<line x1="{x0 + pad}" y1="{h - pad}" x2="{x0 + w - 10}" y2="{h - pad}" stroke="#333"/>',
+           f'<line x1="{x0 + pad}" y1="30" x2="{x0 + pad}" y2="{h - pad}" stroke="#333"/>']
+    for c in concs:
+        out.append(f'<text x="{xs(c):.1f}" y="{h - pad + 16}" text-anchor="middle" font-size="10">{c}</text>')
+    for i in range(5):
+        v = lo + (hi - lo) * i / 4 if not log_y else 10 ** (fy(lo) + span * i / 4)
+        label = f"{v:,.0f}" if key == "tok_s" else f"{v:.2f}"
+        out.append(f'<text x="{x0 + pad - 4}" y="{ys(v) + 3:.1f}" text-anchor="end" font-size="10">{label}</text>')
+        out.append(f'<line x1="{x0 + pad}" y1="{ys(v):.1f}" x2="{x0 + w - 10}" y2="{ys(v):.1f}" stroke="#ddd"/>')
+    out.append(f'<text x="{x0 + w / 2}" y="{h - pad + 32}" text-anchor="middle" font-size="11">concurrency</text>')
+    for i, cfg in enumerate(cfgs):
+        rs = sorted((r for r in rows if r["cfg"] == cfg), key=lambda r: r["conc"])
+        pts = " ".join(f"{xs(r['conc']):.1f},{ys(r[key]):.1f}" for r in rs)
+        col = COLORS[i % len(COLORS)]
+        out.append(f'<polyline fill="none" stroke="{col}" stroke-width="2" points="{pts}"/>')
+        out += [f'<circle cx="{xs(r["conc"]):.1f}" cy="{ys(r[key]):.1f}" r="2.5" fill="{col}"/>' for r in rs]
+    return out
+
+
+def plot_svg(rows, cfgs, path):
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="900" height="440" font-family="sans-serif">',
+           '<rect width="100%" height="100%" fill="white"/>']
+    out += _panel(rows, cfgs, "tok_s", 0, "output tokens/s (higher is better)", False)
+    out += _panel(rows, cfgs, "lat_mean", 450, "mean request latency, s (log; lower is better)", True)
+    for i, cfg in enumerate(cfgs):
+        x, y = 60 + 280 * (i % 3), 385 + 16 * (i // 3)
+        col = COLORS[i % len(COLORS)]
+        out.append(f'<rect x="{x}" y="{y - 8}" width="12" height="4" fill="{col}"/>')
+        out.append(f'<text x="{x + 16}" y="{y - 3}" font-size="11">{CFG_LABEL.get(cfg, cfg)}</text>')
+    out.append("</svg>")
+    with open(path, "w") as fh:
+        fh.write("\n".join(out) + "\n")
+    return path
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("sources", nargs="+", help="a run's $OUT folder or bench JSONL files")
+    p.add_argument("--traces", nargs="*", default=None, help="trace sources (default: the run folders)")
+    p.add_argument("--md")
+    p.add_argument("--plot")
+    a = p.parse_args()
+    rows = load_rows(a.sources)
+    traces = a.traces if a.traces is not None else [s for s in a.sources if os.path.isdir(s)]
+    md = ["## Throughput / mean latency", "", table(rows) if rows else "(no bench rows)", "",
+          "## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
+    md += timing_lines(traces)
+    text = "\n".join(md)
+    print(text)
+    if a.md:
+        with open(a.md, "w") as fh:
+            fh.write(text + "\n")
+    if a.plot and rows:
+        print("plot:", plot(rows, a.plot))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

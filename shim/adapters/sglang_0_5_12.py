@@ -1,0 +1,202 @@
+"""SGLang 0.5.12 with the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule): the
+seeds' line. What differs from the v2 lines (docs/correspondence-research.md sections 0.1 and 7.2):
+
+* a Req keeps `req_pool_idx`, `kv_committed_len`, `kv_allocated_len` and `cache_protected_len` on itself;
+  `release_kv_cache(req, tree_cache, is_insert=True)`;
+* the worker takes the ScheduleBatch and builds a `ModelWorkerBatch` (the worker's copy) per sub-forward;
+  the plain target forward sees that copy, which has no allocator: the pool is read off the running batch;
+* `prepare_for_decode` returns early on the speculative path, allocating nothing and leaving the previous
+  verify's slots in `out_cache_loc`: the hook is AROUND, and a step that did not replace `out_cache_loc`
+  allocated nothing;
+* v1 holds no KV reserve between steps: the verify slots are allocated in
+  `EagleVerifyInput.prepare_for_verify` and live in `batch.out_cache_loc`, not in `req.kv_allocated_len`.
+  The model reserves them at prepare_for_decode (KvReserve.LARGEST_STATE); the adapter leaves that ghost
+  reserve standing until prepare_for_verify, where the real allocation is observed and checked;
+* `EagleVerifyInput.verify` drops finished requests' rows from the next draft input before the scheduler's
+  `filter_batch(v1_spec_info_filtered=True)` drops the requests: such a draft input still stands for every
+  request of the batch, the finished ones included;
+* the draft input after a verify is `EagleDraftExtendInput` (`forward_draft_extend_after_decode`), then an
+  `EagleDraftInput` without `future_indices`;
+* the target's CUDA graphs are a `CudaGraphRunner` at `model_runner.graph_runner` (`num_tokens_per_bs`,
+  `capture_bs`, `max_bs`; `can_run` ignores forward_mode).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from shim.adapters.common import V2Adapter, tensor_width
+from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
+from statemodel.design import Design
+from statemodel.designs import SEEDS_FINAL
+from statemodel.state import ForwardMode, SpecInfoKind
+
+_SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_V1 = "sglang.srt.speculative.eagle_worker.EAGLEWorker"
+
+
+class Adapter(V2Adapter):
+    release = "0.5.12"
+    TARGETS = (
+        (f"{_SB}.prepare_for_extend", "AROUND", "around_prepare_for_extend"),
+        (f"{_SB}.prepare_for_decode", "AROUND", "around_prepare_for_decode"),
+        (f"{_SB}.merge_batch", "AROUND", "around_merge_batch"),
+        (f"{_SB}.filter_batch", "AROUND", "around_filter_batch"),
+        ("sglang.srt.mem_cache.common.release_kv_cache", "AROUND", "around_release_kv_cache"),
+        ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
+        (f"{_V1}.draft", "BEFORE", "before_draft_v1"),
+        ("sglang.srt.speculative.eagle_info.EagleVerifyInput.prepare_for_verify", "AFTER", "after_prepare_for_verify"),
+        (f"{_V1}.forward_draft_extend_after_decode", "BEFORE", "before_draft_extend_after_decode"),
+        (f"{_V1}._draft_preprocess_idle", "BEFORE", "before_draft_preprocess_idle"),
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._worker_ref: Callable[[], Any] | None = None
+
+    # --- per-release field access ---------------------------------------------------------------------
+
+    def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
+        if req.req_pool_idx is None:
+            return False, 0, 0, 0
+        return True, int(req.kv_committed_len), int(req.kv_allocated_len), int(req.cache_protected_len)
+
+    def tp_rank(self) -> int:
+        try:
+            from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+            return int(get_tensor_model_parallel_rank())
+        except Exception:  # noqa: BLE001 - no TP group in this process (single-process use, tests)
+            return 0
+
+    def server_args(self) -> Any:
+        from sglang.srt.server_args import get_global_server_args
+
+        try:
+            return get_global_server_args()
+        except Exception:  # noqa: BLE001 - not published yet: run with what the live objects say
+            return None
+
+    def unsupported_reason(self, sa: Any) -> str | None:
+        reason = super().unsupported_reason(sa)
+        if reason or sa is None:
+            return reason
+        if getattr(sa, "speculative_algorithm", None) and not getattr(sa, "disable_overlap_schedule", False):
+            return ("the overlap schedule runs EAGLEWorkerV2 on 0.5.12; this adapter covers the v1 EAGLEWorker "
+                    "(SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule)")
+        return None
+
+    def reference_design(self, sa: Any) -> Design:
+        """seeds_final with the server's step count: the model's reserve (KvReserve.LARGEST_STATE, steps + 1 per
+        request) stands in for v1's verify allocation until prepare_for_verify makes it."""
+        steps = getattr(sa, "speculative_num_steps", None) if sa is not None else None
+        return attrs.evolve(SEEDS_FINAL, num_steps=int(steps)) if steps else SEEDS_FINAL
+
+    # --- observation ------------------------------------------------------------------------------------
+
+    def spec_shape(self, spec_info: Any) -> tuple[SpecInfoKind, int, int]:
+        if spec_info is not None and type(spec_info).__name__ == "EagleDraftExtendInput":
+            # the accepted tokens of a round on their way into the draft model: one draft-input row per request
+            return SpecInfoKind.DRAFT_INPUT, tensor_width(spec_info.seq_lens), 1
+        return super().spec_shape(spec_info)
+
+    def observe_batch(self, batch: Any, *, forward_mode: ForwardMode | None = None, graph: Any = None,
+                      spec_info: Any = ..., out_cache_loc_width: int | None = None) -> ObservedBatch:
+        obs = super().observe_batch(batch, forward_mode=forward_mode, graph=graph, spec_info=spec_info,
+                                    out_cache_loc_width=out_cache_loc_width)
+        if obs.spec_kind is SpecInfoKind.DRAFT_INPUT and obs.spec_rows < len(obs.rids):
+            finished = sum(1 for req in batch.reqs if req.finished())
+            if obs.spec_rows + finished == len(obs.rids):  # v1 verify dropped the finished rows already
+                obs = attrs.evolve(obs, spec_rows=len(obs.rids))
+        return obs
+
+    def batch_pool(self, batch: Any) -> ObservedPool:
+        allocator = getattr(batch, "token_to_kv_pool_allocator", None)
+        if allocator is None:  # a ModelWorkerBatch: the pool is the running ScheduleBatch's
+            running = self._running_ref() if self._running_ref else None
+            if running is None:
+                raise RuntimeError("a worker batch was launched before the guard saw any running batch")
+            return super().batch_pool(running)
+        return super().batch_pool(batch)
+
+    def graph_for(self, model_runner: Any, batch_size: int, spec_info: Any) -> tuple[int, int] | None:
+        """The CUDA graph a forward of `batch_size` requests replays: 0.5.12's CudaGraphRunner.can_run, read
+        from its host attributes. It ignores forward_mode: a speculative target replays its verify graphs
+        (num_tokens_per_bs = num_draft_tokens) for any batch that fits."""
+        runner = getattr(model_runner, "graph_runner", None)
+        if runner is None or batch_size > int(runner.max_bs):
+            return None
+        fitting = [b for b in sorted(int(b) for b in runner.capture_bs) if b >= batch_size]
+        return (fitting[0] if fitting else int(runner.max_bs)), int(runner.num_tokens_per_bs)
+
+    def observe_requests_with_verify_slots(self, batch: Any, per_request: int) -> list[ObservedRequest]:
+        """Requests as the model counts them while a v1 verify holds its slots: `per_request` slots each,
+        allocated beyond kv_committed_len (they sit in batch.out_cache_loc, not in req.kv_allocated_len)."""
+        return [attrs.evolve(r, kv_allocated=r.kv_committed + per_request) if r.holds_kv else r
+                for r in self.observe_requests(batch)]
+
+    # --- hooks --------------------------------------------------------------------------------------------
+
+    def around_prepare_for_decode(self, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+        before = batch.out_cache_loc
+        result = original(batch, *args, **kwargs)
+
+        def step() -> None:
+            g = self.guard()
+            if g is None or not batch.reqs:
+                return
+            self.remember_running(batch)
+            if batch.out_cache_loc is not None and batch.out_cache_loc is not before:
+                # the plain path ran (alloc_for_decode): slots, kv lengths and the pool are all observable
+                g.prepare_for_decode(self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch))
+            else:
+                # v1's speculative path allocated nothing: the model's reserve stands until prepare_for_verify
+                g.prepare_for_decode(self.observe_batch(batch, out_cache_loc_width=0), [], None)  # type: ignore[arg-type]
+        self._run(step)
+        return result
+
+    def before_draft_v1(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        if batch.forward_mode.is_idle() or not batch.reqs:
+            return None
+        self._worker_ref = weakref.ref(worker)
+
+        def step() -> None:
+            g = self.guard()
+            if g is not None:
+                g.draft(int(worker.speculative_num_steps), [], None, self._round_observer(batch),  # type: ignore[arg-type]
+                        where="EAGLEWorker.draft")
+        self._run(step)
+        return None
+
+    def after_prepare_for_verify(self, result: Any, verify_input: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        if batch.forward_mode.is_idle() or not batch.reqs:
+            return None
+
+        def step() -> None:
+            g = self.guard()
+            if g is None:
+                return
+            worker = self._worker_ref() if self._worker_ref else None
+            graph = self.graph_for(worker.target_worker.model_runner, len(batch.reqs), verify_input) \
+                if worker is not None else None
+            width = tensor_width(batch.out_cache_loc)
+            launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
+                                          spec_info=verify_input, out_cache_loc_width=width)
+            per_request = width // max(len(batch.reqs), 1)
+            g.verify_launch(launched, self.observe_requests_with_verify_slots(batch, per_request),
+                            self.batch_pool(batch), where="EagleVerifyInput.prepare_for_verify (TARGET_VERIFY launch)")
+        self._run(step)
+        return None
+
+    def before_draft_extend_after_decode(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        self._draft_extend(batch, skipped=False, where="EAGLEWorker.forward_draft_extend_after_decode")
+
+    def before_draft_preprocess_idle(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+        # every request of a live batch finished in this step: v1 installs its idle draft input instead of a
+        # draft-extend. The model's draft-extend / draft_sync of finished requests, with nothing left to extend.
+        if not batch.forward_mode.is_idle() and batch.reqs:
+            self._draft_extend(batch, skipped=False, where="EAGLEWorker._draft_preprocess_idle (all finished)")

@@ -1,0 +1,365 @@
+"""specflip's speculation switch for SGLang's v1 EAGLE worker (0.5.12, SGLANG_ENABLE_SPEC_V2=0 or
+--disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
+
+The steps are the model's shipped design `seeds_final` (statemodel/designs.py), and every function below that
+changes SGLang state is named after the model action it performs (statemodel.actions.ACTION_CATALOGUE):
+
+* `flip_off` / `flip_on`: the threshold policy with hysteresis, decided by the model's own
+  `policy_wants_off` / `policy_wants_on` (clamped to speculation's running cap). The ScheduleBatch is left
+  alone (ClearSpecOn.WORKER_COPY); v1 holds no KV reserve between steps, so nothing is released.
+* `prepare_for_decode` (speculation off): v1's ScheduleBatch.prepare_for_decode returns early whenever the
+  batch carries a speculative algorithm: no slot, no seq_lens + 1. The switch runs SGLang's own plain path
+  for the call (alloc_for_decode: one slot per request, kv lengths + 1, seq_lens + 1), with the input ids
+  taken from the draft input's bonus tokens (v1 leaves the last verify's flat accepted tokens in output_ids).
+* `plain_decode`: the target's plain DECODE forward on the worker's copy (the ModelWorkerBatch) with
+  spec_info and spec_algorithm cleared, replaying a decode CUDA graph runner captured at start-up beside the
+  verify graphs (PlainStepGraphs.DECODE_RUNNER; `SPECFLIP_PLAIN_GRAPHS=eager` runs it eagerly); then the v1
+  bookkeeping that EagleVerifyInput.verify does for a speculative step (output_ids, finish, grammar).
+* `draft_sync`: v1's own `forward_draft_extend_after_decode`, fed as a verify that accepted no draft (one
+  token per request, finished rows left out in order), so re-enabling finds the draft KV and hidden state
+  current.
+
+Configuration (same parsing as the v2 switch, shim.switch_v2.SwitchConfig): `SPECFLIP_SWITCH=t_off:t_on`,
+`SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_GRAPHS=decode|eager`, `SPECFLIP_SWITCH_TRACE=<dir>`.
+`SPECFLIP_SWITCH_DRAFT` must be `sync` (seeds_final syncs the draft after every plain step).
+Install with `install_switch(HookRegistry, SwitchConfig.from_env())` before `HookRegistry.apply_hooks()`, or
+through the entry point `plugin_entry` (group `sglang.srt.plugins`), which also loads the guard
+(`shim.plugin.register`, a no-op unless SPECFLIP_MODE is set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim import switch_v2
+from shim.switch_v2 import SwitchConfig, SwitchConfigError, SwitchPolicy, SwitchTrace
+
+DESIGN = "seeds_final"
+# The functions of this module that perform a model action, by action name (tests check the names exist in
+# the model's catalogue and that a recorded run is a path of the design).
+SWITCH_ACTIONS = ("flip_off", "flip_on", "prepare_for_decode", "plain_decode", "draft_sync")
+
+# Hook targets (SGLang 0.5.12, docs/correspondence-research.md section 7.2).
+T_UPDATE_RUNNING = "sglang.srt.managers.scheduler.Scheduler.update_running_batch"
+T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
+T_PREPARE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
+T_FORWARD = "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation"
+T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker.EAGLEWorker.init_cuda_graphs"
+TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS)
+
+
+def check_config(config: SwitchConfig) -> SwitchConfig:
+    """The v1 switch implements seeds_final only: the draft is synced after every plain step."""
+    if config.draft_while_off != "sync":
+        raise SwitchConfigError(f"SPECFLIP_SWITCH_DRAFT={config.draft_while_off!r}: the v1 switch implements "
+                                f"{DESIGN}, which syncs the draft after every plain step (use sync)")
+    return config
+
+
+def model_policy_action(spec_on: bool, running: int, waiting: int, chunked: int, t_off: int, t_on: int,
+                        spec_cap: int) -> str | None:
+    """'flip_off', 'flip_on' or None, as the model's policy decides for these counts under design seeds_final:
+    statemodel.actions.policy_wants_off / policy_wants_on, evaluated by the v2 switch's shared helper."""
+    return switch_v2.model_policy_action(DESIGN, spec_on, running, waiting, chunked, t_off, t_on, spec_cap)
+
+
+class ModelThresholdPolicy(SwitchPolicy):
+    """The v2 switch's policy object (admission cap included), deciding under design seeds_final."""
+
+    def decide(self, running: int, waiting: int, chunked: int = 0) -> str | None:  # type: ignore[override]
+        c = self.config
+        action = model_policy_action(self.spec_on, running, waiting, chunked, c.t_off, c.t_on, c.spec_cap)
+        if action is not None:
+            self.spec_on = action == "flip_on"
+        return action
+
+
+@dataclass
+class SwitchRuntime:
+    """What the hooks share inside one scheduler process."""
+
+    config: SwitchConfig
+    policy: ModelThresholdPolicy
+    trace: SwitchTrace
+    plain_runner: Any = None  # the decode CUDA graph runner for plain steps (None: eager)
+    plain_attn_backend: Any = None
+    demand: tuple[int, int] | None = None  # (waiting, chunked) of the scheduler iteration in progress
+    recorded: list[str] | None = None  # the model actions performed, in order (tests set a list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def record(self, action: str, **info: Any) -> None:
+        self.counters[action] = self.counters.get(action, 0) + 1
+        if self.recorded is not None:
+            self.recorded.append(action)
+        self.trace.event(action, **info)
+
+
+_RUNTIME: SwitchRuntime | None = None
+
+
+def runtime() -> SwitchRuntime | None:
+    return _RUNTIME
+
+
+# ------------------------------------------------------------------------------------------------
+# Scheduler side: flip_off / flip_on, prepare_for_decode, the running cap
+
+
+def flip_off(rt: SwitchRuntime, batch: Any) -> None:
+    """Model action flip_off. seeds_final clears spec state on the worker's copy only, and v1 holds no KV
+    reserve between steps (verify sets kv_allocated_len = kv_committed_len): nothing on the batch changes."""
+    import shim.api
+
+    rt.record("flip_off", running=len(batch.reqs))
+    shim.api.notify_flip(False, batch)
+
+
+def flip_on(rt: SwitchRuntime, batch: Any) -> None:
+    """Model action flip_on. The draft was synced after every plain step, so the batch's EagleDraftInput is
+    current and the next speculative round starts from it as it is."""
+    import shim.api
+
+    rt.record("flip_on", running=len(batch.reqs))
+    shim.api.notify_flip(True, batch)
+
+
+def decide_flip(rt: SwitchRuntime, batch: Any) -> str | None:
+    """Before the decode step is prepared: ask the policy, and perform the flip it chose."""
+    waiting, chunked = rt.demand or (0, 0)
+    action = rt.policy.decide(len(batch.reqs), waiting, chunked)
+    if action == "flip_off":
+        flip_off(rt, batch)
+    elif action == "flip_on":
+        flip_on(rt, batch)
+    return action
+
+
+def prepare_for_decode(rt: SwitchRuntime, orig: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """Model action prepare_for_decode while speculation is off: SGLang's own plain path (alloc_for_decode,
+    kv_committed_len/kv_allocated_len + 1, seq_lens + 1), which v1 skips whenever spec_algorithm is set.
+    spec_algorithm is NONE for the call only; the input ids are the draft input's bonus tokens."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    rt.record("prepare_for_decode", bs=len(batch.reqs))
+    batch.output_ids = batch.spec_info.bonus_tokens  # the plain path reads input_ids (and penalties) from here
+    saved = batch.spec_algorithm
+    batch.spec_algorithm = SpeculativeAlgorithm.NONE
+    try:
+        return orig(batch, *args, **kwargs)
+    finally:
+        batch.spec_algorithm = saved
+
+
+def _prepare_for_decode_around(orig: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = _RUNTIME
+    if rt is None or not batch.reqs or batch.spec_algorithm.is_none() or batch.is_spec_v2:
+        return orig(batch, *args, **kwargs)
+    decide_flip(rt, batch)
+    if rt.policy.spec_on:
+        return orig(batch, *args, **kwargs)
+    return prepare_for_decode(rt, orig, batch, *args, **kwargs)
+
+
+def _update_running_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = _RUNTIME
+    if rt is None:
+        return orig(scheduler, batch, *args, **kwargs)
+    # demand for the policy: requests waiting (and one being chunk-prefilled) besides the running batch
+    rt.demand = (len(getattr(scheduler, "waiting_queue", ()) or ()),
+                 1 if getattr(scheduler, "chunked_req", None) is not None else 0)
+    try:
+        return orig(scheduler, batch, *args, **kwargs)
+    finally:
+        rt.demand = None
+
+
+def _allocatable_around(orig: Any, scheduler: Any, running_bs: int, *args: Any, **kwargs: Any) -> int:
+    res = orig(scheduler, running_bs, *args, **kwargs)
+    rt = _RUNTIME
+    return res if rt is None else rt.policy.admission_cap(running_bs, res)
+
+
+# ------------------------------------------------------------------------------------------------
+# Worker side: plain_decode, draft_sync
+
+
+def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
+    """Capture a plain DECODE CUDA graph runner (1 token per request, hidden states FULL for the draft sync)
+    for the target, beside its TARGET_VERIFY graphs, on its own attention backend. A speculative target
+    captures verify graphs only and CudaGraphRunner.can_run ignores forward_mode: without this a plain batch
+    would replay a verify graph (design seeds_final_verify_graphs_only, refuted by the model)."""
+    import time
+
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mr = worker.target_worker.model_runner
+    saved_algo = mr.spec_algorithm
+    tic = time.perf_counter()
+    mr.spec_algorithm = SpeculativeAlgorithm.NONE  # the runner captures DECODE, 1 token per request
+    try:
+        rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
+        if rt.config.plain_graphs == "decode" and mr.graph_runner is not None:
+            from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+            class PlainDecodeCudaGraphRunner(CudaGraphRunner):  # type: ignore[misc, valid-type]
+                """Captured with the hidden states the draft sync needs (a mismatch would fall back to eager)."""
+
+                def capture(self, *a: Any, **k: Any) -> Any:
+                    self.capture_hidden_mode = CaptureHiddenMode.FULL
+                    return super().capture(*a, **k)
+
+            rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
+    finally:
+        mr.spec_algorithm = saved_algo
+    rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
+                   graphs=rt.plain_runner is not None,
+                   capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))
+
+
+def _init_cuda_graphs_after(result: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
+    if _RUNTIME is not None:
+        capture_plain_decode_runner(worker, _RUNTIME)
+    return result
+
+
+def worker_copy_for_plain_step(batch: Any) -> Any:
+    """The ModelWorkerBatch the plain forward runs on: spec_info and spec_algorithm cleared on the copy only
+    (the ScheduleBatch keeps its EagleDraftInput), hidden states FULL for the draft sync."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mwb = batch.get_model_worker_batch()
+    mwb.spec_info = None
+    mwb.spec_algorithm = SpeculativeAlgorithm.NONE
+    mwb.capture_hidden_mode = CaptureHiddenMode.FULL
+    return mwb
+
+
+def plain_decode(rt: SwitchRuntime, worker: Any, batch: Any) -> tuple[Any, Any]:
+    """Model action plain_decode: the target's DECODE forward on the worker copy, on the plain runner, then
+    v1's per-token bookkeeping (EagleVerifyInput.verify does it for speculative steps; the scheduler skips
+    it for spec v1). Returns (target result, sampled tokens)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    rt.record("plain_decode", bs=len(batch.reqs))
+    mwb = worker_copy_for_plain_step(batch)
+    mr = worker.target_worker.model_runner
+    saved = (mr.graph_runner, mr.attn_backend, mr.spec_algorithm)
+    mr.graph_runner = rt.plain_runner
+    if rt.plain_attn_backend is not None:
+        mr.attn_backend = rt.plain_attn_backend
+    mr.spec_algorithm = SpeculativeAlgorithm.NONE
+    try:
+        res = worker.target_worker.forward_batch_generation(mwb)
+    finally:
+        mr.graph_runner, mr.attn_backend, mr.spec_algorithm = saved
+    kind = "plain_graph" if res.can_run_cuda_graph else "plain_eager"
+    rt.counters[kind] = rt.counters.get(kind, 0) + 1
+    rt.trace.event(kind, bs=len(batch.reqs))
+    tokens = res.next_token_ids
+    think_end_id = getattr(batch.model_config, "think_end_id", None)
+    for req, token in zip(batch.reqs, tokens.tolist(), strict=True):
+        req.output_ids.append(token)
+        if req.require_reasoning and think_end_id is not None:
+            req.update_reasoning_tokens(token, think_end_id)
+        req.check_finished()
+        if not req.finished() and req.grammar is not None:
+            req.grammar.accept_token(token)
+            req.check_finished()
+    return res, tokens
+
+
+def draft_sync(rt: SwitchRuntime, worker: Any, batch: Any, target_result: Any, tokens: Any) -> None:
+    """Model action draft_sync: v1's forward_draft_extend_after_decode over the one token the plain step
+    committed, laid out as a verify that accepted no draft (EagleDraftExtendInput, one token per request).
+    Finished rows are left out in order, as EagleVerifyInput.verify does: the scheduler then filters with
+    v1_spec_info_filtered=True. Leaves the next EagleDraftInput on the ScheduleBatch."""
+    import torch
+    from sglang.srt.layers.moe.utils import speculative_moe_a2a_backend_context, speculative_moe_backend_context
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+    rt.record("draft_sync", bs=len(batch.reqs))
+    keep = [i for i, req in enumerate(batch.reqs) if not req.finished()]
+    if not keep:
+        worker._draft_preprocess_idle(batch)  # v1's own stub when every request finished
+        return
+    n = len(keep)
+    device = batch.seq_lens.device
+    rows = torch.tensor(keep, dtype=torch.int64, device=device)
+    hidden = target_result.logits_output.hidden_states
+    batch.spec_info = EagleDraftExtendInput(
+        hidden_states=None if hidden is None else hidden[rows],
+        num_correct_drafts=torch.zeros(n, dtype=torch.int32, device=device),
+        num_accept_tokens=torch.ones(n, dtype=torch.int32, device=device),
+        num_accept_tokens_cpu=[1] * n,
+        input_ids=tokens[rows].to(torch.int32),
+        seq_lens=batch.seq_lens[rows],
+        seq_lens_cpu=batch.seq_lens_cpu[keep],
+        req_pool_indices=batch.req_pool_indices[rows],
+    )
+    batch.out_cache_loc = batch.out_cache_loc[rows]  # the slots this step wrote: the draft writes the same
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(worker.draft_tp_context(worker.draft_model_runner.tp_group))
+        stack.enter_context(speculative_moe_backend_context())
+        stack.enter_context(speculative_moe_a2a_backend_context())
+        batch.spec_info = worker.forward_draft_extend_after_decode(batch)
+
+
+def _forward_around(orig: Any, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = _RUNTIME
+    if (rt is None or rt.policy.spec_on or batch.forward_mode.is_extend() or batch.is_extend_in_batch
+            or batch.forward_mode.is_idle() or not batch.reqs):
+        return orig(worker, batch, *args, **kwargs)
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    res, tokens = plain_decode(rt, worker, batch)
+    draft_sync(rt, worker, batch, res, tokens)
+    bs = len(batch.reqs)
+    return GenerationBatchResult(logits_output=res.logits_output, next_token_ids=tokens, num_correct_drafts=0,
+                                 num_correct_drafts_per_req_cpu=[0] * bs, can_run_cuda_graph=res.can_run_cuda_graph)
+
+
+# ------------------------------------------------------------------------------------------------
+# Installation
+
+
+def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
+    """Register the switch's hooks on `registry` (SGLang's HookRegistry class); False when config is None.
+    Call before `HookRegistry.apply_hooks()` (load_plugins calls it after every plugin ran)."""
+    if config is None:
+        return False
+    from sglang.srt.plugins.hook_registry import HookType
+
+    rt = set_runtime(config)
+    assert rt is not None
+    rt.trace.event("config", design=DESIGN, worker="v1", t_off=config.t_off, t_on=config.t_on,
+                         spec_cap=config.spec_cap, plain_graphs=config.plain_graphs)
+    registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
+    registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
+    registry.register(T_PREPARE, _prepare_for_decode_around, HookType.AROUND)
+    registry.register(T_INIT_GRAPHS, _init_cuda_graphs_after, HookType.AFTER)
+    registry.register(T_FORWARD, _forward_around, HookType.AROUND)
+    return True
+
+
+def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
+    """A fresh runtime for `config` (speculation on, nothing recorded); None: the hooks stay registered and
+    pass everything through (speculation always on)."""
+    global _RUNTIME
+    _RUNTIME = None if config is None else SwitchRuntime(
+        config=check_config(config), policy=ModelThresholdPolicy(config), trace=SwitchTrace(config.trace_dir))
+    return _RUNTIME
+
+
+def plugin_entry() -> None:
+    """Entry point (group `sglang.srt.plugins`): the v1 switch (when SPECFLIP_SWITCH is set), then the guard
+    (shim.plugin.register; it registers nothing unless SPECFLIP_MODE is set and is idempotent)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    import shim.plugin
+
+    install_switch(HookRegistry, SwitchConfig.from_env())
+    shim.plugin.register()
