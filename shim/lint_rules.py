@@ -39,7 +39,8 @@ class StepSizing:
 
 @attrs.frozen
 class SpecflipPolicy:
-    """specflip's threshold switch (shim/switch_v2.py): off at demand >= t_off, on at running <= t_on."""
+    """The settings of specflip's threshold switch that lint checks (shim/switch_v2.SwitchConfig validates
+    them; the flip rule itself is the model's, statemodel.actions.policy_wants_off / policy_wants_on)."""
 
     t_off: int
     t_on: int
