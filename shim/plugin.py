@@ -7,7 +7,8 @@ their CUDA graphs exist. Environment:
 * `SPECFLIP_TRACE=<path>` trace file (JSONL; `{rank}` and `{pid}` are filled in). Trace mode without it
   writes `specflip-trace.rank{rank}.jsonl` in the working directory.
 * `SPECFLIP_DESIGN=<design name>` the reference design whose transition function moves the ghost state
-  (default: `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
+  (default: the design of the switch installed in this process (`v2_switch_reserve_sync` for
+  shim/switch_v2.py), else `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
 * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
 
 An unsupported release or configuration logs one message and leaves the guard off.

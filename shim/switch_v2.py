@@ -251,6 +251,10 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
             running_batch = getattr(scheduler, "running_batch", None)
             if running_batch is not None:
                 running_batch.batch_is_full = False
+        # the guard (when loaded) must see the flip, or it judges the next plain step as a speculative one
+        import shim.api
+
+        shim.api.notify_flip(action == "flip_on", batch)
     return action
 
 
@@ -325,7 +329,10 @@ def _worker_contexts(worker: Any) -> list[Any]:
 
     mod = sys.modules["sglang.srt.speculative.eagle_worker_v2"]
     dw = worker.draft_worker
-    ctxs = [dw.draft_tp_context(dw.draft_runner.tp_group)]
+    if hasattr(dw, "draft_tp_context"):  # 0.5.16: a per-worker context factory over the draft's TP group
+        ctxs = [dw.draft_tp_context(dw.draft_runner.tp_group)]
+    else:  # 0.5.23: a module function over the draft's parallel layout (what forward_batch_generation enters)
+        ctxs = [mod.draft_tp_context(dw.parallel_layout)]
     for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
         if hasattr(mod, name):
             ctxs.append(getattr(mod, name)())

@@ -26,10 +26,11 @@ BatchResultProcessor._resolve_spec_v2_tokens / process_batch_result_decode) is r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_cpu as h  # noqa: E402  (puts stand_ins/cpu on sys.path)
 
-from statemodel.design import ClearSpecOn, Design, DraftWhileOff  # noqa: E402
+from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFrom  # noqa: E402
 
 STAND_IN_CALLS: dict[str, int] = {}
 
@@ -55,12 +56,21 @@ def _count(name: str) -> None:
 def target_forward_cpu_stand_in(self: Any, batch: Any = None, forward_batch: Any = None, pp_proxy_tensors: Any = None,
                                 is_verify: bool = False, skip_attn_backend_init: Any = None, *,
                                 capture_hidden_mode: Any = None, return_kv_loc_plan: bool = False) -> Any:
-    """TpModelWorker.forward_batch_generation: one sampled token per request, nothing else."""
+    """TpModelWorker.forward_batch_generation: one sampled token per request, and the hidden states when the
+    caller captures them in full (shim/switch_v2.py's plain step, for its draft sync)."""
     from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
     _count("target_forward")
     tokens = [h._stand_in_token(req) for req in batch.reqs]
-    return GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64))
+    logits_output = None
+    if capture_hidden_mode is not None and capture_hidden_mode == CaptureHiddenMode.FULL:
+        # a DECODE forward captures one hidden state per token: one per request (what a draft-extend reads)
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        logits_output = LogitsProcessorOutput(next_token_logits=None,
+                                              hidden_states=torch.zeros((len(tokens), h.HIDDEN_SIZE)))
+    return GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64), logits_output=logits_output)
 
 
 def draft_cpu_stand_in(self: Any, batch: Any, *, with_topology: bool = False) -> Any:
@@ -141,6 +151,15 @@ class ModelRunnerCpuStandIn:
     attn_backend: Any = field(default_factory=lambda: SimpleNamespace(verify_mask=None, max_context_len=4096))
 
 
+@dataclass
+class SchedulerCpuStandIn:
+    """What shim/switch_v2.flip reads from a Scheduler: its queue counts and running batch."""
+
+    running_batch: Any
+    waiting_queue: list[Any] = field(default_factory=list)
+    chunked_req: Any = None
+
+
 def install_guard_plugin() -> Any:
     """Stand-ins under the hooks, SPECFLIP_MODE=assert, then SGLang's own `load_plugins()`. Returns the
     GuardRuntime the entry point installed. Once per process (load_plugins is idempotent)."""
@@ -190,6 +209,7 @@ def make_workers(pools: h.CpuPools, *, num_steps: int, verify_graphs: bool = Fal
         page_size=1, speculative_algorithm=pools.spec_algorithm, enable_dp_spec_prefill_coordination=False,
         adaptive_controller=None, _hosts_draft=True, _additional_graph_memory_usage={},
         _additional_graph_time_usage={},
+        req_to_token_pool=pools.req_to_token_pool,  # what BaseSpecWorker.alloc_memory_pool sets
     )
     return worker
 
@@ -223,6 +243,18 @@ def settle_spec_result_cpu_stand_in(batch: Any, result: Any) -> None:
         req.update_finish_state(len(accepted))
 
 
+@contextlib.contextmanager
+def forward_isolation(batch: Any) -> Iterator[None]:
+    """SGLang's own `Scheduler._forward_isolation(batch, overlap=False)` (0.5.23), the context the non-overlap
+    scheduler runs a spec-v2 worker forward in: it snapshots every ScheduleBatch field when the batch carries a
+    speculative algorithm and restores them all afterwards. With overlap=False it never reads the scheduler,
+    so a Scheduler with no state stands for it."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    with Scheduler._forward_isolation(object.__new__(Scheduler), batch, overlap=False):
+        yield
+
+
 def settle_plain_result_cpu_stand_in(batch: Any, result: Any) -> None:
     """process_batch_result_decode for a plain step: one token per request."""
     tokens = result.next_token_ids.tolist()
@@ -239,7 +271,11 @@ class DesignDriver:
     """Performs one design's steps on real objects: what a flip implementation of that design does.
 
     `bug` injects one known-bad behaviour (the names of statemodel.designs.KNOWN_BAD, plus the seeds'
-    attempts); None runs the design as written.
+    attempts, plus the v2 switch's: "v2_plain_step_not_restored", "v2_spec_info_left_on_launch"); None runs
+    the design as written.
+
+    A design whose plain slot comes from the v2 reserve (shim/switch_v2.py's, v2_switch_reserve_sync) runs
+    its spec-off steps through the real switch code, `shim.switch_v2.plain_decode`.
     """
 
     def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None) -> None:
@@ -255,6 +291,20 @@ class DesignDriver:
         self.spec_on = True
         self.accepts: list[int] = [2, 1, 4]
         self.rounds = 0
+        self.switch = self._switch_runtime() if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE else None
+
+    def _switch_runtime(self) -> Any:
+        """shim/switch_v2.py's per-process runtime, as install_switch + capture_plain_decode_runner leave it;
+        the plain runner is the decode graph runner stand-in. The flips are the test's (flip_off / flip_on),
+        so the thresholds only have to be valid."""
+        from shim.switch_v2 import SwitchConfig, SwitchPolicy, SwitchRuntime, SwitchTrace
+
+        mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
+        config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
+        if self.bug is None and config.design_name != self.design.name:
+            raise ValueError(f"shim/switch_v2.py implements {config.design_name}, not {self.design.name}")
+        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(None),
+                             plain_runner=self.decode_graphs, plain_attn_backend=None)
 
     # scheduler side ----------------------------------------------------------------------------------------
     def _spec_algorithm(self, on: bool) -> Any:
@@ -300,12 +350,16 @@ class DesignDriver:
             self.batch.spec_info = None
             self.batch.spec_algorithm = self._spec_algorithm(False)
         self.spec_on = False
+        if self.switch is not None:
+            self.switch.policy.spec_on = False
         shim.api.notify_flip(False, self.batch)
 
     def flip_on(self) -> None:
         import shim.api
 
         self.spec_on = True
+        if self.switch is not None:
+            self.switch.policy.spec_on = True
         if self.design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
             self.batch.spec_algorithm = self._spec_algorithm(True)
             self.batch.spec_info = h.make_eagle_draft_input(self.batch)
@@ -349,6 +403,9 @@ class DesignDriver:
         self.rounds += 1
 
     def plain_step(self) -> None:
+        if self.switch is not None:
+            self.v2_switch_plain_step()
+            return
         batch = self.batch
         worker_copy = self.seeds_line
         if worker_copy and batch.spec_algorithm is not None and not batch.spec_algorithm.is_none() \
@@ -388,6 +445,42 @@ class DesignDriver:
         settle_plain_result_cpu_stand_in(batch, result)
         if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP:
             self.draft_extend_outside_round()
+
+
+    def v2_switch_plain_step(self) -> None:
+        """A spec-off step of shim/switch_v2.py as the non-overlap scheduler runs it: the real prepare_for_decode
+        (its speculative path: the batch keeps its spec_algorithm, the reserve is topped up), the switch's
+        plain_decode (+ draft_sync) inside SGLang's _forward_isolation, then the scheduler's spec-v2 settle of
+        the verify-shaped result."""
+        from shim.switch_v2 import plain_decode
+
+        batch = self.batch
+        with h.patch_assign_req_to_token_pool():
+            batch.prepare_for_decode()
+        isolation = contextlib.nullcontext() if self.bug == "v2_plain_step_not_restored" else forward_isolation(batch)
+        leave = self._spec_info_left_on_launch(batch) if self.bug == "v2_spec_info_left_on_launch" \
+            else contextlib.nullcontext()
+        with isolation, leave:
+            result = plain_decode(self.worker, batch, None, self.switch)
+        settle_spec_result_cpu_stand_in(batch, result)
+
+    @contextlib.contextmanager
+    def _spec_info_left_on_launch(self, batch: Any) -> Iterator[None]:
+        """The bug: the plain DECODE launches with the batch's EagleDraftInput still on it. Put back between the
+        switch's strip and the (hooked) target forward, so the guard's hook sees the launched batch."""
+        target = self.worker.target_worker
+        draft_input = batch.spec_info
+        hooked = type(target).forward_batch_generation  # the real slot, wrapped by SGLang's HookRegistry
+
+        def launch_with_spec_info(launched: Any, *args: Any, **kwargs: Any) -> Any:
+            launched.spec_info = draft_input
+            return hooked(target, launched, *args, **kwargs)
+
+        target.forward_batch_generation = launch_with_spec_info
+        try:
+            yield
+        finally:
+            del target.forward_batch_generation
 
 
 def make_reqs(prefix: str, count: int, *, max_new_tokens: int = 40, start: int = 0) -> list[Any]:

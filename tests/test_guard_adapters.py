@@ -110,3 +110,20 @@ def test_version_dispatch() -> None:
     assert adapter is None and "0.5.11 is not a supported release" in why and "0.5.12, 0.5.16, 0.5.23" in why
     assert select_adapter("0.5.16")[0].release == "0.5.16"
     assert select_adapter("0.5.23")[0].release == "0.5.23"
+
+
+def test_reference_design_and_caps_follow_the_installed_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shim.switch_v2 as switch_v2
+
+    sa = SimpleNamespace(max_running_requests=256, chunked_prefill_size=8192, speculative_adaptive=False)
+    adapter = Adapter0523()
+    monkeypatch.setattr(switch_v2, "_RUNTIME", None)
+    assert adapter.reference_design(sa).name == "plain_off_catch_up"
+    assert adapter.scope(sa).spec_cap == 256
+    config = switch_v2.SwitchConfig(t_off=16, t_on=8, spec_cap=48)
+    rt = switch_v2.SwitchRuntime(config=config, policy=switch_v2.SwitchPolicy(config),
+                                 trace=switch_v2.SwitchTrace(None))
+    monkeypatch.setattr(switch_v2, "_RUNTIME", rt)
+    assert adapter.reference_design(sa).name == "v2_switch_reserve_sync"
+    scope = adapter.scope(sa)
+    assert (scope.spec_cap, scope.plain_cap) == (48, 256)

@@ -19,7 +19,7 @@ from shim.guard import Guard
 from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.runtime import GuardRuntime
 from statemodel.design import Design, Scope
-from statemodel.designs import ADAPTIVE_WARM, CATCH_UP
+from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
 
 logger = logging.getLogger("specflip.guard")
@@ -137,12 +137,24 @@ class V2Adapter:
         return None
 
     def reference_design(self, sa: Any) -> Design:
+        """SPECFLIP_DESIGN overrides this (shim.runtime); else the design of the switch installed in this
+        process, else SGLang's own adaptive design or specflip's catch-up design."""
+        import shim.switch_v2
+
+        switch = shim.switch_v2.runtime()
+        if switch is not None:
+            return get_design(switch.config.design_name)
         return ADAPTIVE_WARM if getattr(sa, "speculative_adaptive", False) else CATCH_UP
 
     def scope(self, sa: Any) -> Scope:
+        import shim.switch_v2
+
         cap = int(getattr(sa, "max_running_requests", None) or NO_CAP)
         chunk = int(getattr(sa, "chunked_prefill_size", None) or NO_CAP)
-        return Scope(requests=(), kv_pool_size=0, spec_cap=cap, plain_cap=cap, chunk_size=max(chunk, 1),
+        switch = shim.switch_v2.runtime()
+        # with the switch installed, speculation holds the switch's cap and plain decoding the launch cap
+        spec_cap = min(cap, switch.config.spec_cap) if switch is not None else cap
+        return Scope(requests=(), kv_pool_size=0, spec_cap=spec_cap, plain_cap=cap, chunk_size=max(chunk, 1),
                      graph_capture_sizes=())
 
     # --- observation ----------------------------------------------------------------------------------
