@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
 # The one command that runs every test: sets up (idempotent; seconds once done), lints, checks the
-# committed diagrams against the model, then runs the whole pytest suite (model, checker, Hypothesis,
-# the guard on real SGLang objects, lint, replay).
+# committed diagrams against the model, runs the v1-line tests on real SGLang 0.5.12 objects (.venv12),
+# then the whole pytest suite (model, checker, Hypothesis, the guard on real SGLang 0.5.23 objects, lint,
+# replay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "test: ruff"
 .venv/bin/ruff check .
-if .venv/bin/python -c "import specflip.diagrams" 2>/dev/null; then
-  echo "test: specflip diagram --check"
-  .venv/bin/specflip diagram --check
-fi
-bash scripts/setup-v1.sh && .venv12/bin/python -m pytest tests/test_v1_switch.py  # sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12
+echo "test: specflip diagram --check"
+.venv/bin/specflip diagram --check
 echo "test: sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12"
 bash scripts/setup-v1.sh
 .venv12/bin/python -m pytest -p no:warnings tests/test_v1_switch.py
