@@ -136,7 +136,7 @@ class Adapter(V2Adapter):
     def observe_requests_with_verify_slots(self, batch: Any, per_request: int) -> list[ObservedRequest]:
         """Requests as the model counts them while a v1 verify holds its slots: `per_request` slots each,
         allocated beyond kv_committed_len (they sit in batch.out_cache_loc, not in req.kv_allocated_len)."""
-        return [attrs.evolve(r, kv_allocated=r.kv_committed + per_request) if r.holds_kv else r
+        return [r._replace(kv_allocated=r.kv_committed + per_request) if r.holds_kv else r
                 for r in self.observe_requests(batch)]
 
     # --- hooks --------------------------------------------------------------------------------------------
