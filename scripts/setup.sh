@@ -100,4 +100,18 @@ else
   printf '%s\n' "$PROJECT_KEY" > "$PROJECT_STAMP"
 fi
 
+# 5. the source of sglang 0.5.16 (the GPU host's release), unpacked but not installed: the guard's 0.5.16
+#    adapter is checked against it (every hook target and field it reads exists there)
+SRC16=".cache/sglang-src/0.5.16"
+if [ -d "$SRC16/sglang/srt" ]; then
+  say "sglang 0.5.16 source present ($SRC16)"
+else
+  say "fetching the sglang 0.5.16 wheel for its source (not installed)"
+  rm -rf "$SRC16" && mkdir -p "$SRC16"
+  "${PIP[@]}" download --no-deps --only-binary=:all: -d "$SRC16" sglang==0.5.16 \
+      || die "pip download sglang==0.5.16 failed"
+  "$VENV/bin/python" -m zipfile -e "$SRC16"/sglang-0.5.16-*.whl "$SRC16" || die "unpacking the 0.5.16 wheel failed"
+  rm -f "$SRC16"/sglang-0.5.16-*.whl
+fi
+
 say "done: $VENV/bin/python -m pytest"

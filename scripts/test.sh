@@ -14,4 +14,5 @@ echo "test: sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12"
 bash scripts/setup-v1.sh
 .venv12/bin/python -m pytest -p no:warnings tests/test_v1_switch.py
 echo "test: pytest"
-.venv/bin/python -m pytest "$@"
+export SPECFLIP_SGLANG_0_5_16_SRC="$PWD/.cache/sglang-src/0.5.16"
+PYTHONWARNINGS="ignore:builtin type swigvarlink:DeprecationWarning" .venv/bin/python -m pytest "$@"
