@@ -244,8 +244,11 @@ def explain_guard_traces(paths: Sequence[str]) -> dict[str, Any]:
         return {"available": True, "error": f"{type(exc).__name__}: {exc}", "violations": 0, "unexplained": 1}
     data = report.to_json() if hasattr(report, "to_json") else {"repr": repr(report)}
     illegal = data.get("first_illegal", []) if isinstance(data, dict) else []
-    return {"available": True, "result": data, "unexplained": len(illegal),
-            "violations": sum(len(step.get("violations", ())) for step in illegal)}
+    # one trace per TP rank: every rank must take the same transitions; a divergence counts as unexplained
+    ranks = data.get("rank_agreement") if isinstance(data, dict) else None
+    ranks_agree = ranks is None or bool(ranks.get("agree"))
+    return {"available": True, "result": data, "unexplained": len(illegal) + (0 if ranks_agree else 1),
+            "violations": sum(len(step.get("violations", ())) for step in illegal), "ranks_agree": ranks_agree}
 
 
 # ------------------------------------------------------------------------------------------------

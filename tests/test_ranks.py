@@ -106,3 +106,16 @@ def test_explain_reports_rank_agreement_over_rank_files(tmp_path: Path, capsys) 
 
     data = json.loads(capsys.readouterr().out)
     assert data["rank_agreement"]["agree"] is False and data["rank_agreement"]["first_divergence"]["rank"] == 3
+
+
+def test_replay_counts_a_rank_divergence_as_unexplained(tmp_path: Path) -> None:
+    from specflip.replay import explain_guard_traces
+
+    walk = model_walk(9)
+    same = [str(write_rank(tmp_path / f"r{r}.jsonl", r, walk)) for r in range(4)]
+    agreed = explain_guard_traces(same)
+    assert agreed["ranks_agree"] and agreed["unexplained"] == 0
+    same[1] = str(write_rank(tmp_path / "odd1.jsonl", 1, model_walk(10)))
+    split = explain_guard_traces(same)
+    assert not split["ranks_agree"] and split["unexplained"] == 1
+    assert split["result"]["rank_agreement"]["first_divergence"]["rank"] == 1
