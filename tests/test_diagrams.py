@@ -152,3 +152,13 @@ def test_the_docs_page_shows_every_diagram(graphs):
     page = (DIAGRAMS.parent / "diagrams.md").read_text()
     missing = [g.name for g in graphs if f"(diagrams/{g.name}.svg)" not in page]
     assert missing == []
+
+
+def test_mermaid_front_matter_is_valid_yaml() -> None:
+    # GitHub does not render a Mermaid block whose front matter YAML fails to parse
+    yaml = pytest.importorskip("yaml")
+    for g in model_graph.all_graphs():
+        text = to_mermaid(g)
+        assert text.startswith("---\n")
+        front = text.split("---\n")[1]
+        assert yaml.safe_load(front)["title"] == g.title

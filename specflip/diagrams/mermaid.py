@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from specflip.diagrams.graph import Edge, Graph, Node
 from specflip.diagrams.style import CATALOGUE_ONLY, colours, grouped
 
@@ -36,7 +38,8 @@ def _edge_text(edge: Edge) -> str:
 def to_mermaid(graph: Graph) -> str:
     trace = graph.kind == "trace"
     direction = "TB" if trace or graph.name.startswith("step") else "LR"
-    out = ["---", f"title: {graph.title}", "---", f"flowchart {direction}"]
+    # the front matter is YAML: a title with ": " in it must be quoted (a JSON string is valid YAML)
+    out = ["---", f"title: {json.dumps(graph.title)}", "---", f"flowchart {direction}"]
     if trace:
         for mode, title in graph.lanes:
             out.append(f'  subgraph lane_{mode} ["{_text(title)}"]')
