@@ -51,10 +51,6 @@ class Result:
     def vacuous(self) -> list[str]:
         return [name for name, reached in self.sometimes_reached.items() if not reached]
 
-    @property
-    def states_per_second(self) -> float:
-        return self.states / self.seconds if self.seconds > 0 else 0.0
-
 
 Progress = Callable[[int, int, int], None]  # states, transitions, depth
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from proofs.bfs import Progress, Result, TraceStep, check
+from proofs.bfs import Progress, Result, check
 from statemodel.design import Design, DesignKind, Scope
 from statemodel.model import Model
 from statemodel.state import Batch, Request, State
@@ -109,10 +109,6 @@ def describe_state(s: State) -> list[str]:
         lines.append("launched: " + describe_batch(s.launched))
     lines.extend(describe_request(r) for r in s.requests if r.status.value != "not_arrived")
     return lines
-
-
-def trace_lines(trace: Iterable[TraceStep]) -> list[str]:
-    return [f"{step.index}. {step.action.describe()}" for step in trace]
 
 
 def report_markdown(v: Verdict) -> str:

@@ -14,7 +14,6 @@ import itertools
 import attrs
 
 from statemodel.design import (
-    AdaptiveTiers,
     ClearSpecOn,
     Design,
     DraftWhileOff,
@@ -469,7 +468,6 @@ def _verify(state: State, action: Action, design: Design, scope: Scope) -> State
     launched = state.launched
     assert launched is not None
     changed: dict[int, Request] = {}
-    freed = 0
     for rid, accepted in zip(launched.rids, action.args, strict=True):
         r = state.req(rid)
         kept = min(accepted + 1, r.max_new_tokens - r.committed)
@@ -480,8 +478,7 @@ def _verify(state: State, action: Action, design: Design, scope: Scope) -> State
                                     kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
                                     draft_hidden_ready=False)
     # the verify forward has run: nothing is in flight until draft-extend launches
-    return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED,
-                        kv_free=state.kv_free + freed, launched=None)
+    return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None)
 
 
 def _draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -572,7 +569,6 @@ __all__ = [
     "ACTIONS_BY_NAME",
     "Action",
     "ActionInfo",
-    "AdaptiveTiers",
     "apply",
     "enabled",
     "initial_states",

@@ -13,7 +13,7 @@ import attrs
 
 from statemodel.actions import Action
 from statemodel.design import Scope
-from statemodel.state import Batch, ForwardMode, SpecInfoKind, SpecMode, Stage, State, Status
+from statemodel.state import Batch, ForwardMode, SpecInfoKind, SpecMode, State, Status
 
 
 @attrs.frozen
@@ -288,8 +288,3 @@ def check_step(before: State, action: Action, after: State, scope: Scope) -> lis
             found.extend(inv.check(after, scope))
     order = {name: i for i, name in enumerate(INVARIANT_NAMES)}
     return sorted(found, key=lambda v: order[v.invariant])
-
-
-def is_resting(state: State) -> bool:
-    """A state between scheduler iterations (no forward in flight)."""
-    return state.stage is Stage.SCHEDULE

@@ -6,7 +6,6 @@ vacuously), eventually (checked on terminal states: every request finishes, noth
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import attrs
 
@@ -14,13 +13,7 @@ from statemodel import actions as _actions
 from statemodel.actions import Action
 from statemodel.design import Design, Scope, ThresholdPolicy
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
-from statemodel.state import SpecMode, State
-
-
-class Transition(Protocol):
-    before: State
-    action: Action
-    after: State
+from statemodel.state import State
 
 
 @attrs.frozen
@@ -128,6 +121,3 @@ class Model:
             Eventually("all_requests_finish", "every request finishes (no deadlock, no request lost)",
                        lambda s: s.all_finished()),
         )
-
-    def spec_cap_for(self, state: State) -> int:
-        return self.scope.spec_cap if state.spec_mode is SpecMode.ON else self.scope.plain_cap
