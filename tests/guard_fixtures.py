@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -172,15 +173,8 @@ def install_guard_plugin() -> Any:
     if plugins._plugins_loaded:
         raise RuntimeError("sglang's load_plugins() already ran in this process without the specflip guard")
     _install_gpu_stand_ins()
-    saved = os.environ.get("SPECFLIP_MODE")
-    os.environ["SPECFLIP_MODE"] = "assert"
-    try:
+    with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
         plugins.load_plugins()
-    finally:
-        if saved is None:
-            os.environ.pop("SPECFLIP_MODE", None)
-        else:
-            os.environ["SPECFLIP_MODE"] = saved
     runtime = shim.runtime.current()
     if runtime is None:
         raise RuntimeError("load_plugins() ran but the specflip entry point installed no guard")

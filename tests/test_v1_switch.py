@@ -11,6 +11,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import attrs
 import pytest
@@ -49,15 +50,8 @@ def plugin() -> Any:
         assert not plugins._plugins_loaded, "load_plugins() already ran in this process without specflip"
         h.install_gpu_stand_ins()
         sw.install_switch(HookRegistry, SwitchConfig(t_off=5, t_on=2))
-        saved = os.environ.get("SPECFLIP_MODE")
-        os.environ["SPECFLIP_MODE"] = "assert"
-        try:
+        with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
             plugins.load_plugins()
-        finally:
-            if saved is None:
-                os.environ.pop("SPECFLIP_MODE", None)
-            else:
-                os.environ["SPECFLIP_MODE"] = saved
     runtime = shim.runtime.current()
     assert runtime is not None and runtime.adapter.release == "0.5.12"
     return runtime
