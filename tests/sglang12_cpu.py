@@ -126,7 +126,9 @@ class CpuPools:
     spec_algorithm: Any
 
 
-def build_pools(server_args: Any, *, kv_size: int = 2048, max_reqs: int = 64) -> CpuPools:
+def build_pools(server_args: Any, *, kv_size: int = 2048, max_reqs: int = 64, radix_cache: bool = False) -> CpuPools:
+    """``radix_cache``: an enabled RadixCache (EAGLE's bigram keys), as a server without
+    ``--disable-radix-cache`` has; otherwise a disabled one."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -142,7 +144,7 @@ def build_pools(server_args: Any, *, kv_size: int = 2048, max_reqs: int = 64) ->
                                layer_num=model_config.num_hidden_layers, device="cpu", enable_memory_saver=False)
     allocator = TokenToKVPoolAllocator(size=kv_size, dtype=torch.float32, device="cpu", kvcache=kv_pool,
                                        need_sort=False)
-    tree_cache = RadixCache(CacheInitParams(disable=True, req_to_token_pool=req_to_token_pool,
+    tree_cache = RadixCache(CacheInitParams(disable=not radix_cache, req_to_token_pool=req_to_token_pool,
                                             token_to_kv_pool_allocator=allocator, page_size=1, is_eagle=True))
     return CpuPools(server_args, model_config, req_to_token_pool, kv_pool, allocator, tree_cache,
                     SpeculativeAlgorithm.from_string(server_args.speculative_algorithm))
@@ -423,10 +425,13 @@ class V1Server:
         release their KV (real release_kv_cache)."""
         from sglang.srt.mem_cache.common import release_kv_cache
 
+        # as the scheduler does: every release of a step inside one free group
+        self.pools.allocator.free_group_begin()
         for req in batch.reqs:
             if req.finished() and req not in self.finished:
                 release_kv_cache(req, self.pools.tree_cache)
                 self.finished.append(req)
+        self.pools.allocator.free_group_end()
 
     def run_until_done(self, limit: int = 400) -> None:
         for _ in range(limit):

@@ -57,14 +57,15 @@ def plugin() -> Any:
     return runtime
 
 
-@pytest.fixture
-def server(plugin: Any, tmp_path: Path) -> Any:
-    """Fresh pools, a fresh Guard (tracing to tmp_path) and a V1Server."""
+@pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])
+def server(plugin: Any, tmp_path: Path, request: Any) -> Any:
+    """Fresh pools, a fresh Guard (tracing to tmp_path) and a V1Server; with the radix cache disabled and
+    enabled (a live server's default: finished requests go into the tree, releases inside a free group)."""
     plugin.reset()
     plugin.paused = False
     plugin.trace_template = str(tmp_path / "guard.jsonl")
     sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
-    srv = h.V1Server(h.build_pools(sa), num_steps=NUM_STEPS)
+    srv = h.V1Server(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
     srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
     yield srv
     plugin.reset()
@@ -156,7 +157,9 @@ def test_replay_across_threshold_is_exact_guard_clean_and_a_model_path(server: A
     outputs = {req.rid: req.output_ids for req in server.finished}
     assert len(outputs) == 14
     assert all(req.output_ids == h.expected_output(req) for req in server.finished)  # greedy, exact
-    assert server.pools.allocator.available_size() == server.pools.allocator.size  # every slot came back
+    tree = server.pools.tree_cache  # with the radix cache on, finished requests' slots stay in the tree
+    held_by_tree = tree.evictable_size() + tree.protected_size()
+    assert server.pools.allocator.available_size() + held_by_tree == server.pools.allocator.size  # all came back
     assert rt.counters.get("flip_off") == 2 and rt.counters.get("flip_on") == 2, rt.counters
     assert rt.counters["plain_decode"] == rt.counters["draft_sync"] > 0
 

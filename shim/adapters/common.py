@@ -53,6 +53,29 @@ def host_ints(tensor: Any) -> list[int]:
     return [int(x) for x in tensor.tolist()]
 
 
+def pending_free_slots(allocator: Any) -> int:
+    """Slots freed inside a free group and not yet returned to the free list.
+
+    The scheduler releases every finished request of a step between ``free_group_begin`` and
+    ``free_group_end``; inside it ``free()`` only queues the indices, so ``available_size()`` leaves them
+    out until the group ends. The guard checks right after each release, so it counts the queue as free.
+    0.5.12 / 0.5.16 flag the group with ``is_not_in_free_group`` (the list outlives the group); 0.5.23
+    sets ``free_group`` to None outside one."""
+    if getattr(allocator, "is_not_in_free_group", False):
+        return 0
+    queued = getattr(allocator, "free_group", None) or []
+    page_size = int(getattr(allocator, "page_size", 1) or 1)
+    # 0.5.23's paged free_segment queues page ids, not token indices
+    queued_pages = sum(int(ids.numel()) for ids in getattr(allocator, "free_page_ids_group", None) or [])
+    if not queued:
+        return queued_pages * page_size
+    if page_size == 1:
+        return sum(int(indices.numel()) for indices in queued)
+    import torch  # paged pools free whole pages: count the distinct pages (a sync, only at finishes)
+
+    return (int(torch.unique(torch.cat(list(queued)) // page_size).numel()) + queued_pages) * page_size
+
+
 class V2Adapter:
     """Maps a v2-worker SGLang line's live objects to the model and installs its hooks."""
 
@@ -190,7 +213,7 @@ class V2Adapter:
         return out
 
     def observe_pool(self, allocator: Any, tree_cache: Any = None) -> ObservedPool:
-        free = int(allocator.available_size())
+        free = int(allocator.available_size()) + pending_free_slots(allocator)
         if tree_cache is not None:
             # slots the tree cache owns belong to no request: the model counts them free
             free += int(tree_cache.evictable_size()) + int(tree_cache.protected_size())
