@@ -186,11 +186,23 @@ class Guard:
     def filter(self, running: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                *, where: str = "ScheduleBatch.filter_batch") -> None:
         self.settle_round()
+        observed = tuple(self.index.get(r, -1) for r in running.rids)
+        pending = self.state.pending
+        if pending is not None and self.state.running.rids and observed and set(observed) <= set(pending.rids):
+            return  # the prefilled batch filtering itself before merge_batch (get_next_batch_to_run)
         self._merge_pending_implicitly(running)
-        if tuple(self.index.get(r, -1) for r in running.rids) == self.state.running.rids:
+        if observed == self.state.running.rids:
             return  # nothing left the batch (retract already shrank it): not a transition
         self._transition(Action("filter_batch"), where, running=running, reqs=reqs, pool=pool)
         self._compact()
+
+    def tree_cache_update(self, reqs: list[ObservedRequest], pool: ObservedPool, *, where: str) -> None:
+        """The tree cache took part of these requests' KV (the adapter's `around_tree_cache_keep`): their own
+        slots and the pool as they really are now. Not a model action, so only the state invariants apply."""
+        known = [obs for obs in reqs if obs.rid in self.index]
+        new = self._overlay(self.state, reqs=known, pool=pool)
+        if new is not self.state:
+            self._refine(new, where)
 
     def release(self, rid: str, *, finished: bool, reqs: list[ObservedRequest], pool: ObservedPool,
                 where: str = "release_kv_cache") -> None:
@@ -306,8 +318,8 @@ class Guard:
         """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch
         call): seen as the pending requests turning up in the running batch."""
         pending = self.state.pending
-        if pending is None:
-            return
+        if pending is None or self.state.running.rids:
+            return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
         if running is not None and not set(pending.rids) <= {self.index.get(r, -1) for r in running.rids}:
             return
         self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)

@@ -385,6 +385,7 @@ class V1Server:
     def admit(self, reqs: list[Any]) -> None:
         """get_new_batch_prefill + run_batch (target + draft prefill) + merge into the running batch."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
         for req in reqs:
@@ -397,6 +398,11 @@ class V1Server:
         for req, token in zip(batch.reqs, tokens, strict=True):
             req.output_ids.append(token)
             req.check_finished()
+            if req.finished():
+                release_kv_cache(req, self.pools.tree_cache)
+                self.finished.append(req)
+            else:  # the radix cache takes the prompt (and frees slots that duplicate what it holds)
+                maybe_cache_unfinished_req(req, self.pools.tree_cache)
         batch.output_ids = torch.tensor(tokens, dtype=torch.int64)
         bs = len(reqs)  # forward_draft_extend (draft prefill): the first EagleDraftInput
         batch.spec_info = EagleDraftInput(bonus_tokens=torch.tensor(tokens, dtype=torch.int32),

@@ -82,6 +82,10 @@ class V2Adapter:
     release = "unknown"
     # (dotted target, hook type name, method name on this adapter)
     TARGETS: tuple[tuple[str, str, str], ...] = ()
+    # The Req counter of prefill chunks in flight: the scheduler raises it before a non-final chunk's
+    # prepare_for_extend and lowers it when that chunk's result is processed, so it is > 0 exactly while a
+    # prefill leaves the request unfinished. 0.5.12 calls it `is_chunked`; the v2 lines rename it.
+    CHUNKS_IN_FLIGHT = "is_chunked"
 
     def __init__(self) -> None:
         self.runtime: GuardRuntime | None = None
@@ -195,6 +199,7 @@ class V2Adapter:
     def _observe_reqs(self, reqs: list[Any], seq_lens: list[int] | list[None]) -> list[ObservedRequest]:
         # one tight loop: this runs for every request of the batch several times per decode step
         kv_lens = self.req_kv_lens
+        chunks = self.CHUNKS_IN_FLIGHT
         out: list[ObservedRequest] = []
         append = out.append
         for req, seq_len in zip(reqs, seq_lens, strict=True):
@@ -208,7 +213,7 @@ class V2Adapter:
                 str(req.rid), len(req.origin_input_ids), int(req.sampling_params.max_new_tokens or 0),
                 len(req.output_ids), own_committed, own_allocated, committed,
                 committed if seq_len is None else seq_len, holds, bool(req.finished()), committed,
-                (getattr(req, "is_chunked", 0) or 0) > 0,
+                (getattr(req, chunks, 0) or 0) > 0,
             )))
         return out
 
@@ -368,6 +373,23 @@ class V2Adapter:
                 pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
                 g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
                           where="mem_cache.common.release_kv_cache")
+        self._run(after)
+        return result
+
+    def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
+                               **kwargs: Any) -> Any:
+        """The radix cache takes an unfinished request's prompt into the tree (0.5.12 / 0.5.16
+        `cache_unfinished_req`, 0.5.23 `checkpoint`): slots that duplicate what the tree already held go back to
+        the pool and the request's own share shrinks to what lies past `cache_protected_len`. No model step:
+        the guard re-reads that request and the pool, and kv_conservation still has to hold."""
+        result = original(tree_cache, req, *args, **kwargs)
+
+        def after() -> None:
+            g = self.guard()
+            if g is not None:
+                pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
+                g.tree_cache_update([self.observe_request(req)], pool,
+                                    where=f"{type(tree_cache).__name__} (prompt into the tree)")
         self._run(after)
         return result
 

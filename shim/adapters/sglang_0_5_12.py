@@ -47,6 +47,7 @@ class Adapter(V2Adapter):
         (f"{_SB}.merge_batch", "AROUND", "around_merge_batch"),
         (f"{_SB}.filter_batch", "AROUND", "around_filter_batch"),
         ("sglang.srt.mem_cache.common.release_kv_cache", "AROUND", "around_release_kv_cache"),
+        ("sglang.srt.mem_cache.radix_cache.RadixCache.cache_unfinished_req", "AROUND", "around_tree_cache_keep"),
         ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
         (f"{_V1}.draft", "BEFORE", "before_draft_v1"),
         ("sglang.srt.speculative.eagle_info.EagleVerifyInput.prepare_for_verify", "AFTER", "after_prepare_for_verify"),

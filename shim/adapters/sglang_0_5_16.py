@@ -14,7 +14,12 @@ from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
 
 class Adapter(V2Adapter):
     release = "0.5.16"
-    TARGETS = Adapter0523.TARGETS
+    CHUNKS_IN_FLIGHT = "inflight_middle_chunks"  # 0.5.12's `is_chunked`, renamed: reading that saw no chunk
+    # 0.5.23's targets, but the radix cache's prompt insertion is still called cache_unfinished_req here
+    TARGETS = tuple(
+        ("sglang.srt.mem_cache.radix_cache.RadixCache.cache_unfinished_req", how, hook)
+        if hook == "around_tree_cache_keep" else (target, how, hook)
+        for target, how, hook in Adapter0523.TARGETS)
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
         kv = req.kv

@@ -1,5 +1,8 @@
 """SGLang 0.5.23 (what CI installs): the v2 worker takes the ScheduleBatch; a Req keeps its KV lengths
-in `req.kv` (ReqKvInfo); `release_kv_cache(req, tree_cache, *, checkpoint)`."""
+in `req.kv` (ReqKvInfo); `release_kv_cache(req, tree_cache, *, checkpoint)`; the tree cache is a
+`UnifiedRadixCache` (not `RadixCache`, which 0.5.23 still ships but never builds) whose `checkpoint(req, *,
+up_to)` takes a running request's KV into the tree; a prefill chunk in flight is counted in
+`req.inflight_middle_chunks`."""
 
 from __future__ import annotations
 
@@ -13,12 +16,15 @@ _V2 = "sglang.srt.speculative.eagle_worker_v2"
 
 class Adapter(V2Adapter):
     release = "0.5.23"
+    CHUNKS_IN_FLIGHT = "inflight_middle_chunks"  # 0.5.12's `is_chunked`, renamed: reading that saw no chunk
     TARGETS = (
         (f"{_SB}.prepare_for_extend", "AROUND", "around_prepare_for_extend"),
         (f"{_SB}.prepare_for_decode", "AFTER", "after_prepare_for_decode"),
         (f"{_SB}.merge_batch", "AROUND", "around_merge_batch"),
         (f"{_SB}.filter_batch", "AROUND", "around_filter_batch"),
         ("sglang.srt.mem_cache.common.release_kv_cache", "AROUND", "around_release_kv_cache"),
+        # the tree a 0.5.23 server builds (mem_cache/registry.default_radix_cache_factory), enabled or not
+        ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", "AROUND", "around_tree_cache_keep"),
         ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
         (f"{_V2}.EagleDraftWorker.draft", "BEFORE", "before_draft"),
         (f"{_V2}.EAGLEWorkerV2._build_trivial_verify_input", "BEFORE", "before_trivial_verify_input"),
