@@ -170,7 +170,8 @@ class Guard:
         """`running.merge_batch(pending)` is about to run; `merged` is the batch it will produce."""
         self.settle_round()
         known_pending = self.state.pending
-        if known_pending is None or set(known_pending.rids) != {self.index.get(r, -1) for r in pending.rids}:
+        # requests done at their prefill were filtered out of `pending` already; the model's merge drops them
+        if known_pending is None or self._live(known_pending) != {self.index.get(r, -1) for r in pending.rids}:
             self.state = attrs.evolve(self.state, pending=self._batch(pending))
         else:
             self.state = attrs.evolve(self.state, pending=attrs.evolve(
@@ -188,8 +189,14 @@ class Guard:
         self.settle_round()
         observed = tuple(self.index.get(r, -1) for r in running.rids)
         pending = self.state.pending
-        if pending is not None and self.state.running.rids and observed and set(observed) <= set(pending.rids):
-            return  # the prefilled batch filtering itself before merge_batch (get_next_batch_to_run)
+        if pending is not None and self.state.running.rids and set(observed) <= set(pending.rids):
+            state = self.state
+            if observed or any(state.req(rid).status is not Status.FINISHED for rid in state.running.rids):
+                # the prefilled batch filtering itself before merge_batch (get_next_batch_to_run); left empty
+                # (every request done at its prefill), SGLang drops it: the model's merge of finished requests
+                if not observed:
+                    self._transition(Action("merge_batch"), where, pool=pool)
+                return
         self._merge_pending_implicitly(running)
         if observed == self.state.running.rids:
             return  # nothing left the batch (retract already shrank it): not a transition
@@ -320,9 +327,12 @@ class Guard:
         pending = self.state.pending
         if pending is None or self.state.running.rids:
             return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
-        if running is not None and not set(pending.rids) <= {self.index.get(r, -1) for r in running.rids}:
+        if running is not None and not self._live(pending) <= {self.index.get(r, -1) for r in running.rids}:
             return
         self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)
+
+    def _live(self, batch: Batch) -> set[int]:
+        return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
 
     def _compact(self) -> None:
         live = set(self.state.running.rids) | set(self.state.pending.rids if self.state.pending else ())

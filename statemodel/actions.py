@@ -215,6 +215,11 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
     done = [r.rid for r in running if r.status is Status.RUNNING and r.done]
     finished_in_batch = any(r.status is Status.FINISHED for r in running)
     out.extend(Action("finish", (rid,)) for rid in done)
+    if state.pending is not None:
+        # process_batch_result_prefill releases a request its prefill already finished (max_new_tokens 1,
+        # SGLang's health check) before the prefilled batch is filtered and merged
+        out.extend(Action("finish", (rid,)) for rid in state.pending.rids
+                   if state.req(rid).status is Status.RUNNING and state.req(rid).done)
     if finished_in_batch:
         out.append(Action("filter_batch"))
     if state.pending is not None:
@@ -316,6 +321,11 @@ def _batch_spec_algorithm(state: State, design: Design) -> bool:
 def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> State:
     pending = state.pending
     assert pending is not None
+    # get_next_batch_to_run filters the prefilled batch first: requests done at their prefill never join,
+    # and a batch left empty is dropped without a merge
+    pending = _shrink(pending, tuple(rid for rid in pending.rids if state.req(rid).status is not Status.FINISHED))
+    if not pending.rids:
+        return attrs.evolve(state, pending=None, launched=None)
     running = state.running
     rids = running.rids + pending.rids
     if design.merge_spec_info is MergeSpecInfo.CONCAT_UNCHECKED:

@@ -55,6 +55,10 @@ def _flip_with_batch(before: State, action: Action, after: State) -> bool:
     return action.name in ("flip_off", "flip_on") and before.running.size > 0
 
 
+def _finish_at_prefill(before: State, action: Action, after: State) -> bool:
+    return action.name == "finish" and before.pending is not None and action.args[0] in before.pending.rids
+
+
 def _steps_switched(before: State, action: Action, after: State) -> bool:
     return action.name == "draft" and action.args[0] != before.num_steps
 
@@ -90,6 +94,8 @@ class Model:
             Sometimes("prefill_chunked", "a prompt is prefilled in more than one chunk", _chunked),
             Sometimes("merge_batch", "a prefilled batch merges into the running batch", _named("merge_batch")),
             Sometimes("finish", "a request finishes", _named("finish")),
+            Sometimes("finish_at_prefill", "a request finishes in its prefilled batch, before the merge",
+                      _finish_at_prefill),
             Sometimes("filter_batch", "finished requests are filtered out", _named("filter_batch")),
             Sometimes("retract", "a request is retracted under KV pressure", _named("retract")),
             Sometimes("draft_k_steps", "a draft of at least one step", _draft_with(lambda k: k > 0)),

@@ -99,6 +99,29 @@ def test_retract_keeps_committed_output_and_frees_everything() -> None:
     assert 0 not in s.running.rids and s.running.spec_info.rows == s.running.size
 
 
+@pytest.mark.parametrize("with_running", [False, True], ids=["nothing_running", "beside_a_running_batch"])
+def test_a_request_done_at_its_prefill_finishes_before_the_merge_and_never_joins(with_running: bool) -> None:
+    from statemodel.design import RequestSpec
+
+    # one request wants a single new token, which its prefill produces (a health check); the other runs 3
+    health_check, runs = RequestSpec(1, 1), RequestSpec(1, 3)
+    scope = Scope(requests=(runs, health_check) if with_running else (health_check, runs))
+    m = model_for(SEEDS_FINAL, scope)
+    s = m.init_states()[0]
+    s = walk(m, s, ["arrive", "prefill", "merge_batch"] if with_running else ["arrive"])
+    s = walk(m, s, ["arrive", "prefill"] if with_running else ["prefill"])
+    done_at_prefill = 1 if with_running else 0
+    assert s.pending is not None and done_at_prefill in s.pending.rids and s.req(done_at_prefill).done
+    assert Action("finish", (done_at_prefill,)) in m.actions(s)
+    free_before = s.kv_free
+    s = take(m, s, Action("finish", (done_at_prefill,)))
+    assert s.req(done_at_prefill).status is Status.FINISHED and s.kv_free > free_before
+    s = take(m, s, Action("merge_batch"))
+    assert done_at_prefill not in s.running.rids and s.pending is None
+    assert s.running.rids == ((0,) if with_running else ())
+    assert s.running.spec_info.rows == len(s.running.rids)
+
+
 def test_unknown_action_is_a_clear_error() -> None:
     m = model_for(SEEDS_FINAL)
     with pytest.raises(ValueError, match="unknown action 'warp'"):
