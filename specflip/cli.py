@@ -72,7 +72,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 def _cmd_lint(args: argparse.Namespace) -> int:
     from shim.lint import main as lint_main
 
-    return lint_main(args)
+    return lint_main(args, owns_process=getattr(args, "owns_process", False))
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # argv None: the `specflip` script itself, which owns the process (in-process callers pass a list)
+    args.owns_process = argv is None
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

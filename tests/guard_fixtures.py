@@ -282,6 +282,8 @@ class DesignDriver:
         self.worker = make_workers(pools, num_steps=num_steps, verify_graphs=self.seeds_line)
         self.decode_graphs = DecodeCudaGraphRunnerCpuStandIn(captured_req_width=1)
         self.batch: Any = None  # the running ScheduleBatch
+        self.chunked_req: Any = None  # the Scheduler's chunked_req: the request a prefill chunk is in flight for
+        self.waiting: list[Any] = []  # the Scheduler's waiting_queue
         self.spec_on = True
         self.accepts: list[int] = [2, 1, 4]
         self.rounds = 0
@@ -306,22 +308,31 @@ class DesignDriver:
 
         return self.pools.spec_algorithm if on else SpeculativeAlgorithm.NONE
 
-    def prefill(self, reqs: list[Any]) -> Any:
-        """A prefill batch (get_new_batch_prefill + the prefill forward); merged into the running batch, or
-        made the running batch when nothing runs (as Scheduler does)."""
-        for req in reqs:
-            req.init_next_round_input(self.pools.tree_cache)
-            req.extend_end = len(req.full_untruncated_fill_ids)
-        batch = h.new_batch(self.pools, reqs)
+    def prefill(self, reqs: list[Any], *, chunk_size: int | None = None) -> Any:
+        """A prefill batch (get_new_batch_prefill: the chunked request's next chunk first, then the waiting
+        queue, `reqs` joining its end; the prefill forward and its result processing)."""
+        self.waiting.extend(reqs)
         batch_carries_spec = self.spec_on or self.design.clear_spec_on is not ClearSpecOn.BATCH_AT_FLIP
-        batch.spec_algorithm = self._spec_algorithm(batch_carries_spec)
-        batch.prepare_for_extend()
+        batch, self.chunked_req = h.schedule_prefill(self.pools, self.waiting, chunked_req=self.chunked_req,
+                                                     chunk_size=chunk_size,
+                                                     spec_algorithm=self._spec_algorithm(batch_carries_spec))
         h.prefill_forward_cpu_stand_in(batch)
         return batch
 
-    def admit(self, reqs: list[Any]) -> None:
-        batch = self.prefill(reqs)
-        self.merge(batch)
+    def admit(self, reqs: list[Any], *, chunk_size: int | None = None) -> None:
+        """One prefill round and the next scheduler iteration's start: the request still being chunked is
+        stashed and left out, the rest merged into the running batch (or made it, when nothing runs)."""
+        batch = h.next_round_after_prefill(self.prefill(reqs, chunk_size=chunk_size), self.chunked_req)
+        if batch.reqs:
+            self.merge(batch)
+
+    def admit_all(self, reqs: list[Any], *, chunk_size: int | None = None) -> None:
+        """Admit `reqs` with a prefill budget of `chunk_size` tokens per round (None: no limit), as many prefill
+        rounds as it takes: the scheduler runs a prefill round, before any decode, while a request is being
+        chunked or waits."""
+        self.admit(reqs, chunk_size=chunk_size)
+        while self.chunked_req is not None or self.waiting:
+            self.admit([], chunk_size=chunk_size)
 
     def merge(self, batch: Any) -> None:
         batch.forward_mode = batch.forward_mode.DECODE  # Scheduler: the prefilled batch turns decode
@@ -477,13 +488,25 @@ class DesignDriver:
             del target.forward_batch_generation
 
 
-def make_reqs(prefix: str, count: int, *, max_new_tokens: int = 40, start: int = 0) -> list[Any]:
-    return [h.make_req(f"{prefix}{start + i}", list(range(10 + i, 20 + 2 * i)), max_new_tokens=max_new_tokens)
-            for i in range(count)]
+# a system prompt the requests of a run share: with the radix cache on, the later ones hit it in the tree
+SYSTEM_PROMPT: list[int] = list(range(100, 124))
+
+
+def make_reqs(prefix: str, count: int, *, max_new_tokens: int = 40, start: int = 0,
+              shared_prefix: Sequence[int] = ()) -> list[Any]:
+    """`count` requests, each led by `shared_prefix`: prompts differ between them, and request i of one call has
+    the prompt of request i of any other (with the radix cache on, a whole-prompt hit)."""
+    return [h.make_req(f"{prefix}{start + i}", list(shared_prefix) + list(range(10 + i, 20 + 2 * i)),
+                       max_new_tokens=max_new_tokens) for i in range(count)]
 
 
 def eagle_pools(model_dir: Path, *, num_steps: int = 3, kv_size: int = 1024, max_reqs: int = 32,
-                max_running_requests: int = 16) -> h.CpuPools:
+                max_running_requests: int = 16, radix_cache: bool = False) -> h.CpuPools:
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=num_steps, topk=1,
                             num_draft_tokens=num_steps + 1, max_running_requests=max_running_requests)
-    return h.build_pools(sa, kv_size=kv_size, max_reqs=max_reqs)
+    return h.build_pools(sa, kv_size=kv_size, max_reqs=max_reqs, radix_cache=radix_cache)
+
+
+def pool_accounted(pools: h.CpuPools) -> bool:
+    """Every slot is back: in the free list or owned by the tree cache (no request holds any)."""
+    return pools.available_size() + h.tree_held(pools) == pools.allocator.size

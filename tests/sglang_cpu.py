@@ -12,16 +12,25 @@ Real sglang code exercised (nothing re-implemented):
   ``runtime_context.publish(server_args, role="scheduler")``.
 - ``configs/model_config.ModelConfig.from_server_args`` on a config.json without weights.
 - ``mem_cache/memory_pool.ReqToTokenPool``, ``mem_cache/memory_pool.MHATokenToKVPool``,
-  ``mem_cache/allocator/token.TokenToKVPoolAllocator`` (``available_size()``),
-  ``mem_cache/radix_cache.RadixCache(CacheInitParams(disable=True, ...))``.
-- ``managers/schedule_batch.Req`` + ``Req.init_next_round_input``; ``ScheduleBatch.init_new``,
+  ``mem_cache/allocator/token.TokenToKVPoolAllocator`` (``available_size()``, ``free_group_begin/end``),
+  the tree cache SGLang's own ``mem_cache/registry.default_radix_cache_factory`` builds (a
+  ``UnifiedRadixCache``, disabled or, with ``build_pools(radix_cache=True)``, enabled with EAGLE's bigram keys).
+- ``managers/schedule_batch.Req`` + ``Req.init_next_round_input`` (the tree match), ``tree_cache.lock``;
+  ``ScheduleBatch.init_new``,
   ``ScheduleBatch.prepare_for_extend``, ``ScheduleBatch.prepare_for_decode`` (plain:
   ``mem_cache/allocation.alloc_for_decode``; EAGLE: ``speculative/spec_utils.spec_prepare_for_decode``
   -> ``speculative/eagle_utils.eagle_prepare_for_decode`` -> ``mem_cache/allocation.alloc_for_spec_decode``),
   ``ScheduleBatch.filter_batch``, ``ScheduleBatch.merge_batch``.
 - ``speculative/eagle_info.EagleDraftInput`` (and its ``filter_batch`` / ``merge_batch``),
   ``speculative/eagle_info.EagleVerifyInput``.
-- ``Req.update_finish_state`` and ``mem_cache/common.release_kv_cache`` after a stand-in forward.
+- ``Req.update_finish_state``, ``mem_cache/common.release_kv_cache`` and ``checkpoint_kv_cache`` after a stand-in
+  forward, inside allocator free groups where the scheduler opens them.
+
+Scheduler logic a CPU test drives itself (the Scheduler cannot be built without a model), each following the
+0.5.23 code it names: :func:`schedule_prefill` (``get_new_batch_prefill`` / ``PrefillAdder``: tree match,
+lock, chunking), :func:`next_round_after_prefill` (``get_next_batch_to_run``: stash the chunked request,
+filter the prefill batch), the result processing in :func:`prefill_forward_cpu_stand_in` and
+:func:`release_finished_cpu_stand_in` (``process_batch_result_prefill / _decode``).
 
 Stand-ins (pure torch / pure Python, each named ``*_cpu_stand_in``):
 
@@ -35,7 +44,8 @@ Stand-ins (pure torch / pure Python, each named ``*_cpu_stand_in``):
   per request, appends it to ``req.output_ids``, sets ``batch.input_ids`` for the next step and runs the
   real ``Req.update_finish_state``. (KV slots were already allocated and committed by
   ``prepare_for_decode``: ``alloc_for_decode_default`` bumps ``kv_committed_len``/``kv_allocated_len``.)
-- :func:`prefill_forward_cpu_stand_in` is the same for the prefill batch (first output token).
+- :func:`prefill_forward_cpu_stand_in` is the same for the prefill batch (first output token; a middle
+  chunk gets none), with ``process_batch_result_prefill``'s release / ``checkpoint_kv_cache``.
 - :func:`spec_verify_forward_cpu_stand_in` replaces ``EAGLEWorkerV2.forward_batch_generation``
   (draft + ``speculative/eagle_worker_common.run_eagle_verify`` + draft extend, all CUDA) for given
   accept lengths (accepted drafts + the bonus token), then does what sglang's own bookkeeping does:
@@ -45,8 +55,8 @@ Stand-ins (pure torch / pure Python, each named ``*_cpu_stand_in``):
   (``BatchResultProcessor._resolve_spec_v2_tokens`` / ``process_batch_result_decode``), real
   ``Req.update_finish_state(accept_len)``. Accepted tokens reuse slots that ``eagle_prepare_for_decode``
   over-allocated, so no allocation happens here (topk == 1, page_size == 1 layout).
-- :func:`release_finished_cpu_stand_in` calls the real ``release_kv_cache`` for finished requests, as
-  ``process_batch_result_*`` does, then the real ``ScheduleBatch.filter_batch``.
+- :func:`release_finished_cpu_stand_in` calls the real ``release_kv_cache`` for finished requests inside one
+  free group, as ``process_batch_result_decode`` does, then the real ``ScheduleBatch.filter_batch``.
 - :func:`make_eagle_draft_input` / :func:`make_eagle_verify_input` fill the real dataclasses with
   dummy tensors of the right shapes (what the draft model would produce).
 """
@@ -123,6 +133,9 @@ def make_server_args(
         "attention_backend": "torch_native",
         "skip_tokenizer_init": True,
         "disable_cuda_graph": True,
+        # the harness runs the scheduler's normal loop (each step's result before the next step): the overlap
+        # schedule is off, as the guard requires (it refuses the overlap schedule)
+        "disable_overlap_schedule": True,
         "disable_radix_cache": True,
         "max_running_requests": max_running_requests,
         "page_size": page_size,
@@ -169,16 +182,22 @@ class CpuPools:
         return int(self.allocator.available_size())
 
 
-def build_pools(server_args: Any, *, kv_size: int = 512, max_reqs: int = 16) -> CpuPools:
-    """Publish ``server_args`` and build ReqToTokenPool, MHATokenToKVPool, TokenToKVPoolAllocator and a
-    disabled RadixCache (``kv_size`` token slots, ``max_reqs`` request rows)."""
+def build_pools(server_args: Any, *, kv_size: int = 512, max_reqs: int = 16, radix_cache: bool = False) -> CpuPools:
+    """Publish ``server_args`` and build ReqToTokenPool, MHATokenToKVPool, TokenToKVPoolAllocator and the tree
+    cache a 0.5.23 scheduler builds (``kv_size`` token slots, ``max_reqs`` request rows).
+
+    ``radix_cache``: the prefix cache enabled, as a server without ``--disable-radix-cache`` has it (finished
+    and prefilled requests' KV goes into the tree, shared prompt prefixes hit); otherwise disabled. Either
+    way the tree is what SGLang's own ``mem_cache/registry.default_radix_cache_factory`` builds: on 0.5.23
+    that is a ``UnifiedRadixCache`` (FULL component, bigram keys for EAGLE), not the older ``RadixCache``."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext, default_radix_cache_factory
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    server_args.disable_radix_cache = not radix_cache  # the published config says what the tree is
     publish_server_args(server_args)
     model_config = ModelConfig.from_server_args(server_args)
     spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
@@ -201,15 +220,21 @@ def build_pools(server_args: Any, *, kv_size: int = 512, max_reqs: int = 16) -> 
     allocator = TokenToKVPoolAllocator(
         size=kv_size, dtype=torch.float32, device="cpu", kvcache=kv_pool, need_sort=False
     )
-    tree_cache = RadixCache(
-        CacheInitParams(
-            disable=True,
-            req_to_token_pool=req_to_token_pool,
-            token_to_kv_pool_allocator=allocator,
-            page_size=server_args.page_size,
-            is_eagle=not spec_algorithm.is_none(),
-        )
+    # the CacheInitParams fields mem_cache/kv_cache_builder.py sets that matter on one CPU rank
+    params = CacheInitParams(
+        disable=not radix_cache,
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=server_args.page_size,
+        is_eagle=spec_algorithm.is_eagle(),
+        chunked_prefill_size=server_args.chunked_prefill_size,
     )
+    context = TreeCacheBuildContext(
+        server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
+        enable_hierarchical_cache=False, disable_radix_cache=not radix_cache, tp_worker=None,
+        model_config=model_config, tp_size=1, tp_rank=0, tp_group=None,
+    )
+    tree_cache = default_radix_cache_factory(context)
     return CpuPools(
         server_args=server_args,
         model_config=model_config,
@@ -234,8 +259,8 @@ def make_req(rid: str, input_ids: Sequence[int], *, max_new_tokens: int = 64) ->
     return Req(rid, "", array("q", input_ids), params, vocab_size=VOCAB_SIZE)
 
 
-def new_batch(pools: CpuPools, reqs: list[Any]) -> Any:
-    """``ScheduleBatch.init_new`` (non-overlap)."""
+def new_batch(pools: CpuPools, reqs: list[Any], *, chunked_req: Any = None, spec_algorithm: Any = None) -> Any:
+    """``ScheduleBatch.init_new`` (non-overlap); ``spec_algorithm`` the server's unless given."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     return ScheduleBatch.init_new(
@@ -245,21 +270,81 @@ def new_batch(pools: CpuPools, reqs: list[Any]) -> Any:
         pools.tree_cache,
         pools.model_config,
         enable_overlap=False,
-        spec_algorithm=pools.spec_algorithm,
+        spec_algorithm=pools.spec_algorithm if spec_algorithm is None else spec_algorithm,
+        chunked_req=chunked_req,
     )
 
 
-def prefill(pools: CpuPools, reqs: list[Any], *, run_forward: bool = True) -> Any:
-    """Admit ``reqs`` as PrefillAdder would (``init_next_round_input`` + ``extend_end``), build the
-    batch and run the real ``prepare_for_extend``; with ``run_forward`` also the prefill stand-in
-    forward (first output token, the EagleDraftInput in spec mode)."""
-    for req in reqs:
-        req.init_next_round_input(pools.tree_cache)
-        req.extend_end = len(req.full_untruncated_fill_ids)
-    batch = new_batch(pools, reqs)
+def schedule_prefill(pools: CpuPools, waiting: list[Any], *, chunked_req: Any = None,
+                     chunk_size: int | None = None, spec_algorithm: Any = None) -> tuple[Any, Any]:
+    """The prefill half of ``Scheduler.get_new_batch_prefill``: the request still being chunked, if any, then
+    requests from ``waiting`` (the waiting queue, in order; those admitted are taken out of it, as the
+    scheduler rebuilds ``waiting_queue``) while the ``chunk_size`` budget (``rem_chunk_tokens``; None: no
+    chunked prefill) lasts. Returns (the prepared EXTEND batch, the request still being chunked or None).
+
+    As ``PrefillAdder`` does: the chunked request first (``init_next_round_input()`` without the tree: its
+    prefix is its own row; ``add_chunked_req`` sets ``extend_end``), then each new request matches the tree
+    (``init_next_round_input(tree_cache)``: ``prefix_len``, ``last_node``, ``cache_protected_len``), takes a
+    tree lock on its match when the tree is enabled (``_commit_prefill_admission``; a disabled tree with
+    ``ignore_eos`` goes through ``add_one_req_ignore_eos``, which takes none) and gets ``extend_end``, cut at
+    the budget for the one request that does not fit, which ends the admission. The scheduler counts the
+    chunk in flight (``inflight_middle_chunks += 1``) before ``ScheduleBatch.init_new(..., chunked_req=...)``
+    (``spec_algorithm``: the server's unless given) and the real ``prepare_for_extend``."""
+    tree_cache = pools.tree_cache
+    budget = chunk_size
+    can_run: list[Any] = []
+    still_chunked = None
+    if chunked_req is not None:
+        chunked_req.init_next_round_input()
+        remaining = len(chunked_req.full_untruncated_fill_ids) - chunked_req.prefix_len
+        tokens = remaining if budget is None else min(remaining, budget)
+        chunked_req.extend_end = chunked_req.prefix_len + tokens
+        still_chunked = chunked_req if tokens < remaining else None
+        can_run.append(chunked_req)
+        budget = None if budget is None else budget - tokens
+    for req in list(waiting):
+        if still_chunked is not None or budget == 0:
+            break
+        req.init_next_round_input(tree_cache)
+        remaining = len(req.full_untruncated_fill_ids) - req.prefix_len
+        tokens = remaining if budget is None else min(remaining, budget)
+        req.extend_end = req.prefix_len + tokens
+        if not tree_cache.disable:
+            req.lock = tree_cache.lock(req.last_node)
+        if tokens < remaining:
+            still_chunked = req
+        can_run.append(req)
+        waiting.remove(req)
+        budget = None if budget is None else budget - tokens
+    if not can_run:
+        raise ValueError("nothing to prefill")
+    if still_chunked is not None:
+        still_chunked.inflight_middle_chunks += 1
+    batch = new_batch(pools, can_run, chunked_req=still_chunked, spec_algorithm=spec_algorithm)
     batch.prepare_for_extend()
+    return batch, still_chunked
+
+
+def prefill(pools: CpuPools, reqs: list[Any], *, run_forward: bool = True) -> Any:
+    """Admit ``reqs`` (:func:`schedule_prefill`, no chunking), build the batch and run the real
+    ``prepare_for_extend``; with ``run_forward`` also the prefill stand-in forward and its result processing
+    (first output token, the EagleDraftInput in spec mode, the tree checkpoint)."""
+    batch, _ = schedule_prefill(pools, list(reqs))
     if run_forward:
         prefill_forward_cpu_stand_in(batch)
+    return batch
+
+
+def next_round_after_prefill(batch: Any, chunked_req: Any = None) -> Any:
+    """The start of ``Scheduler.get_next_batch_to_run`` after a prefill: the request still being chunked is
+    stashed (``stash_chunked_request`` -> real ``checkpoint_kv_cache``: its chunk goes into the tree) and
+    left out, and the prefill batch drops it and the finished requests (real ``filter_batch``). Returns the
+    batch, ready to merge into (or become) the running batch."""
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    if chunked_req is not None and chunked_req.extend_end > chunked_req.prefix_len:
+        checkpoint_kv_cache(chunked_req, batch.tree_cache)
+    batch.filter_batch(reqs_to_exclude=[chunked_req] if chunked_req is not None else None)
     return batch
 
 
@@ -269,13 +354,31 @@ def _stand_in_token(req: Any, offset: int = 0) -> int:
 
 
 def prefill_forward_cpu_stand_in(batch: Any) -> list[int]:
-    """Stand-in for the prefill forward + ``process_batch_result_prefill``: one token per request into
-    ``output_ids``; ``batch.input_ids`` becomes the next decode input; in spec mode the worker's
-    ``_draft_extend_for_prefill`` result (an EagleDraftInput) becomes ``batch.spec_info``."""
+    """Stand-in for the prefill forward, then what the real ``process_batch_result_prefill`` does with its
+    result, inside one ``free_group_begin() / free_group_end()`` as there: a request whose last chunk ran
+    gets one token in ``output_ids`` and the real ``update_finish_state``; a finished one the real
+    ``release_kv_cache(checkpoint=True)``, an unfinished one the real ``checkpoint_kv_cache`` (its prompt goes
+    into the tree, which takes over the slots); a middle chunk only counts down ``inflight_middle_chunks``.
+    ``batch.input_ids`` becomes the next decode input; in spec mode the worker's ``_draft_extend_for_prefill``
+    result (an EagleDraftInput) becomes ``batch.spec_info``."""
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+
     tokens = [_stand_in_token(req) for req in batch.reqs]
+    allocator = batch.token_to_kv_pool_allocator
+    allocator.free_group_begin()
     for req, token in zip(batch.reqs, tokens, strict=True):
+        if req.finished() or req.is_retracted:
+            continue
+        if req.inflight_middle_chunks > 0:
+            req.inflight_middle_chunks -= 1  # a middle chunk: no token, nothing cached yet
+            continue
         req.output_ids.append(token)
         req.update_finish_state()
+        if req.finished():
+            release_kv_cache(req, batch.tree_cache, checkpoint=True)
+        else:
+            checkpoint_kv_cache(req, batch.tree_cache)
+    allocator.free_group_end()
     batch.input_ids = torch.tensor(tokens, dtype=torch.int64)
     if not batch.spec_algorithm.is_none():
         batch.spec_info = make_eagle_draft_input(batch, bonus_tokens=tokens)
@@ -489,15 +592,24 @@ def finish_req(req: Any) -> None:
 
 
 def release_finished_cpu_stand_in(pools: CpuPools, batch: Any) -> list[Any]:
-    """For each finished request the real ``release_kv_cache(req, tree_cache, checkpoint=True)`` (as
-    ``process_batch_result_*`` does), then the real ``batch.filter_batch()``. Returns the released reqs."""
+    """For each finished request the real ``release_kv_cache(req, tree_cache, checkpoint=True)``, all inside
+    one ``free_group_begin() / free_group_end()`` (as ``process_batch_result_decode`` releases them: the
+    frees are queued until the group ends), then the real ``batch.filter_batch()`` (the scheduler's next
+    ``get_next_batch_to_run``). Returns the released reqs."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    released = [req for req in batch.reqs if req.finished()]
+    released = [req for req in batch.reqs if req.finished() and req.kv.holds_kv]
+    pools.allocator.free_group_begin()
     for req in released:
         release_kv_cache(req, pools.tree_cache, checkpoint=True)
+    pools.allocator.free_group_end()
     batch.filter_batch()
     return released
+
+
+def tree_held(pools: CpuPools) -> int:
+    """KV slots the tree cache owns (evictable + locked): no request's, and not in the free list."""
+    return int(pools.tree_cache.evictable_size()) + int(pools.tree_cache.protected_size())
 
 
 def merge_batches(batch: Any, other: Any) -> Any:

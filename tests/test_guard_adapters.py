@@ -127,3 +127,14 @@ def test_reference_design_and_caps_follow_the_installed_switch(monkeypatch: pyte
     assert adapter.reference_design(sa).name == "v2_switch_reserve_sync"
     scope = adapter.scope(sa)
     assert (scope.spec_cap, scope.plain_cap) == (48, 256)
+
+
+@pytest.mark.parametrize("adapter_class", [Adapter0523, Adapter0516], ids=["0.5.23", "0.5.16"])
+def test_the_overlap_schedule_turns_the_guard_off_with_the_flag_that_fixes_it(adapter_class: type) -> None:
+    # the overlap loop settles step N after N+1 is launched; the model cannot follow it (false violations
+    # on the H200), so the guard refuses it and names the launch flag
+    overlap = SimpleNamespace(disable_overlap_schedule=False, page_size=1, speculative_algorithm="EAGLE3")
+    reason = adapter_class().unsupported_reason(overlap)
+    assert reason is not None and "overlap schedule" in reason and "--disable-overlap-schedule" in reason
+    normal = SimpleNamespace(disable_overlap_schedule=True, page_size=1, speculative_algorithm="EAGLE3")
+    assert adapter_class().unsupported_reason(normal) is None

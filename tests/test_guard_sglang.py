@@ -56,6 +56,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])
+def radix(request: pytest.FixtureRequest) -> bool:
+    """The radix cache disabled, and enabled as a server runs by default: finished and prefilled requests'
+    KV goes into the tree (EAGLE's bigram keys), requests sharing gf.SYSTEM_PROMPT hit it, releases of a
+    step run inside one allocator free group."""
+    return bool(request.param)
+
+
+# how a live server prefills, for the shipped-design runs: radix cache off / on, prefill rounds of at most 16
+# tokens (chunked prefill: the requests are 34-36 tokens long) or unlimited
+SERVING = [pytest.param(False, None, id="radix_off"), pytest.param(True, None, id="radix_on"),
+           pytest.param(False, 16, id="radix_off-chunked"), pytest.param(True, 16, id="radix_on-chunked")]
+
+
 def configure(rt: Any, design: Any, *, mode: Mode = Mode.ASSERT, spec_cap: int | None = None,
               plain_cap: int | None = None, trace: Path | None = None) -> None:
     rt.reset()
@@ -106,14 +120,19 @@ def test_mode_off_registers_no_hook() -> None:
 # --- shipped designs run clean -------------------------------------------------------------------------------
 
 
-def run_threshold_scenario(drv: gf.DesignDriver, *, off_steps: int = 4, on_rounds: int = 4) -> None:
-    drv.admit(gf.make_reqs("a", 3, max_new_tokens=60))
+def run_threshold_scenario(drv: gf.DesignDriver, *, off_steps: int = 4, on_rounds: int = 4,
+                           chunk_size: int | None = None) -> list[Any]:
+    """Three requests on, a flip off, two more admitted while off, a flip on, all to the end. Every request
+    leads with gf.SYSTEM_PROMPT; `chunk_size`: prefill in chunks of that many tokens. Returns the two requests
+    admitted while off (with the radix cache on they hit the first three's prompt prefix)."""
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=60, shared_prefix=gf.SYSTEM_PROMPT), chunk_size=chunk_size)
     for _ in range(on_rounds):
         drv.decode()
     drv.flip_off()
     for _ in range(off_steps):
         drv.decode()
-    drv.admit(gf.make_reqs("b", 2, max_new_tokens=12))
+    late = gf.make_reqs("b", 2, max_new_tokens=12, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.admit_all(late, chunk_size=chunk_size)
     for _ in range(off_steps):
         drv.decode()
     drv.flip_on()
@@ -125,31 +144,150 @@ def run_threshold_scenario(drv: gf.DesignDriver, *, off_steps: int = 4, on_round
             break
         drv.decode()
         drv.finish_and_filter()
+    return late
 
 
+def assert_served_as_configured(drv: gf.DesignDriver, late: list[Any], covered: dict[str, int], *, radix: bool,
+                                chunk_size: int | None) -> None:
+    """The run went the way its parameters say (the radix cache hit, the chunks happened: more prefill forwards
+    than the two admissions) and ended with every slot back: free, or kept by the tree cache."""
+    shared = len(gf.SYSTEM_PROMPT) - 1  # EAGLE's tree keys token pairs: a prefix of n tokens matches n - 1
+    assert [r.num_matched_prefix_tokens >= shared for r in late] == [radix] * len(late)
+    assert (h.tree_held(drv.pools) > 0) == radix
+    assert (covered["prefill"] > 2) == (chunk_size is not None)
+    assert not drv.batch.reqs and not drv.waiting and drv.chunked_req is None and gf.pool_accounted(drv.pools)
+
+
+@pytest.mark.parametrize(("radix", "chunk_size"), SERVING)
 @pytest.mark.parametrize("design", [CATCH_UP, SYNC_V2, SEEDS_FINAL], ids=lambda d: d.name)
-def test_threshold_design_runs_clean(runtime: Any, model_dir: Path, design: Any) -> None:
+def test_threshold_design_runs_clean(runtime: Any, model_dir: Path, design: Any, radix: bool,
+                                     chunk_size: int | None) -> None:
     configure(runtime, design)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), design)
-    run_threshold_scenario(drv)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), design)
+    late = run_threshold_scenario(drv, chunk_size=chunk_size)
     covered = runtime.guard.covered
     for name in ("prefill", "merge_batch", "prepare_for_decode", "draft", "verify", "draft_extend", "flip_off",
                  "plain_decode", "flip_on", "finish", "filter_batch"):
         assert covered.get(name, 0) > 0, (name, covered)
     assert covered.get("draft_sync" if design.draft_while_off.value == "sync_every_step" else "draft_catch_up")
-    assert not drv.batch.reqs and drv.pools.available_size() == drv.pools.allocator.size
+    assert_served_as_configured(drv, late, covered, radix=radix, chunk_size=chunk_size)
 
 
-def test_adaptive_design_runs_clean(runtime: Any, model_dir: Path) -> None:
+def test_adaptive_design_runs_clean(runtime: Any, model_dir: Path, radix: bool) -> None:
     configure(runtime, ADAPTIVE_WARM)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), ADAPTIVE_WARM)
-    drv.admit(gf.make_reqs("a", 3, max_new_tokens=40))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), ADAPTIVE_WARM)
+    drv.admit(gf.make_reqs("a", 3, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
     for steps in (3, 1, 0, 0, 2, 3, 0, 1):
         gf.set_steps(drv.worker, steps)
         drv.decode(accepts=[steps + 1, 1, 2])
         drv.finish_and_filter()
     covered = runtime.guard.covered
     assert covered["draft"] == 8 and covered["draft_extend"] == 8 and "skip_draft_extend" not in covered
+
+
+def test_adapter_reads_the_chunk_counter_this_release_has(runtime: Any) -> None:
+    """The adapter tells a prefill that leaves the request unfinished by the Req's chunk counter; one read under
+    a name the release does not have sees every chunk as a finished prefill (0.5.16 and 0.5.23 renamed 0.5.12's
+    `is_chunked`)."""
+    assert runtime.adapter.CHUNKS_IN_FLIGHT in vars(h.make_req("c", [1, 2, 3]))
+
+
+def test_requests_finishing_at_their_prefill_run_clean(runtime: Any, model_dir: Path, radix: bool) -> None:
+    """A request done at its first token (max_new_tokens 1, or a stop at once) is released inside the prefill's
+    result processing, after the unfinished requests of its batch went into the tree: with a batch running and
+    with none."""
+    configure(runtime, V2_SWITCH)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), V2_SWITCH)
+    prompt = gf.SYSTEM_PROMPT
+    one = [h.make_req(f"one{i}", prompt + [300 + i] * (i + 2), max_new_tokens=1) for i in range(3)]
+    drv.admit([*gf.make_reqs("a", 2, max_new_tokens=10, shared_prefix=prompt), one[0]])
+    drv.decode()
+    drv.admit([*gf.make_reqs("b", 1, max_new_tokens=10, shared_prefix=prompt), one[1]])
+    for _ in range(20):
+        if not drv.batch.reqs:
+            break
+        drv.decode()
+        drv.finish_and_filter()
+    assert not drv.batch.reqs
+    drv.admit([one[2], *gf.make_reqs("c", 1, max_new_tokens=6, shared_prefix=prompt)])  # nothing runs
+    for _ in range(20):
+        if not drv.batch.reqs:
+            break
+        drv.decode()
+        drv.finish_and_filter()
+    assert [len(r.output_ids) for r in one] == [1, 1, 1] and not any(r.kv.holds_kv for r in one)
+    assert runtime.guard.covered["finish"] == 7
+    assert not drv.batch.reqs and gf.pool_accounted(drv.pools)
+
+
+@pytest.mark.parametrize("spec_on", [True, False], ids=["spec_on", "spec_off"])
+def test_retraction_and_prefill_again_run_clean(runtime: Any, model_dir: Path, radix: bool, spec_on: bool) -> None:
+    """The real ScheduleBatch.retract_decode (what update_running_batch does when the pool runs short) releases a
+    request's KV without caching it; the scheduler prefills it again later, its prompt and outputs so far. With
+    the radix cache on, that prefill hits what the tree kept of it."""
+    configure(runtime, V2_SWITCH)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), V2_SWITCH)
+    drv.admit(gf.make_reqs("r", 3, max_new_tokens=30, shared_prefix=gf.SYSTEM_PROMPT))
+    for _ in range(3):
+        drv.decode()
+    if not spec_on:
+        drv.flip_off()
+        drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        retracted, _, aborted = drv.batch.retract_decode()
+    assert retracted and not aborted and all(not r.kv.holds_kv for r in retracted)
+    outputs = [len(r.output_ids) for r in retracted]
+    drv.decode()
+    drv.admit(retracted)
+    hit = [r.num_matched_prefix_tokens for r in retracted]
+    assert [n >= len(r.origin_input_ids) - 1 for n, r in zip(hit, retracted, strict=True)] == [radix] * len(hit)
+    if not spec_on:
+        drv.decode()
+        drv.flip_on()
+    for _ in range(40):
+        if not drv.batch.reqs:
+            break
+        drv.decode()
+        drv.finish_and_filter()
+    assert runtime.guard.covered["retract"] == len(retracted)
+    assert all(len(r.output_ids) >= n for r, n in zip(retracted, outputs, strict=True))
+    assert not drv.batch.reqs and gf.pool_accounted(drv.pools)
+
+
+def test_tree_eviction_under_pool_pressure_runs_clean(runtime: Any, model_dir: Path) -> None:
+    """A full pool with the radix cache on: the allocator evicts finished requests' KV from the tree to serve the
+    running ones (alloc_token_slots -> evict), through flips."""
+    configure(runtime, V2_SWITCH)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True, kv_size=256), V2_SWITCH)
+    tree = drv.pools.tree_cache
+    evict_for_alloc, evicted = tree.evict_for_alloc, []
+
+    def counting_evict_for_alloc(*args: Any, **kwargs: Any) -> Any:  # the real method, its effect counted
+        before = tree.evictable_size()
+        result = evict_for_alloc(*args, **kwargs)
+        evicted.append(before - tree.evictable_size())
+        return result
+
+    tree.evict_for_alloc = counting_evict_for_alloc
+
+    def run_out() -> None:
+        for _ in range(30):
+            if not drv.batch.reqs:
+                return
+            drv.decode()
+            drv.finish_and_filter()
+
+    drv.admit(gf.make_reqs("a", 3, max_new_tokens=20, shared_prefix=gf.SYSTEM_PROMPT))
+    run_out()
+    assert tree.evictable_size() > 0 and not sum(evicted)
+    drv.admit([h.make_req(f"w{i}", [500 + i] * 40, max_new_tokens=20) for i in range(3)])  # no prefix in the tree
+    drv.flip_off()
+    for _ in range(3):
+        drv.decode()
+    drv.flip_on()
+    run_out()
+    assert sum(evicted) > 0  # the first wave's KV made room for the second's
+    assert not drv.batch.reqs and gf.pool_accounted(drv.pools)
 
 
 def test_shipped_designs_are_all_driven() -> None:
@@ -186,11 +324,11 @@ def _calls() -> dict[str, int]:
     return dict(gf.STAND_IN_CALLS)
 
 
-def _seeds_driver(runtime: Any, model_dir: Path, bug: str, n: int = 3) -> gf.DesignDriver:
+def _seeds_driver(runtime: Any, model_dir: Path, radix: bool, bug: str, n: int = 3) -> gf.DesignDriver:
     configure(runtime, CLAIMS[bug])
     design = BAD[bug]
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), design, bug=bug)
-    drv.admit(gf.make_reqs("s", n))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), design, bug=bug)
+    drv.admit(gf.make_reqs("s", n, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.decode()
     drv.flip_off()
@@ -199,8 +337,9 @@ def _seeds_driver(runtime: Any, model_dir: Path, bug: str, n: int = 3) -> gf.Des
 
 @pytest.mark.parametrize("bug", ["seeds_attempt1_spec_info_left", "seeds_final_verify_graphs_only",
                                  "seeds_attempt2_tuple_unpack"])
-def test_seeds_plain_step_bugs_caught_before_the_target_forward(runtime: Any, model_dir: Path, bug: str) -> None:
-    drv = _seeds_driver(runtime, model_dir, bug, n=2 if bug == "seeds_attempt2_tuple_unpack" else 3)
+def test_seeds_plain_step_bugs_caught_before_the_target_forward(runtime: Any, model_dir: Path, radix: bool,
+                                                                 bug: str) -> None:
+    drv = _seeds_driver(runtime, model_dir, radix, bug, n=2 if bug == "seeds_attempt2_tuple_unpack" else 3)
     calls = _calls()
     with pytest.raises(SpecFlipViolation) as excinfo:
         drv.decode()
@@ -210,15 +349,15 @@ def test_seeds_plain_step_bugs_caught_before_the_target_forward(runtime: Any, mo
 
 
 def test_seeds_messages_give_plain_numbers(runtime: Any, model_dir: Path) -> None:
-    drv = _seeds_driver(runtime, model_dir, "seeds_attempt2_tuple_unpack", n=2)
+    drv = _seeds_driver(runtime, model_dir, False, "seeds_attempt2_tuple_unpack", n=2)
     with pytest.raises(SpecFlipViolation) as excinfo:
         drv.decode()
     assert "out_cache_loc holds 1 slots; a DECODE step of 2 requests x 1 writes 2" in str(excinfo.value)
     assert "'s0'" in str(excinfo.value) and "'s1'" in str(excinfo.value)
 
 
-def test_clear_on_scheduler_batch_caught_before_the_draft(runtime: Any, model_dir: Path) -> None:
-    drv = _seeds_driver(runtime, model_dir, "clear_on_scheduler_batch")
+def test_clear_on_scheduler_batch_caught_before_the_draft(runtime: Any, model_dir: Path, radix: bool) -> None:
+    drv = _seeds_driver(runtime, model_dir, radix, "clear_on_scheduler_batch")
     drv.decode()
     drv.decode()  # plain steps: the ScheduleBatch loses its EagleDraftInput
     drv.flip_on()
@@ -229,14 +368,14 @@ def test_clear_on_scheduler_batch_caught_before_the_draft(runtime: Any, model_di
     assert gf.STAND_IN_CALLS.get("draft", 0) == calls.get("draft", 0)
 
 
-def test_zero_steps_skip_draft_extend_caught_at_the_upshift(runtime: Any, model_dir: Path,
+def test_zero_steps_skip_draft_extend_caught_at_the_upshift(runtime: Any, model_dir: Path, radix: bool,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.environ import envs
 
     monkeypatch.setenv(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.name, "1")
     configure(runtime, ADAPTIVE_WARM)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["zero_steps_skip_draft_extend"])
-    drv.admit(gf.make_reqs("z", 3))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["zero_steps_skip_draft_extend"])
+    drv.admit(gf.make_reqs("z", 3, shared_prefix=gf.SYSTEM_PROMPT))
     gf.set_steps(drv.worker, 0)
     drv.decode(accepts=[1, 1, 1])  # steps 0: trivial verify, draft-extend skipped (the real stub runs)
     gf.set_steps(drv.worker, 2)
@@ -248,15 +387,15 @@ def test_zero_steps_skip_draft_extend_caught_at_the_upshift(runtime: Any, model_
     assert gf.STAND_IN_CALLS.get("draft", 0) == calls.get("draft", 0)
 
 
-def test_kv_reserve_by_current_steps_caught_before_the_draft(runtime: Any, model_dir: Path,
+def test_kv_reserve_by_current_steps_caught_before_the_draft(runtime: Any, model_dir: Path, radix: bool,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.speculative import eagle_utils
 
     configure(runtime, ADAPTIVE_WARM)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["kv_reserve_by_current_steps"], num_steps=1)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["kv_reserve_by_current_steps"], num_steps=1)
     # the bug: the reserve follows the step count current at prepare_for_decode (PR #24055)
     monkeypatch.setattr(eagle_utils, "get_alloc_reserve_per_decode", lambda: drv.worker.speculative_num_steps + 1)
-    drv.admit(gf.make_reqs("k", 3))
+    drv.admit(gf.make_reqs("k", 3, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode(accepts=[2, 2, 2])
     with h.patch_assign_req_to_token_pool():
         drv.batch.prepare_for_decode()  # reserves for steps 1
@@ -269,13 +408,13 @@ def test_kv_reserve_by_current_steps_caught_before_the_draft(runtime: Any, model
     assert gf.STAND_IN_CALLS.get("verify", 0) == calls.get("verify", 0)
 
 
-def test_merge_unchecked_spec_info_caught_before_the_merge(runtime: Any, model_dir: Path) -> None:
+def test_merge_unchecked_spec_info_caught_before_the_merge(runtime: Any, model_dir: Path, radix: bool) -> None:
     configure(runtime, CATCH_UP)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["merge_unchecked_spec_info"])
-    drv.admit(gf.make_reqs("m", 2))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["merge_unchecked_spec_info"])
+    drv.admit(gf.make_reqs("m", 2, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.flip_off()
-    late = drv.prefill(gf.make_reqs("late", 2))  # prefilled while off: no draft input
+    late = drv.prefill(gf.make_reqs("late", 2, shared_prefix=gf.SYSTEM_PROMPT))  # prefilled while off: no draft input
     drv.flip_on()
     late.forward_mode = late.forward_mode.DECODE
     rows_before = len(drv.batch.reqs)
@@ -285,13 +424,14 @@ def test_merge_unchecked_spec_info_caught_before_the_merge(runtime: Any, model_d
     assert len(drv.batch.reqs) == rows_before  # raised before ScheduleBatch.merge_batch ran
 
 
-def test_draft_kv_never_freed_caught_at_finish(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_draft_kv_never_freed_caught_at_finish(runtime: Any, model_dir: Path, radix: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.mem_cache import common
 
     configure(runtime, ADAPTIVE_WARM)
     monkeypatch.setattr(common, "_release_overallocated_kv_indices", lambda *a, **k: None)  # the leak
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["draft_kv_never_freed"])
-    drv.admit(gf.make_reqs("f", 2, max_new_tokens=6))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["draft_kv_never_freed"])
+    drv.admit(gf.make_reqs("f", 2, max_new_tokens=6, shared_prefix=gf.SYSTEM_PROMPT))
     calls = _calls()
     with pytest.raises(SpecFlipViolation) as excinfo:
         for _ in range(6):
@@ -302,13 +442,13 @@ def test_draft_kv_never_freed_caught_at_finish(runtime: Any, model_dir: Path, mo
     assert gf.STAND_IN_CALLS.get("draft", 0) - calls.get("draft", 0) <= 2  # caught at the release, no later
 
 
-def test_reenable_above_spec_cap_caught_at_the_flip(runtime: Any, model_dir: Path) -> None:
+def test_reenable_above_spec_cap_caught_at_the_flip(runtime: Any, model_dir: Path, radix: bool) -> None:
     configure(runtime, CATCH_UP, spec_cap=2, plain_cap=4)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["reenable_above_spec_cap"])
-    drv.admit(gf.make_reqs("c", 2))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["reenable_above_spec_cap"])
+    drv.admit(gf.make_reqs("c", 2, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.flip_off()
-    drv.admit(gf.make_reqs("d", 1))
+    drv.admit(gf.make_reqs("d", 1, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     with pytest.raises(SpecFlipViolation) as excinfo:
         drv.flip_on()
@@ -316,10 +456,11 @@ def test_reenable_above_spec_cap_caught_at_the_flip(runtime: Any, model_dir: Pat
     assert "3 requests run with speculation on; that mode holds at most 2" in str(excinfo.value)
 
 
-def test_no_draft_work_while_off_caught_before_the_draft(runtime: Any, model_dir: Path) -> None:
+def test_no_draft_work_while_off_caught_before_the_draft(runtime: Any, model_dir: Path, radix: bool) -> None:
     configure(runtime, CATCH_UP)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["no_draft_work_while_off"], bug="no_draft_work_while_off")
-    drv.admit(gf.make_reqs("n", 3))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["no_draft_work_while_off"],
+                          bug="no_draft_work_while_off")
+    drv.admit(gf.make_reqs("n", 3, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.flip_off()
     drv.decode()
@@ -332,10 +473,11 @@ def test_no_draft_work_while_off_caught_before_the_draft(runtime: Any, model_dir
     assert gf.STAND_IN_CALLS.get("draft", 0) == calls.get("draft", 0)
 
 
-def test_seq_lens_advanced_twice_caught_before_the_target_forward(runtime: Any, model_dir: Path) -> None:
+def test_seq_lens_advanced_twice_caught_before_the_target_forward(runtime: Any, model_dir: Path, radix: bool) -> None:
     configure(runtime, CATCH_UP)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["seq_lens_advanced_twice"], bug="seq_lens_advanced_twice")
-    drv.admit(gf.make_reqs("t", 3))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), BAD["seq_lens_advanced_twice"],
+                          bug="seq_lens_advanced_twice")
+    drv.admit(gf.make_reqs("t", 3, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.flip_off()
     calls = _calls()
@@ -380,10 +522,13 @@ def test_an_error_inside_the_guard_never_propagates_in_warn_mode(runtime: Any, m
     assert sum("internal error" in r.getMessage() for r in caplog.records) >= 1
 
 
-def test_trace_of_a_clean_run_conforms_and_covers_the_flip(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("radix", "chunk_size"), [SERVING[0], SERVING[3]])
+def test_trace_of_a_clean_run_conforms_and_covers_the_flip(runtime: Any, model_dir: Path, tmp_path: Path,
+                                                          radix: bool, chunk_size: int | None) -> None:
     trace = tmp_path / "clean.jsonl"
     configure(runtime, SYNC_V2, mode=Mode.TRACE, trace=trace)
-    run_threshold_scenario(gf.DesignDriver(gf.eagle_pools(model_dir), SYNC_V2))
+    run_threshold_scenario(gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), SYNC_V2),
+                           chunk_size=chunk_size)
     runtime.reset()
     report = explain_traces([trace])
     assert report.conforms, report.render()
@@ -464,17 +609,19 @@ def _v2_plain_steps(drv: gf.DesignDriver, count: int) -> None:
         assert batch.seq_lens_cpu.tolist() == [r.kv.kv_committed_len for r in batch.reqs]
 
 
-def test_v2_switch_runs_clean(runtime: Any, model_dir: Path) -> None:
+@pytest.mark.parametrize(("radix", "chunk_size"), SERVING)
+def test_v2_switch_runs_clean(runtime: Any, model_dir: Path, radix: bool, chunk_size: int | None) -> None:
     configure(runtime, V2_SWITCH)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), V2_SWITCH)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), V2_SWITCH)
     assert drv.switch is not None and drv.switch.config.design_name == V2_SWITCH.name
-    drv.admit(gf.make_reqs("a", 3, max_new_tokens=60))
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=60, shared_prefix=gf.SYSTEM_PROMPT), chunk_size=chunk_size)
     for _ in range(4):
         drv.decode()
     drv.flip_off()
     assert all(r.kv.kv_allocated_len > r.kv.kv_committed_len for r in drv.batch.reqs)  # reserve kept
     _v2_plain_steps(drv, 4)
-    drv.admit(gf.make_reqs("b", 2, max_new_tokens=12))  # prefilled while off: with its draft input
+    late = gf.make_reqs("b", 2, max_new_tokens=12, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.admit_all(late, chunk_size=chunk_size)  # prefilled while off: with its draft input
     _v2_plain_steps(drv, 4)
     drv.flip_on()
     for _ in range(4):
@@ -491,13 +638,14 @@ def test_v2_switch_runs_clean(runtime: Any, model_dir: Path) -> None:
         assert covered.get(name, 0) > 0, (name, covered)
     assert covered["plain_decode"] == covered["draft_sync"] == 8 and "draft_catch_up" not in covered
     assert sum(drv.switch.counters.values()) == 8  # every plain step ran through switch_v2.plain_decode
-    assert not drv.batch.reqs and drv.pools.available_size() == drv.pools.allocator.size
+    assert_served_as_configured(drv, late, covered, radix=radix, chunk_size=chunk_size)
 
 
-def test_v2_switch_spec_info_left_on_launch_caught_before_the_target_forward(runtime: Any, model_dir: Path) -> None:
+def test_v2_switch_spec_info_left_on_launch_caught_before_the_target_forward(runtime: Any, model_dir: Path,
+                                                                              radix: bool) -> None:
     configure(runtime, V2_SWITCH)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), V2_SWITCH, bug="v2_spec_info_left_on_launch")
-    drv.admit(gf.make_reqs("v", 3))
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), V2_SWITCH, bug="v2_spec_info_left_on_launch")
+    drv.admit(gf.make_reqs("v", 3, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.flip_off()
     calls = _calls()

@@ -3,7 +3,12 @@ pass, a configuration built to break each rule fails with that rule's (model inv
 
 from __future__ import annotations
 
+import gc
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import attrs
 import pytest
@@ -204,6 +209,29 @@ def test_cli_exit_codes_and_json(model_dir, capsys, monkeypatch, tmp_path):
     assert "cannot read the adaptive config" in capsys.readouterr().err
     assert main([*base, "--specflip-t-off", "4", "--specflip-t-on", "8"]) == 2
     assert "t_on < t_off" in capsys.readouterr().err
+    assert gc.isenabled()  # only the `specflip` script, which owns its process, turns the collector off
+
+
+@needs_sglang
+def test_script_exit_code_and_whole_output_survive_the_fast_exit(model_dir, tmp_path):
+    """The `specflip` script leaves without interpreter teardown (os._exit): its exit code and all of its
+    output must still arrive, cold (SGLang imported) and from the cache."""
+    script = Path(sys.executable).with_name("specflip")
+    # block-buffered stdout, as in a plain shell: output an os._exit would drop unless lint flushes it
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "XDG_CACHE_HOME": str(tmp_path)}
+    args = [str(script), "lint", "--json", "--model-path", model_dir, "--speculative-algorithm", "EAGLE",
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+            "--max-running-requests", "128", "--specflip-t-off", "100", "--specflip-t-on", "60"]
+    runs = [subprocess.run(args, env=env, capture_output=True, text=True, timeout=300) for _ in ("cold", "cached")]
+    assert list(tmp_path.glob("specflip/lint/*.json"))  # the cold run wrote its cache entry before exiting
+    for run in runs:
+        assert run.returncode == 1, run.stderr
+        out = json.loads(run.stdout)
+        assert [f["rule"] for f in out["findings"]] == [RUNNING_CAP] and out["sizing"]["release"] == "0.5.23"
+    assert runs[0].stdout == runs[1].stdout
+    usage = subprocess.run([*args[:2], "--specflip-t-off", "4", "--specflip-t-on", "8", *args[3:7]], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and usage.stderr.startswith("specflip lint:") and usage.stdout == ""
 
 
 def test_unsupported_release_is_a_usage_error(monkeypatch):

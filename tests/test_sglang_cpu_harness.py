@@ -181,3 +181,111 @@ def test_merge_batch(plain: h.CpuPools, eagle: h.CpuPools) -> None:
     assert ea.spec_info.hidden_states.shape == (4, h.HIDDEN_SIZE)
     h.spec_decode_step(ea, [1, 2, 3, 4])
     assert [c for c, _ in h.kv_lens(ea)] == ea.seq_lens.tolist()
+
+
+# --- the radix cache, free groups, chunked prefill (what a live scheduler does around the batch) -------------
+
+SHARED = list(range(100, 124))  # a prompt prefix the requests share (a system prompt)
+
+
+def eagle_pools(model_dir: Path, *, radix_cache: bool) -> h.CpuPools:
+    sa = h.make_server_args(
+        model_dir, speculative_algorithm="EAGLE", num_steps=NUM_STEPS, topk=TOPK, num_draft_tokens=NUM_DRAFT
+    )
+    return h.build_pools(sa, kv_size=KV_SIZE, radix_cache=radix_cache)
+
+
+def own_slots(reqs: list[Any]) -> int:
+    """Slots the requests hold themselves: [cache_protected_len, kv_allocated_len) of each row."""
+    return sum(r.kv.kv_allocated_len - r.kv.cache_protected_len for r in reqs if r.kv.holds_kv)
+
+
+def accounted(pools: h.CpuPools, reqs: list[Any]) -> int:
+    from shim.adapters.common import pending_free_slots
+
+    return pools.available_size() + pending_free_slots(pools.allocator) + h.tree_held(pools) + own_slots(reqs)
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
+def test_the_tree_is_the_one_a_0_5_23_server_builds(model_dir: Path, radix: bool) -> None:
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    pools = eagle_pools(model_dir, radix_cache=radix)
+    assert type(pools.tree_cache) is UnifiedRadixCache
+    assert pools.tree_cache.disable is not radix and pools.tree_cache.tree_core.is_eagle
+    assert pools.server_args.disable_radix_cache is not radix
+
+
+def test_radix_cache_prefix_hits_and_the_tree_takes_the_prompt(model_dir: Path) -> None:
+    pools = eagle_pools(model_dir, radix_cache=True)
+    first = [h.make_req(f"a{i}", SHARED + list(range(10 + i, 20 + i)), max_new_tokens=8) for i in range(2)]
+    batch = h.prefill(pools, first)
+    # each prompt went into the tree (EAGLE keys token pairs: n tokens, n - 1 keys), the row points at it
+    assert [r.kv.cache_protected_len for r in first] == [len(r.origin_input_ids) - 1 for r in first]
+    assert pools.tree_cache.protected_size() == 2 * (len(first[0].origin_input_ids) - 1) - (len(SHARED) - 1)
+    assert accounted(pools, first) == KV_SIZE
+
+    late = h.make_req("b", SHARED + [7, 7, 7], max_new_tokens=8)
+    late_batch, _ = h.schedule_prefill(pools, [late])
+    assert late.num_matched_prefix_tokens == len(SHARED) - 1 and late.kv.cache_protected_len == len(SHARED) - 1
+    assert late_batch.extend_num_tokens == late_batch.out_cache_loc.numel() == len(late.origin_input_ids) - 23
+    assert accounted(pools, [*first, late]) == KV_SIZE
+    h.prefill_forward_cpu_stand_in(late_batch)
+    h.merge_batches(batch, late_batch)
+    h.spec_decode_step(batch, [4, 4, 4])
+    assert accounted(pools, batch.reqs) == KV_SIZE
+    for req in batch.reqs:
+        h.finish_req(req)
+    h.release_finished_cpu_stand_in(pools, batch)
+    # every slot is back: free, or the tree's (what it keeps of the finished requests, all evictable now)
+    assert not batch.reqs and pools.available_size() + pools.tree_cache.evictable_size() == KV_SIZE
+    assert pools.tree_cache.protected_size() == 0
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
+def test_a_release_inside_a_free_group_is_queued(model_dir: Path, radix: bool) -> None:
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from shim.adapters.common import pending_free_slots
+
+    pools = eagle_pools(model_dir, radix_cache=radix)
+    reqs = [h.make_req(f"g{i}", SHARED + [i, i + 1], max_new_tokens=8) for i in range(2)]
+    batch = h.prefill(pools, reqs)
+    h.spec_decode_step(batch, [3, 2])
+    gone = batch.reqs[0]
+    h.finish_req(gone)
+    available = pools.available_size()
+    pools.allocator.free_group_begin()
+    release_kv_cache(gone, pools.tree_cache, checkpoint=True)
+    queued = pending_free_slots(pools.allocator)
+    # the frees wait for the group's end; with the tree on, the finished request's KV went into the tree but
+    # the last token's slot (no pair key for it) and the speculative reserve are freed
+    assert pools.available_size() == available and queued > 0
+    assert accounted(pools, [batch.reqs[1]]) == KV_SIZE
+    pools.allocator.free_group_end()
+    assert pools.available_size() == available + queued and pending_free_slots(pools.allocator) == 0
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
+def test_chunked_prefill_follows_the_scheduler(model_dir: Path, radix: bool) -> None:
+    pools = eagle_pools(model_dir, radix_cache=radix)
+    long = h.make_req("long", SHARED + list(range(30)), max_new_tokens=8)  # 54 tokens: chunks of 16
+    short = h.make_req("short", [5, 6, 7], max_new_tokens=8)
+    waiting, chunked, rounds, prefilled = [long, short], None, 0, []
+    while waiting or chunked is not None:
+        batch, chunked = h.schedule_prefill(pools, waiting, chunked_req=chunked, chunk_size=16)
+        rounds += 1
+        assert batch.extend_num_tokens <= 16
+        # the scheduler counts a chunk in flight before prepare_for_extend; the result processing counts it down
+        assert long.inflight_middle_chunks == (1 if chunked is long else 0)
+        h.prefill_forward_cpu_stand_in(batch)
+        assert long.inflight_middle_chunks == 0
+        assert len(long.output_ids) == (0 if chunked is long else 1)  # no token until the last chunk
+        h.next_round_after_prefill(batch, chunked)
+        assert chunked not in batch.reqs
+        prefilled += batch.reqs
+        assert accounted(pools, [long, short]) == KV_SIZE
+    assert rounds == 4 and [r.rid for r in prefilled] == ["long", "short"]
+    assert long.kv.kv_committed_len == len(long.origin_input_ids) and len(short.output_ids) == 1
+    if radix:  # each stashed chunk went into the tree
+        assert long.kv.cache_protected_len == len(long.origin_input_ids) - 1

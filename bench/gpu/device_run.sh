@@ -2,7 +2,8 @@
 # Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/gpu-results.md).
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
 #   MODELS: small (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632, the issue's 0.8B target)
-#   ENV:    space-separated VAR=value for the server (e.g. SPECFLIP_SWITCH=16:8)
+#   ENV:    space-separated VAR=value for the server (e.g. SPECFLIP_SWITCH=16:8; SPECFLIP_MODE=assert adds the guard;
+#           @TR stands for this phase's trace folder)
 #   FLAGS:  extra launch_server flags; @SPEC expands to the EAGLE-3 flags (steps 3, topk 1, 4 draft tokens)
 #   NAME starting with 'replay' runs the kit client + `specflip replay`; any other NAME runs the bench sweep.
 set -u
@@ -16,10 +17,11 @@ echo "== unpack (t=$(el)s)"
 rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
 [ -f "$K/jitcache.tar.gz" ] && tar xzf "$K/jitcache.tar.gz" -C /tmp/jitcache && echo "jit cache restored"
-# the switch's plugin entry point (group sglang.srt.plugins): installs nothing unless SPECFLIP_SWITCH is set
 D=/tmp/site/specflip_switch-0.1.dist-info; mkdir -p $D
 printf 'Metadata-Version: 2.1\nName: specflip-switch\nVersion: 0.1\n' > $D/METADATA
-printf '[sglang.srt.plugins]\nspecflip_switch = shim.switch_v2:plugin_entry\n' > $D/entry_points.txt
+# shim.plugin:register (the project's own entry point): the v2 switch when SPECFLIP_SWITCH is set, then the guard when
+# SPECFLIP_MODE is set
+printf '[sglang.srt.plugins]\nspecflip = shim.plugin:register\n' > $D/entry_points.txt
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm TRITON_CACHE_DIR=/tmp/jitcache/triton
 [ -z "${CUDA_HOME:-}" ] && [ -n "$(which nvcc)" ] && export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(which nvcc)")")")
 python3 "$K/gen_models.py" /tmp/models_small > /dev/null || exit 4
@@ -33,9 +35,10 @@ for spec in "$@"; do
   case $name in *'!') name=${name%'!'}; [ $FAILED = 1 ] && { echo "== skip $name (an earlier phase failed)"; continue; };; esac
   left=$(( BUDGET - $(el) )); if [ $left -lt 110 ]; then echo "== skip $name: ${left}s left"; continue; fi
   M=/tmp/models_$models
+  TR=$OUT/tr/$name; envs=${envs//@TR/$TR}   # @TR in ENV: this phase's trace folder (e.g. SPECFLIP_TRACE=@TR/g.jsonl)
   flags=${flags//@SPEC/$SPEC --speculative-draft-model-path $M/draft}
   mem=0.5; [ "$models" = small ] && mem=0.3
-  TR=$OUT/tr/$name; mkdir -p "$TR"
+  mkdir -p "$TR"
   echo "== start $name (t=$(el)s) env='$envs' flags='$flags'"; ts=$(date +%s)
   env $envs SPECFLIP_SWITCH_TRACE=$TR setsid python3 -m sglang.launch_server --model-path $M/target \
       --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init --mem-fraction-static $mem \
