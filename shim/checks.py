@@ -8,7 +8,7 @@ and the runtime mode it belongs to). Nothing here restates a rule.
 from __future__ import annotations
 
 from statemodel.actions import ACTIONS_BY_NAME, Action
-from statemodel.design import Scope
+from statemodel.design import Design, Scope
 from statemodel.invariants import Violation, check_state, check_step
 from statemodel.state import State
 
@@ -38,14 +38,14 @@ def transition_violations(before: State, action: Action) -> list[Violation]:
     return problems
 
 
-def step_violations(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
-    """A legal transition, then every model invariant of the step and of its result. The step
-    invariants presume a legal step (a verify has a launched batch...): an illegal one gets the state
+def step_violations(before: State, action: Action, after: State, scope: Scope, design: Design) -> list[Violation]:
+    """A legal transition, then every model invariant of the step (under `design`) and of its result. The
+    step invariants presume a legal step (a verify has a launched batch...): an illegal one gets the state
     invariants of its result only."""
     illegal = transition_violations(before, action)
     if illegal:
         return illegal + check_state(after, scope)
-    return check_step(before, action, after, scope)
+    return check_step(before, action, after, scope, design)
 
 
 def state_violations(state: State, scope: Scope) -> list[Violation]:

@@ -30,7 +30,8 @@ from shim.trace import (
     state_from_json,
 )
 from statemodel.actions import ACTION_CATALOGUE, Action
-from statemodel.design import Scope
+from statemodel.design import Design, Scope
+from statemodel.designs import get_design
 from statemodel.invariants import Violation
 from statemodel.state import Request, State
 
@@ -126,6 +127,7 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
     name = str(path)
     state: State | None = None
     scope: Scope | None = None
+    design: Design | None = None
     names: list[str] = []
     covered: dict[str, int] = {}
     ranks: set[int] = set()
@@ -140,11 +142,12 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
             if kind == "header":
                 state = state_from_json(record["state"])
                 scope = scope_from_json(record["scope"])
+                design = get_design(str(record["design"]))
                 names = [str(n) for n in record["rids"]]
                 releases.append(str(record["release"]))
                 designs.append(str(record["design"]))
                 continue
-            assert state is not None and scope is not None  # read_records guarantees a header first
+            assert state is not None and scope is not None and design is not None  # a header comes first
             if kind == "compact":
                 keep = [int(i) for i in record["keep"]]
                 state = compact_state(state, keep)
@@ -159,7 +162,7 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
             else:
                 names.extend(str(n) for n in record["new_rids"])
                 action = Action(str(record["action"]), tuple(int(a) for a in record["args"]))
-                found = step_violations(state, action, after, scope)
+                found = step_violations(state, action, after, scope, design)
                 steps += 1
                 covered[action.name] = covered.get(action.name, 0) + 1
         except TraceFormatError:

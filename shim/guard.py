@@ -291,14 +291,10 @@ class Guard:
         for rid in launched.rids:
             r = before.req(rid)
             obs = by_rid.get(self.names[rid])
+            # seq_len as observed, past a request's finish too: what a verify may add there is the design's
+            # (Design.verify_advances_past_finish), checked by seq_lens_growth
             committed = obs.kv_committed_len if obs is not None else r.seq_len
             accepts.append(max(0, committed - r.seq_len - 1))
-            if obs is not None and obs.finished:
-                # SGLang commits the whole accepted run and trims the output at the stop; the model's
-                # request ends at max_new_tokens: tokens past it are not the model's seq_len
-                cap = r.seq_len + r.max_new_tokens - r.committed
-                by_rid[obs.rid] = obs._replace(seq_len=min(obs.seq_len, cap))
-        reqs = list(by_rid.values())
         where = "process_batch_result (verify result)"
         self._transition(Action("verify", tuple(accepts)), where, reqs=reqs, pool=pool,
                          seq_rids={self.names[r] for r in launched.rids})
@@ -415,7 +411,7 @@ class Guard:
 
     def _record(self, before: State, action: Action, after: State, where: str,
                 new_rids: list[str] | None = None, trace_base: State | None = None) -> None:
-        found = tuple(step_violations(before, action, after, self.config.scope))
+        found = tuple(step_violations(before, action, after, self.config.scope, self.config.design))
         self.step_number += 1
         self.covered[action.name] = self.covered.get(action.name, 0) + 1
         self.last_action = action

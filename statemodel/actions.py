@@ -474,17 +474,26 @@ def _draft(state: State, action: Action, design: Design, scope: Scope) -> State:
     return attrs.evolve(state, launched=verify_batch, stage=Stage.DRAFTED, num_steps=steps)
 
 
+def verify_growth(r: Request, accepted: int, design: Design) -> tuple[int, int]:
+    """What a verify that accepted `accepted` draft tokens (plus the bonus token) adds to request `r`:
+    (seq_len growth, output tokens kept). The output stops at max_new_tokens; seq_len (and the KV behind
+    it) takes the whole run where the design's worker advances past the finish, the kept part otherwise.
+    The one rule `_verify` and the `seq_lens_growth` invariant both read."""
+    kept = min(accepted + 1, r.max_new_tokens - r.committed)
+    return (accepted + 1 if design.verify_advances_past_finish else kept), kept
+
+
 def _verify(state: State, action: Action, design: Design, scope: Scope) -> State:
     launched = state.launched
     assert launched is not None
     changed: dict[int, Request] = {}
     for rid, accepted in zip(launched.rids, action.args, strict=True):
         r = state.req(rid)
-        kept = min(accepted + 1, r.max_new_tokens - r.committed)
-        used = min(kept, r.kv_reserved)
-        # accepted tokens move from the reserve into held slots; the rest of the reserve stays
-        # allocated for the next round (SGLang v2 over-allocation), freed at finish
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + kept, committed=r.committed + kept,
+        grown, kept = verify_growth(r, accepted, design)
+        used = min(grown, r.kv_reserved)
+        # tokens the verify wrote and kept in seq_len move from the reserve into held slots; the rest of
+        # the reserve stays allocated for the next round (SGLang v2 over-allocation), freed at finish
+        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + grown, committed=r.committed + kept,
                                     kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
                                     draft_hidden_ready=False)
     # the verify forward has run: nothing is in flight until draft-extend launches
@@ -582,4 +591,5 @@ __all__ = [
     "apply",
     "enabled",
     "initial_states",
+    "verify_growth",
 ]

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import attrs
 
-from statemodel.actions import Action
-from statemodel.design import Scope
+from statemodel.actions import Action, verify_growth
+from statemodel.design import Design, Scope
 from statemodel.state import Batch, ForwardMode, SpecInfoKind, SpecMode, State, Status
 
 
@@ -34,7 +34,7 @@ class Invariant:
     name: str
     summary: str
     check: Callable[..., list[Violation]]
-    on_step: bool  # True: check(before, action, after, scope); False: check(state, scope)
+    on_step: bool  # True: check(before, action, after, scope, design); False: check(state, scope)
 
 
 # spec_info kinds a launched forward may carry, per forward mode.
@@ -180,13 +180,13 @@ def running_within_cap(state: State, scope: Scope) -> list[Violation]:
     )]
 
 
-def seq_lens_growth(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, design: Design) -> list[Violation]:
     """seq_lens grow by accepted+1 on a verify, by 1 on a plain decode, and not at all otherwise
     (except prefill and retract, which set them)."""
     if action.name in ("prefill", "retract"):
         return []
     problems = []
-    expected_growth = _expected_growth(before, action)
+    expected_growth = _expected_growth(before, action, design)
     for a, b in zip(before.requests, after.requests, strict=True):
         want = expected_growth.get(a.rid, 0)
         if a is b and not want:
@@ -202,11 +202,12 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope) -
     return problems
 
 
-def _expected_growth(before: State, action: Action) -> dict[int, int]:
+def _expected_growth(before: State, action: Action, design: Design) -> dict[int, int]:
     if action.name == "verify":
+        # at a request's finish the design's worker decides: the whole run (v2) or up to max_new_tokens (v1)
         requests = before.requests
         return {
-            rid: min(accepted + 1, requests[rid].max_new_tokens - requests[rid].committed)
+            rid: verify_growth(requests[rid], accepted, design)[0]
             for rid, accepted in zip(before.launched.rids, action.args, strict=True)  # type: ignore[union-attr]
         }
     if action.name == "plain_decode":
@@ -214,7 +215,8 @@ def _expected_growth(before: State, action: Action) -> dict[int, int]:
     return {}
 
 
-def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: Scope,
+                           design: Design) -> list[Violation]:
     """Before any draft step, the draft model's KV covers every committed token and the hidden
     state it starts from exists."""
     if action.name != "draft" or action.args[0] == 0:
@@ -241,7 +243,8 @@ def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: S
     )]
 
 
-def committed_never_lost(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
+def committed_never_lost(before: State, action: Action, after: State, scope: Scope,
+                         design: Design) -> list[Violation]:
     """No step takes away an output token a request has committed, retraction included."""
     lost = [(a, b) for a, b in zip(before.requests, after.requests, strict=True)
             if a is not b and b.committed < a.committed]
@@ -278,12 +281,13 @@ def check_state(state: State, scope: Scope) -> list[Violation]:
     return found
 
 
-def check_step(before: State, action: Action, after: State, scope: Scope) -> list[Violation]:
-    """Every step invariant of one transition, then every state invariant of its result."""
+def check_step(before: State, action: Action, after: State, scope: Scope, design: Design) -> list[Violation]:
+    """Every step invariant of one transition under `design` (whose worker decides what some steps
+    do), then every state invariant of its result."""
     found: list[Violation] = []
     for inv in INVARIANTS:
         if inv.on_step:
-            found.extend(inv.check(before, action, after, scope))
+            found.extend(inv.check(before, action, after, scope, design))
         else:
             found.extend(inv.check(after, scope))
     order = {name: i for i, name in enumerate(INVARIANT_NAMES)}

@@ -59,6 +59,16 @@ def _finish_at_prefill(before: State, action: Action, after: State) -> bool:
     return action.name == "finish" and before.pending is not None and action.args[0] in before.pending.rids
 
 
+def _finish_mid_round(before: State, action: Action, after: State) -> bool:
+    """A verify accepts more tokens than some request has left: it finishes inside the round, and its
+    design's worker decides how far seq_len goes (Design.verify_advances_past_finish)."""
+    if action.name != "verify" or before.launched is None:
+        return False
+    requests = before.requests
+    return any(accepted + 1 > requests[rid].max_new_tokens - requests[rid].committed
+               for rid, accepted in zip(before.launched.rids, action.args, strict=True))
+
+
 def _steps_switched(before: State, action: Action, after: State) -> bool:
     return action.name == "draft" and action.args[0] != before.num_steps
 
@@ -86,7 +96,7 @@ class Model:
         return check_state(state, self.scope)
 
     def check_step(self, before: State, action: Action, after: State) -> list[Violation]:
-        return check_step(before, action, after, self.scope)
+        return check_step(before, action, after, self.scope, self.design)
 
     def sometimes(self) -> tuple[Sometimes, ...]:
         """Reachability properties that apply to this design."""
@@ -96,6 +106,8 @@ class Model:
             Sometimes("finish", "a request finishes", _named("finish")),
             Sometimes("finish_at_prefill", "a request finishes in its prefilled batch, before the merge",
                       _finish_at_prefill),
+            Sometimes("finish_mid_round", "a verify accepts more tokens than a request has left",
+                      _finish_mid_round),
             Sometimes("filter_batch", "finished requests are filtered out", _named("filter_batch")),
             Sometimes("retract", "a request is retracted under KV pressure", _named("retract")),
             Sometimes("draft_k_steps", "a draft of at least one step", _draft_with(lambda k: k > 0)),

@@ -219,7 +219,14 @@ def set_steps(worker: Any, steps: int) -> None:
 
 
 def settle_spec_result_cpu_stand_in(batch: Any, result: Any) -> None:
-    """Scheduler.run_batch (non-overlap spec v2) + _resolve_spec_v2_tokens / process_batch_result_decode."""
+    """Scheduler.run_batch (non-overlap spec v2) + process_batch_result_decode, in 0.5.23's order:
+    `_resolve_spec_v2_tokens` first adds every row's whole accepted run to kv_committed_len (seq_lens took it
+    in the verify already, past max_new_tokens too); then, request by request inside one allocator free group,
+    output_ids, `update_finish_state` and, for a request now finished, `release_kv_cache`
+    (`_handle_finish_state_updated_req`). So when the first finished request is released, the later rows have
+    their KV committed but are not finished yet: what the guard sees on a live server."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
     batch.spec_info = result.next_draft_input
     batch.seq_lens = result.new_seq_lens
     batch.seq_lens_cpu = result.new_seq_lens.to("cpu")
@@ -228,13 +235,24 @@ def settle_spec_result_cpu_stand_in(batch: Any, result: Any) -> None:
     accept = result.accept_lens.tolist()
     stride = int(result.speculative_num_draft_tokens)
     tokens = result.next_token_ids.tolist()
+    runs: list[list[int] | None] = []
     for i, req in enumerate(batch.reqs):
         if req.finished() or req.is_retracted:
+            runs.append(None)
             continue
         accepted = tokens[i * stride: i * stride + accept[i]]
         req.kv.kv_committed_len += len(accepted)
+        runs.append(accepted)
+    allocator = batch.token_to_kv_pool_allocator
+    allocator.free_group_begin()
+    for req, accepted in zip(batch.reqs, runs, strict=True):
+        if accepted is None:
+            continue
         req.output_ids.extend(accepted)
         req.update_finish_state(len(accepted))
+        if req.finished():
+            release_kv_cache(req, batch.tree_cache, checkpoint=True)
+    allocator.free_group_end()
 
 
 @contextlib.contextmanager
@@ -277,7 +295,7 @@ class DesignDriver:
         self.design = design
         self.bug = bug
         # the seeds' line (0.5.12, v1 worker): a ModelWorkerBatch copy per forward, verify-only target graphs,
-        # and the seeds' plugin has prepare_for_decode allocate the plain slot
+        # a verify that stops at the finish, and the seeds' plugin has prepare_for_decode allocate the plain slot
         self.seeds_line = design.sglang_line == "0.5.12"
         self.worker = make_workers(pools, num_steps=num_steps, verify_graphs=self.seeds_line)
         self.decode_graphs = DecodeCudaGraphRunnerCpuStandIn(captured_req_width=1)
@@ -394,6 +412,9 @@ class DesignDriver:
 
     # decode rounds --------------------------------------------------------------------------------------------
     def decode(self, accepts: Sequence[int] | None = None) -> None:
+        if any(req.finished() for req in self.batch.reqs):
+            # the scheduler's next iteration starts with update_running_batch: finished requests leave first
+            self.finish_and_filter()
         if self.spec_on:
             self.spec_round(accepts)
         else:
@@ -402,7 +423,14 @@ class DesignDriver:
     def spec_round(self, accepts: Sequence[int] | None = None) -> None:
         with h.patch_assign_req_to_token_pool():
             self.batch.prepare_for_decode()
-        self.worker.accept_lens_cpu_stand_in = list(accepts or self.accepts)
+        queued = list(accepts or self.accepts)
+        if self.seeds_line:
+            # the v1 worker's verify (0.5.12 EagleVerifyInput.verify) cuts a request's accepted run at its finish
+            # (`accept_index[i, j + 1:] = -1`): seq_lens and kv_committed_len stop at max_new_tokens, where the v2
+            # worker these objects belong to commits the whole run
+            queued = [min(queued[i % len(queued)], req.sampling_params.max_new_tokens - len(req.output_ids))
+                      for i, req in enumerate(self.batch.reqs)]
+        self.worker.accept_lens_cpu_stand_in = queued
         result = self.worker.forward_batch_generation(self.batch)
         settle_spec_result_cpu_stand_in(self.batch, result)
         self.rounds += 1

@@ -6,8 +6,8 @@ import attrs
 import pytest
 
 from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled
-from statemodel.design import Scope
-from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, SEEDS_FINAL, SYNC_V2, get_design
+from statemodel.design import Design, Scope
+from statemodel.designs import ADAPTIVE_WARM, ALL_DESIGNS, CATCH_UP, SEEDS_FINAL, SYNC_V2, V2_SWITCH, get_design
 from statemodel.state import ForwardMode, SpecInfoKind, SpecMode, Stage, Status
 from tests.model_helpers import initial_with, model_for, take, walk
 
@@ -39,6 +39,33 @@ def test_speculative_round_grows_seq_len_by_accepted_plus_one() -> None:
     s = walk(m, s, ["draft_extend"])
     assert s.req(0).draft_current and s.stage is Stage.SCHEDULE
     assert s.running.spec_info.kind is SpecInfoKind.DRAFT_INPUT
+
+
+@pytest.mark.parametrize(("design", "seq_len"), [(SEEDS_FINAL, 5), (CATCH_UP, 6), (V2_SWITCH, 6)],
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_a_request_finishing_mid_round_stops_its_output_and_its_worker_decides_seq_len(design: Design,
+                                                                                      seq_len: int) -> None:
+    """Request 0 (prompt 3, max_new_tokens 3) has 1 output and room for 2; its verify accepts 2 drafts + the
+    bonus. The output stops at 3 on every line; the v1 worker cuts seq_len (and the KV) there too, the v2
+    worker (0.5.16+) takes the whole run past it. The finish then frees all of it."""
+    m = model_for(design)
+    s = walk(m, initial_with(m, 4, 3), ["arrive", "prefill", "prefill", "merge_batch", "prepare_for_decode"])
+    assert (s.req(0).seq_len, s.req(0).committed, s.req(0).kv_reserved) == (3, 1, 3)
+    s = take(m, s, Action("draft", (2,)))
+    verify = Action("verify", (2,))
+    after = take(m, s, verify)
+    r0 = after.req(0)
+    assert (r0.committed, r0.seq_len, r0.kv_held, r0.kv_reserved) == (3, seq_len, seq_len, 6 - seq_len) and r0.done
+    assert m.check_step(s, verify, after) == []
+    s = walk(m, after, ["draft_extend", "finish"])
+    assert s.req(0).status is Status.FINISHED and s.kv_free == s.kv_pool_size and m.check_state(s) == []
+
+
+def test_the_v1_line_cuts_a_verify_at_the_finish_and_the_v2_lines_do_not() -> None:
+    """Each design describes one worker: 0.5.12's v1 EagleVerifyInput.verify cuts the accepted run at the
+    finish; 0.5.16 / 0.5.23's v2 run_eagle_verify adds the whole run to seq_lens."""
+    for design in ALL_DESIGNS:
+        assert design.verify_advances_past_finish is (design.sglang_line != "0.5.12"), design.name
 
 
 def test_verify_offers_every_accept_count_per_request() -> None:

@@ -219,6 +219,31 @@ def test_requests_finishing_at_their_prefill_run_clean(runtime: Any, model_dir: 
     assert runtime.guard.covered["finish"] == 7
     assert not drv.batch.reqs and gf.pool_accounted(drv.pools)
 
+@pytest.mark.parametrize("design", [V2_SWITCH, CATCH_UP], ids=lambda d: d.name)
+def test_requests_finishing_mid_round_run_clean(runtime: Any, model_dir: Path, radix: bool, design: Any) -> None:
+    """Two requests one token short of max_new_tokens accept two tokens in one verify (the H200's
+    seq_lens_growth at a request's finish): the v2 worker moves seq_lens and kv_committed_len by the whole run,
+    one token past the last output, and the first request's release settles the round while the second has its
+    KV committed but is not finished yet."""
+    configure(runtime, design)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), design)
+    reqs = gf.make_reqs("m", 2, max_new_tokens=6, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.admit(reqs)
+    prompts = [len(r.origin_input_ids) for r in reqs]
+    for _ in range(2):  # 1 token from the prefill, 2 per round: 5 outputs, both running
+        drv.decode(accepts=[2, 2])
+    # the KV holds the prompt and every output but the newest (the next round's input)
+    assert [r.kv.kv_committed_len for r in reqs] == [p + 4 for p in prompts] and not any(r.finished() for r in reqs)
+    drv.decode(accepts=[2, 2])  # 7 outputs, 6 allowed: both finish in this round
+    assert all(r.finished() and r.finished_len == 6 and len(r.output_ids) == 7 and not r.kv.holds_kv for r in reqs)
+    # the whole run went into the KV: the 6th output's too, which a capped verify (v1) would not have written
+    assert [r.kv.kv_committed_len for r in reqs] == [p + 6 for p in prompts]
+    drv.finish_and_filter()
+    covered = runtime.guard.covered
+    assert covered["verify"] == 3 and covered["finish"] == 2 and covered["filter_batch"] == 1
+    assert not drv.batch.reqs and gf.pool_accounted(drv.pools)
+
+
 
 @pytest.mark.parametrize("spec_on", [True, False], ids=["spec_on", "spec_off"])
 def test_retraction_and_prefill_again_run_clean(runtime: Any, model_dir: Path, radix: bool, spec_on: bool) -> None:

@@ -6,6 +6,7 @@ import attrs
 
 from statemodel.actions import Action
 from statemodel.design import Scope
+from statemodel.designs import CATCH_UP, SEEDS_FINAL
 from statemodel.invariants import (
     INVARIANT_NAMES,
     INVARIANTS,
@@ -150,14 +151,14 @@ def test_running_within_cap_depends_on_mode() -> None:
 def test_draft_needs_current_draft_kv_and_hidden_state() -> None:
     current = make_state(TWO, RUNNING_SPEC, stage=Stage.PREPARED)
     draft = Action("draft", (2,))
-    assert draft_kv_covers_prefix(current, draft, current, SCOPE) == []
+    assert draft_kv_covers_prefix(current, draft, current, SCOPE, CATCH_UP) == []
     stale = make_state((running_req(0, draft_kv=3), TWO[1]), RUNNING_SPEC, stage=Stage.PREPARED)
-    found = draft_kv_covers_prefix(stale, draft, stale, SCOPE)
+    found = draft_kv_covers_prefix(stale, draft, stale, SCOPE, CATCH_UP)
     assert found[0].rids == (0,) and "covering 3 of 4" in found[0].message
     # steps=0 drafts nothing: a stale draft is allowed there
-    assert draft_kv_covers_prefix(stale, Action("draft", (0,)), stale, SCOPE) == []
+    assert draft_kv_covers_prefix(stale, Action("draft", (0,)), stale, SCOPE, CATCH_UP) == []
     lost = make_state(TWO, attrs.evolve(RUNNING_SPEC, spec_info=SpecInfo.none()), stage=Stage.PREPARED)
-    assert "draft input" in draft_kv_covers_prefix(lost, draft, lost, SCOPE)[0].message
+    assert "draft input" in draft_kv_covers_prefix(lost, draft, lost, SCOPE, CATCH_UP)[0].message
 
 
 def test_seq_lens_grow_by_accepted_plus_one() -> None:
@@ -167,17 +168,35 @@ def test_seq_lens_grow_by_accepted_plus_one() -> None:
     verify = Action("verify", (2, 0))
     good = tuple(attrs.evolve(r, seq_len=r.seq_len + n, committed=r.committed + n)
                  for r, n in zip(TWO, (3, 1), strict=True))
-    assert seq_lens_growth(before, verify, attrs.evolve(before, requests=good), SCOPE) == []
+    assert seq_lens_growth(before, verify, attrs.evolve(before, requests=good), SCOPE, CATCH_UP) == []
     bad = tuple(attrs.evolve(r, seq_len=r.seq_len + n) for r, n in zip(TWO, (3, 2), strict=True))
-    found = seq_lens_growth(before, verify, attrs.evolve(before, requests=bad), SCOPE)
+    found = seq_lens_growth(before, verify, attrs.evolve(before, requests=bad), SCOPE, CATCH_UP)
     assert [v.rids for v in found] == [(1,)]
     assert found[0].expected == "5" and found[0].actual == "6"
+
+
+def test_seq_lens_growth_at_a_finish_follows_the_designs_worker() -> None:
+    """Request 0 has room for 2 more outputs and its verify accepts 2 drafts + the bonus: the v1 worker
+    (seeds_final) moves seq_len by the 2 it keeps, the v2 worker (plain_off_catch_up) by all 3."""
+    near_done = (running_req(0, seq_len=5, committed=3), TWO[1])
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 2, 3), spec_algorithm_on=True)
+    before = make_state(near_done, RUNNING_SPEC, launched, stage=Stage.DRAFTED)
+    verify = Action("verify", (2, 0))
+    for design, grown, other, other_grown in ((SEEDS_FINAL, 2, CATCH_UP, 3), (CATCH_UP, 3, SEEDS_FINAL, 2)):
+        after = attrs.evolve(before, requests=(attrs.evolve(near_done[0], seq_len=5 + grown, committed=5),
+                                               attrs.evolve(near_done[1], seq_len=5, committed=3)))
+        assert seq_lens_growth(before, verify, after, SCOPE, design) == []
+        found = seq_lens_growth(before, verify, after, SCOPE, other)
+        assert [v.rids for v in found] == [(0,)]
+        assert (found[0].expected, found[0].actual) == (str(5 + other_grown), str(5 + grown))
 
 
 def test_committed_tokens_are_never_lost() -> None:
     before = make_state(TWO, RUNNING_SPEC)
     fewer = (attrs.evolve(TWO[0], committed=1), TWO[1])
-    found = committed_never_lost(before, Action("retract", (0,)), attrs.evolve(before, requests=fewer), SCOPE)
+    found = committed_never_lost(before, Action("retract", (0,)), attrs.evolve(before, requests=fewer), SCOPE,
+                                 CATCH_UP)
     assert found[0].message == "retract dropped request 0's output from 2 to 1 tokens"
 
 
@@ -187,6 +206,6 @@ def test_check_step_orders_violations_by_invariant_order() -> None:
                      out_cache_loc_width=1, graph=GraphShape(2, 3))
     before = make_state(reqs, RUNNING_SPEC, stage=Stage.PREPARED, mode=SpecMode.OFF)
     after = attrs.evolve(before, launched=launched, kv_free=before.kv_free - 1)
-    names = [v.invariant for v in check_step(before, Action("plain_decode"), after, SCOPE)]
+    names = [v.invariant for v in check_step(before, Action("plain_decode"), after, SCOPE, CATCH_UP)]
     assert names == sorted(names, key=INVARIANT_NAMES.index)
     assert names[0] == "spec_info_matches_mode" and "kv_conservation" in names
