@@ -92,6 +92,8 @@ def test_req_kv_fields_exist(adapter: type, root_of: object) -> None:
     else:
         assert {"kv_committed_len", "cache_protected_len", "req_pool_idx", "kv"} <= req
         assert "kv_allocated_len" in kv and "kv_committed_len" not in kv
+    # the counter of prefill chunks in flight (renamed after 0.5.12): reading a missing name sees no chunk
+    assert adapter.CHUNKS_IN_FLIGHT in req and "is_chunked" not in req
 
 
 def test_kv_mapping_per_release() -> None:

@@ -389,6 +389,8 @@ class V2Adapter:
         the pool and the request's own share shrinks to what lies past `cache_protected_len`. No model step:
         the guard re-reads that request and the pool, and kv_conservation still has to hold."""
         result = original(tree_cache, req, *args, **kwargs)
+        if getattr(tree_cache, "disable", False):
+            return result  # a disabled tree returns at once (0.5.23 still calls it per prefill and finish)
 
         def after() -> None:
             g = self.guard()
