@@ -363,6 +363,14 @@ class DesignDriver:
         released = h.release_finished_cpu_stand_in(self.pools, self.batch)
         return released
 
+    def run_to_completion(self, max_steps: int = 60) -> None:
+        """Decode (and release what finishes) until the batch is empty, at most `max_steps` steps."""
+        for _ in range(max_steps):
+            if not self.batch.reqs:
+                return
+            self.decode()
+            self.finish_and_filter()
+
     # flips ----------------------------------------------------------------------------------------------------
     def flip_off(self) -> None:
         import shim.api

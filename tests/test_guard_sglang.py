@@ -139,11 +139,7 @@ def run_threshold_scenario(drv: gf.DesignDriver, *, off_steps: int = 4, on_round
     for _ in range(on_rounds):
         drv.decode(accepts=[4, 3, 1, 2, 4])
     drv.finish_and_filter()
-    for _ in range(60):
-        if not drv.batch.reqs:
-            break
-        drv.decode()
-        drv.finish_and_filter()
+    drv.run_to_completion()
     return late
 
 
@@ -269,11 +265,7 @@ def test_retraction_and_prefill_again_run_clean(runtime: Any, model_dir: Path, r
     if not spec_on:
         drv.decode()
         drv.flip_on()
-    for _ in range(40):
-        if not drv.batch.reqs:
-            break
-        drv.decode()
-        drv.finish_and_filter()
+    drv.run_to_completion(40)
     assert runtime.guard.covered["retract"] == len(retracted)
     assert all(len(r.output_ids) >= n for r, n in zip(retracted, outputs, strict=True))
     assert not drv.batch.reqs and gf.pool_accounted(drv.pools)
@@ -652,11 +644,7 @@ def test_v2_switch_runs_clean(runtime: Any, model_dir: Path, radix: bool, chunk_
     for _ in range(4):
         drv.decode(accepts=[4, 3, 1, 2, 4])
     drv.finish_and_filter()
-    for _ in range(60):
-        if not drv.batch.reqs:
-            break
-        drv.decode()
-        drv.finish_and_filter()
+    drv.run_to_completion()
     covered = runtime.guard.covered
     for name in ("prefill", "merge_batch", "prepare_for_decode", "draft", "verify", "draft_extend", "flip_off",
                  "plain_decode", "draft_sync", "flip_on", "finish", "filter_batch"):
