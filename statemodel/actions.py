@@ -37,6 +37,7 @@ from statemodel.state import (
     State,
     Status,
     Thresholds,
+    Unprocessed,
 )
 
 
@@ -50,8 +51,8 @@ class Action:
     def describe(self) -> str:
         if not self.args:
             return self.name
-        if self.name == "verify":
-            return f"verify(accepts={list(self.args)})"
+        if self.name in ("verify", "process_result"):
+            return f"{self.name}(accepts={list(self.args)})"
         if self.name == "draft":
             return f"draft(steps={self.args[0]})"
         return f"{self.name}({', '.join(map(str, self.args))})"
@@ -65,6 +66,7 @@ class ActionInfo:
     spec_mode: str  # "on", "off" or "any": the runtime mode the action belongs to
     summary: str
     guard: str  # when the action is enabled, in words (diagram edge labels read it)
+    overlap_only: bool = False  # exists only under Scope.overlap (the diagrams draw the scope without it)
 
 
 ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
@@ -112,6 +114,11 @@ ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
                "speculation off"),
     ActionInfo("draft_sync", (Stage.DECODED,), Stage.SCHEDULE, "off",
                "draft-extend over the one token the plain step committed", "the design syncs every step"),
+    ActionInfo("process_result", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+               "overlap schedule: the oldest launched step's result is processed (process_batch_result_decode); "
+               "a verify's requests accept 0..k draft tokens plus the bonus token, seq_len / output / KV move "
+               "then; a plain step's token is committed; requests finished or retracted since are skipped",
+               "a launched step's result is unprocessed", overlap_only=True),
 )
 
 ACTIONS_BY_NAME: dict[str, ActionInfo] = {a.name: a for a in ACTION_CATALOGUE}
@@ -156,8 +163,11 @@ def running_cap(state: State, scope: Scope) -> int:
 
 def reserve_per_request(state: State, design: Design) -> int:
     """Draft-token KV slots a speculative decode step reserves per request (topk 1: steps + 1)."""
-    steps = design.largest_steps() if design.kv_reserve is KvReserve.LARGEST_STATE else state.num_steps
-    return steps + 1
+    if design.kv_reserve is KvReserve.CURRENT_STATE:
+        return state.num_steps + 1
+    if design.kv_reserve is KvReserve.TWICE_LARGEST:
+        return 2 * (design.largest_steps() + 1)
+    return design.largest_steps() + 1
 
 
 def _spec_prepare_path(state: State, design: Design) -> bool:
@@ -194,6 +204,8 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
             return [Action("draft", (k,)) for k in design.steps_choices(state.running.size)]
         return [Action("plain_decode")]
     if state.stage is Stage.DRAFTED:
+        if scope.overlap:
+            return [Action("verify")]  # the launch only: the accepts are known when its result is processed
         k = state.num_steps
         sizes = [range(k + 1)] * state.launched.size  # type: ignore[union-attr]
         return [Action("verify", accepts) for accepts in itertools.product(*sizes)]
@@ -207,6 +219,9 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
 
 
 def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action]:
+    if len(state.unprocessed) > 1:
+        # overlap: the step just launched; the loop's next move is pop_and_process of the one before
+        return _process_result_choices(state)
     out: list[Action] = []
     arriving = next((r for r in state.requests if r.status is Status.NOT_ARRIVED), None)
     if arriving is not None:  # arrivals in id order: a stated scope choice that keeps the space small
@@ -226,7 +241,9 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         out.append(Action("merge_batch"))
     elif _can_prefill(state, scope):
         out.append(Action("prefill"))
-    if policy_wants_off(state, design):
+    if design.flip_waits_for_results and state.unprocessed:
+        pass  # the flip is due (prepare waits for it below) but waits for the result first
+    elif policy_wants_off(state, design):
         out.append(Action("flip_off"))
     elif policy_wants_on(state, design, scope):
         out.append(Action("flip_on"))
@@ -245,7 +262,41 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
             out.append(Action("prepare_for_decode"))
         else:
             out.extend(Action("retract", (rid,)) for rid in state.running.rids)
+    if state.unprocessed and not any(a.name in ("prepare_for_decode", "prefill") for a in out):
+        # overlap: the loop processes step N's result right after it launches the next batch (forced above
+        # for a decode step), or at once when there is none to launch; a prefill launch is atomic here,
+        # so N may stay unprocessed across it (a superset of SGLang's order)
+        out.extend(_process_result_choices(state))
     return out
+
+
+def result_rows(state: State) -> tuple[int, ...]:
+    """The requests the oldest unprocessed result applies to: running and not yet done on the host.
+    A request finished (or done) since the step launched is skipped (batch_result_processor
+    _resolve_spec_v2_tokens: `if req.finished() ... continue`); a retracted one left the result."""
+    requests = state.requests
+    return tuple(rid for rid in state.unprocessed[0].rids
+                 if requests[rid].status is Status.RUNNING and not requests[rid].done)
+
+
+def _process_result_choices(state: State) -> list[Action]:
+    head = state.unprocessed[0]
+    if head.steps is None:
+        return [Action("process_result")]
+    rows = set(result_rows(state))
+    sizes = [range(head.steps + 1) if rid in rows else range(1) for rid in head.rids]
+    return [Action("process_result", accepts) for accepts in itertools.product(*sizes)]
+
+
+def result_growth(state: State, action: Action, design: Design) -> dict[int, tuple[int, int]]:
+    """(seq_len growth, output tokens kept) per request that `process_result` applies to; the one rule
+    `_process_result` and the `seq_lens_growth` invariant both read. A plain step grew seq_len at launch."""
+    head = state.unprocessed[0]
+    rows = set(result_rows(state))
+    if head.steps is None:
+        return {rid: (0, 1) for rid in head.rids if rid in rows}
+    return {rid: verify_growth(state.req(rid), accepted, design)
+            for rid, accepted in zip(head.rids, action.args, strict=True) if rid in rows}
 
 
 def _can_prefill(state: State, scope: Scope) -> bool:
@@ -368,8 +419,10 @@ def _retract(state: State, action: Action, design: Design, scope: Scope) -> Stat
     new = attrs.evolve(r, status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
                        draft_kv_len=0, draft_hidden_ready=False)
     keep = tuple(rid for rid in state.running.rids if rid != r.rid)
+    # a retracted request's rows in launched results are void (it re-prefills from its committed output)
+    unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x != r.rid)) for u in state.unprocessed)
     return attrs.evolve(state, requests=state.with_requests({r.rid: new}), running=_shrink(state.running, keep),
-                        kv_free=state.kv_free + r.kv_held + r.kv_reserved, launched=None)
+                        kv_free=state.kv_free + r.kv_held + r.kv_reserved, launched=None, unprocessed=unprocessed)
 
 
 def _flip_off(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -486,7 +539,12 @@ def verify_growth(r: Request, accepted: int, design: Design) -> tuple[int, int]:
 def _verify(state: State, action: Action, design: Design, scope: Scope) -> State:
     launched = state.launched
     assert launched is not None
-    changed: dict[int, Request] = {}
+    if scope.overlap:
+        # the verify is launched; the host learns its accepts only when its result is processed
+        changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in launched.rids}
+        return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None,
+                            unprocessed=(*state.unprocessed, Unprocessed(launched.rids, state.num_steps)))
+    changed = {}
     for rid, accepted in zip(launched.rids, action.args, strict=True):
         r = state.req(rid)
         grown, kept = verify_growth(r, accepted, design)
@@ -504,8 +562,12 @@ def _draft_extend(state: State, action: Action, design: Design, scope: Scope) ->
     rids = state.running.rids
     running = attrs.evolve(state.running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
                            spec_algorithm_on=True, out_cache_loc_width=0)
+    unprocessed = state.unprocessed
+    if scope.overlap:
+        # it runs on the device over the verify's accepted tokens, which the host learns later
+        unprocessed = (*unprocessed[:-1], attrs.evolve(unprocessed[-1], draft_extended=True))
     return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
-                        launched=_draft_batch(rids), stage=Stage.SCHEDULE)
+                        launched=_draft_batch(rids), stage=Stage.SCHEDULE, unprocessed=unprocessed)
 
 
 def _skip_draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -545,12 +607,15 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     worker = attrs.evolve(worker, forward_mode=ForwardMode.DECODE)
     worker = attrs.evolve(worker, graph=_select_graph(worker, design, scope, state.num_steps + 1))
     growth = 2 if design.plain_step_advances_seq_lens_twice else 1
+    # seq_lens move at launch; under overlap the token reaches the output when the result is processed
+    committed = 0 if scope.overlap else 1
     for rid in rids:
         r = changed.get(rid, state.req(rid))
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + growth, committed=r.committed + 1)
+        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + growth, committed=r.committed + committed)
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
+    unprocessed = (*state.unprocessed, Unprocessed(rids, None)) if scope.overlap else state.unprocessed
     return attrs.evolve(state, requests=state.with_requests(changed), running=running, launched=worker,
-                        kv_free=kv_free, stage=Stage.DECODED if syncs else Stage.SCHEDULE)
+                        kv_free=kv_free, stage=Stage.DECODED if syncs else Stage.SCHEDULE, unprocessed=unprocessed)
 
 
 def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -560,6 +625,21 @@ def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> S
         running = attrs.evolve(running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1))
     return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
                         launched=_draft_batch(rids), stage=Stage.SCHEDULE)
+
+
+def _process_result(state: State, action: Action, design: Design, scope: Scope) -> State:
+    head = state.unprocessed[0]
+    changed: dict[int, Request] = {}
+    for rid, (grown, kept) in result_growth(state, action, design).items():
+        r = state.req(rid)
+        used = min(grown, r.kv_reserved)
+        # the draft-extend that followed the verify on the device covered the accepted run too
+        draft_kv_len = r.draft_kv_len + grown if head.draft_extended else r.draft_kv_len
+        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + grown, committed=r.committed + kept,
+                                    kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
+                                    draft_kv_len=draft_kv_len)
+    return attrs.evolve(state, requests=state.with_requests(changed), unprocessed=state.unprocessed[1:],
+                        launched=None)
 
 
 _HANDLERS = {
@@ -579,6 +659,7 @@ _HANDLERS = {
     "skip_draft_extend": _skip_draft_extend,
     "plain_decode": _plain_decode,
     "draft_sync": _draft_sync,
+    "process_result": _process_result,
 }
 
 assert set(_HANDLERS) == set(ACTIONS_BY_NAME), "every catalogued action has exactly one handler"
@@ -591,5 +672,7 @@ __all__ = [
     "apply",
     "enabled",
     "initial_states",
+    "result_growth",
+    "result_rows",
     "verify_growth",
 ]

@@ -50,6 +50,9 @@ class KvReserve(enum.Enum):
 
     LARGEST_STATE = "largest_state"  # the most draft tokens any runtime state can verify
     CURRENT_STATE = "current_state"  # the current step count (SGLang PR #24055)
+    # twice the largest (steps + 1), from the host's committed length: eagle_prepare_for_decode's
+    # `committed + 2A` (0.5.16+, both loops); under overlap the host's committed lags one step behind
+    TWICE_LARGEST = "twice_largest"
 
 
 class PlainStepGraphs(enum.Enum):
@@ -140,6 +143,9 @@ class Design:
     # the whole accepted run (accepted + 1), past max_new_tokens, and the output is cut at the finish afterwards;
     # the v1 worker (0.5.12) cuts the accepted run at the finish inside the verify
     verify_advances_past_finish: bool = True
+    # overlap schedule only: the policy flips only when no launched step's result is unprocessed (a flip that
+    # releases the reserve while a verify is in flight frees the slots that verify writes)
+    flip_waits_for_results: bool = False
     expected_invariant: str | None = None  # known-bad: the invariant its shortest counterexample breaks
 
     @property
@@ -175,6 +181,8 @@ class Scope:
     plain_cap: int = 4  # max running requests without (128 on the GPU host)
     chunk_size: int = 2  # chunked prefill: tokens one prefill batch extends at most
     graph_capture_sizes: tuple[int, ...] = (1, 2)  # batch sizes with captured CUDA graphs
+    # the overlap schedule (event_loop_overlap): a step's result is processed after the next step launched
+    overlap: bool = False
 
     def describe(self) -> str:
         reqs = ", ".join(f"prompt {r.prompt_len}/max_new {r.max_new_tokens}" for r in self.requests)
@@ -182,6 +190,7 @@ class Scope:
             f"{len(self.requests)} requests ({reqs}); KV pool {self.kv_pool_size} slots; running cap "
             f"{self.spec_cap} with speculation, {self.plain_cap} without; chunked prefill {self.chunk_size} "
             f"tokens; CUDA graphs for batch sizes {list(self.graph_capture_sizes)}"
+            + ("; overlap schedule (results processed one step late)" if self.overlap else "")
         )
 
     def graph_bucket(self, batch_size: int) -> int | None:

@@ -6,6 +6,8 @@ by a shortest counterexample whose last step breaks `expected_invariant`.
 
 from __future__ import annotations
 
+import attrs
+
 from statemodel.design import (
     AdaptiveTiers,
     ClearSpecOn,
@@ -16,6 +18,7 @@ from statemodel.design import (
     MergeSpecInfo,
     OutCacheLocFrom,
     PlainStepGraphs,
+    Scope,
     ThresholdPolicy,
 )
 
@@ -234,7 +237,53 @@ KNOWN_BAD = (
 )
 
 ALL_DESIGNS: tuple[Design, ...] = SHIPPED + KNOWN_BAD
-DESIGNS_BY_NAME: dict[str, Design] = {d.name: d for d in ALL_DESIGNS}
+
+
+def _with_v2_reserve(design: Design) -> Design:
+    # a design that releases the reserve at flip-off must not flip with a verify in flight
+    return attrs.evolve(
+        design, name=f"{design.name}_overlap", kv_reserve=KvReserve.TWICE_LARGEST,
+        flip_waits_for_results=design.release_reserve_at_flip_off and not design.is_adaptive,
+        summary=f"{design.name} under the overlap schedule, with the reserve SGLang's eagle_prepare_for_decode "
+        "takes (committed + 2 x (steps + 1), both loops): " + design.summary,
+        source=f"{design.source}; sglang 0.5.16 speculative/eagle_utils.py eagle_prepare_for_decode, "
+        "managers/scheduler.py event_loop_overlap",
+    )
+
+
+# Checked under Scope(overlap=True) (`specflip check --overlap`): the v2 designs (the overlap loop is a
+# v2 worker thing) with SGLang's double reserve, and the known-bad ones that only the overlap loop refutes.
+OVERLAP_SHIPPED: tuple[Design, ...] = tuple(_with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM))
+OVERLAP_KNOWN_BAD: tuple[Design, ...] = (
+    attrs.evolve(
+        V2_SWITCH, name="reserve_1x_under_overlap", kind=DesignKind.KNOWN_BAD,
+        summary="v2_switch_reserve_sync with a reserve of steps + 1 under the overlap schedule: step N+1 is "
+        "prepared before step N's accepts reach the host, so its reserve is topped up from the stale committed "
+        "length and N+1's verify writes past it.",
+        source="docs/overlap-plan.md; sglang 0.5.16 speculative/allocation_sizing.py (the 2x comment)",
+        expected_invariant="kv_reserve_covers_writes",
+    ),
+)
+OVERLAP_KNOWN_BAD += (
+    attrs.evolve(
+        _with_v2_reserve(CATCH_UP), name="flip_off_with_verify_in_flight", kind=DesignKind.KNOWN_BAD,
+        flip_waits_for_results=False,
+        summary="plain_off_catch_up under the overlap schedule with SGLang's double reserve, flipping as soon as "
+        "the policy says: the flip decides in update_running_batch while step N's verify is unprocessed, and "
+        "releasing the reserve at flip-off frees the slots that verify writes.",
+        source="docs/overlap-plan.md (flips with a round in flight); shim/switch_v2.py",
+        expected_invariant="kv_reserve_covers_writes",
+    ),
+)
+OVERLAP_DESIGNS: tuple[Design, ...] = OVERLAP_SHIPPED + OVERLAP_KNOWN_BAD
+
+
+def overlap_scope(design: Design) -> Scope:
+    """The scope an overlap design is checked in: the default one with the overlap schedule. The adaptive
+    design's double reserve for its largest tier (6 slots a request) leaves no two requests room to run its
+    steps-0 tier in 11 slots; 15 lets them (the zero_step sometimes-property needs it)."""
+    return Scope(overlap=True, kv_pool_size=15 if design.is_adaptive else Scope().kv_pool_size)
+DESIGNS_BY_NAME: dict[str, Design] = {d.name: d for d in ALL_DESIGNS + OVERLAP_DESIGNS}
 
 
 def get_design(name: str) -> Design:

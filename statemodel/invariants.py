@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import attrs
 
-from statemodel.actions import Action, verify_growth
+from statemodel.actions import Action, result_growth, verify_growth
 from statemodel.design import Design, Scope
 from statemodel.state import Batch, ForwardMode, SpecInfoKind, SpecMode, State, Status
 
@@ -150,21 +150,36 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
 
 
 def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
-    """A verify forward writes only into slots reserved for it: draft tokens <= reserved per request."""
+    """A verify forward writes only into slots reserved for it: draft tokens <= reserved per request.
+    Under overlap the slots of every launched verify whose result is unprocessed stay reserved too, at
+    its worst case (every draft token accepted), for each request still running."""
     batch = _launched(state)
-    if batch is None or batch.forward_mode is not ForwardMode.TARGET_VERIFY:
+    verifying = batch is not None and batch.forward_mode is ForwardMode.TARGET_VERIFY
+    if not verifying and not state.unprocessed:
         return []
-    per_req = batch.spec_info.tokens_per_row
     requests = state.requests
-    short = [rid for rid in batch.rids if requests[rid].kv_reserved < per_req]
+    need: dict[int, int] = {}
+    for result in state.unprocessed:
+        if result.steps is not None:
+            for rid in result.rids:
+                if requests[rid].status is Status.RUNNING:  # freed since: later writes land after, in stream order
+                    need[rid] = need.get(rid, 0) + result.steps + 1
+    pending = dict(need)
+    per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
+    for rid in batch.rids if verifying else ():  # type: ignore[union-attr]
+        need[rid] = need.get(rid, 0) + per_req
+    short = [rid for rid, n in need.items() if requests[rid].kv_reserved < n]
     if not short:
         return []
-    have = min(state.req(rid).kv_reserved for rid in short)
-    return [Violation(
-        "kv_reserve_covers_writes",
-        f"the verify step writes {per_req} tokens per request but only {have} slots are reserved",
-        tuple(short), expected=str(per_req), actual=str(have),
-    )]
+    rid = min(short, key=lambda x: requests[x].kv_reserved)
+    have, want = requests[rid].kv_reserved, need[rid]
+    if not pending.get(rid):
+        message = f"the verify step writes {per_req} tokens per request but only {have} slots are reserved"
+    else:
+        launch = f"the verify step writes {per_req} tokens and " if verifying and rid in batch.rids else ""  # type: ignore[union-attr]
+        message = (f"{launch}launched verifies whose results are unprocessed may write {pending[rid]} tokens of "
+                   f"request {rid}, but only {have} slots are reserved")
+    return [Violation("kv_reserve_covers_writes", message, tuple(short), expected=str(want), actual=str(have))]
 
 
 def running_within_cap(state: State, scope: Scope) -> list[Violation]:
@@ -181,12 +196,12 @@ def running_within_cap(state: State, scope: Scope) -> list[Violation]:
 
 
 def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, design: Design) -> list[Violation]:
-    """seq_lens grow by accepted+1 on a verify, by 1 on a plain decode, and not at all otherwise
-    (except prefill and retract, which set them)."""
+    """seq_lens grow by accepted+1 on a verify (under overlap: when its result is processed), by 1 on a
+    plain decode, and not at all otherwise (except prefill and retract, which set them)."""
     if action.name in ("prefill", "retract"):
         return []
     problems = []
-    expected_growth = _expected_growth(before, action, design)
+    expected_growth = _expected_growth(before, action, design, scope)
     for a, b in zip(before.requests, after.requests, strict=True):
         want = expected_growth.get(a.rid, 0)
         if a is b and not want:
@@ -202,7 +217,11 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
     return problems
 
 
-def _expected_growth(before: State, action: Action, design: Design) -> dict[int, int]:
+def _expected_growth(before: State, action: Action, design: Design, scope: Scope) -> dict[int, int]:
+    if action.name == "process_result":
+        return {rid: grown for rid, (grown, _) in result_growth(before, action, design).items()}
+    if action.name == "verify" and scope.overlap:
+        return {}  # overlap: the launch grows nothing; its result does, when processed
     if action.name == "verify":
         # at a request's finish the design's worker decides: the whole run (v2) or up to max_new_tokens (v1)
         requests = before.requests

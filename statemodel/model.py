@@ -10,10 +10,10 @@ from collections.abc import Callable
 import attrs
 
 from statemodel import actions as _actions
-from statemodel.actions import Action
+from statemodel.actions import Action, result_rows
 from statemodel.design import Design, Scope, ThresholdPolicy
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
-from statemodel.state import State
+from statemodel.state import State, Status
 
 
 @attrs.frozen
@@ -38,8 +38,18 @@ def _named(name: str) -> Callable[[State, Action, State], bool]:
     return lambda before, action, after: action.name == name
 
 
+def _accepts(before: State, action: Action) -> list[tuple[int, int]]:
+    """(request, accepted draft tokens) of a verify, or of a processed verify result (overlap)."""
+    if action.name == "verify" and before.launched is not None and action.args:
+        return list(zip(before.launched.rids, action.args, strict=True))
+    if action.name == "process_result" and action.args:
+        rows = result_rows(before)
+        return [(rid, n) for rid, n in zip(before.unprocessed[0].rids, action.args, strict=True) if rid in rows]
+    return []
+
+
 def _verify_accepting(count: int) -> Callable[[State, Action, State], bool]:
-    return lambda before, action, after: action.name == "verify" and count in action.args
+    return lambda before, action, after: any(n == count for _, n in _accepts(before, action))
 
 
 def _draft_with(pred: Callable[[int], bool]) -> Callable[[State, Action, State], bool]:
@@ -62,11 +72,22 @@ def _finish_at_prefill(before: State, action: Action, after: State) -> bool:
 def _finish_mid_round(before: State, action: Action, after: State) -> bool:
     """A verify accepts more tokens than some request has left: it finishes inside the round, and its
     design's worker decides how far seq_len goes (Design.verify_advances_past_finish)."""
-    if action.name != "verify" or before.launched is None:
-        return False
     requests = before.requests
     return any(accepted + 1 > requests[rid].max_new_tokens - requests[rid].committed
-               for rid, accepted in zip(before.launched.rids, action.args, strict=True))
+               for rid, accepted in _accepts(before, action))
+
+
+def _second_launch(before: State, action: Action, after: State) -> bool:
+    """Overlap: a step is launched while the previous step's result is still unprocessed."""
+    return action.name in ("verify", "plain_decode") and len(after.unprocessed) == 2
+
+
+def _finished_runs_next(before: State, action: Action, after: State) -> bool:
+    """Overlap: a result skips a request that an earlier result finished (it ran in this step anyway)."""
+    if action.name != "process_result":
+        return False
+    rows = result_rows(before)
+    return any(rid not in rows and before.req(rid).status is not Status.WAITING for rid in before.unprocessed[0].rids)
 
 
 def _steps_switched(before: State, action: Action, after: State) -> bool:
@@ -112,6 +133,14 @@ class Model:
             Sometimes("retract", "a request is retracted under KV pressure", _named("retract")),
             Sometimes("draft_k_steps", "a draft of at least one step", _draft_with(lambda k: k > 0)),
         ]
+        if self.scope.overlap:
+            out += [
+                Sometimes("process_result", "a launched step's result is processed", _named("process_result")),
+                Sometimes("second_launch", "a step launches while the previous result is unprocessed",
+                          _second_launch),
+                Sometimes("finished_runs_next", "a request finished by one step ran in the next (its result is "
+                          "skipped)", _finished_runs_next),
+            ]
         largest = self.design.largest_steps()
         out += [Sometimes(f"verify_accepts_{n}", f"a verify where some request accepts {n} draft tokens",
                           _verify_accepting(n)) for n in range(largest + 1)]

@@ -165,6 +165,26 @@ class Request:
 
 
 @attrs.frozen(cache_hash=True)
+class Unprocessed:
+    """A step launched under the overlap schedule whose result the host has not processed yet
+    (SGLang's `result_queue` entry). `steps` is the verify's step count, None for a plain step;
+    `draft_extended` whether the draft-extend after the verify ran (it covers the accepted tokens
+    on the device, so the draft KV grows with seq_len when the result is processed)."""
+
+    rids: tuple[int, ...]
+    steps: int | None
+    draft_extended: bool = False
+
+    @property
+    def is_spec(self) -> bool:
+        return self.steps is not None
+
+    def describe(self) -> str:
+        what = "plain" if self.steps is None else f"verify(steps={self.steps})"
+        return f"{what} rids={list(self.rids)}"
+
+
+@attrs.frozen(cache_hash=True)
 class Thresholds:
     """The flip policy's thresholds on demand (running + waiting requests): off at `t_off`, on at `t_on`."""
 
@@ -191,6 +211,8 @@ class State:
     kv_free: int
     kv_pool_size: int
     thresholds: Thresholds | None = None
+    # overlap schedule only (Scope.overlap): launched steps whose results wait, oldest first; always () without
+    unprocessed: tuple[Unprocessed, ...] = ()
 
     def req(self, rid: int) -> Request:
         return self.requests[rid]

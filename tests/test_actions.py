@@ -166,3 +166,113 @@ def test_catalogue_is_complete() -> None:
     for required in ("arrive", "prefill", "draft", "verify", "draft_extend", "plain_decode", "finish", "retract",
                      "merge_batch", "filter_batch", "flip_off", "flip_on", "prepare_for_decode"):
         assert required in names
+
+
+# ----------------------------------------------------------------------------------------------
+# The overlap schedule (Scope.overlap): a step's result is processed after the next step launched
+
+OVERLAP = Scope(overlap=True)
+SPEC_ROUND = ["prepare_for_decode", "draft", "verify", "draft_extend"]
+
+
+def _overlap_start(design_name: str = "v2_switch_reserve_sync_overlap"):
+    m = model_for(get_design(design_name), OVERLAP)
+    # thresholds 4/3: one request never flips; r0 has prompt 3, max_new_tokens 3, one output after prefill
+    s = walk(m, initial_with(m, 4, 3), ["arrive", "prefill", "prefill", "merge_batch"])
+    return m, s
+
+
+def test_overlap_verify_launches_and_its_result_moves_the_request_later() -> None:
+    m, s = _overlap_start()
+    s = walk(m, s, ["prepare_for_decode", "draft"])
+    assert m.actions(s) == [Action("verify")]  # no accepts at the launch
+    before = s.req(0)
+    s = walk(m, s, ["verify", "draft_extend"])
+    r0 = s.req(0)
+    assert (r0.seq_len, r0.committed, r0.kv_held, r0.kv_reserved) == (before.seq_len, before.committed,
+                                                                      before.kv_held, before.kv_reserved)
+    assert [u.describe() for u in s.unprocessed] == ["verify(steps=2) rids=[0]"] and s.unprocessed[0].draft_extended
+    # the loop launches the next step first and processes this result after it
+    names = {a.name for a in m.actions(s)}
+    assert "prepare_for_decode" in names and "process_result" not in names
+    s = walk(m, s, SPEC_ROUND)
+    after = take(m, s, Action("process_result", (1,)))
+    r0 = after.req(0)
+    assert (r0.seq_len, r0.committed, r0.kv_held, r0.kv_reserved) == (5, 3, 5, 4)
+    assert r0.draft_current and len(after.unprocessed) == 1
+    assert m.check_step(s, Action("process_result", (1,)), after) == []
+
+
+def test_overlap_processes_the_oldest_result_right_after_the_next_launch() -> None:
+    m, s = _overlap_start()
+    s = walk(m, s, SPEC_ROUND + SPEC_ROUND)
+    assert [u.steps for u in s.unprocessed] == [2, 2]
+    # only pop_and_process of step N is possible now, with N's accepts
+    assert {a.name for a in m.actions(s)} == {"process_result"}
+    assert sorted(a.args for a in m.actions(s)) == [(0,), (1,), (2,)]
+    s = take(m, s, Action("process_result", (0,)))
+    assert s.req(0).seq_len == 4 and s.req(0).committed == 2 and len(s.unprocessed) == 1
+
+
+def test_overlap_a_request_finished_by_step_n_runs_in_n_plus_1_and_is_skipped() -> None:
+    m, s = _overlap_start()
+    s = walk(m, s, SPEC_ROUND + SPEC_ROUND)  # N+1 launched before N's finish was known
+    s = take(m, s, Action("process_result", (2,)))  # N accepts 2 + bonus: r0 reaches max_new_tokens 3
+    r0 = s.req(0)
+    assert r0.done and r0.status is Status.RUNNING and 0 in s.unprocessed[0].rids
+    # nothing to launch (r0 is done): N+1's result is processed; it skips r0: one choice, nothing moves
+    assert [a for a in m.actions(s) if a.name == "process_result"] == [Action("process_result", (0,))]
+    skipped = take(m, s, Action("process_result", (0,)))
+    assert skipped.req(0) == r0 and skipped.unprocessed == ()
+    assert m.check_step(s, Action("process_result", (0,)), skipped) == []
+    done = walk(m, skipped, ["finish"])
+    assert done.kv_free == done.kv_pool_size
+
+
+def test_overlap_reserve_is_topped_up_from_the_stale_committed_length() -> None:
+    """N+1 is prepared before N's accepts reach the host: the 2x reserve still covers both verifies, the
+    1x reserve does not (kv_reserve_covers_writes counts the unprocessed verify's worst case)."""
+    for name, reserved, broken in (("v2_switch_reserve_sync_overlap", 6, []),
+                                   ("reserve_1x_under_overlap", 3, ["kv_reserve_covers_writes"])):
+        m, s = _overlap_start(name)
+        s = walk(m, s, [*SPEC_ROUND, "prepare_for_decode"])
+        assert s.req(0).kv_reserved == reserved and s.req(0).kv_held == 3  # nothing moved: N is unprocessed
+        before = s
+        s = take(m, s, Action("draft", (2,)))
+        assert [v.invariant for v in m.check_step(before, Action("draft", (2,)), s)] == broken, name
+
+
+def test_overlap_plain_step_commits_its_token_when_processed() -> None:
+    m = model_for(get_design("v2_switch_reserve_sync_overlap"), OVERLAP)
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "prefill", "merge_batch", "arrive", "flip_off",
+                                         "prepare_for_decode", "plain_decode"])
+    r0 = s.req(0)
+    assert r0.seq_len == 4 and r0.committed == 1 and s.unprocessed[0].steps is None  # seq_lens move at launch
+    s = walk(m, s, ["draft_sync", "prepare_for_decode", "plain_decode", "draft_sync", "process_result"])
+    assert s.req(0).committed == 2 and s.req(0).seq_len == 5 and len(s.unprocessed) == 1
+
+
+def test_overlap_retract_drops_the_request_from_unprocessed_results() -> None:
+    scope = attrs.evolve(OVERLAP, kv_pool_size=9)
+    m = model_for(get_design("reserve_1x_under_overlap"), scope)
+    s = walk(m, initial_with(m, 4, 3), ["arrive", "prefill", "prefill", "merge_batch", *SPEC_ROUND, "arrive",
+                                         "prefill", "merge_batch"])
+    retracts = [a for a in m.actions(s) if a.name == "retract"]
+    assert retracts, [a.describe() for a in m.actions(s)]
+    s = take(m, s, Action("retract", (0,)))
+    assert all(0 not in u.rids for u in s.unprocessed)
+
+
+def test_without_overlap_no_result_is_ever_queued() -> None:
+    for design in (V2_SWITCH, ADAPTIVE_WARM):
+        m = model_for(design)
+        seen, frontier = set(), list(m.init_states())
+        while frontier and len(seen) < 3000:
+            s = frontier.pop()
+            for a in m.actions(s):
+                assert a.name != "process_result"
+                nxt = m.next_state(s, a)
+                assert nxt.unprocessed == ()
+                if nxt not in seen:
+                    seen.add(nxt)
+                    frontier.append(nxt)

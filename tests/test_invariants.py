@@ -33,6 +33,7 @@ from statemodel.state import (
     Stage,
     State,
     Status,
+    Unprocessed,
 )
 
 SCOPE = Scope()
@@ -209,3 +210,45 @@ def test_check_step_orders_violations_by_invariant_order() -> None:
     names = [v.invariant for v in check_step(before, Action("plain_decode"), after, SCOPE, CATCH_UP)]
     assert names == sorted(names, key=INVARIANT_NAMES.index)
     assert names[0] == "spec_info_matches_mode" and "kv_conservation" in names
+
+
+def test_unprocessed_verify_keeps_its_worst_case_reserved_under_overlap() -> None:
+    """Overlap: step N's verify (steps 2) is unprocessed while N+1's verify (3 tokens a request) launches:
+    the reserve must hold both worst cases, 6; a request finished since is not counted (its slots were freed
+    after the launch, and reuse comes later in stream order)."""
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 2, 3), spec_algorithm_on=True,
+                     out_cache_loc_width=6)
+    n = Unprocessed(rids=(0, 1), steps=2, draft_extended=True)
+    reqs = (running_req(0, reserved=6), running_req(1, reserved=5))
+    state = attrs.evolve(make_state(reqs, RUNNING_SPEC, launched), unprocessed=(n,))
+    found = kv_reserve_covers_writes(state, overlap)
+    assert [(v.rids, v.expected, v.actual) for v in found] == [((1,), "6", "5")]
+    assert "unprocessed may write 3 tokens of request 1" in found[0].message
+    # between launches: the unprocessed verify alone needs 3 (a reserve released under it breaks this)
+    between = attrs.evolve(make_state((running_req(0, reserved=3), running_req(1, reserved=2)), RUNNING_SPEC),
+                           unprocessed=(n,))
+    assert [v.rids for v in kv_reserve_covers_writes(between, overlap)] == [(1,)]
+    # a plain step's result writes nothing more; a finished request needs nothing
+    finished = attrs.evolve(running_req(1), status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    done = attrs.evolve(make_state((running_req(0, reserved=3), finished), RUNNING_SPEC),
+                        unprocessed=(n, Unprocessed(rids=(0,), steps=None)))
+    assert kv_reserve_covers_writes(done, overlap) == []
+
+
+def test_process_result_must_grow_seq_len_by_the_accepted_run() -> None:
+    from statemodel.designs import get_design
+
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    design = get_design("v2_switch_reserve_sync_overlap")
+    before = attrs.evolve(make_state((running_req(0, reserved=6),), RUNNING_SPEC),
+                          unprocessed=(Unprocessed(rids=(0,), steps=2, draft_extended=True),))
+    action = Action("process_result", (1,))
+    good = attrs.evolve(before, unprocessed=(), requests=(attrs.evolve(
+        before.req(0), seq_len=6, committed=4, kv_held=6, kv_reserved=4, draft_kv_len=6),))
+    assert seq_lens_growth(before, action, good, overlap, design) == []
+    short = attrs.evolve(good, requests=(attrs.evolve(good.req(0), seq_len=5),))
+    assert [v.expected for v in seq_lens_growth(before, action, short, overlap, design)] == ["6"]
+    # the launch itself grows nothing under overlap
+    assert [v.expected for v in seq_lens_growth(before, Action("verify"), good, overlap, design)] == ["4"]

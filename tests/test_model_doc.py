@@ -15,7 +15,7 @@ import pytest
 from statemodel import design as design_module
 from statemodel import state as state_module
 from statemodel.actions import ACTION_CATALOGUE
-from statemodel.designs import ALL_DESIGNS
+from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS
 from statemodel.invariants import INVARIANT_NAMES
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "model.md"
@@ -35,6 +35,7 @@ FIELD_CLASSES = (
     state_module.GraphShape,
     state_module.State,
     state_module.Thresholds,
+    state_module.Unprocessed,
     design_module.Design,
     design_module.Scope,
     design_module.ThresholdPolicy,
@@ -90,7 +91,7 @@ def model_names() -> dict[str, list[str]]:
         ENUM_TABLE: [f"{cls.__name__}.{m.name}" for cls in ENUM_CLASSES for m in cls],
         ACTION_TABLE: [a.name for a in ACTION_CATALOGUE],
         INVARIANT_TABLE: list(INVARIANT_NAMES),
-        DESIGN_TABLE: [d.name for d in ALL_DESIGNS],
+        DESIGN_TABLE: [d.name for d in ALL_DESIGNS + OVERLAP_DESIGNS],
     }
 
 

@@ -268,6 +268,8 @@ def _action_edges(obs: Observations) -> list[tuple[str, str, str, str, str, bool
     """(mode, stage, action, mode after, stage after, from_catalogue) for every catalogue action."""
     out = []
     for info in ACTION_CATALOGUE:
+        if info.overlap_only:
+            continue  # the diagrams draw the scope without the overlap schedule
         for mode in _modes(info.spec_mode):
             for stage in info.stage_from:
                 facts = obs.facts.get((mode, stage.value, info.name))
