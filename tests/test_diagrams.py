@@ -38,7 +38,11 @@ def _machine_actions(graphs) -> set[str]:
 
 
 def test_every_catalogue_action_is_an_edge_of_the_mode_or_step_diagrams(graphs):
-    assert {a.name for a in ACTION_CATALOGUE} <= _machine_actions(graphs)
+    # the diagrams draw the scope without the overlap schedule: its actions are not drawn
+    drawn = _machine_actions(graphs)
+    assert {a.name for a in ACTION_CATALOGUE if not a.overlap_only} <= drawn
+    overlap_only = {a.name for a in ACTION_CATALOGUE if a.overlap_only}
+    assert overlap_only and not overlap_only & drawn
 
 
 def test_every_action_is_drawn_in_the_rendered_dot_and_mermaid(graphs):
@@ -46,6 +50,8 @@ def test_every_action_is_drawn_in_the_rendered_dot_and_mermaid(graphs):
     dot = "".join(to_dot(g) for g in machines)
     mermaid = "".join(to_mermaid(g) for g in machines)
     for info in ACTION_CATALOGUE:
+        if info.overlap_only:
+            continue
         assert f"<b>{info.name}</b>" in dot, info.name
         assert f"<b>{info.name}</b>" in mermaid, info.name
 
