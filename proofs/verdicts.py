@@ -107,6 +107,8 @@ def describe_state(s: State) -> list[str]:
         lines.append("pending: " + describe_batch(s.pending))
     if s.launched is not None:
         lines.append("launched: " + describe_batch(s.launched))
+    if s.unprocessed:  # overlap schedule only
+        lines.append("unprocessed results: " + "; ".join(u.describe() for u in s.unprocessed))
     lines.extend(describe_request(r) for r in s.requests if r.status.value != "not_arrived")
     return lines
 
