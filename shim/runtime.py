@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,9 @@ ENV_TRACE = "SPECFLIP_TRACE"
 ENV_DESIGN = "SPECFLIP_DESIGN"
 ENV_SPEC_CAP = "SPECFLIP_SPEC_CAP"
 ENV_PLAIN_CAP = "SPECFLIP_PLAIN_CAP"
+ENV_COUNT_SYNCS = "SPECFLIP_COUNT_SYNCS"
+# the warning torch's sync debug mode issues at each synchronizing CUDA call (c10/cuda/CUDAFunctions.cpp)
+SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
 DEFAULT_TRACE = "specflip-trace.rank{rank}.jsonl"
 
 
@@ -56,6 +61,7 @@ class GuardRuntime:
         self.disabled_reason: str | None = None
         self.paused = False  # hooks stay installed but pass through (tests share one process)
         self.internal_errors = 0
+        self.sync_counter: SyncCounter | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> GuardRuntime:
@@ -68,8 +74,11 @@ class GuardRuntime:
                 get_design(design)
             except KeyError as exc:
                 raise ConfigError(f"{ENV_DESIGN}: {exc.args[0]}") from None
-        return cls(mode, trace_template=template, design_name=design,
-                   spec_cap=_int_env(env, ENV_SPEC_CAP), plain_cap=_int_env(env, ENV_PLAIN_CAP))
+        runtime = cls(mode, trace_template=template, design_name=design,
+                      spec_cap=_int_env(env, ENV_SPEC_CAP), plain_cap=_int_env(env, ENV_PLAIN_CAP))
+        if env.get(ENV_COUNT_SYNCS, "").strip() not in ("", "0"):
+            runtime.sync_counter = SyncCounter()
+        return runtime
 
     @property
     def active(self) -> bool:
@@ -109,7 +118,10 @@ class GuardRuntime:
         if not self.active:
             return
         try:
-            fn(*args, **kwargs)
+            if self.sync_counter is not None:
+                self.sync_counter.run(fn, *args, **kwargs)
+            else:
+                fn(*args, **kwargs)
         except SpecFlipViolation:
             raise
         except Exception:
@@ -118,6 +130,52 @@ class GuardRuntime:
                 raise
             logger.exception("specflip guard: internal error; the guard switches itself off and serving goes on")
             self.disable("internal error (logged above)")
+
+
+class SyncCounter:
+    """Counts the host-device synchronisations the guard's own steps make (SPECFLIP_COUNT_SYNCS=1): torch's sync
+    debug mode is switched to "warn" only while a guard step runs, and its warnings are caught and counted by
+    call site instead of printed. Measurement only (catching warnings costs time); the target is 0."""
+
+    def __init__(self, log_every: int = 500, *, get_mode: Callable[[], int] | None = None,
+                 set_mode: Callable[[str | int], None] | None = None) -> None:
+        if get_mode is None or set_mode is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"{ENV_COUNT_SYNCS}: counting host-device syncs needs CUDA (torch sync debug mode)")
+            get_mode, set_mode = torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode
+        self._get_mode, self._set_mode = get_mode, set_mode
+        self.steps = 0
+        self.syncs = 0
+        self.sites: Counter[str] = Counter()
+        self.log_every = log_every
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.steps += 1
+        previous = self._get_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._set_mode("warn")
+            try:
+                fn(*args, **kwargs)
+            finally:
+                self._set_mode(previous)
+        for w in caught:
+            if SYNC_WARNING_TEXT in str(w.message):
+                self.syncs += 1
+                site = f"{os.path.basename(w.filename)}:{w.lineno}"
+                if site not in self.sites:
+                    logger.warning("specflip guard: host-device sync in a guard step at %s", site)
+                self.sites[site] += 1
+            else:  # not ours to swallow
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if self.steps % self.log_every == 0:
+            logger.info("specflip guard: %s", self.summary())
+
+    def summary(self) -> str:
+        sites = ", ".join(f"{site} x{n}" for site, n in self.sites.most_common(5)) or "none"
+        return f"{self.syncs} host-device syncs in {self.steps} guard steps (sites: {sites})"
 
 
 def _int_env(env: dict[str, str] | Any, name: str) -> int | None:
