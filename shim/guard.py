@@ -306,7 +306,11 @@ class Guard:
                 run = by_name.get(self.names[rid])
                 accepts.append(max(0, run - 1) if rid in rows and run is not None else 0)
             action = Action("process_result", tuple(accepts))
-        self._transition(action, where, reqs=reqs, pool=pool, seq_rids={self.names[rid] for rid in rows})
+        # the result shows the length after this step; a plain step launched after it grew the model's seq_len at
+        # its launch already, so those requests' lengths are compared where that step's result is processed
+        later_plain = {rid for u in state.unprocessed[1:] if not u.is_spec for rid in u.rids}
+        self._transition(action, where, reqs=reqs, pool=pool,
+                         seq_rids={self.names[rid] for rid in rows - later_plain})
 
     def flip(self, on: bool, running: ObservedBatch | None, reqs: list[ObservedRequest], pool: ObservedPool,
              *, where: str = "switch") -> None:
