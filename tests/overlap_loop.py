@@ -24,9 +24,9 @@ Not a test module. What runs for real (paths relative to ``sglang/srt/``):
 Stand-ins (named ``*_cpu_stand_in`` / ``*CpuStandIn``): the prefill forward
 (:func:`prefill_launch_cpu_stand_in`, it publishes ``seq_lens`` as ``_forward_prefill_batch`` does), the
 scheduler object (:func:`scheduler_cpu_stand_in`: only the fields the real methods above read), the result
-processor (:class:`ResultProcessorCpuStandIn`), and what tests/guard_fixtures.py stands in. ``resolve_forward_inputs``
-is not run: it gathers the previous step's tokens and draft extras into the batch, which only the (stood-in)
-GPU forwards read. Chunked prefill is left out (the normal-loop tests cover it).
+processor (:class:`ResultProcessorCpuStandIn`), the future map's gather of the draft extras at launch
+(:func:`resolve_spec_extras_cpu_stand_in`: the relay buffers hold what only the stood-in GPU forwards read), and
+what tests/guard_fixtures.py stands in. Chunked prefill is left out (the normal-loop tests cover it).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-
 import guard_fixtures as gf
 import sglang_cpu as h
+import torch
+
 from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFrom
 
 
@@ -96,6 +96,18 @@ def prefill_launch_cpu_stand_in(batch: Any, on_publish: Callable[[Any], None] | 
     return GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64), next_draft_input=draft)
 
 
+def resolve_spec_extras_cpu_stand_in(batch: Any) -> None:
+    """`FutureMap._resolve_spec_extras` (in `resolve_forward_inputs`): between steps the draft input carries only
+    `future_indices` (merge_batch / filter_batch keep them per row); at launch its tensors are gathered from the
+    relay buffers at those rows. Here they are filled with the stand-in draft's values, one row per request."""
+    info = batch.spec_info
+    if info is None or not info.is_draft_input() or info.future_indices is None:
+        return
+    fresh = h.make_eagle_draft_input(batch)
+    info.topk_p, info.topk_index, info.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
+    info.bonus_tokens = fresh.bonus_tokens
+
+
 class OverlapDriver:
     """The overlap loop over real objects, one `iteration()` per `event_loop_overlap` pass.
 
@@ -118,6 +130,7 @@ class OverlapDriver:
         self.last_batch: Any = None
         self.waiting: list[Any] = []
         self.spec_on = True
+        self.pending_flip: str | None = None
         self.accepts: Callable[[Any], int] = lambda req: 2
         self.iteration_no = 0
         self.launched: list[tuple[int, str, tuple[str, ...]]] = []  # (iteration, mode, rids)
@@ -142,9 +155,12 @@ class OverlapDriver:
         self.waiting.extend(reqs)
 
     def iteration(self, *, flip: str | None = None) -> Any:
-        """One `event_loop_overlap` pass. `flip` ("off"/"on"): the switch's decision in update_running_batch."""
+        """One `event_loop_overlap` pass. `flip` ("off"/"on"): the switch's decision, taken at the next
+        update_running_batch (an iteration that runs a prefill, or nothing, has none)."""
         self.iteration_no += 1
-        batch = self.get_next_batch_to_run(flip)
+        if flip is not None:
+            self.pending_flip = flip
+        batch = self.get_next_batch_to_run()
         if batch is not None:
             result = self.run_batch(batch)
             self.sched.result_queue.append((batch.copy(), result))
@@ -155,7 +171,7 @@ class OverlapDriver:
 
     def idle(self) -> bool:
         return (self.running is None or self.running.is_empty()) and not self.waiting \
-            and not self.sched.result_queue
+            and not self.sched.result_queue and self.pending_flip is None
 
     def run_until_idle(self, max_iterations: int = 200) -> None:
         for _ in range(max_iterations):
@@ -164,7 +180,7 @@ class OverlapDriver:
             self.iteration()
         raise AssertionError("the loop did not drain")
 
-    def get_next_batch_to_run(self, flip: str | None) -> Any:
+    def get_next_batch_to_run(self) -> Any:
         last = self.last_batch
         if last is not None and last.forward_mode.is_extend():
             last.filter_batch()
@@ -181,14 +197,20 @@ class OverlapDriver:
             assert chunked is None
             return batch
         if self.running is None or self.running.is_empty():
+            if self.pending_flip is not None:  # the switch flips an idle server where admission is sized
+                on, self.pending_flip = self.pending_flip == "on", None
+                if on != self.spec_on:
+                    self._flip(on, None)
             return None
-        return self.update_running_batch(self.running, flip)
+        return self.update_running_batch(self.running)
 
-    def update_running_batch(self, batch: Any, flip: str | None) -> Any:
+    def update_running_batch(self, batch: Any) -> Any:
         from sglang.srt.managers.scheduler import Scheduler
 
-        if flip is not None:
-            self._flip(flip == "on", batch)
+        if self.pending_flip is not None:
+            on, self.pending_flip = self.pending_flip == "on", None
+            if on != self.spec_on:
+                self._flip(on, batch)
         finishing = Scheduler._reqs_finishing_inflight(self.sched, batch)
         self.excluded += [(self.iteration_no, str(r.rid)) for r in finishing]
         batch.filter_batch(reqs_to_exclude=finishing)
@@ -206,6 +228,8 @@ class OverlapDriver:
         fm.resolve_seq_lens_cpu(batch)
         spec = not batch.spec_algorithm.is_none()
         extend = batch.forward_mode.is_extend()
+        if spec and not extend:
+            resolve_spec_extras_cpu_stand_in(batch)
         if not extend:
             mode = "spec" if spec and self.spec_on else "plain"
             self.launched.append((self.iteration_no, mode, tuple(str(r.rid) for r in batch.reqs)))

@@ -136,8 +136,8 @@ def test_the_overlap_schedule_is_followed_and_the_rest_still_refused(adapter_cla
     """The overlap loop (disable_overlap_schedule False) is guarded with Scope.overlap and the reference design's
     overlap variant (SGLang's double reserve); the normal loop keeps the plain scope. Configurations the model
     does not describe stay refused under either loop."""
-    from shim.runtime import GuardRuntime
     from shim.guard import Mode
+    from shim.runtime import GuardRuntime
 
     adapter = adapter_class()
     overlap = SimpleNamespace(disable_overlap_schedule=False, page_size=1, speculative_algorithm="EAGLE3",
