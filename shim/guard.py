@@ -270,11 +270,15 @@ class Guard:
         self._transition(Action(name), where, reqs=reqs, pool=pool)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
-                     *, where: str) -> None:
-        """A plain target DECODE forward is about to run on `launched`."""
+                     *, where: str, seq_observed: bool = True) -> None:
+        """A plain target DECODE forward is about to run on `launched`. `seq_observed`: the batch has its CPU
+        mirror of seq_lens (without it an observation falls back to kv_committed_len, which under the overlap
+        schedule lags the results not processed yet)."""
         self.settle_round()
         seq_rids = set(launched.rids)
-        if self.state.unprocessed:
+        if self.config.scope.overlap and not seq_observed:
+            seq_rids = set()
+        elif self.state.unprocessed:
             # overlap: the launch already sees the seq_lens a verify whose result is unprocessed produced
             # (resolved from the future map); the model adds that verify's growth when the result is processed
             pending = {self.names[rid] for u in self.state.unprocessed if u.is_spec for rid in u.rids}

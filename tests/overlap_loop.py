@@ -116,15 +116,21 @@ class OverlapDriver:
     records the request ids of every launched decode batch, `released` the order requests were released in
     (with the iteration number), for the tests' own checks of the order of events."""
 
-    def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None) -> None:
+    def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None,
+                 exclude_finishing: bool = True, cpu_seq_lens: bool = True) -> None:
+        """`exclude_finishing` False: 0.5.16's order, which has no `_reqs_finishing_inflight` (a request its queued
+        result finishes runs one more step). `cpu_seq_lens` False: an attention backend that opts out of the CPU
+        mirror (`needs_cpu_seq_lens`): `resolve_seq_lens_cpu` leaves `seq_lens_cpu` None."""
         from sglang.srt.managers.overlap_utils import FutureMap
 
         self.pools = pools
         self.design = design
         self.bug = bug
         self.worker = gf.make_workers(pools, num_steps=num_steps)
-        self.future_map = FutureMap(torch.device("cpu"), pools.spec_algorithm, pools.req_to_token_pool)
+        self.future_map = FutureMap(torch.device("cpu"), pools.spec_algorithm, pools.req_to_token_pool,
+                                    needs_cpu_seq_lens=cpu_seq_lens)
         self.sched = scheduler_cpu_stand_in()
+        self.sched.enable_skip_finishing_decode = exclude_finishing
         self.processor = ResultProcessorCpuStandIn(self.worker, pools)
         self.running: Any = None
         self.last_batch: Any = None

@@ -184,6 +184,30 @@ def test_long_mixed_run_has_no_findings(runtime: Any, model_dir: Path, design: A
     assert not guard.state.unprocessed and gf.pool_accounted(drv.pools)
 
 
+@pytest.mark.parametrize("loop", ["0.5.16_order", "no_cpu_mirror"])
+@pytest.mark.parametrize(("design", "flips", "adaptive"), [(V2_SWITCH, True, False), (ADAPTIVE_WARM, False, True)],
+                         ids=["v2_switch_flips", "adaptive_steps"])
+def test_long_mixed_run_other_loops_have_no_findings(runtime: Any, model_dir: Path, design: Any, flips: bool,
+                                                     adaptive: bool, loop: str) -> None:
+    """0.5.16's order (no `_reqs_finishing_inflight`: requests a queued result finishes, prefill-finished ones
+    included, run one more step and are released mid-processing), and a backend without the CPU seq_lens mirror
+    (the guard then reads a result's lengths from kv_committed_len, and none at a plain launch)."""
+    configure(runtime, design, mode=Mode.WARN)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), design, exclude_finishing=loop != "0.5.16_order",
+                           cpu_seq_lens=loop != "no_cpu_mirror")
+    run_mixed(drv, seed=11, flips=flips, adaptive=adaptive)
+    guard = runtime.guard
+    assert guard.found == [], guard.found[:3]
+    assert bool(drv.excluded) == (loop != "0.5.16_order")
+    if loop == "0.5.16_order":  # some request ran a step after the one whose result finished it
+        last_step = {}
+        for it, _, rids in drv.launched:
+            for rid in rids:
+                last_step[rid] = it
+        assert any(last_step.get(rid, 0) >= it for it, rid in drv.released)
+    assert not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
 def test_trace_of_an_overlap_run_replays(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
     """The trace carries the queued results (State.unprocessed) and the overlap scope: `specflip explain`
     replays an overlap run and finds it conforms."""

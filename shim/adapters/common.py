@@ -419,7 +419,8 @@ class V2Adapter:
             graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
             launched = self.observe_batch(batch, graph=graph)
             g.plain_decode(launched, self.observe_requests(batch), self.batch_pool(batch),
-                           where="TpModelWorker.forward_batch_generation (plain DECODE)")
+                           where="TpModelWorker.forward_batch_generation (plain DECODE)",
+                           seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
         self._run(step)
         return None
 
