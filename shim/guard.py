@@ -36,7 +36,7 @@ from shim.trace import (
     state_to_json,
     violation_to_json,
 )
-from statemodel.actions import Action, apply
+from statemodel.actions import Action, apply, result_rows
 from statemodel.design import Design, Scope
 from statemodel.invariants import Violation
 from statemodel.state import (
@@ -230,16 +230,21 @@ class Guard:
     def draft(self, steps: int, reqs: list[ObservedRequest], pool: ObservedPool,
               observe_round: Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]],
               *, where: str) -> None:
-        """The worker is about to draft `steps` tokens (0: the trivial one-token verify)."""
-        self.round = _Round(observe=observe_round)
+        """The worker is about to draft `steps` tokens (0: the trivial one-token verify). Under the overlap
+        schedule no round is kept: the verify is recorded at its launch, its result by `process_result`."""
+        if not self.config.scope.overlap:
+            self.round = _Round(observe=observe_round)
         self._transition(Action("draft", (steps,)), where, reqs=reqs, pool=pool)
 
     def verify_launch(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                       *, where: str) -> None:
-        """The verify batch as it launches: a second look at the state the draft step produced."""
+        """The verify batch as it launches: a second look at the state the draft step produced. Under the
+        overlap schedule it is also the model's `verify` (the launch; the accepts come with the result)."""
         state = self._overlay(self.state, reqs=reqs, pool=pool)
         state = attrs.evolve(state, launched=self._batch(launched))
         self._refine(state, where)
+        if self.config.scope.overlap:
+            self._transition(Action("verify"), where, reqs=reqs, pool=pool)
 
     def draft_extend_starts(self, *, skipped: bool,
                             observe: Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]],
@@ -249,6 +254,11 @@ class Guard:
         (running, requests, pool) only when the step is checked now: inside a round it is not."""
         if self.round is not None:
             self.round.extend = "skip_draft_extend" if skipped else "draft_extend"
+            return
+        if self.config.scope.overlap and self.state.stage is Stage.VERIFIED:
+            # overlap: the verify was recorded at launch; the draft-extend runs on the device behind it
+            _, reqs, pool = observe()
+            self._transition(Action("skip_draft_extend" if skipped else "draft_extend"), where, reqs=reqs, pool=pool)
             return
         if skipped:
             return
@@ -260,11 +270,51 @@ class Guard:
         self._transition(Action(name), where, reqs=reqs, pool=pool)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
-                     *, where: str) -> None:
-        """A plain target DECODE forward is about to run on `launched`."""
+                     *, where: str, seq_observed: bool = True) -> None:
+        """A plain target DECODE forward is about to run on `launched`. `seq_observed`: the batch has its CPU
+        mirror of seq_lens (without it an observation falls back to kv_committed_len, which under the overlap
+        schedule lags the results not processed yet)."""
         self.settle_round()
+        seq_rids = set(launched.rids)
+        if self.config.scope.overlap and not seq_observed:
+            seq_rids = set()
+        elif self.state.unprocessed:
+            # overlap: the launch already sees the seq_lens a verify whose result is unprocessed produced
+            # (resolved from the future map); the model adds that verify's growth when the result is processed
+            pending = {self.names[rid] for u in self.state.unprocessed if u.is_spec for rid in u.rids}
+            seq_rids -= pending
         self._transition(Action("plain_decode"), where, launched=launched, reqs=reqs, pool=pool,
-                         seq_rids=set(launched.rids))
+                         seq_rids=seq_rids)
+
+    def process_result(self, rids: list[str], accept_lens: list[int] | None, reqs: list[ObservedRequest],
+                       pool: ObservedPool, *, where: str) -> None:
+        """Overlap schedule: the oldest launched decode step's result is being processed (its accepts are on
+        the host now, `kv_committed_len` has moved). `rids` are the requests of the queued batch copy,
+        `accept_lens` their accepted runs (drafts + bonus; None for a plain step), `reqs` observed with the
+        seq_len the result gives them. The releases that follow in the same processing are model steps of
+        their own (`finish`)."""
+        if not self.config.scope.overlap:
+            return  # the normal loop: the round settles at the next scheduler hook
+        state = self.state
+        if not state.unprocessed:
+            self.note(f"a result with no launched step the guard saw ({where})")
+            return
+        head = state.unprocessed[0]
+        rows = set(result_rows(state))
+        if head.steps is None:
+            action = Action("process_result")
+        else:
+            by_name = dict(zip(rids, accept_lens or [], strict=False))
+            accepts = []
+            for rid in head.rids:
+                run = by_name.get(self.names[rid])
+                accepts.append(max(0, run - 1) if rid in rows and run is not None else 0)
+            action = Action("process_result", tuple(accepts))
+        # the result shows the length after this step; a plain step launched after it grew the model's seq_len at
+        # its launch already, so those requests' lengths are compared where that step's result is processed
+        later_plain = {rid for u in state.unprocessed[1:] if not u.is_spec for rid in u.rids}
+        self._transition(action, where, reqs=reqs, pool=pool,
+                         seq_rids={self.names[rid] for rid in rows - later_plain})
 
     def flip(self, on: bool, running: ObservedBatch | None, reqs: list[ObservedRequest], pool: ObservedPool,
              *, where: str = "switch") -> None:
@@ -332,6 +382,7 @@ class Guard:
 
     def _compact(self) -> None:
         live = set(self.state.running.rids) | set(self.state.pending.rids if self.state.pending else ())
+        live.update(rid for u in self.state.unprocessed for rid in u.rids)  # a queued result still names them
         keep = [r.rid for r in self.state.requests if r.status is not Status.FINISHED or r.rid in live]
         if len(keep) == len(self.state.requests):
             return

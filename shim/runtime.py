@@ -18,7 +18,7 @@ from typing import Any
 from shim.guard import Guard, GuardConfig, Mode, SpecFlipViolation
 from shim.trace import trace_path_for
 from statemodel.design import Design, Scope
-from statemodel.designs import get_design
+from statemodel.designs import DESIGNS_BY_NAME, get_design
 
 logger = logging.getLogger("specflip.guard")
 
@@ -96,6 +96,9 @@ class GuardRuntime:
         """Build the Guard (the adapter calls this at the first hooked step)."""
         if self.design_name:
             design = get_design(self.design_name)
+        if scope.overlap:
+            # the overlap loop: the design's variant checked under it (SGLang's double reserve), where there is one
+            design = DESIGNS_BY_NAME.get(f"{design.name}_overlap", design)
         if self.spec_cap is not None or self.plain_cap is not None:
             import attrs
 

@@ -41,6 +41,7 @@ from statemodel.state import (
     State,
     Status,
     Thresholds,
+    Unprocessed,
 )
 
 TRACE_VERSION = 1
@@ -49,7 +50,9 @@ RECORD_KINDS = ("header", "step", "refine", "compact")
 # of fresh dicts and lists, so the circular-reference check has nothing to find
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _TOP_FIELDS = ("running", "pending", "launched", "stage", "spec_mode", "num_steps", "kv_free", "kv_pool_size",
-               "thresholds")
+               "thresholds", "unprocessed")
+# fields a trace written before they existed leaves out: their value then
+_TOP_DEFAULTS: dict[str, Any] = {"unprocessed": []}
 
 
 class TraceFormatError(ValueError):
@@ -137,6 +140,8 @@ def _top_to_json(state: State, name: str) -> Any:
         return value.value
     if name == "thresholds":
         return None if value is None else [value.t_off, value.t_on]
+    if name == "unprocessed":  # overlap schedule: [rids, steps (null: plain), draft_extended] per queued result
+        return [[list(u.rids), u.steps, u.draft_extended] for u in value]
     return value
 
 
@@ -149,6 +154,9 @@ def _top_from_json(name: str, value: Any) -> Any:
         return SpecMode(value)
     if name == "thresholds":
         return None if value is None else Thresholds(int(value[0]), int(value[1]))
+    if name == "unprocessed":
+        return tuple(Unprocessed(tuple(int(r) for r in rids), None if steps is None else int(steps), bool(extended))
+                     for rids, steps, extended in value)
     return int(value)
 
 
@@ -159,7 +167,7 @@ def state_to_json(state: State) -> dict[str, Any]:
 
 
 def state_from_json(data: dict[str, Any]) -> State:
-    fields = {name: _top_from_json(name, data[name]) for name in _TOP_FIELDS}
+    fields = {name: _top_from_json(name, data[name] if name in data else _TOP_DEFAULTS[name]) for name in _TOP_FIELDS}
     return State(requests=tuple(request_from_json(r) for r in data["requests"]), **fields)
 
 
@@ -232,19 +240,22 @@ def compact_state(state: State, keep: list[int]) -> State:
         return attrs.evolve(b, rids=tuple(renumber[r] for r in b.rids))
 
     requests = tuple(attrs.evolve(state.requests[old], rid=new) for new, old in enumerate(keep))
+    unprocessed = tuple(attrs.evolve(u, rids=tuple(renumber[r] for r in u.rids)) for u in state.unprocessed)
     return attrs.evolve(state, requests=requests, running=batch(state.running), pending=batch(state.pending),
-                        launched=batch(state.launched))
+                        launched=batch(state.launched), unprocessed=unprocessed)
 
 
 def scope_to_json(scope: Scope) -> dict[str, Any]:
     return {"kv_pool_size": scope.kv_pool_size, "spec_cap": scope.spec_cap, "plain_cap": scope.plain_cap,
-            "chunk_size": scope.chunk_size, "graph_capture_sizes": list(scope.graph_capture_sizes)}
+            "chunk_size": scope.chunk_size, "graph_capture_sizes": list(scope.graph_capture_sizes),
+            "overlap": scope.overlap}
 
 
 def scope_from_json(data: dict[str, Any]) -> Scope:
     return Scope(requests=(), kv_pool_size=int(data["kv_pool_size"]), spec_cap=int(data["spec_cap"]),
                  plain_cap=int(data["plain_cap"]), chunk_size=int(data["chunk_size"]),
-                 graph_capture_sizes=tuple(int(x) for x in data["graph_capture_sizes"]))
+                 graph_capture_sizes=tuple(int(x) for x in data["graph_capture_sizes"]),
+                 overlap=bool(data.get("overlap", False)))
 
 
 def violation_to_json(v: Violation, names: list[str]) -> dict[str, Any]:

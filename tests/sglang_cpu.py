@@ -133,8 +133,8 @@ def make_server_args(
         "attention_backend": "torch_native",
         "skip_tokenizer_init": True,
         "disable_cuda_graph": True,
-        # the harness runs the scheduler's normal loop (each step's result before the next step): the overlap
-        # schedule is off, as the guard requires (it refuses the overlap schedule)
+        # the harness runs the scheduler's normal loop (each step's result before the next step); the overlap
+        # loop is tests/overlap_loop.py's
         "disable_overlap_schedule": True,
         "disable_radix_cache": True,
         "max_running_requests": max_running_requests,

@@ -132,11 +132,24 @@ def test_reference_design_and_caps_follow_the_installed_switch(monkeypatch: pyte
 
 
 @pytest.mark.parametrize("adapter_class", [Adapter0523, Adapter0516], ids=["0.5.23", "0.5.16"])
-def test_the_overlap_schedule_turns_the_guard_off_with_the_flag_that_fixes_it(adapter_class: type) -> None:
-    # the overlap loop settles step N after N+1 is launched; the model cannot follow it (false violations
-    # on the H200), so the guard refuses it and names the launch flag
-    overlap = SimpleNamespace(disable_overlap_schedule=False, page_size=1, speculative_algorithm="EAGLE3")
-    reason = adapter_class().unsupported_reason(overlap)
-    assert reason is not None and "overlap schedule" in reason and "--disable-overlap-schedule" in reason
-    normal = SimpleNamespace(disable_overlap_schedule=True, page_size=1, speculative_algorithm="EAGLE3")
-    assert adapter_class().unsupported_reason(normal) is None
+def test_the_overlap_schedule_is_followed_and_the_rest_still_refused(adapter_class: type) -> None:
+    """The overlap loop (disable_overlap_schedule False) is guarded with Scope.overlap and the reference design's
+    overlap variant (SGLang's double reserve); the normal loop keeps the plain scope. Configurations the model
+    does not describe stay refused under either loop."""
+    from shim.guard import Mode
+    from shim.runtime import GuardRuntime
+
+    adapter = adapter_class()
+    overlap = SimpleNamespace(disable_overlap_schedule=False, page_size=1, speculative_algorithm="EAGLE3",
+                              max_running_requests=8, chunked_prefill_size=64, speculative_adaptive=False)
+    normal = SimpleNamespace(**{**vars(overlap), "disable_overlap_schedule": True})
+    assert adapter.unsupported_reason(overlap) is None and adapter.unsupported_reason(normal) is None
+    assert adapter.scope(overlap).overlap and not adapter.scope(normal).overlap
+    for sa, name in ((overlap, "plain_off_catch_up_overlap"), (normal, "plain_off_catch_up")):
+        rt = GuardRuntime(Mode.WARN)
+        guard = rt.start(design=adapter.reference_design(sa), scope=adapter.scope(sa), rank=0, release="x")
+        assert guard.config.design.name == name
+    paged = SimpleNamespace(**{**vars(overlap), "page_size": 16})
+    assert "page_size" in (adapter.unsupported_reason(paged) or "")
+    mixed = SimpleNamespace(**{**vars(overlap), "enable_mixed_chunk": True})
+    assert "mixed" in (adapter.unsupported_reason(mixed) or "")

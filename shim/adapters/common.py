@@ -146,12 +146,6 @@ class V2Adapter:
         """Configurations the model does not describe: the guard stays off for them."""
         if sa is None:
             return None
-        if getattr(sa, "disable_overlap_schedule", True) is False:
-            # the overlap scheduler processes step N's result after step N+1 is prepared and launched (a
-            # future map stands in for N's tokens); the model settles each step before the next one, so the
-            # guard would report false violations (seen on the H200: seq_lens_growth at the first verify)
-            return ("the overlap schedule (spec v2's default) is not modelled: the model settles each step "
-                    "before the next is prepared; launch with --disable-overlap-schedule to run the guard")
         if getattr(sa, "page_size", 1) not in (None, 1):
             return f"page_size {sa.page_size} (the model counts KV in single slots; supported: 1)"
         algo = getattr(sa, "speculative_algorithm", None)
@@ -188,7 +182,14 @@ class V2Adapter:
         # with the switch installed, speculation holds the switch's cap and plain decoding the launch cap
         spec_cap = min(cap, switch.config.spec_cap) if switch is not None else cap
         return Scope(requests=(), kv_pool_size=0, spec_cap=spec_cap, plain_cap=cap, chunk_size=max(chunk, 1),
-                     graph_capture_sizes=())
+                     graph_capture_sizes=(), overlap=self.runs_overlap_loop(sa))
+
+    @staticmethod
+    def runs_overlap_loop(sa: Any) -> bool:
+        """Whether the scheduler runs `event_loop_overlap` (step N's result processed after step N+1 launched):
+        SGLang's `enable_overlap = not server_args.disable_overlap_schedule` (MLX aside), read once the server
+        arguments are resolved (a CPU or a spec config may have turned it off)."""
+        return sa is not None and getattr(sa, "disable_overlap_schedule", True) is False
 
     # --- observation ----------------------------------------------------------------------------------
 
@@ -418,7 +419,8 @@ class V2Adapter:
             graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
             launched = self.observe_batch(batch, graph=graph)
             g.plain_decode(launched, self.observe_requests(batch), self.batch_pool(batch),
-                           where="TpModelWorker.forward_batch_generation (plain DECODE)")
+                           where="TpModelWorker.forward_batch_generation (plain DECODE)",
+                           seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
         self._run(step)
         return None
 
@@ -483,6 +485,38 @@ class V2Adapter:
             g = self.guard()
             if g is not None:
                 g.draft_extend_starts(skipped=skipped, observe=self._round_observer(batch), where=where)
+        self._run(step)
+
+    def after_normalize_decode_outputs(self, normalized: Any, processor: Any, *args: Any, **kwargs: Any) -> None:
+        """`SchedulerBatchResultProcessor._normalize_decode_outputs(batch=, result=, ...)` returned: in a decode
+        result's processing, right after `_resolve_spec_v2_tokens` committed the accepted runs
+        (`kv_committed_len += accept_len`) on the spec path, or the plain tokens were listed, and before
+        `free_group_begin` and the per-request loop that finishes and releases. Under the overlap schedule that
+        is the model's `process_result` of the oldest launched step; `batch` is the copy queued at its launch."""
+        batch, result = kwargs.get("batch"), kwargs.get("result")
+        if batch is None or result is None or not batch.reqs:
+            return
+
+        def step() -> None:
+            g = self.guard()
+            if g is None or not g.config.scope.overlap:
+                return  # the normal loop settles rounds at the scheduler's next hook
+            reqs = batch.reqs
+            spec = not batch.spec_algorithm.is_none() and getattr(result, "accept_lens", None) is not None
+            accept = host_ints(result.accept_lens) if spec else None  # _resolve_spec_v2_tokens asserts CPU
+            mirror = batch.seq_lens_cpu
+            if mirror is not None and tensor_width(mirror) == len(reqs):
+                # the copy's seq_lens_cpu: the lengths step N+1 launched from; its verify added accept_lens
+                base = host_ints(mirror)
+                seq_lens: list[int] | list[None] = [b + a for b, a in zip(base, accept, strict=True)] \
+                    if accept is not None else base
+            else:
+                # no CPU mirror (needs_cpu_seq_lens False): kv_committed_len, just advanced to the same length
+                seq_lens = [None] * len(reqs)
+            g.process_result([str(r.rid) for r in reqs], accept, self._observe_reqs(reqs, seq_lens),
+                             self.observe_pool(processor.token_to_kv_pool_allocator, getattr(processor, "tree_cache",
+                                                                                            None)),
+                             where="SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)")
         self._run(step)
 
     def after_apply_runtime_state(self, result: Any, worker: Any, state: Any, *args: Any, **kwargs: Any) -> None:

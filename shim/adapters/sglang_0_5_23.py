@@ -12,6 +12,7 @@ from shim.adapters.common import V2Adapter
 
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
+_BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
 
 class Adapter(V2Adapter):
@@ -32,6 +33,10 @@ class Adapter(V2Adapter):
         (f"{_V2}.EagleDraftWorker._draft_extend_for_decode", "BEFORE", "before_draft_extend_for_decode"),
         (f"{_V2}.EAGLEWorkerV2._stub_skipped_draft_extend", "BEFORE", "before_stub_skipped_draft_extend"),
         (f"{_V2}.EAGLEWorkerV2.apply_runtime_state", "AFTER", "after_apply_runtime_state"),
+        # a decode result's processing, right after _resolve_spec_v2_tokens (spec) or the plain token listing:
+        # the overlap schedule's process_result (a no-op in the normal loop)
+        (f"{_BRP}.SchedulerBatchResultProcessor._normalize_decode_outputs", "AFTER",
+         "after_normalize_decode_outputs"),
     )
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:

@@ -1,0 +1,355 @@
+"""SGLang 0.5.23's overlap schedule (`Scheduler.event_loop_overlap`) on a CPU, over real objects, for the guard.
+
+Not a test module. What runs for real (paths relative to ``sglang/srt/``):
+
+- the loop's order (managers/scheduler.py ``event_loop_overlap``): get the next batch, launch it
+  (``run_batch``), queue ``batch.copy()`` with its result, then process the PREVIOUS batch's result;
+- ``get_next_batch_to_run``: the prefilled batch's real ``filter_batch`` + ``merge_batch`` (before that prefill's
+  result is processed), the running batch's ``filter_batch()`` every step;
+- ``update_running_batch``: the real ``Scheduler._reqs_finishing_inflight`` (0.5.23: requests whose queued result
+  finishes them by length leave through ``filter_batch(reqs_to_exclude=...)``), the real ``prepare_for_decode``;
+- ``run_batch``'s overlap branch: the real ``FutureMap(torch.device("cpu"), ...)`` (``resolve_seq_lens_cpu``,
+  ``publish``), the real ``Scheduler._forward_isolation(batch, overlap=True)`` (snapshot / restore of every
+  ScheduleBatch field, ``record_batch_in_overlap``), ``on_publish`` handed to the worker, the next draft input
+  with ``future_indices`` put on the batch after the isolation;
+- the worker: the real ``EAGLEWorkerV2.forward_batch_generation`` (draft, verify, ``on_publish(new_seq_lens)``,
+  draft-extend) with the GPU forwards stood in by tests/guard_fixtures.py, or shim/switch_v2.py's real
+  ``plain_decode`` for the switch's spec-off step;
+- a decode result's processing: the real ``SchedulerBatchResultProcessor._normalize_decode_outputs`` (spec: the
+  real ``_resolve_spec_v2_tokens``, ``kv_committed_len += accept_len``) called unbound on
+  :class:`ResultProcessorCpuStandIn`, then ``process_batch_result_decode``'s per-request loop (skip finished or
+  retracted requests, ``output_ids``, real ``update_finish_state``, real ``release_kv_cache``) inside a real
+  allocator free group.
+
+Stand-ins (named ``*_cpu_stand_in`` / ``*CpuStandIn``): the prefill forward
+(:func:`prefill_launch_cpu_stand_in`, it publishes ``seq_lens`` as ``_forward_prefill_batch`` does), the
+scheduler object (:func:`scheduler_cpu_stand_in`: only the fields the real methods above read), the result
+processor (:class:`ResultProcessorCpuStandIn`), the future map's gather of the draft extras at launch
+(:func:`resolve_spec_extras_cpu_stand_in`: the relay buffers hold what only the stood-in GPU forwards read), and
+what tests/guard_fixtures.py stands in. Chunked prefill is left out (the normal-loop tests cover it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
+import guard_fixtures as gf
+import sglang_cpu as h
+import torch
+
+from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFrom
+
+
+def scheduler_cpu_stand_in() -> Any:
+    """A Scheduler with no model: the fields `_forward_isolation(overlap=True)` (`record_batch_in_overlap`) and
+    `_reqs_finishing_inflight` read. `object.__new__`: the methods are the real ones."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = object.__new__(Scheduler)
+    sched.batch_record_ct = 0
+    sched.batch_record_buf = [None, None]
+    sched.result_queue = deque()
+    sched.enable_skip_finishing_decode = True  # event_loop_overlap sets it
+    return sched
+
+
+class ResultProcessorCpuStandIn:
+    """What `SchedulerBatchResultProcessor._normalize_decode_outputs` / `_resolve_spec_v2_tokens` read from
+    their `self` (the real class is a frozen dataclass of 20 scheduler parts): the model worker (its
+    `on_verify_complete_cpu`), a metrics reporter that records nothing, the pools. Its methods are the real
+    ones, taken from the class."""
+
+    def __init__(self, model_worker: Any, pools: h.CpuPools) -> None:
+        from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+        cls = SchedulerBatchResultProcessor
+        self.model_worker = model_worker
+        self.token_to_kv_pool_allocator = pools.allocator
+        self.tree_cache = pools.tree_cache
+        self.metrics_reporter = SimpleNamespace(snapshot_spec_decode_metrics=lambda *a, **k: None)
+        self._resolve_spec_v2_tokens = partial(cls._resolve_spec_v2_tokens, self)
+        self.advance_grammar_fsm = partial(cls.advance_grammar_fsm, self)
+        self._accept_grammar_tokens = partial(cls._accept_grammar_tokens, self)
+
+    def normalize(self, **kwargs: Any) -> Any:
+        """The real `_normalize_decode_outputs`, looked up on the class when called (where SGLang's HookRegistry
+        wrapped it)."""
+        from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+        return SchedulerBatchResultProcessor._normalize_decode_outputs(self, **kwargs)
+
+
+def prefill_launch_cpu_stand_in(batch: Any, on_publish: Callable[[Any], None] | None) -> Any:
+    """`EAGLEWorkerV2._forward_prefill_batch` (or the target's prefill) at launch: one token per request,
+    `on_publish(batch.seq_lens)`, the draft's next input. Its host bookkeeping waits for the result processing."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    tokens = [h._stand_in_token(req) for req in batch.reqs]
+    if on_publish is not None:
+        on_publish(batch.seq_lens)
+    draft = h.make_eagle_draft_input(batch, bonus_tokens=tokens) if not batch.spec_algorithm.is_none() else None
+    return GenerationBatchResult(next_token_ids=torch.tensor(tokens, dtype=torch.int64), next_draft_input=draft)
+
+
+def resolve_spec_extras_cpu_stand_in(batch: Any) -> None:
+    """`FutureMap._resolve_spec_extras` (in `resolve_forward_inputs`): between steps the draft input carries only
+    `future_indices` (merge_batch / filter_batch keep them per row); at launch its tensors are gathered from the
+    relay buffers at those rows. Here they are filled with the stand-in draft's values, one row per request."""
+    info = batch.spec_info
+    if info is None or not info.is_draft_input() or info.future_indices is None:
+        return
+    fresh = h.make_eagle_draft_input(batch)
+    info.topk_p, info.topk_index, info.hidden_states = fresh.topk_p, fresh.topk_index, fresh.hidden_states
+    info.bonus_tokens = fresh.bonus_tokens
+
+
+class OverlapDriver:
+    """The overlap loop over real objects, one `iteration()` per `event_loop_overlap` pass.
+
+    `accepts`: a callable (request -> accept length, drafts + bonus) for spec steps. `bug` injects a known-bad:
+    "plain_step_not_published" (the switch's spec-off step without `on_publish(seq_lens + 1)`). `launched`
+    records the request ids of every launched decode batch, `released` the order requests were released in
+    (with the iteration number), for the tests' own checks of the order of events."""
+
+    def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None,
+                 exclude_finishing: bool = True, cpu_seq_lens: bool = True) -> None:
+        """`exclude_finishing` False: 0.5.16's order, which has no `_reqs_finishing_inflight` (a request its queued
+        result finishes runs one more step). `cpu_seq_lens` False: an attention backend that opts out of the CPU
+        mirror (`needs_cpu_seq_lens`): `resolve_seq_lens_cpu` leaves `seq_lens_cpu` None."""
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        self.pools = pools
+        self.design = design
+        self.bug = bug
+        self.worker = gf.make_workers(pools, num_steps=num_steps)
+        self.future_map = FutureMap(torch.device("cpu"), pools.spec_algorithm, pools.req_to_token_pool,
+                                    needs_cpu_seq_lens=cpu_seq_lens)
+        self.sched = scheduler_cpu_stand_in()
+        self.sched.enable_skip_finishing_decode = exclude_finishing
+        self.processor = ResultProcessorCpuStandIn(self.worker, pools)
+        self.running: Any = None
+        self.last_batch: Any = None
+        self.waiting: list[Any] = []
+        self.spec_on = True
+        self.pending_flip: str | None = None
+        self.accepts: Callable[[Any], int] = lambda req: 2
+        self.iteration_no = 0
+        self.launched: list[tuple[int, str, tuple[str, ...]]] = []  # (iteration, mode, rids)
+        self.released: list[tuple[int, str]] = []
+        self.merged_without_output: list[str] = []  # requests merged before their prefill result was processed
+        self.excluded: list[tuple[int, str]] = []  # 0.5.23 _reqs_finishing_inflight, per iteration
+        self.decode_graphs = gf.DecodeCudaGraphRunnerCpuStandIn(captured_req_width=1)
+        self.switch = self._switch_runtime() if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE else None
+
+    def _switch_runtime(self) -> Any:
+        from shim.switch_v2 import SwitchConfig, SwitchPolicy, SwitchRuntime, SwitchTrace
+
+        mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
+        config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
+        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(None),
+                             plain_runner=self.decode_graphs, plain_attn_backend=None)
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def add(self, reqs: Sequence[Any]) -> None:
+        """Requests reach the waiting queue (the next iteration prefills them)."""
+        self.waiting.extend(reqs)
+
+    def iteration(self, *, flip: str | None = None) -> Any:
+        """One `event_loop_overlap` pass. `flip` ("off"/"on"): the switch's decision, taken at the next
+        update_running_batch (an iteration that runs a prefill, or nothing, has none)."""
+        self.iteration_no += 1
+        if flip is not None:
+            self.pending_flip = flip
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            result = self.run_batch(batch)
+            self.sched.result_queue.append((batch.copy(), result))
+        if self.last_batch is not None:
+            self.pop_and_process()
+        self.last_batch = batch
+        return batch
+
+    def idle(self) -> bool:
+        return (self.running is None or self.running.is_empty()) and not self.waiting \
+            and not self.sched.result_queue and self.pending_flip is None
+
+    def run_until_idle(self, max_iterations: int = 200) -> None:
+        for _ in range(max_iterations):
+            if self.idle():
+                return
+            self.iteration()
+        raise AssertionError("the loop did not drain")
+
+    def get_next_batch_to_run(self) -> Any:
+        last = self.last_batch
+        if last is not None and last.forward_mode.is_extend():
+            last.filter_batch()
+            if not last.is_empty() and last is not self.running:
+                self.merged_without_output += [str(r.rid) for r in last.reqs if not r.output_ids]
+                if self.running is None or self.running.is_empty():
+                    self.running = last
+                else:
+                    self.running.merge_batch(last)
+        if self.running is not None:
+            self.running.filter_batch()  # every step (0.5.23): results processed since may have finished some
+        if self.waiting:
+            batch, chunked = h.schedule_prefill(self.pools, self.waiting, spec_algorithm=self._batch_algorithm())
+            assert chunked is None
+            return batch
+        if self.running is None or self.running.is_empty():
+            if self.pending_flip is not None:  # the switch flips an idle server where admission is sized
+                on, self.pending_flip = self.pending_flip == "on", None
+                if on != self.spec_on:
+                    self._flip(on, None)
+            return None
+        return self.update_running_batch(self.running)
+
+    def update_running_batch(self, batch: Any) -> Any:
+        from sglang.srt.managers.scheduler import Scheduler
+
+        if self.pending_flip is not None:
+            on, self.pending_flip = self.pending_flip == "on", None
+            if on != self.spec_on:
+                self._flip(on, batch)
+        finishing = Scheduler._reqs_finishing_inflight(self.sched, batch)
+        self.excluded += [(self.iteration_no, str(r.rid)) for r in finishing]
+        batch.filter_batch(reqs_to_exclude=finishing)
+        if batch.is_empty():
+            return None
+        with h.patch_assign_req_to_token_pool():
+            batch.prepare_for_decode()
+        return batch
+
+    def run_batch(self, batch: Any) -> Any:
+        """`Scheduler.run_batch`'s overlap branch."""
+        from sglang.srt.managers.scheduler import Scheduler
+
+        fm = self.future_map
+        fm.resolve_seq_lens_cpu(batch)
+        spec = not batch.spec_algorithm.is_none()
+        extend = batch.forward_mode.is_extend()
+        if spec and not extend:
+            resolve_spec_extras_cpu_stand_in(batch)
+        if not extend:
+            mode = "spec" if spec and self.spec_on else "plain"
+            self.launched.append((self.iteration_no, mode, tuple(str(r.rid) for r in batch.reqs)))
+        with Scheduler._forward_isolation(self.sched, batch, overlap=True):
+            future_indices = batch.req_pool_indices
+            on_publish = partial(fm.publish, future_indices) if spec else None
+            if extend:
+                result = prefill_launch_cpu_stand_in(batch, on_publish)
+            elif spec and self.spec_on:
+                self.worker.accept_lens_cpu_stand_in = [self.accepts(r) for r in batch.reqs]
+                result = self.worker.forward_batch_generation(batch, on_publish=on_publish)
+            elif spec:
+                result = self._switch_plain_step(batch, on_publish)
+            else:
+                result = self.worker.target_worker.forward_batch_generation(batch)
+            if not spec:
+                fm.publish(future_indices, batch.seq_lens + 1)
+        batch.input_ids = None  # next-iteration input ids come through the future map
+        if spec:
+            batch.spec_info = result.next_draft_input
+            batch.spec_info.future_indices = future_indices
+        return result
+
+    def _switch_plain_step(self, batch: Any, on_publish: Any) -> Any:
+        """shim/switch_v2.py's spec-off step, as its `_forward_around` hands it the scheduler's on_publish."""
+        from shim.switch_v2 import plain_decode
+
+        if self.bug == "plain_step_not_published":
+            on_publish = None
+        return plain_decode(self.worker, batch, on_publish, self.switch)
+
+    def pop_and_process(self) -> None:
+        copy, result = self.sched.result_queue.popleft()
+        if copy.forward_mode.is_extend():
+            self.process_prefill_result(copy, result)
+        else:
+            self.process_decode_result(copy, result)
+
+    def process_prefill_result(self, batch: Any, result: Any) -> None:
+        """`process_batch_result_prefill`: the first token, the finish of a request done at once (released), the
+        prompt of the others into the tree; inside a free group."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+
+        tokens = result.next_token_ids.tolist()
+        allocator = self.pools.allocator
+        allocator.free_group_begin()
+        for req, token in zip(batch.reqs, tokens, strict=True):
+            if req.finished() or req.is_retracted:
+                continue
+            req.output_ids.append(token)
+            req.update_finish_state()
+            if req.finished():
+                self.released.append((self.iteration_no, str(req.rid)))
+                release_kv_cache(req, self.pools.tree_cache, checkpoint=True)
+            else:
+                checkpoint_kv_cache(req, self.pools.tree_cache)
+        allocator.free_group_end()
+
+    def process_decode_result(self, batch: Any, result: Any) -> None:
+        """`process_batch_result_decode`: the real `_normalize_decode_outputs` (spec: `_resolve_spec_v2_tokens`),
+        then per request, inside one free group, as there."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        tokens, _ = self.processor.normalize(batch=batch, result=result, logits_output=result.logits_output,
+                                             next_token_ids=result.next_token_ids)
+        allocator = self.pools.allocator
+        allocator.free_group_begin()
+        for i, req in enumerate(batch.reqs):
+            if req.finished() or req.is_retracted:
+                continue  # finished by the step before (the overlap loop ran it once more)
+            req.output_ids.extend(tokens[i])
+            req.update_finish_state(len(tokens[i]))
+            if req.finished():
+                self.released.append((self.iteration_no, str(req.rid)))
+                release_kv_cache(req, self.pools.tree_cache, checkpoint=True)
+        allocator.free_group_end()
+
+    # --- flips (the switch's decision, taken in update_running_batch while the last step is in flight) --------
+
+    def _batch_algorithm(self) -> Any:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        carries = self.spec_on or self.design.clear_spec_on is not ClearSpecOn.BATCH_AT_FLIP
+        return self.pools.spec_algorithm if carries else SpeculativeAlgorithm.NONE
+
+    def _flip(self, on: bool, batch: Any) -> None:
+        import shim.api
+
+        if self.design.clear_spec_on is not ClearSpecOn.WORKER_COPY or self.switch is None:
+            raise NotImplementedError("the overlap driver flips the way shim/switch_v2.py does (V2 reserve)")
+        self.spec_on = on
+        self.switch.policy.spec_on = on
+        shim.api.notify_flip(on, batch)
+
+
+@contextlib.contextmanager
+def reserve_once_cpu_stand_in() -> Iterator[None]:
+    """The known-bad of a reserve of steps + 1: `eagle_prepare_for_decode` takes `get_alloc_len_per_decode()`
+    instead of SGLang's `get_alloc_reserve_per_decode()` (2x, the double buffer for the committed lag)."""
+    from sglang.srt.mem_cache import allocation_sizing
+    from sglang.srt.speculative import eagle_utils
+
+    saved = eagle_utils.get_alloc_reserve_per_decode
+    eagle_utils.get_alloc_reserve_per_decode = allocation_sizing.get_alloc_len_per_decode
+    try:
+        yield
+    finally:
+        eagle_utils.get_alloc_reserve_per_decode = saved
+
+
+def overlap_pools(model_dir: Any, *, num_steps: int = 3, kv_size: int = 1024, radix_cache: bool = False) -> h.CpuPools:
+    """EAGLE pools whose published server args say the overlap loop runs (ServerArgs turns it off on a CPU;
+    a GPU server keeps it: it is spec v2's default)."""
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=num_steps, topk=1,
+                            num_draft_tokens=num_steps + 1, max_running_requests=16)
+    sa.disable_overlap_schedule = False
+    return h.build_pools(sa, kv_size=kv_size, max_reqs=32, radix_cache=radix_cache)

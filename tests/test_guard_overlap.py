@@ -1,0 +1,248 @@
+"""The guard under SGLang 0.5.23's overlap schedule, on real objects (tests/overlap_loop.py)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("torch")
+    pytest.importorskip("sglang.srt.managers.schedule_batch")
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+ol = importlib.import_module("overlap_loop")
+
+from shim.guard import Mode, SpecFlipViolation  # noqa: E402
+from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, V2_SWITCH  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[Any]:
+    rt = gf.install_guard_plugin()
+    rt.paused = False
+    yield rt
+    rt.reset()
+    rt.paused = True
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
+
+
+def configure(rt: Any, design: Any, *, mode: Mode = Mode.ASSERT) -> None:
+    rt.reset()
+    rt.mode = mode
+    rt.design_name = design.name
+    rt.spec_cap = rt.plain_cap = None
+    rt.trace_template = None
+    rt.disabled_reason = None
+
+
+def cycle(values: list[int]) -> Any:
+    """Accept lengths (drafts + bonus) per request: each request walks `values` from its own offset."""
+    seen: dict[str, int] = {}
+
+    def accept(req: Any) -> int:
+        rid = str(req.rid)
+        seen[rid] = seen.get(rid, sum(map(ord, rid))) + 1
+        return values[seen[rid] % len(values)]
+    return accept
+
+
+def test_request_finishing_at_step_n_runs_step_n_plus_one(runtime: Any, model_dir: Path) -> None:
+    """Accepts 1..D (D = 4). `long` has 2+ tokens left when step N launches, so 0.5.23 does not exclude it;
+    N's accepts finish it. Step N+1 was launched before N's result was processed, so it runs N+1 too; it is
+    released in the processing of N's result (the iteration that launched N+1) and N+1's result skips it."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    short, other = gf.make_reqs("s", 2, max_new_tokens=8)
+    drv.accepts = lambda req: 4 if req is short else [1, 2, 3, 4][len(req.output_ids) % 4]
+    drv.add([short, other])
+    drv.run_until_idle()
+    # 1 token from the prefill, 4 per round: 5 after step 1, finished (9 >= 8) by step 2
+    steps_with_short = [(it, rids) for it, mode, rids in drv.launched if "s0" in rids]
+    assert len(steps_with_short) == 3  # steps 1, 2 and the one launched before step 2's result
+    release_iteration = dict((rid, it) for it, rid in drv.released)["s0"]
+    assert release_iteration == steps_with_short[-1][0]  # processed in the iteration that launched step 3
+    assert ("s0" not in {rid for _, rid in drv.excluded}) and short.finished() and len(short.output_ids) == 9
+    covered = runtime.guard.covered
+    assert covered["process_result"] == covered["verify"] and covered["finish"] == 2
+    assert gf.pool_accounted(drv.pools)
+
+
+def test_prefill_merged_before_its_result_and_in_flight_finishes_excluded(runtime: Any, model_dir: Path) -> None:
+    """A prefill launched while a batch runs is merged into it in the next iteration, before its result (the
+    first token) is processed. 0.5.23 keeps out of the step it then prepares the requests whose queued result
+    finishes them by length (`_reqs_finishing_inflight`): a request with max_new_tokens 1 right after its
+    prefill, a decoding one with one token left; they leave the running batch unfinished and are released when
+    that result is processed."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    drv.accepts = cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("a", 2, max_new_tokens=20))
+    for _ in range(3):
+        drv.iteration()
+    one = h.make_req("one", list(range(40, 52)), max_new_tokens=1)
+    late = gf.make_reqs("b", 1, max_new_tokens=3)
+    drv.add([one, *late])
+    drv.iteration()  # the prefill launches; the decode step before it is processed
+    drv.iteration()  # merged, then excluded (`one`), the next decode launched, then the prefill's result
+    assert {"one", "b0"} <= set(drv.merged_without_output)
+    excluded_at = dict((rid, it) for it, rid in drv.excluded)
+    assert excluded_at["one"] == drv.iteration_no
+    assert all("one" not in rids for _, _, rids in drv.launched)
+    assert one.finished() and not one.kv.holds_kv and ("one" in {rid for _, rid in drv.released})
+    drv.run_until_idle()
+    decoding = [(it, rid) for it, rid in drv.excluded if rid.startswith("a")]
+    assert decoding  # a decoding request with one token left, excluded before its last result
+    for it, rid in decoding:
+        assert not any(rid in rids for at, _, rids in drv.launched if at >= it)
+    assert runtime.guard.covered["finish"] == 4 and gf.pool_accounted(drv.pools)
+
+
+def test_flip_with_a_round_in_flight(runtime: Any, model_dir: Path) -> None:
+    """shim/switch_v2.py decides in update_running_batch, while step N's verify is unprocessed: its spec-off
+    steps start from the seq_lens that verify published (resolved through the future map), publish seq_lens + 1
+    themselves, and the flip back on happens with a plain step in flight."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    drv.accepts = cycle([4, 1, 3, 2])
+    drv.add(gf.make_reqs("a", 3, max_new_tokens=40))
+    for _ in range(4):
+        drv.iteration()
+    assert runtime.guard.state.unprocessed  # a verify in flight when the switch decides
+    drv.iteration(flip="off")
+    for _ in range(4):
+        drv.iteration()
+    drv.iteration(flip="on")
+    drv.run_until_idle()
+    covered = runtime.guard.covered
+    for name in ("flip_off", "plain_decode", "draft_sync", "flip_on", "verify", "process_result", "finish"):
+        assert covered.get(name), (name, covered)
+    assert [mode for _, mode, _ in drv.launched].count("plain") == 5 and gf.pool_accounted(drv.pools)
+
+
+def run_mixed(drv: Any, *, seed: int, flips: bool, adaptive: bool = False, iterations: int = 90) -> None:
+    """A long mixed run: requests of varied lengths (some done at their first token) arriving over time,
+    accepts 1..D, flips off and on at chosen iterations (the switch's), adaptive step changes; then drained."""
+    import random
+
+    rng = random.Random(seed)
+    drv.accepts = lambda req: rng.randint(1, drv.worker.speculative_num_draft_tokens)
+    n = 0
+    for it in range(iterations):
+        if it % 7 == 0 or (it % 5 == 0 and rng.random() < 0.5):
+            k = rng.randint(1, 3)
+            drv.add([h.make_req(f"r{n + i}", gf.SYSTEM_PROMPT + [200 + (n + i) % 50] * rng.randint(2, 9),
+                                max_new_tokens=rng.choice([1, 2, 3, 6, 11, 17, 30])) for i in range(k)])
+            n += k
+        if adaptive:
+            gf.set_steps(drv.worker, rng.choice([0, 1, 2, 3]))
+        flip = None
+        if flips and it in (12, 40, 66):
+            flip = "off"
+        elif flips and it in (24, 52, 80):
+            flip = "on"
+        drv.iteration(flip=flip)
+    drv.run_until_idle()
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
+@pytest.mark.parametrize(("design", "flips", "adaptive"), [(V2_SWITCH, True, False), (CATCH_UP, False, False),
+                                                           (ADAPTIVE_WARM, False, True)],
+                         ids=["v2_switch_flips", "catch_up", "adaptive_steps"])
+def test_long_mixed_run_has_no_findings(runtime: Any, model_dir: Path, design: Any, flips: bool, adaptive: bool,
+                                        radix: bool) -> None:
+    configure(runtime, design, mode=Mode.WARN)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir, radix_cache=radix), design)
+    run_mixed(drv, seed=7, flips=flips, adaptive=adaptive)
+    guard = runtime.guard
+    assert guard.config.design.name == f"{design.name}_overlap" and guard.config.scope.overlap
+    assert guard.found == [], guard.found[:3]
+    covered = guard.covered
+    for name in ("prefill", "merge_batch", "prepare_for_decode", "draft", "verify", "process_result", "finish",
+                 "filter_batch"):
+        assert covered.get(name), (name, covered)
+    if flips:
+        assert covered.get("flip_off", 0) >= 2 and covered.get("flip_on", 0) >= 2 and covered.get("plain_decode")
+    assert covered["process_result"] == covered["verify"] + covered.get("plain_decode", 0)
+    assert len(drv.released) == covered["finish"] >= 20 and drv.excluded
+    assert not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+@pytest.mark.parametrize("loop", ["0.5.16_order", "no_cpu_mirror"])
+@pytest.mark.parametrize(("design", "flips", "adaptive"), [(V2_SWITCH, True, False), (ADAPTIVE_WARM, False, True)],
+                         ids=["v2_switch_flips", "adaptive_steps"])
+def test_long_mixed_run_other_loops_have_no_findings(runtime: Any, model_dir: Path, design: Any, flips: bool,
+                                                     adaptive: bool, loop: str) -> None:
+    """0.5.16's order (no `_reqs_finishing_inflight`: requests a queued result finishes, prefill-finished ones
+    included, run one more step and are released mid-processing), and a backend without the CPU seq_lens mirror
+    (the guard then reads a result's lengths from kv_committed_len, and none at a plain launch)."""
+    configure(runtime, design, mode=Mode.WARN)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), design, exclude_finishing=loop != "0.5.16_order",
+                           cpu_seq_lens=loop != "no_cpu_mirror")
+    run_mixed(drv, seed=11, flips=flips, adaptive=adaptive)
+    guard = runtime.guard
+    assert guard.found == [], guard.found[:3]
+    assert bool(drv.excluded) == (loop != "0.5.16_order")
+    if loop == "0.5.16_order":  # some request ran a step after the one whose result finished it
+        last_step = {}
+        for it, _, rids in drv.launched:
+            for rid in rids:
+                last_step[rid] = it
+        assert any(last_step.get(rid, 0) >= it for it, rid in drv.released)
+    assert not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+def test_trace_of_an_overlap_run_replays(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
+    """The trace carries the queued results (State.unprocessed) and the overlap scope: `specflip explain`
+    replays an overlap run and finds it conforms."""
+    from shim.explain import explain_traces
+
+    trace = tmp_path / "overlap.jsonl"
+    configure(runtime, V2_SWITCH, mode=Mode.TRACE)
+    runtime.trace_template = str(trace)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    run_mixed(drv, seed=3, flips=True, iterations=40)
+    runtime.reset()
+    report = explain_traces([str(trace)])
+    assert report.conforms, report.render()
+    assert report.covered.get("process_result") and report.covered.get("plain_decode")
+
+
+def test_known_bad_reserve_of_steps_plus_one_is_caught(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    drv.add(gf.make_reqs("a", 2, max_new_tokens=30))
+    with ol.reserve_once_cpu_stand_in(), pytest.raises(SpecFlipViolation) as caught:
+        drv.run_until_idle()
+    print(caught.value)
+    assert caught.value.invariant == "kv_reserve_covers_writes"
+
+
+def test_known_bad_plain_step_not_published_is_caught(runtime: Any, model_dir: Path) -> None:
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH, bug="plain_step_not_published")
+    drv.add(gf.make_reqs("a", 2, max_new_tokens=40))
+    for _ in range(3):
+        drv.iteration()
+    drv.iteration(flip="off")
+    with pytest.raises(SpecFlipViolation) as caught:
+        for _ in range(6):
+            drv.iteration()
+    print(caught.value)
+    assert caught.value.invariant == "seq_lens_growth"
