@@ -181,3 +181,42 @@ def test_register_in_off_mode_installs_nothing(monkeypatch: pytest.MonkeyPatch) 
         assert shim.runtime.current() is None
     finally:
         shim.runtime.install(saved)
+
+
+H200_OVERLAP_TRACE = Path(__file__).parent / "regressions" / "recorded" / "guard_trace_h200_overlap_excerpt.jsonl.gz"
+
+
+def _unpack_h200_overlap_trace() -> list[str]:
+    import gzip
+
+    return gzip.decompress(H200_OVERLAP_TRACE.read_bytes()).decode().splitlines()
+
+
+def test_guard_trace_recorded_on_the_h200_under_overlap_conforms(tmp_path: Path) -> None:
+    # the first 1,287 steps of the guard's trace in session 3's replay on a live 0.5.16 server with the overlap
+    # schedule and the specflip switch (docs/gpu-results.md, "Session 3", call 2)
+    path = tmp_path / "h200.jsonl"
+    path.write_text("\n".join(_unpack_h200_overlap_trace()) + "\n")
+    report = explain_traces([path])
+    assert report.conforms, report.render()
+    assert report.files[0].designs == ("v2_switch_reserve_sync_overlap",)
+    assert report.files[0].releases == ("0.5.16",)
+    for action in ("process_result", "flip_off", "flip_on", "plain_decode", "draft_sync", "verify", "finish"):
+        assert report.covered.get(action, 0) > 0, action
+
+
+def test_one_wrong_seq_len_in_the_h200_overlap_trace_is_found(tmp_path: Path) -> None:
+    lines = _unpack_h200_overlap_trace()
+    target = next(i for i, line in enumerate(lines) if '"action":"process_result"' in line
+                  and '"seq_len"' in line and i > 200)
+    record = json.loads(lines[target])
+    rid, req = next(iter(record["delta"]["requests"].items()))
+    req["seq_len"] += 1  # the result claims one token more than the round accepted
+    lines[target] = json.dumps(record)
+    path = tmp_path / "h200_bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    report = explain_traces([path])
+    assert not report.conforms
+    first = report.first_illegal[0]
+    assert first.line == target + 1 and first.action == "process_result"
+    assert {v.invariant for v in first.violations} == {"seq_lens_growth"}
