@@ -15,15 +15,17 @@ from statemodel.state import State
 LEGAL_TRANSITION = "legal_transition"
 
 
-def transition_violations(before: State, action: Action) -> list[Violation]:
-    """The action exists, starts from the stage `before` is in, and belongs to the current mode."""
+def transition_violations(before: State, action: Action, *, overlap: bool = False) -> list[Violation]:
+    """The action exists, starts from the stage `before` is in (under the overlap schedule `overlap`), and
+    belongs to the current mode."""
     info = ACTIONS_BY_NAME.get(action.name)
     if info is None:
         return [Violation(LEGAL_TRANSITION, f"{action.name!r} is not a model action",
                           expected=" | ".join(ACTIONS_BY_NAME), actual=action.name)]
     problems = []
-    if before.stage not in info.stage_from:
-        want = " or ".join(s.value for s in info.stage_from)
+    stages = info.stages(overlap)
+    if before.stage not in stages:
+        want = " or ".join(s.value for s in stages)
         problems.append(Violation(
             LEGAL_TRANSITION,
             f"{action.name} ran at stage {before.stage.value}; the model runs it only from {want}",
@@ -42,7 +44,7 @@ def step_violations(before: State, action: Action, after: State, scope: Scope, d
     """A legal transition, then every model invariant of the step (under `design`) and of its result. The
     step invariants presume a legal step (a verify has a launched batch...): an illegal one gets the state
     invariants of its result only."""
-    illegal = transition_violations(before, action)
+    illegal = transition_violations(before, action, overlap=scope.overlap)
     if illegal:
         return illegal + check_state(after, scope)
     return check_step(before, action, after, scope, design)

@@ -67,6 +67,14 @@ class ActionInfo:
     summary: str
     guard: str  # when the action is enabled, in words (diagram edge labels read it)
     overlap_only: bool = False  # exists only under Scope.overlap (the diagrams draw the scope without it)
+    # stages it may also start from under Scope.overlap: an iteration SGLang runs without overlap
+    # (`Scheduler.is_disable_overlap_for_batch`) processes the last result, releases included, after the
+    # next step was prepared and before it launches
+    overlap_stage_from: tuple[Stage, ...] = ()
+
+    def stages(self, overlap: bool) -> tuple[Stage, ...]:
+        """The stages the action starts from in a scope with or without the overlap schedule."""
+        return self.stage_from + self.overlap_stage_from if overlap else self.stage_from
 
 
 ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
@@ -80,7 +88,7 @@ ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
                "the prefilled batch joins the running batch, spec_info rows with it", "a prefilled batch"),
     ActionInfo("finish", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
                "a request that reached max_new_tokens frees its KV (held and reserved)",
-               "a running request is done"),
+               "a running request is done", overlap_stage_from=(Stage.PREPARED,)),
     ActionInfo("filter_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
                "finished requests leave the running batch and its spec_info", "finished requests in the batch"),
     ActionInfo("retract", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
@@ -117,8 +125,9 @@ ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
     ActionInfo("process_result", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
                "overlap schedule: the oldest launched step's result is processed (process_batch_result_decode); "
                "a verify's requests accept 0..k draft tokens plus the bonus token, seq_len / output / KV move "
-               "then; a plain step's token is committed; requests finished or retracted since are skipped",
-               "a launched step's result is unprocessed", overlap_only=True),
+               "then; a plain step's token is committed; requests finished or retracted since are skipped; "
+               "in an iteration run without overlap, after the next step was prepared",
+               "a launched step's result is unprocessed", overlap_only=True, overlap_stage_from=(Stage.PREPARED,)),
 )
 
 ACTIONS_BY_NAME: dict[str, ActionInfo] = {a.name: a for a in ACTION_CATALOGUE}
@@ -201,8 +210,15 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
         return _enabled_schedule(state, design, scope)
     if state.stage is Stage.PREPARED:
         if state.spec_mode is SpecMode.ON:
-            return [Action("draft", (k,)) for k in design.steps_choices(state.running.size)]
-        return [Action("plain_decode")]
+            launch = [Action("draft", (k,)) for k in design.steps_choices(state.running.size)]
+        else:
+            launch = [Action("plain_decode")]
+        if scope.overlap:
+            # an iteration SGLang runs without overlap (is_disable_overlap_for_batch: a speculative decode batch
+            # with a grammar on 0.5.16, consecutive prefills): the last step's result is processed after this
+            # step was prepared, before it launches; the requests it finishes are released then and still run
+            launch += _prepared_result_choices(state)
+        return launch
     if state.stage is Stage.DRAFTED:
         if scope.overlap:
             return [Action("verify")]  # the launch only: the accepts are known when its result is processed
@@ -268,6 +284,13 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         # so N may stay unprocessed across it (a superset of SGLang's order)
         out.extend(_process_result_choices(state))
     return out
+
+
+def _prepared_result_choices(state: State) -> list[Action]:
+    """Overlap, at stage PREPARED: the last result's processing, then the releases it makes."""
+    done = [Action("finish", (rid,)) for rid in state.running.rids
+            if state.req(rid).status is Status.RUNNING and state.req(rid).done]
+    return done + (_process_result_choices(state) if state.unprocessed else [])
 
 
 def result_rows(state: State) -> tuple[int, ...]:
@@ -598,6 +621,8 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
             if r.kv_reserved:
                 have += 1
                 changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
+            elif r.status is Status.FINISHED:
+                have += 1  # released after this step was prepared (overlap): its row still reads req_to_token
         worker = attrs.evolve(worker, out_cache_loc_width=have)
     elif design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
         # alloc_token_slots(..., backup_state=False) returns one tensor of len(rids) slots: unpacking

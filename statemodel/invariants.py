@@ -152,7 +152,8 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
 def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
     """A verify forward writes only into slots reserved for it: draft tokens <= reserved per request.
     Under overlap the slots of every launched verify whose result is unprocessed stay reserved too, at
-    its worst case (every draft token accepted), for each request still running."""
+    its worst case (every draft token accepted), for each request still running (one released after its
+    step was prepared writes into freed slots before any later owner does, in stream order)."""
     batch = _launched(state)
     verifying = batch is not None and batch.forward_mode is ForwardMode.TARGET_VERIFY
     if not verifying and not state.unprocessed:
@@ -167,7 +168,8 @@ def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
     pending = dict(need)
     per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
     for rid in batch.rids if verifying else ():  # type: ignore[union-attr]
-        need[rid] = need.get(rid, 0) + per_req
+        if requests[rid].status is Status.RUNNING:  # released after its step was prepared: as above
+            need[rid] = need.get(rid, 0) + per_req
     short = [rid for rid, n in need.items() if requests[rid].kv_reserved < n]
     if not short:
         return []

@@ -13,7 +13,7 @@ from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
 from statemodel.design import Design, Scope, ThresholdPolicy
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
-from statemodel.state import State, Status
+from statemodel.state import Stage, State, Status
 
 
 @attrs.frozen
@@ -90,6 +90,17 @@ def _finished_runs_next(before: State, action: Action, after: State) -> bool:
     return any(rid not in rows and before.req(rid).status is not Status.WAITING for rid in before.unprocessed[0].rids)
 
 
+def _result_after_prepare(before: State, action: Action, after: State) -> bool:
+    """Overlap: an iteration run without overlap processes the last result after the next step was prepared."""
+    return action.name == "process_result" and before.stage is Stage.PREPARED
+
+
+def _released_before_launch(before: State, action: Action, after: State) -> bool:
+    """Overlap: a step launches with a request that was released after the step was prepared."""
+    return action.name in ("verify", "plain_decode") and any(
+        before.req(rid).status is Status.FINISHED for rid in before.running.rids)
+
+
 def _steps_switched(before: State, action: Action, after: State) -> bool:
     return action.name == "draft" and action.args[0] != before.num_steps
 
@@ -140,6 +151,10 @@ class Model:
                           _second_launch),
                 Sometimes("finished_runs_next", "a request finished by one step ran in the next (its result is "
                           "skipped)", _finished_runs_next),
+                Sometimes("result_after_prepare", "a result is processed after the next step was prepared (an "
+                          "iteration SGLang runs without overlap)", _result_after_prepare),
+                Sometimes("released_before_launch", "a step launches with a request released after the step was "
+                          "prepared", _released_before_launch),
             ]
         largest = self.design.largest_steps()
         out += [Sometimes(f"verify_accepts_{n}", f"a verify where some request accepts {n} draft tokens",

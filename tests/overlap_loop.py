@@ -3,11 +3,17 @@
 Not a test module. What runs for real (paths relative to ``sglang/srt/``):
 
 - the loop's order (managers/scheduler.py ``event_loop_overlap``): get the next batch, launch it
-  (``run_batch``), queue ``batch.copy()`` with its result, then process the PREVIOUS batch's result;
+  (``run_batch``), queue ``batch.copy()`` with its result, then process the PREVIOUS batch's result; in an
+  iteration the real ``Scheduler.is_disable_overlap_for_batch`` runs without overlap (consecutive prefills with
+  ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``; a speculative decode batch with a grammar, on 0.5.16) the
+  previous result is processed after the next batch was prepared and before it launches. 0.5.16's decision is
+  its own function, compiled from its source (:func:`is_disable_overlap_for_batch_0_5_16`);
 - ``get_next_batch_to_run``: the prefilled batch's real ``filter_batch`` + ``merge_batch`` (before that prefill's
   result is processed), the running batch's ``filter_batch()`` every step;
 - ``update_running_batch``: the real ``Scheduler._reqs_finishing_inflight`` (0.5.23: requests whose queued result
-  finishes them by length leave through ``filter_batch(reqs_to_exclude=...)``), the real ``prepare_for_decode``;
+  finishes them by length leave through ``filter_batch(reqs_to_exclude=...)``), the real ``check_decode_mem`` and
+  ``retract_decode`` (retracted requests go back to the waiting queue and are prefilled again), the real
+  ``prepare_for_decode``;
 - ``run_batch``'s overlap branch: the real ``FutureMap(torch.device("cpu"), ...)`` (``resolve_seq_lens_cpu``,
   ``publish``), the real ``Scheduler._forward_isolation(batch, overlap=True)`` (snapshot / restore of every
   ScheduleBatch field, ``record_batch_in_overlap``), ``on_publish`` handed to the worker, the next draft input
@@ -26,7 +32,9 @@ Stand-ins (named ``*_cpu_stand_in`` / ``*CpuStandIn``): the prefill forward
 scheduler object (:func:`scheduler_cpu_stand_in`: only the fields the real methods above read), the result
 processor (:class:`ResultProcessorCpuStandIn`), the future map's gather of the draft extras at launch
 (:func:`resolve_spec_extras_cpu_stand_in`: the relay buffers hold what only the stood-in GPU forwards read), and
-what tests/guard_fixtures.py stands in. Chunked prefill is left out (the normal-loop tests cover it).
+what tests/guard_fixtures.py stands in, and a grammar that accepts every token
+(:class:`AnyTokenGrammarCpuStandIn`: no grammar backend is installed here; the guard sees nothing of the FSM, only
+the order ``has_grammar`` gives the loop on 0.5.16). Chunked prefill is left out (the normal-loop tests cover it).
 """
 
 from __future__ import annotations
@@ -46,8 +54,9 @@ from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFro
 
 
 def scheduler_cpu_stand_in() -> Any:
-    """A Scheduler with no model: the fields `_forward_isolation(overlap=True)` (`record_batch_in_overlap`) and
-    `_reqs_finishing_inflight` read. `object.__new__`: the methods are the real ones."""
+    """A Scheduler with no model: the fields `_forward_isolation(overlap=True)` (`record_batch_in_overlap`),
+    `_reqs_finishing_inflight` and `is_disable_overlap_for_batch` read. `object.__new__`: the methods are the real
+    ones."""
     from sglang.srt.managers.scheduler import Scheduler
 
     sched = object.__new__(Scheduler)
@@ -55,7 +64,46 @@ def scheduler_cpu_stand_in() -> Any:
     sched.batch_record_buf = [None, None]
     sched.result_queue = deque()
     sched.enable_skip_finishing_decode = True  # event_loop_overlap sets it
+    sched.require_mlp_sync = False  # no DP attention
     return sched
+
+
+def is_disable_overlap_for_batch_0_5_16() -> Callable[..., bool]:
+    """SGLang 0.5.16's `Scheduler.is_disable_overlap_for_batch`, compiled from its source (the wheel scripts/setup.sh
+    unpacks to .cache/sglang-src/0.5.16, or $SPECFLIP_SGLANG_0_5_16_SRC) with the names its module imports. Unlike
+    0.5.23's (EAGLE's verify advances the grammar FSM itself), it runs a speculative decode batch that carries a
+    grammar without overlap. Raises FileNotFoundError without the source."""
+    import ast
+    import os
+    from pathlib import Path
+    from typing import Optional
+
+    from sglang.srt.environ import envs
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    root = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", Path(__file__).resolve().parents[1] / ".cache"
+                               / "sglang-src" / "0.5.16"))
+    path = root / "sglang" / "srt" / "managers" / "scheduler.py"
+    tree = ast.parse(path.read_text())
+    scheduler = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
+    name = "is_disable_overlap_for_batch"
+    func = next(n for n in scheduler.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict[str, Any] = {"envs": envs, "Optional": Optional, "ScheduleBatch": ScheduleBatch}
+    exec(compile(ast.Module(body=[func], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def any_token_grammar_cpu_stand_in() -> Any:
+    """A request's grammar (`req.grammar`) that accepts every token and never terminates: the real grammar
+    backends (xgrammar, llguidance, outlines) are not installed here. `ScheduleBatch` derives `has_grammar` from
+    it (init_new, merge_batch, filter_batch), which is what the loop's order reads."""
+    from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
+
+    class AnyTokenGrammarCpuStandIn(BaseGrammarObject):
+        def accept_token(self, token: int) -> None:
+            pass
+
+    return AnyTokenGrammarCpuStandIn()
 
 
 class ResultProcessorCpuStandIn:
@@ -117,10 +165,11 @@ class OverlapDriver:
     (with the iteration number), for the tests' own checks of the order of events."""
 
     def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None,
-                 exclude_finishing: bool = True, cpu_seq_lens: bool = True) -> None:
+                 exclude_finishing: bool = True, cpu_seq_lens: bool = True, release: str = "0.5.23") -> None:
         """`exclude_finishing` False: 0.5.16's order, which has no `_reqs_finishing_inflight` (a request its queued
         result finishes runs one more step). `cpu_seq_lens` False: an attention backend that opts out of the CPU
-        mirror (`needs_cpu_seq_lens`): `resolve_seq_lens_cpu` leaves `seq_lens_cpu` None."""
+        mirror (`needs_cpu_seq_lens`): `resolve_seq_lens_cpu` leaves `seq_lens_cpu` None. `release`: whose
+        `is_disable_overlap_for_batch` decides which iterations run without overlap ("0.5.23" or "0.5.16")."""
         from sglang.srt.managers.overlap_utils import FutureMap
 
         self.pools = pools
@@ -143,6 +192,15 @@ class OverlapDriver:
         self.released: list[tuple[int, str]] = []
         self.merged_without_output: list[str] = []  # requests merged before their prefill result was processed
         self.excluded: list[tuple[int, str]] = []  # 0.5.23 _reqs_finishing_inflight, per iteration
+        self.retracted: list[tuple[int, str]] = []  # retract_decode, per iteration
+        self.not_overlapped: list[int] = []  # iterations is_disable_overlap_for_batch ran without overlap
+        self.retract_next = False  # the next update_running_batch retracts (SGLANG_TEST_RETRACT's branch)
+        from sglang.srt.managers.scheduler import Scheduler
+
+        decide = Scheduler.is_disable_overlap_for_batch
+        if release == "0.5.16":
+            decide = is_disable_overlap_for_batch_0_5_16()
+        self.is_disable_overlap_for_batch = partial(decide, self.sched)
         self.decode_graphs = gf.DecodeCudaGraphRunnerCpuStandIn(captured_req_width=1)
         self.switch = self._switch_runtime() if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE else None
 
@@ -167,10 +225,14 @@ class OverlapDriver:
         if flip is not None:
             self.pending_flip = flip
         batch = self.get_next_batch_to_run()
+        not_overlapped = self.is_disable_overlap_for_batch(batch, last_batch=self.last_batch)
+        if not_overlapped:
+            self.not_overlapped.append(self.iteration_no)
+            self.pop_and_process()  # the last batch's result, before this batch launches
         if batch is not None:
             result = self.run_batch(batch)
             self.sched.result_queue.append((batch.copy(), result))
-        if self.last_batch is not None:
+        if self.last_batch is not None and not not_overlapped:
             self.pop_and_process()
         self.last_batch = batch
         return batch
@@ -222,6 +284,18 @@ class OverlapDriver:
         batch.filter_batch(reqs_to_exclude=finishing)
         if batch.is_empty():
             return None
+        kv_full = not batch.check_decode_mem()
+        if kv_full and finishing:
+            return None  # the queued result frees the finishing requests' KV: decode the rest next step
+        if kv_full or self.retract_next:
+            self.retract_next = False
+            with h.patch_assign_req_to_token_pool():
+                retracted, _, aborted = batch.retract_decode()
+            assert not aborted
+            self.retracted += [(self.iteration_no, str(r.rid)) for r in retracted]
+            self.waiting.extend(retracted)  # _add_request_to_queue(req, is_retracted=True)
+            if batch.is_empty():
+                return None
         with h.patch_assign_req_to_token_pool():
             batch.prepare_for_decode()
         return batch

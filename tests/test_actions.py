@@ -276,3 +276,57 @@ def test_without_overlap_no_result_is_ever_queued() -> None:
                 if nxt not in seen:
                     seen.add(nxt)
                     frontier.append(nxt)
+
+
+def test_overlap_result_processed_after_the_next_step_was_prepared() -> None:
+    """An iteration SGLang runs without overlap (is_disable_overlap_for_batch): step N's result is processed at
+    PREPARED, after N+1's prepare_for_decode and before its launch; the request N finishes is released there and
+    still runs N+1 (its verify row writes freed slots), whose result then skips it."""
+    m, s = _overlap_start()
+    s = walk(m, s, [*SPEC_ROUND, "prepare_for_decode"])
+    assert s.stage is Stage.PREPARED and len(s.unprocessed) == 1
+    assert {a.name for a in m.actions(s)} == {"draft", "process_result"}
+    before = s
+    s = take(m, s, Action("process_result", (2,)))  # N accepts 2 + bonus: r0 reaches max_new_tokens 3
+    assert m.check_step(before, Action("process_result", (2,)), s) == []
+    assert s.stage is Stage.PREPARED and s.req(0).done and s.unprocessed == ()
+    assert Action("finish", (0,)) in m.actions(s)
+    s = take(m, s, Action("finish", (0,)))
+    assert s.req(0).status is Status.FINISHED and s.kv_free == s.kv_pool_size and s.running.rids == (0,)
+    before = s
+    s = take(m, s, Action("draft", (2,)))
+    assert m.check_step(before, Action("draft", (2,)), s) == []  # its row's writes need no reserve: it was released
+    s = walk(m, s, ["verify", "draft_extend"])
+    # N+1's result skips r0: one choice, nothing moves
+    assert [a for a in m.actions(s) if a.name == "process_result"] == [Action("process_result", (0,))]
+    s = take(m, s, Action("process_result", (0,)))
+    assert s.req(0).status is Status.FINISHED and s.unprocessed == ()
+
+
+def test_overlap_plain_step_keeps_the_row_of_a_request_released_after_prepare() -> None:
+    """The switch's spec-off step takes its slots from req_to_token at seq_lens: a row released after the step was
+    prepared still has one (a freed slot), so out_cache_loc matches the batch."""
+    m = model_for(get_design("v2_switch_reserve_sync_overlap"), OVERLAP)
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "prefill", "merge_batch", "arrive", "flip_off",
+                                         "prepare_for_decode", "plain_decode", "draft_sync", "prepare_for_decode",
+                                         "process_result", "plain_decode", "draft_sync", "prepare_for_decode"])
+    s = take(m, s, Action("process_result"))  # r0's third token: done
+    s = take(m, s, Action("finish", (0,)))
+    before = s
+    s = take(m, s, Action("plain_decode"))
+    assert s.launched.out_cache_loc_width == s.launched.size == 1 and s.req(0).status is Status.FINISHED
+    assert m.check_step(before, Action("plain_decode"), s) == []
+
+
+def test_without_overlap_nothing_but_the_launch_runs_at_prepared() -> None:
+    for design in (V2_SWITCH, ADAPTIVE_WARM, CATCH_UP):
+        m = model_for(design)
+        seen, frontier = set(), list(m.init_states())
+        while frontier and len(seen) < 3000:
+            s = frontier.pop()
+            for a in m.actions(s):
+                assert s.stage is not Stage.PREPARED or a.name in ("draft", "plain_decode"), a
+                nxt = m.next_state(s, a)
+                if nxt not in seen:
+                    seen.add(nxt)
+                    frontier.append(nxt)

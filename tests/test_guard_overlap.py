@@ -246,3 +246,164 @@ def test_known_bad_plain_step_not_published_is_caught(runtime: Any, model_dir: P
             drv.iteration()
     print(caught.value)
     assert caught.value.invariant == "seq_lens_growth"
+
+
+# --- iterations SGLang runs without overlap (`Scheduler.is_disable_overlap_for_batch`) ----------------------------
+
+
+def _driver(model_dir: Path, design: Any, **kwargs: Any) -> Any:
+    """An OverlapDriver; with release "0.5.16" only where the 0.5.16 source is unpacked (scripts/setup.sh)."""
+    try:
+        return ol.OverlapDriver(ol.overlap_pools(model_dir), design, **kwargs)
+    except FileNotFoundError as exc:
+        pytest.skip(f"the sglang 0.5.16 source is not unpacked: {exc}")
+
+
+def _with_grammar(reqs: list[Any]) -> list[Any]:
+    for req in reqs:
+        req.grammar = ol.any_token_grammar_cpu_stand_in()
+    return reqs
+
+
+def _grammar_run(drv: Any) -> None:
+    """Structured-output requests (a grammar each) and one without, accepts 1..D, the switch's flips (its spec-off
+    step keeps spec_algorithm EAGLE on the batch), some requests done at their first token; then drained."""
+    drv.accepts = cycle([4, 1, 3, 2, 4])
+    drv.add(_with_grammar(gf.make_reqs("g", 3, max_new_tokens=13)) + gf.make_reqs("p", 1, max_new_tokens=17))
+    for it in range(24):
+        if it == 3:
+            drv.add(_with_grammar([h.make_req("once", list(range(60, 70)), max_new_tokens=1)]))
+        if it == 5:
+            drv.add(_with_grammar(gf.make_reqs("late", 2, max_new_tokens=9, start=5)))
+        drv.iteration(flip="off" if it == 8 else "on" if it == 14 else None)
+    drv.run_until_idle()
+
+
+def test_grammar_decode_runs_without_overlap_on_0_5_16(runtime: Any, model_dir: Path) -> None:
+    """0.5.16's real `is_disable_overlap_for_batch` runs a speculative decode batch that carries a grammar without
+    overlap: step N's result is processed after step N+1 was prepared (filter, prepare_for_decode: the model's stage
+    PREPARED) and before N+1 launches, and the requests N finishes are released there, then run N+1 anyway (its
+    result skips them). Assert mode: any finding raises. On the model before these iterations were mapped, the first
+    such result was a `legal_transition` (process_result at stage PREPARED)."""
+    configure(runtime, V2_SWITCH)
+    drv = _driver(model_dir, V2_SWITCH, exclude_finishing=False, release="0.5.16")
+    _grammar_run(drv)
+    guard = runtime.guard
+    decode_launches = {it for it, _, _ in drv.launched}
+    assert len(drv.not_overlapped) >= 10 and set(drv.not_overlapped) <= decode_launches
+    # a request released in an iteration run without overlap, before that iteration's step launched with it
+    launched_at = {it: rids for it, _, rids in drv.launched}
+    released_then_run = [(it, rid) for it, rid in drv.released
+                         if it in drv.not_overlapped and rid in launched_at.get(it, ())]
+    assert released_then_run, (drv.released, drv.not_overlapped)
+    covered = guard.covered
+    assert covered.get("flip_off") and covered.get("flip_on") and covered.get("plain_decode")
+    assert covered["process_result"] == covered["verify"] + covered["plain_decode"]
+    assert covered["finish"] == len(drv.released) == 7
+    assert guard.found == [] and not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+def test_grammar_decode_keeps_overlap_on_0_5_23(runtime: Any, model_dir: Path) -> None:
+    """0.5.23's real decision keeps EAGLE + grammar overlapped (`supports_grammar_overlap`: the verify advances the
+    grammar FSM behind the grammar barrier): the same run, every iteration overlapped, no finding."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    _grammar_run(drv)
+    assert drv.not_overlapped == [] and runtime.guard.found == []
+    assert not runtime.guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+@pytest.mark.parametrize("release", ["0.5.23", "0.5.16"])
+def test_consecutive_prefills_run_without_overlap(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  release: str) -> None:
+    """`SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP`: a prefill right after a prefill waits for the first one's result
+    (its first tokens, the release of a request done at once) before it launches. Real decision of each release."""
+    monkeypatch.setenv("SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", "1")
+    configure(runtime, V2_SWITCH)
+    drv = _driver(model_dir, V2_SWITCH, release=release)
+    drv.accepts = cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("a", 2, max_new_tokens=9))
+    drv.iteration()
+    drv.add([h.make_req("one", list(range(40, 52)), max_new_tokens=1), *gf.make_reqs("b", 1, max_new_tokens=5)])
+    drv.iteration()  # a prefill after a prefill: the first one's result is processed before it launches
+    assert drv.not_overlapped == [2]
+    drv.add(gf.make_reqs("c", 1, max_new_tokens=4))
+    drv.iteration()  # and the next: the release of `one` (done at its first token) before `c` launches
+    assert drv.not_overlapped == [2, 3] and ("one" in {rid for _, rid in drv.released})
+    drv.run_until_idle()
+    guard = runtime.guard
+    assert guard.found == [] and guard.covered["finish"] == len(drv.released) == 5
+    assert not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+# --- retraction under overlap -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_flight", ["verify", "plain_step"])
+@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
+def test_retraction_with_a_result_in_flight(runtime: Any, model_dir: Path, in_flight: str, radix: bool) -> None:
+    """The real `retract_decode` in `update_running_batch` (the branch SGLANG_TEST_RETRACT forces; pool pressure:
+    the next test) while step N's result is queued: the retracted request leaves the step N+1 prepared next,
+    N's result skips it (`is_retracted`), it goes back to the waiting queue with its output, is prefilled again
+    (`prepare_for_extend` clears `is_retracted`) and finishes. With a verify in flight and with a plain step in
+    flight (the switch's spec-off step)."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir, radix_cache=radix), V2_SWITCH)
+    drv.accepts = cycle([2, 4, 1, 3])
+    reqs = gf.make_reqs("r", 3, max_new_tokens=24, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.add(reqs)
+    for _ in range(3):
+        drv.iteration()
+    if in_flight == "plain_step":
+        drv.iteration(flip="off")
+        drv.iteration()
+    guard = runtime.guard
+    assert [u.is_spec for u in guard.state.unprocessed] == [in_flight == "verify"]
+    drv.retract_next = True
+    drv.iteration()
+    assert drv.retracted and all(it == drv.iteration_no for it, _ in drv.retracted)
+    victims = {rid for _, rid in drv.retracted}
+    victim_reqs = [r for r in reqs if str(r.rid) in victims]
+    outputs = {str(r.rid): len(r.output_ids) for r in victim_reqs}
+    assert all(r.is_retracted and not r.kv.holds_kv for r in victim_reqs)
+    assert not any(victims & set(rids) for it, _, rids in drv.launched if it == drv.iteration_no)
+    if in_flight == "plain_step":
+        drv.iteration(flip="on")
+    drv.run_until_idle()
+    assert all(r.finished() and len(r.output_ids) >= outputs[str(r.rid)] for r in victim_reqs)
+    assert guard.covered["retract"] == len(victims) and guard.covered["finish"] == 3
+    assert guard.found == [] and not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
+def test_retraction_under_pool_pressure(runtime: Any, model_dir: Path, radix: bool) -> None:
+    """A pool of 60 slots for 3 requests: the real `check_decode_mem` fails in `update_running_batch` while the last
+    verify's result is queued (the double reserve is measured from the stale committed length) and the real
+    `retract_decode` retracts. The test admits a retracted request again once the pool has room for its prompt, its
+    output so far and one reserve (the loop here prefills whatever waits; SGLang's PrefillAdder would wait too), so
+    it is prefilled again while the others decode; everything finishes."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir, kv_size=60, radix_cache=radix), V2_SWITCH)
+    drv.accepts = cycle([2, 4, 1, 3])
+    reqs = gf.make_reqs("r", 3, max_new_tokens=24)
+    drv.add(reqs)
+    held: list[Any] = []
+    in_flight_at_retract = []
+    for _ in range(120):
+        room = drv.pools.available_size() + int(drv.pools.tree_cache.evictable_size())  # the tree evicts on demand
+        if held and room >= len(held[0].origin_input_ids) + len(held[0].output_ids) + 8:
+            drv.add([held.pop(0)])
+        if drv.idle() and not held:
+            break
+        queued = [copy.forward_mode.is_decode() for copy, _ in drv.sched.result_queue]
+        count = len(drv.retracted)
+        drv.iteration()
+        if len(drv.retracted) > count:
+            in_flight_at_retract.append(queued)
+            held += [r for r in drv.waiting if r.is_retracted]
+            drv.waiting = [r for r in drv.waiting if not r.is_retracted]
+    guard = runtime.guard
+    assert len(drv.retracted) >= 2 and all(q == [True] for q in in_flight_at_retract)  # a decode result queued
+    assert guard.covered["retract"] == len(drv.retracted) and guard.covered["prefill"] > 1
+    assert all(r.finished() for r in reqs) and guard.covered["finish"] == 3
+    assert guard.found == [] and not guard.state.unprocessed and gf.pool_accounted(drv.pools)
