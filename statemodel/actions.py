@@ -321,7 +321,7 @@ def apply(state: State, action: Action, design: Design, scope: Scope) -> State:
 
 def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State:
     rid = action.args[0]
-    req = attrs.evolve(state.req(rid), status=Status.WAITING)
+    req = state.req(rid).replace(status=Status.WAITING)
     return attrs.evolve(state, requests=state.with_requests({rid: req}), launched=None)
 
 
@@ -343,11 +343,10 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
         tokens = min(r.prefill_target - r.prefilled_len, budget)
         budget -= tokens
         extended += tokens
-        new = attrs.evolve(r, prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens,
-                           status=Status.PREFILLING)
+        new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
         if new.prefilled_len == new.prefill_target:
-            new = attrs.evolve(
-                new, status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
+            new = new.replace(
+                status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
                 draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
             )
             completed.append(r.rid)
@@ -397,7 +396,7 @@ def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> 
 def _finish(state: State, action: Action, design: Design, scope: Scope) -> State:
     r = state.req(action.args[0])
     freed = r.kv_held + (r.kv_reserved if design.free_reserved_on_finish else 0)
-    new = attrs.evolve(r, status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    new = r.replace(status=Status.FINISHED, kv_held=0, kv_reserved=0)
     return attrs.evolve(state, requests=state.with_requests({r.rid: new}), kv_free=state.kv_free + freed,
                         launched=None)
 
@@ -416,8 +415,8 @@ def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
 
 def _retract(state: State, action: Action, design: Design, scope: Scope) -> State:
     r = state.req(action.args[0])
-    new = attrs.evolve(r, status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
-                       draft_kv_len=0, draft_hidden_ready=False)
+    new = r.replace(status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0, draft_kv_len=0,
+                    draft_hidden_ready=False)
     keep = tuple(rid for rid in state.running.rids if rid != r.rid)
     # a retracted request's rows in launched results are void (it re-prefills from its committed output)
     unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x != r.rid)) for u in state.unprocessed)
@@ -433,7 +432,7 @@ def _flip_off(state: State, action: Action, design: Design, scope: Scope) -> Sta
             r = state.req(rid)
             if r.kv_reserved:
                 freed += r.kv_reserved
-                changed[rid] = attrs.evolve(r, kv_reserved=0)
+                changed[rid] = r.replace(kv_reserved=0)
     running = state.running
     if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
         running = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
@@ -458,8 +457,8 @@ def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> Stat
 
 
 def _draft_extend_all(state: State, rids: tuple[int, ...]) -> dict[int, Request]:
-    return {rid: attrs.evolve(state.req(rid), draft_kv_len=state.req(rid).seq_len, draft_hidden_ready=True)
-            for rid in rids}
+    requests = state.requests
+    return {rid: requests[rid].replace(draft_kv_len=requests[rid].seq_len, draft_hidden_ready=True) for rid in rids}
 
 
 def _draft_batch(rids: tuple[int, ...]) -> Batch:
@@ -483,18 +482,21 @@ def _prepare_for_decode(state: State, action: Action, design: Design, scope: Sco
         # out_cache_loc are the worker's business
         want = reserve_per_request(state, design)
         allocated = 0
+        requests = state.requests
         for rid in rids:
-            r = state.req(rid)
-            extra = max(0, want - r.kv_reserved)
-            allocated += extra
-            changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved + extra)
+            r = requests[rid]
+            extra = want - r.kv_reserved
+            if extra > 0:  # a request whose reserve is full stays the very same object
+                allocated += extra
+                changed[rid] = r.replace(kv_reserved=want)
         running = attrs.evolve(state.running, forward_mode=ForwardMode.DECODE, out_cache_loc_width=0)
     else:
         # plain path: alloc_for_decode, one slot per request
         allocated = len(rids)
+        requests = state.requests
         for rid in rids:
-            r = state.req(rid)
-            changed[rid] = attrs.evolve(r, kv_held=r.kv_held + 1)
+            r = requests[rid]
+            changed[rid] = r.replace(kv_held=r.kv_held + 1)
         running = attrs.evolve(state.running, forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
     return attrs.evolve(state, requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
                         kv_free=state.kv_free - allocated, launched=None)
@@ -532,8 +534,10 @@ def verify_growth(r: Request, accepted: int, design: Design) -> tuple[int, int]:
     (seq_len growth, output tokens kept). The output stops at max_new_tokens; seq_len (and the KV behind
     it) takes the whole run where the design's worker advances past the finish, the kept part otherwise.
     The one rule `_verify` and the `seq_lens_growth` invariant both read."""
-    kept = min(accepted + 1, r.max_new_tokens - r.committed)
-    return (accepted + 1 if design.verify_advances_past_finish else kept), kept
+    run = accepted + 1
+    left = r.max_new_tokens - r.committed
+    kept = run if run < left else left  # min(), without the call: this runs twice per request per verify
+    return (run if design.verify_advances_past_finish else kept), kept
 
 
 def _verify(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -541,19 +545,19 @@ def _verify(state: State, action: Action, design: Design, scope: Scope) -> State
     assert launched is not None
     if scope.overlap:
         # the verify is launched; the host learns its accepts only when its result is processed
-        changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in launched.rids}
+        changed = {rid: state.req(rid).replace(draft_hidden_ready=False) for rid in launched.rids}
         return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None,
                             unprocessed=(*state.unprocessed, Unprocessed(launched.rids, state.num_steps)))
     changed = {}
+    requests = state.requests
     for rid, accepted in zip(launched.rids, action.args, strict=True):
-        r = state.req(rid)
+        r = requests[rid]
         grown, kept = verify_growth(r, accepted, design)
         used = min(grown, r.kv_reserved)
         # tokens the verify wrote and kept in seq_len move from the reserve into held slots; the rest of
         # the reserve stays allocated for the next round (SGLang v2 over-allocation), freed at finish
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + grown, committed=r.committed + kept,
-                                    kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
-                                    draft_hidden_ready=False)
+        changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,
+                                  kv_reserved=r.kv_reserved - used, draft_hidden_ready=False)
     # the verify forward has run: nothing is in flight until draft-extend launches
     return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None)
 
@@ -572,7 +576,7 @@ def _draft_extend(state: State, action: Action, design: Design, scope: Scope) ->
 
 def _skip_draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
     # the draft input is rebuilt from the verify's bonus token, but the draft KV is not extended
-    changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=True) for rid in state.running.rids}
+    changed = {rid: state.req(rid).replace(draft_hidden_ready=True) for rid in state.running.rids}
     return attrs.evolve(state, requests=state.with_requests(changed), launched=None, stage=Stage.SCHEDULE)
 
 
@@ -587,7 +591,7 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
         running = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
         worker = running
         # the EagleDraftInput on the ScheduleBatch held the hidden states the next draft needs
-        changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in rids}
+        changed = {rid: state.req(rid).replace(draft_hidden_ready=False) for rid in rids}
     kv_free = state.kv_free
     if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE:
         # out_cache_loc = req_to_token[req_pool_indices, seq_lens]: one reserved slot per request
@@ -597,7 +601,7 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
             r = changed.get(rid, state.req(rid))
             if r.kv_reserved:
                 have += 1
-                changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
+                changed[rid] = r.replace(kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
         worker = attrs.evolve(worker, out_cache_loc_width=have)
     elif design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
         # alloc_token_slots(..., backup_state=False) returns one tensor of len(rids) slots: unpacking
@@ -609,9 +613,10 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     growth = 2 if design.plain_step_advances_seq_lens_twice else 1
     # seq_lens move at launch; under overlap the token reaches the output when the result is processed
     committed = 0 if scope.overlap else 1
+    requests = state.requests
     for rid in rids:
-        r = changed.get(rid, state.req(rid))
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + growth, committed=r.committed + committed)
+        r = changed.get(rid) or requests[rid]
+        changed[rid] = r.replace(seq_len=r.seq_len + growth, committed=r.committed + committed)
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     unprocessed = (*state.unprocessed, Unprocessed(rids, None)) if scope.overlap else state.unprocessed
     return attrs.evolve(state, requests=state.with_requests(changed), running=running, launched=worker,
@@ -635,9 +640,8 @@ def _process_result(state: State, action: Action, design: Design, scope: Scope) 
         used = min(grown, r.kv_reserved)
         # the draft-extend that followed the verify on the device covered the accepted run too
         draft_kv_len = r.draft_kv_len + grown if head.draft_extended else r.draft_kv_len
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + grown, committed=r.committed + kept,
-                                    kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
-                                    draft_kv_len=draft_kv_len)
+        changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,
+                                  kv_reserved=r.kv_reserved - used, draft_kv_len=draft_kv_len)
     return attrs.evolve(state, requests=state.with_requests(changed), unprocessed=state.unprocessed[1:],
                         launched=None)
 

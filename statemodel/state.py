@@ -163,6 +163,57 @@ class Request:
     def draft_current(self) -> bool:
         return self.draft_kv_len == self.seq_len and self.draft_hidden_ready
 
+    def replace(self, *, status: Status | None = None, prefilled_len: int | None = None, seq_len: int | None = None,
+                committed: int | None = None, kv_held: int | None = None, kv_reserved: int | None = None,
+                draft_kv_len: int | None = None, draft_hidden_ready: bool | None = None) -> Request:
+        """`attrs.evolve(self, ...)` for the fields a step moves, at a third of its cost: the actions rebuild
+        every request of the batch at every step (the checker's and the guard's hot loop). No field is
+        optional, so None means "keep"."""
+        new = _new_object(Request)
+        _set_rid(new, self.rid)
+        _set_prompt_len(new, self.prompt_len)
+        _set_max_new_tokens(new, self.max_new_tokens)
+        _set_status(new, self.status if status is None else status)
+        _set_prefilled_len(new, self.prefilled_len if prefilled_len is None else prefilled_len)
+        _set_seq_len(new, self.seq_len if seq_len is None else seq_len)
+        _set_committed(new, self.committed if committed is None else committed)
+        _set_kv_held(new, self.kv_held if kv_held is None else kv_held)
+        _set_kv_reserved(new, self.kv_reserved if kv_reserved is None else kv_reserved)
+        _set_draft_kv_len(new, self.draft_kv_len if draft_kv_len is None else draft_kv_len)
+        _set_draft_hidden_ready(new, self.draft_hidden_ready if draft_hidden_ready is None else draft_hidden_ready)
+        _set_cached_hash(new, None)
+        return new
+
+
+# Request.replace sets the slots directly (attrs' own __init__ makes a bound setattr call per field):
+# every field, and the hash cache attrs.frozen(cache_hash=True) keeps, exactly as __init__ sets them.
+_new_object = object.__new__
+(_set_rid, _set_prompt_len, _set_max_new_tokens, _set_status, _set_prefilled_len, _set_seq_len, _set_committed,
+ _set_kv_held, _set_kv_reserved, _set_draft_kv_len, _set_draft_hidden_ready, _set_cached_hash) = (
+    Request.__dict__[name].__set__ for name in (
+        "rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed", "kv_held",
+        "kv_reserved", "draft_kv_len", "draft_hidden_ready", "_attrs_cached_hash"))
+
+
+def _check_request_replace() -> None:
+    """Request.replace must build what __init__ builds: a field, a validator or a converter added to
+    Request, or a change in attrs' hash cache, fails here at import."""
+    fields = attrs.fields(Request)
+    if tuple(a.name for a in fields) != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len",
+                                         "committed", "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready"):
+        raise ImportError("statemodel.state: Request's fields changed; update Request.replace")
+    if any(a.validator is not None or a.converter is not None for a in fields):
+        raise ImportError("statemodel.state: Request has a validator or converter; Request.replace skips __init__")
+    base = Request(7, 5, 9, Status.RUNNING, 5, 6, 2, 6, 3, 6, True)
+    built = Request(7, 5, 9, Status.WAITING, 4, 3, 2, 1, 0, 3, False)
+    fast = base.replace(status=Status.WAITING, prefilled_len=4, seq_len=3, kv_held=1, kv_reserved=0, draft_kv_len=3,
+                        draft_hidden_ready=False)
+    if fast != built or hash(fast) != hash(built) or fast.__getstate__() != built.__getstate__():
+        raise ImportError("statemodel.state: Request.replace no longer builds what Request() builds")
+
+
+_check_request_replace()
+
 
 @attrs.frozen(cache_hash=True)
 class Unprocessed:
