@@ -367,8 +367,7 @@ class Guard:
 
     def _running_from(self, predicted: Batch, obs: ObservedBatch) -> Batch:
         real = self._batch(obs)
-        return attrs.evolve(predicted, rids=real.rids, spec_info=real.spec_info,
-                            spec_algorithm_on=real.spec_algorithm_on)
+        return predicted.replace(rids=real.rids, spec_info=real.spec_info, spec_algorithm_on=real.spec_algorithm_on)
 
     def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
                  reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
@@ -402,7 +401,7 @@ class Guard:
         if pool is not None:
             changes["kv_free"] = pool.free
             changes["kv_pool_size"] = pool.size
-        return attrs.evolve(state, **changes) if changes else state
+        return state.replace(**changes) if changes else state  # type: ignore[arg-type]
 
     def _transition(self, action: Action, where: str, *, running: ObservedBatch | None = None,
                     launched: ObservedBatch | None = None, reqs: Iterable[ObservedRequest] = (),
