@@ -309,5 +309,9 @@ def check_step(before: State, action: Action, after: State, scope: Scope, design
             found.extend(inv.check(before, action, after, scope, design))
         else:
             found.extend(inv.check(after, scope))
-    order = {name: i for i, name in enumerate(INVARIANT_NAMES)}
-    return sorted(found, key=lambda v: order[v.invariant])
+    if len(found) > 1:  # nothing to order in the common case: no violation
+        found.sort(key=lambda v: _REPORT_ORDER[v.invariant])
+    return found
+
+
+_REPORT_ORDER = {name: i for i, name in enumerate(INVARIANT_NAMES)}
