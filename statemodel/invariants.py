@@ -166,8 +166,11 @@ def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
                     need[rid] = need.get(rid, 0) + result.steps + 1
     pending = dict(need)
     per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
-    for rid in batch.rids if verifying else ():  # type: ignore[union-attr]
-        need[rid] = need.get(rid, 0) + per_req
+    if not need and verifying:
+        need = dict.fromkeys(batch.rids, per_req)  # type: ignore[union-attr]  # no result in flight: the same, in C
+    else:
+        for rid in batch.rids if verifying else ():  # type: ignore[union-attr]
+            need[rid] = need.get(rid, 0) + per_req
     short = [rid for rid, n in need.items() if requests[rid].kv_reserved < n]
     if not short:
         return []
