@@ -344,8 +344,8 @@ def apply(state: State, action: Action, design: Design, scope: Scope) -> State:
 
 def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State:
     rid = action.args[0]
-    req = attrs.evolve(state.req(rid), status=Status.WAITING)
-    return attrs.evolve(state, requests=state.with_requests({rid: req}), launched=None)
+    req = state.req(rid).replace(status=Status.WAITING)
+    return state.replace(requests=state.with_requests({rid: req}), launched=None)
 
 
 def _prefill(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -366,11 +366,10 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
         tokens = min(r.prefill_target - r.prefilled_len, budget)
         budget -= tokens
         extended += tokens
-        new = attrs.evolve(r, prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens,
-                           status=Status.PREFILLING)
+        new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
         if new.prefilled_len == new.prefill_target:
-            new = attrs.evolve(
-                new, status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
+            new = new.replace(
+                status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
                 draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
             )
             completed.append(r.rid)
@@ -383,7 +382,7 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
         spec = SpecInfo(SpecInfoKind.DRAFT_INPUT, len(completed), 1) if draft_prefills and on_batch else SpecInfo.none()
         pending = Batch(rids=tuple(completed), forward_mode=ForwardMode.DECODE, spec_info=spec,
                         spec_algorithm_on=on_batch)
-    return attrs.evolve(state, requests=state.with_requests(changed), pending=pending, launched=launched,
+    return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
                         kv_free=state.kv_free - extended)
 
 
@@ -399,7 +398,7 @@ def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> 
     # and a batch left empty is dropped without a merge
     pending = _shrink(pending, tuple(rid for rid in pending.rids if state.req(rid).status is not Status.FINISHED))
     if not pending.rids:
-        return attrs.evolve(state, pending=None, launched=None)
+        return state.replace(pending=None, launched=None)
     running = state.running
     rids = running.rids + pending.rids
     if design.merge_spec_info is MergeSpecInfo.CONCAT_UNCHECKED:
@@ -414,37 +413,37 @@ def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> 
         spec = SpecInfo.none()
     merged = Batch(rids=rids, forward_mode=ForwardMode.DECODE, spec_info=spec,
                    spec_algorithm_on=_batch_spec_algorithm(state, design))
-    return attrs.evolve(state, running=merged, pending=None, launched=None)
+    return state.replace(running=merged, pending=None, launched=None)
 
 
 def _finish(state: State, action: Action, design: Design, scope: Scope) -> State:
     r = state.req(action.args[0])
     freed = r.kv_held + (r.kv_reserved if design.free_reserved_on_finish else 0)
-    new = attrs.evolve(r, status=Status.FINISHED, kv_held=0, kv_reserved=0)
-    return attrs.evolve(state, requests=state.with_requests({r.rid: new}), kv_free=state.kv_free + freed,
+    new = r.replace(status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    return state.replace(requests=state.with_requests({r.rid: new}), kv_free=state.kv_free + freed,
                         launched=None)
 
 
 def _filter_batch(state: State, action: Action, design: Design, scope: Scope) -> State:
     keep = tuple(rid for rid in state.running.rids if state.req(rid).status is not Status.FINISHED)
-    return attrs.evolve(state, running=_shrink(state.running, keep), launched=None)
+    return state.replace(running=_shrink(state.running, keep), launched=None)
 
 
 def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
     spec = batch.spec_info
     if spec.kind is not SpecInfoKind.NONE:
         spec = attrs.evolve(spec, rows=spec.rows - (batch.size - len(keep)))
-    return attrs.evolve(batch, rids=keep, spec_info=spec if keep else SpecInfo.none())
+    return batch.replace(rids=keep, spec_info=spec if keep else SpecInfo.none())
 
 
 def _retract(state: State, action: Action, design: Design, scope: Scope) -> State:
     r = state.req(action.args[0])
-    new = attrs.evolve(r, status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
-                       draft_kv_len=0, draft_hidden_ready=False)
+    new = r.replace(status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0, draft_kv_len=0,
+                    draft_hidden_ready=False)
     keep = tuple(rid for rid in state.running.rids if rid != r.rid)
     # a retracted request's rows in launched results are void (it re-prefills from its committed output)
     unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x != r.rid)) for u in state.unprocessed)
-    return attrs.evolve(state, requests=state.with_requests({r.rid: new}), running=_shrink(state.running, keep),
+    return state.replace(requests=state.with_requests({r.rid: new}), running=_shrink(state.running, keep),
                         kv_free=state.kv_free + r.kv_held + r.kv_reserved, launched=None, unprocessed=unprocessed)
 
 
@@ -456,33 +455,33 @@ def _flip_off(state: State, action: Action, design: Design, scope: Scope) -> Sta
             r = state.req(rid)
             if r.kv_reserved:
                 freed += r.kv_reserved
-                changed[rid] = attrs.evolve(r, kv_reserved=0)
+                changed[rid] = r.replace(kv_reserved=0)
     running = state.running
     if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
-        running = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+        running = running.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
     pending = state.pending
     if pending is not None and design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
-        pending = attrs.evolve(pending, spec_info=SpecInfo.none(), spec_algorithm_on=False)
-    return attrs.evolve(state, requests=state.with_requests(changed), running=running, pending=pending,
+        pending = pending.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
+    return state.replace(requests=state.with_requests(changed), running=running, pending=pending,
                         spec_mode=SpecMode.OFF, kv_free=state.kv_free + freed, launched=None)
 
 
 def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> State:
     running = state.running
     if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP and running.size:
-        running = attrs.evolve(running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, running.size, 1),
+        running = running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, running.size, 1),
                                spec_algorithm_on=True)
     elif design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
-        running = attrs.evolve(running, spec_algorithm_on=True)
+        running = running.replace(spec_algorithm_on=True)
     pending = state.pending
     if pending is not None and design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
-        pending = attrs.evolve(pending, spec_algorithm_on=True)
-    return attrs.evolve(state, running=running, pending=pending, spec_mode=SpecMode.ON, launched=None)
+        pending = pending.replace(spec_algorithm_on=True)
+    return state.replace(running=running, pending=pending, spec_mode=SpecMode.ON, launched=None)
 
 
 def _draft_extend_all(state: State, rids: tuple[int, ...]) -> dict[int, Request]:
-    return {rid: attrs.evolve(state.req(rid), draft_kv_len=state.req(rid).seq_len, draft_hidden_ready=True)
-            for rid in rids}
+    requests = state.requests
+    return {rid: requests[rid].replace(draft_kv_len=requests[rid].seq_len, draft_hidden_ready=True) for rid in rids}
 
 
 def _draft_batch(rids: tuple[int, ...]) -> Batch:
@@ -492,9 +491,9 @@ def _draft_batch(rids: tuple[int, ...]) -> Batch:
 
 def _draft_catch_up(state: State, action: Action, design: Design, scope: Scope) -> State:
     rids = state.running.rids
-    running = attrs.evolve(state.running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
+    running = state.running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
                            spec_algorithm_on=True)
-    return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
+    return state.replace(requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
                         launched=_draft_batch(rids))
 
 
@@ -506,20 +505,23 @@ def _prepare_for_decode(state: State, action: Action, design: Design, scope: Sco
         # out_cache_loc are the worker's business
         want = reserve_per_request(state, design)
         allocated = 0
+        requests = state.requests
         for rid in rids:
-            r = state.req(rid)
-            extra = max(0, want - r.kv_reserved)
-            allocated += extra
-            changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved + extra)
-        running = attrs.evolve(state.running, forward_mode=ForwardMode.DECODE, out_cache_loc_width=0)
+            r = requests[rid]
+            extra = want - r.kv_reserved
+            if extra > 0:  # a request whose reserve is full stays the very same object
+                allocated += extra
+                changed[rid] = r.replace(kv_reserved=want)
+        running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=0)
     else:
         # plain path: alloc_for_decode, one slot per request
         allocated = len(rids)
+        requests = state.requests
         for rid in rids:
-            r = state.req(rid)
-            changed[rid] = attrs.evolve(r, kv_held=r.kv_held + 1)
-        running = attrs.evolve(state.running, forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
-    return attrs.evolve(state, requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
+            r = requests[rid]
+            changed[rid] = r.replace(kv_held=r.kv_held + 1)
+        running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
+    return state.replace(requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
                         kv_free=state.kv_free - allocated, launched=None)
 
 
@@ -546,8 +548,8 @@ def _draft(state: State, action: Action, design: Design, scope: Scope) -> State:
     spec = SpecInfo(SpecInfoKind.VERIFY_INPUT, len(rids), steps + 1)
     verify_batch = Batch(rids=rids, forward_mode=ForwardMode.TARGET_VERIFY, spec_info=spec, spec_algorithm_on=True,
                          out_cache_loc_width=len(rids) * (steps + 1))
-    verify_batch = attrs.evolve(verify_batch, graph=_select_graph(verify_batch, design, scope, steps + 1))
-    return attrs.evolve(state, launched=verify_batch, stage=Stage.DRAFTED, num_steps=steps)
+    verify_batch = verify_batch.replace(graph=_select_graph(verify_batch, design, scope, steps + 1))
+    return state.replace(launched=verify_batch, stage=Stage.DRAFTED, num_steps=steps)
 
 
 def verify_growth(r: Request, accepted: int, design: Design) -> tuple[int, int]:
@@ -555,8 +557,10 @@ def verify_growth(r: Request, accepted: int, design: Design) -> tuple[int, int]:
     (seq_len growth, output tokens kept). The output stops at max_new_tokens; seq_len (and the KV behind
     it) takes the whole run where the design's worker advances past the finish, the kept part otherwise.
     The one rule `_verify` and the `seq_lens_growth` invariant both read."""
-    kept = min(accepted + 1, r.max_new_tokens - r.committed)
-    return (accepted + 1 if design.verify_advances_past_finish else kept), kept
+    run = accepted + 1
+    left = r.max_new_tokens - r.committed
+    kept = run if run < left else left  # min(), without the call: this runs twice per request per verify
+    return (run if design.verify_advances_past_finish else kept), kept
 
 
 def _verify(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -564,39 +568,39 @@ def _verify(state: State, action: Action, design: Design, scope: Scope) -> State
     assert launched is not None
     if scope.overlap:
         # the verify is launched; the host learns its accepts only when its result is processed
-        changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in launched.rids}
-        return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None,
+        changed = {rid: state.req(rid).replace(draft_hidden_ready=False) for rid in launched.rids}
+        return state.replace(requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None,
                             unprocessed=(*state.unprocessed, Unprocessed(launched.rids, state.num_steps)))
     changed = {}
+    requests = state.requests
     for rid, accepted in zip(launched.rids, action.args, strict=True):
-        r = state.req(rid)
+        r = requests[rid]
         grown, kept = verify_growth(r, accepted, design)
         used = min(grown, r.kv_reserved)
         # tokens the verify wrote and kept in seq_len move from the reserve into held slots; the rest of
         # the reserve stays allocated for the next round (SGLang v2 over-allocation), freed at finish
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + grown, committed=r.committed + kept,
-                                    kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
-                                    draft_hidden_ready=False)
+        changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,
+                                  kv_reserved=r.kv_reserved - used, draft_hidden_ready=False)
     # the verify forward has run: nothing is in flight until draft-extend launches
-    return attrs.evolve(state, requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None)
+    return state.replace(requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None)
 
 
 def _draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
     rids = state.running.rids
-    running = attrs.evolve(state.running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
+    running = state.running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
                            spec_algorithm_on=True, out_cache_loc_width=0)
     unprocessed = state.unprocessed
     if scope.overlap:
         # it runs on the device over the verify's accepted tokens, which the host learns later
         unprocessed = (*unprocessed[:-1], attrs.evolve(unprocessed[-1], draft_extended=True))
-    return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
+    return state.replace(requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
                         launched=_draft_batch(rids), stage=Stage.SCHEDULE, unprocessed=unprocessed)
 
 
 def _skip_draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
     # the draft input is rebuilt from the verify's bonus token, but the draft KV is not extended
-    changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=True) for rid in state.running.rids}
-    return attrs.evolve(state, requests=state.with_requests(changed), launched=None, stage=Stage.SCHEDULE)
+    changed = {rid: state.req(rid).replace(draft_hidden_ready=True) for rid in state.running.rids}
+    return state.replace(requests=state.with_requests(changed), launched=None, stage=Stage.SCHEDULE)
 
 
 def _plain_decode(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -605,12 +609,12 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     worker = running  # the batch the target forward runs on
     changed: dict[int, Request] = {}
     if design.clear_spec_on is ClearSpecOn.WORKER_COPY:
-        worker = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+        worker = running.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
     elif design.clear_spec_on is ClearSpecOn.SCHEDULER_BATCH:
-        running = attrs.evolve(running, spec_info=SpecInfo.none(), spec_algorithm_on=False)
+        running = running.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
         worker = running
         # the EagleDraftInput on the ScheduleBatch held the hidden states the next draft needs
-        changed = {rid: attrs.evolve(state.req(rid), draft_hidden_ready=False) for rid in rids}
+        changed = {rid: state.req(rid).replace(draft_hidden_ready=False) for rid in rids}
     kv_free = state.kv_free
     if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE:
         # out_cache_loc = req_to_token[req_pool_indices, seq_lens]: one reserved slot per request
@@ -620,26 +624,27 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
             r = changed.get(rid, state.req(rid))
             if r.kv_reserved:
                 have += 1
-                changed[rid] = attrs.evolve(r, kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
+                changed[rid] = r.replace(kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
             elif r.status is Status.FINISHED:
                 have += 1  # released after this step was prepared (overlap): its row still reads req_to_token
-        worker = attrs.evolve(worker, out_cache_loc_width=have)
+        worker = worker.replace(out_cache_loc_width=have)
     elif design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
         # alloc_token_slots(..., backup_state=False) returns one tensor of len(rids) slots: unpacking
         # it into two names takes its first element (a scalar) when there are exactly 2, else fails
         kv_free -= len(rids)
-        worker = attrs.evolve(worker, out_cache_loc_width=1 if len(rids) == 2 else -1)
-    worker = attrs.evolve(worker, forward_mode=ForwardMode.DECODE)
-    worker = attrs.evolve(worker, graph=_select_graph(worker, design, scope, state.num_steps + 1))
+        worker = worker.replace(out_cache_loc_width=1 if len(rids) == 2 else -1)
+    worker = worker.replace(forward_mode=ForwardMode.DECODE)
+    worker = worker.replace(graph=_select_graph(worker, design, scope, state.num_steps + 1))
     growth = 2 if design.plain_step_advances_seq_lens_twice else 1
     # seq_lens move at launch; under overlap the token reaches the output when the result is processed
     committed = 0 if scope.overlap else 1
+    requests = state.requests
     for rid in rids:
-        r = changed.get(rid, state.req(rid))
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + growth, committed=r.committed + committed)
+        r = changed.get(rid) or requests[rid]
+        changed[rid] = r.replace(seq_len=r.seq_len + growth, committed=r.committed + committed)
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     unprocessed = (*state.unprocessed, Unprocessed(rids, None)) if scope.overlap else state.unprocessed
-    return attrs.evolve(state, requests=state.with_requests(changed), running=running, launched=worker,
+    return state.replace(requests=state.with_requests(changed), running=running, launched=worker,
                         kv_free=kv_free, stage=Stage.DECODED if syncs else Stage.SCHEDULE, unprocessed=unprocessed)
 
 
@@ -647,8 +652,8 @@ def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> S
     rids = state.running.rids
     running = state.running
     if running.spec_algorithm_on or design.clear_spec_on is ClearSpecOn.WORKER_COPY:
-        running = attrs.evolve(running, spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1))
-    return attrs.evolve(state, requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
+        running = running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1))
+    return state.replace(requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
                         launched=_draft_batch(rids), stage=Stage.SCHEDULE)
 
 
@@ -660,10 +665,9 @@ def _process_result(state: State, action: Action, design: Design, scope: Scope) 
         used = min(grown, r.kv_reserved)
         # the draft-extend that followed the verify on the device covered the accepted run too
         draft_kv_len = r.draft_kv_len + grown if head.draft_extended else r.draft_kv_len
-        changed[rid] = attrs.evolve(r, seq_len=r.seq_len + grown, committed=r.committed + kept,
-                                    kv_held=r.kv_held + used, kv_reserved=r.kv_reserved - used,
-                                    draft_kv_len=draft_kv_len)
-    return attrs.evolve(state, requests=state.with_requests(changed), unprocessed=state.unprocessed[1:],
+        changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,
+                                  kv_reserved=r.kv_reserved - used, draft_kv_len=draft_kv_len)
+    return state.replace(requests=state.with_requests(changed), unprocessed=state.unprocessed[1:],
                         launched=None)
 
 

@@ -204,12 +204,12 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
         return []
     problems = []
     expected_growth = _expected_growth(before, action, design, scope)
+    get = expected_growth.get
     for a, b in zip(before.requests, after.requests, strict=True):
-        want = expected_growth.get(a.rid, 0)
+        want = get(a.rid, 0) if expected_growth else 0
         if a is b and not want:
             continue  # the same request object: it did not grow, and need not
-        grew = b.seq_len - a.seq_len
-        if grew != want:
+        if b.seq_len - a.seq_len != want:
             problems.append(Violation(
                 "seq_lens_growth",
                 f"{action.name} moved seq_len of request {a.rid} from {a.seq_len} to {b.seq_len}; "
@@ -311,5 +311,9 @@ def check_step(before: State, action: Action, after: State, scope: Scope, design
             found.extend(inv.check(before, action, after, scope, design))
         else:
             found.extend(inv.check(after, scope))
-    order = {name: i for i, name in enumerate(INVARIANT_NAMES)}
-    return sorted(found, key=lambda v: order[v.invariant])
+    if len(found) > 1:  # nothing to order in the common case: no violation
+        found.sort(key=lambda v: _REPORT_ORDER[v.invariant])
+    return found
+
+
+_REPORT_ORDER = {name: i for i, name in enumerate(INVARIANT_NAMES)}

@@ -50,7 +50,10 @@ def host_ints(tensor: Any) -> list[int]:
     device = getattr(tensor, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         raise HostReadError(f"refusing to read a {device} tensor on the host (that would sync the GPU)")
-    return [int(x) for x in tensor.tolist()]
+    values = tensor.tolist()
+    if values and type(values[0]) is int:
+        return values  # an integer tensor's tolist() is python ints already (one dtype for every entry)
+    return [int(x) for x in values]
 
 
 def pending_free_slots(allocator: Any) -> int:
@@ -90,6 +93,9 @@ class V2Adapter:
     def __init__(self) -> None:
         self.runtime: GuardRuntime | None = None
         self._running_ref: Callable[[], Any] | None = None
+        # (batch, requests, pool) read by the hook running now, for a round observer of the same batch called
+        # inside it (nothing of SGLang's runs in between: the same readings, read once)
+        self._read_now: tuple[Any, list[ObservedRequest], ObservedPool] | None = None
 
     # --- per-release field access (overridden) ------------------------------------------------------
 
@@ -209,6 +215,8 @@ class V2Adapter:
         chunks = self.CHUNKS_IN_FLIGHT
         out: list[ObservedRequest] = []
         append = out.append
+        new_tuple = _new_tuple
+        observed = ObservedRequest
         for req, seq_len in zip(reqs, seq_lens, strict=True):
             holds, committed, allocated, protected = kv_lens(req)
             if holds:
@@ -216,7 +224,7 @@ class V2Adapter:
                 own_allocated = allocated - protected if allocated > protected else 0
             else:
                 own_committed = own_allocated = 0
-            append(_new_tuple(ObservedRequest, (  # ObservedRequest's fields in order, without __new__'s call cost
+            append(new_tuple(observed, (  # ObservedRequest's fields in order, without __new__'s call cost
                 str(req.rid), len(req.origin_input_ids), int(req.sampling_params.max_new_tokens or 0),
                 len(req.output_ids), own_committed, own_allocated, committed,
                 committed if seq_len is None else seq_len, holds, bool(req.finished()), committed,
@@ -314,7 +322,12 @@ class V2Adapter:
             spec_path = not batch.spec_algorithm.is_none()
             # the speculative path leaves out_cache_loc to the worker: no slots of this step in it
             running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None)
-            g.prepare_for_decode(running, self.observe_requests(batch), self.batch_pool(batch))
+            reqs, pool = self.observe_requests(batch), self.batch_pool(batch)
+            self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
+            try:
+                g.prepare_for_decode(running, reqs, pool)
+            finally:
+                self._read_now = None
         self._run(step)
 
     def around_merge_batch(self, original: Callable[..., Any], batch: Any, other: Any, *args: Any,
@@ -426,6 +439,9 @@ class V2Adapter:
 
     def _round_observer(self, batch: Any) -> Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]:
         def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
+            now = self._read_now
+            if now is not None and now[0] is batch:
+                return self.observe_batch(batch), now[1], now[2]
             return self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch)
         return observe
 
