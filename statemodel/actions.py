@@ -97,7 +97,9 @@ ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
     ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
                "the policy switches speculation off", "demand >= t_off"),
     ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, "off",
-               "the policy switches speculation back on", "demand <= t_on (and running <= spec cap)"),
+               "the policy switches speculation back on; a design that catches up by retraction first "
+               "retracts every running request (it re-prefills with the draft)",
+               "demand <= t_on (and running <= spec cap)"),
     ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
                "one draft-extend over every token committed while speculation was off",
                "speculation on, some request's draft KV behind"),
@@ -437,14 +439,28 @@ def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
 
 
 def _retract(state: State, action: Action, design: Design, scope: Scope) -> State:
-    r = state.req(action.args[0])
-    new = r.replace(status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0, draft_kv_len=0,
-                    draft_hidden_ready=False)
-    keep = tuple(rid for rid in state.running.rids if rid != r.rid)
+    return _release_to_waiting(state, (action.args[0],))
+
+
+def _release_to_waiting(state: State, rids: tuple[int, ...]) -> State:
+    """ScheduleBatch.release_req without tree insertion: each request frees its KV (held and reserved), leaves
+    the running (or prefilled, not yet merged) batch and waits; its output is kept and re-prefilled."""
+    changed: dict[int, Request] = {}
+    freed = 0
+    for rid in rids:
+        r = state.req(rid)
+        changed[rid] = r.replace(status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
+                                 draft_kv_len=0, draft_hidden_ready=False)
+        freed += r.kv_held + r.kv_reserved
+    running = _shrink(state.running, tuple(rid for rid in state.running.rids if rid not in changed))
+    pending = state.pending
+    if pending is not None and any(rid in changed for rid in pending.rids):
+        keep = tuple(rid for rid in pending.rids if rid not in changed)
+        pending = _shrink(pending, keep) if keep else None
     # a retracted request's rows in launched results are void (it re-prefills from its committed output)
-    unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x != r.rid)) for u in state.unprocessed)
-    return state.replace(requests=state.with_requests({r.rid: new}), running=_shrink(state.running, keep),
-                        kv_free=state.kv_free + r.kv_held + r.kv_reserved, launched=None, unprocessed=unprocessed)
+    unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x not in changed)) for u in state.unprocessed)
+    return state.replace(requests=state.with_requests(changed), running=running, pending=pending,
+                        kv_free=state.kv_free + freed, launched=None, unprocessed=unprocessed)
 
 
 def _flip_off(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -467,6 +483,13 @@ def _flip_off(state: State, action: Action, design: Design, scope: Scope) -> Sta
 
 
 def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> State:
+    if design.draft_while_off is DraftWhileOff.RETRACT_ON_ENABLE:
+        # the draft has nothing of the tokens committed while off: every request the running batch holds or
+        # will once merged goes back to waiting, and its re-prefill with speculation on is the catch-up; one
+        # already done is left to finish (SGLang released it when its result was processed)
+        in_batch = state.running.rids + (state.pending.rids if state.pending is not None else ())
+        state = _release_to_waiting(state, tuple(
+            rid for rid in in_batch if state.req(rid).status is Status.RUNNING and not state.req(rid).done))
     running = state.running
     if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP and running.size:
         running = running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, running.size, 1),

@@ -42,6 +42,9 @@ class DraftWhileOff(enum.Enum):
 
     SYNC_EVERY_STEP = "sync_every_step"  # draft-extend over the one new token after every plain step
     CATCH_UP_ON_ENABLE = "catch_up_on_enable"  # nothing while off; one draft-extend over the gap at flip-on
+    # nothing while off; flip-on retracts every running request (ScheduleBatch.release_req, no tree insert) and
+    # its re-prefill with speculation on runs the target and the draft over prompt + output: that is the catch-up
+    RETRACT_ON_ENABLE = "retract_on_enable"
     NONE = "none"  # nothing at all (vLLM V0 "disabled forever", TRT-LLM #16888)
 
 

@@ -1,7 +1,8 @@
 """The designs: every way of performing the flip that specflip ships or refutes, as data.
 
-Shipped designs must pass every invariant within the scope; known-bad designs must each be refuted
-by a shortest counterexample whose last step breaks `expected_invariant`.
+Shipped designs (and candidates, not yet implemented in shim/) must pass every invariant within the
+scope; known-bad designs must each be refuted by a shortest counterexample whose last step breaks
+`expected_invariant`.
 """
 
 from __future__ import annotations
@@ -99,6 +100,22 @@ ADAPTIVE_WARM = Design(
 )
 
 SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM)
+
+RETRACT_CATCH_UP = Design(
+    name="plain_off_retract_catch_up",
+    kind=DesignKind.SHIPPED,
+    summary="plain_off_catch_up with the catch-up by retraction: no draft work while off; flip-on retracts every "
+    "running request (ScheduleBatch.release_req without tree insertion: KV freed, back to waiting with its "
+    "output) and its prefill with speculation on runs the target and the draft over prompt + output.",
+    source="docs/throughput-plan.md (flip_on, catch-up by retraction)",
+    sglang_line="0.5.23",
+    policy=THRESHOLDS,
+    clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
+    draft_while_off=DraftWhileOff.RETRACT_ON_ENABLE,
+)
+
+# Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
+CANDIDATES = (RETRACT_CATCH_UP,)
 
 KNOWN_BAD = (
     Design(
@@ -236,7 +253,7 @@ KNOWN_BAD = (
     ),
 )
 
-ALL_DESIGNS: tuple[Design, ...] = SHIPPED + KNOWN_BAD
+ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD
 
 
 def _with_v2_reserve(design: Design) -> Design:

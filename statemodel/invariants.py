@@ -199,8 +199,9 @@ def running_within_cap(state: State, scope: Scope) -> list[Violation]:
 
 def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, design: Design) -> list[Violation]:
     """seq_lens grow by accepted+1 on a verify (under overlap: when its result is processed), by 1 on a
-    plain decode, and not at all otherwise (except prefill and retract, which set them)."""
-    if action.name in ("prefill", "retract"):
+    plain decode, and not at all otherwise (except prefill, which sets them, and a release to waiting:
+    retract, or flip-on by retraction, which clears them)."""
+    if action.name == "prefill":
         return []
     problems = []
     expected_growth = _expected_growth(before, action, design, scope)
@@ -209,6 +210,8 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
         want = get(a.rid, 0) if expected_growth else 0
         if a is b and not want:
             continue  # the same request object: it did not grow, and need not
+        if b.status is Status.WAITING and a.status is not Status.WAITING:
+            continue  # released (ScheduleBatch.release_req): its re-prefill sets seq_len again
         if b.seq_len - a.seq_len != want:
             problems.append(Violation(
                 "seq_lens_growth",

@@ -13,7 +13,7 @@ from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
 from statemodel.design import Design, Scope, ThresholdPolicy
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
-from statemodel.state import Stage, State, Status
+from statemodel.state import SpecMode, Stage, State, Status
 
 
 @attrs.frozen
@@ -101,6 +101,20 @@ def _released_before_launch(before: State, action: Action, after: State) -> bool
         before.req(rid).status is Status.FINISHED for rid in before.running.rids)
 
 
+def _flip_on_retracts(before: State, action: Action, after: State) -> bool:
+    """A flip-on that sends a running request back to waiting (catch-up by retraction)."""
+    return action.name == "flip_on" and any(
+        after.req(rid).status is Status.WAITING for rid in before.running.rids)
+
+
+def _reprefill_with_draft(before: State, action: Action, after: State) -> bool:
+    """A prefill with speculation on completes a request that already had output (it was retracted): the
+    target and the draft run over prompt + output."""
+    return action.name == "prefill" and after.spec_mode is SpecMode.ON and any(
+        a.committed and a.status is not Status.RUNNING and b.status is Status.RUNNING and b.draft_current
+        for a, b in zip(before.requests, after.requests, strict=True))
+
+
 def _steps_switched(before: State, action: Action, after: State) -> bool:
     return action.name == "draft" and action.args[0] != before.num_steps
 
@@ -171,6 +185,11 @@ class Model:
                 out.append(Sometimes("draft_sync", "the draft syncs after a plain step", _named("draft_sync")))
             if self.design.draft_while_off.value == "catch_up_on_enable":
                 out.append(Sometimes("draft_catch_up", "the draft catches up at flip-on", _named("draft_catch_up")))
+            if self.design.draft_while_off.value == "retract_on_enable":
+                out.append(Sometimes("flip_on_retracts", "flip-on retracts a running request; its re-prefill "
+                                     "with speculation on catches the draft up", _flip_on_retracts))
+                out.append(Sometimes("reprefill_with_draft", "a request with output re-prefills with speculation "
+                                     "on: target and draft over prompt + output", _reprefill_with_draft))
         else:
             out += [
                 Sometimes("zero_step", "a steps=0 round (trivial verify)", _draft_with(lambda k: k == 0)),

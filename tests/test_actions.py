@@ -6,8 +6,17 @@ import attrs
 import pytest
 
 from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled
-from statemodel.design import Design, Scope
-from statemodel.designs import ADAPTIVE_WARM, ALL_DESIGNS, CATCH_UP, SEEDS_FINAL, SYNC_V2, V2_SWITCH, get_design
+from statemodel.design import Design, RequestSpec, Scope
+from statemodel.designs import (
+    ADAPTIVE_WARM,
+    ALL_DESIGNS,
+    CATCH_UP,
+    RETRACT_CATCH_UP,
+    SEEDS_FINAL,
+    SYNC_V2,
+    V2_SWITCH,
+    get_design,
+)
 from statemodel.state import ForwardMode, SpecInfoKind, SpecMode, Stage, Status
 from tests.model_helpers import initial_with, model_for, take, walk
 
@@ -124,6 +133,41 @@ def test_retract_keeps_committed_output_and_frees_everything() -> None:
     assert r0.status is Status.WAITING and r0.committed == before.committed
     assert (r0.kv_held, r0.kv_reserved, r0.seq_len) == (0, 0, 0)
     assert 0 not in s.running.rids and s.running.spec_info.rows == s.running.size
+
+
+def test_flip_on_by_retraction_retracts_running_requests_and_their_prefill_catches_the_draft_up() -> None:
+    # request 1 finishes while off, so demand falls to t_on with request 0 running and its draft behind
+    m = model_for(RETRACT_CATCH_UP, attrs.evolve(Scope(), requests=(RequestSpec(2, 4), RequestSpec(1, 2))))
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "merge_batch", "arrive", "flip_off", "prefill",
+                                         "merge_batch", "prepare_for_decode", "plain_decode", "finish",
+                                         "filter_batch"])
+    before = s.req(0)
+    assert before.status is Status.RUNNING and not before.draft_current and before.committed == 2
+    assert not any(a.name == "draft_catch_up" for a in m.actions(s))
+    on = take(m, s, Action("flip_on"))
+    r0 = on.req(0)
+    assert on.spec_mode is SpecMode.ON and on.running.rids == ()
+    assert r0.status is Status.WAITING and r0.committed == before.committed
+    assert (r0.kv_held, r0.kv_reserved, r0.seq_len, r0.draft_kv_len) == (0, 0, 0, 0)
+    assert on.kv_free == s.kv_free + before.kv_held
+    assert not m.check_step(s, Action("flip_on"), on)
+    # the re-prefill (prompt 2 + output 2, in two chunks) runs with speculation on: the draft covers it all
+    s = walk(m, on, ["prefill", "prefill"])
+    r0 = s.req(0)
+    assert r0.status is Status.RUNNING and r0.seq_len == 4 and r0.committed == 3 and r0.draft_current
+    s = walk(m, s, ["merge_batch", "prepare_for_decode"])
+    drafted = take(m, s, Action("draft", (2,)))
+    assert not m.check_step(s, Action("draft", (2,)), drafted)
+
+
+def test_flip_on_by_retraction_also_retracts_the_batch_prefilled_while_off() -> None:
+    m = model_for(RETRACT_CATCH_UP, attrs.evolve(Scope(), requests=(RequestSpec(1, 2), RequestSpec(1, 3))))
+    s = walk(m, initial_with(m, 2, 1), ["arrive", "prefill", "merge_batch", "arrive", "flip_off",
+                                         "prepare_for_decode", "plain_decode", "finish", "filter_batch", "prefill"])
+    assert s.pending is not None and s.pending.rids == (1,) and not s.req(1).draft_current
+    on = take(m, s, Action("flip_on"))
+    assert on.pending is None and on.req(1).status is Status.WAITING and on.req(1).kv_held == 0
+    assert on.kv_free == s.kv_free + s.req(1).kv_held
 
 
 @pytest.mark.parametrize("with_running", [False, True], ids=["nothing_running", "beside_a_running_batch"])

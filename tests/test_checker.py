@@ -11,12 +11,15 @@ import pytest
 from proofs.bfs import check
 from proofs.verdicts import judge, report_markdown, run_design
 from specflip.cli import main
-from statemodel.design import RequestSpec, Scope, ThresholdPolicy
+from statemodel import actions
+from statemodel.design import DraftWhileOff, RequestSpec, Scope, ThresholdPolicy
 from statemodel.designs import (
     ALL_DESIGNS,
+    CANDIDATES,
     KNOWN_BAD,
     OVERLAP_KNOWN_BAD,
     OVERLAP_SHIPPED,
+    RETRACT_CATCH_UP,
     SEEDS_FINAL,
     SHIPPED,
     get_design,
@@ -35,12 +38,42 @@ def test_known_bad_design_is_refuted_with_its_invariant(design) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("design", SHIPPED, ids=lambda d: d.name)
+@pytest.mark.parametrize("design", SHIPPED + CANDIDATES, ids=lambda d: d.name)
 def test_shipped_design_passes_without_vacuity(design) -> None:
     verdict = run_design(design)
     assert verdict.verdict == "pass", verdict.reason
     assert verdict.result.complete and not verdict.result.vacuous and not verdict.result.eventually_failed
     assert all(verdict.result.sometimes_reached.values())
+
+
+def test_catch_up_by_retraction_is_reached_and_its_twin_without_it_is_refuted() -> None:
+    """The retraction at flip-on is what keeps the draft current: without it (speculation back on, nothing
+    retracted, no catch-up) the design is no_draft_work_while_off, which the checker refutes."""
+    names = {s.name for s in Model(RETRACT_CATCH_UP, Scope()).sometimes()}
+    assert {"flip_on_retracts", "reprefill_with_draft"} <= names
+    assert "draft_catch_up" not in names
+    twin = get_design("no_draft_work_while_off")
+    same = {"name": twin.name, "kind": twin.kind, "summary": twin.summary, "source": twin.source,
+            "expected_invariant": twin.expected_invariant}
+    assert attrs.evolve(RETRACT_CATCH_UP, draft_while_off=DraftWhileOff.NONE, **same) == twin
+    verdict = run_design(twin)
+    assert verdict.verdict == "refuted" and verdict.invariant == "draft_kv_covers_prefix"
+    assert any(step.action.name == "flip_on" for step in verdict.result.trace)
+
+
+def test_catch_up_by_retraction_must_retract_the_batch_prefilled_while_off(monkeypatch) -> None:
+    """Retracting only the running batch at flip-on leaves a batch prefilled while off (no draft KV), merged
+    just after, to draft on a stale KV: the checker finds it."""
+    release = actions._release_to_waiting
+
+    def running_only(state, rids):
+        pending = state.pending.rids if state.pending is not None else ()
+        return release(state, tuple(rid for rid in rids if rid not in pending))
+
+    monkeypatch.setattr(actions, "_release_to_waiting", running_only)
+    result = check(Model(RETRACT_CATCH_UP, Scope()))
+    assert result.violations[0].invariant == "draft_kv_covers_prefix"
+    assert [s.action.name for s in result.trace][-4:-2] == ["flip_on", "merge_batch"]
 
 
 def _violation_within(model: Model, depth: int) -> bool:

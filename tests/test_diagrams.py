@@ -15,7 +15,7 @@ from specflip.diagrams import render_texts, stale_files
 from specflip.diagrams.dot import to_dot, to_svg
 from specflip.diagrams.mermaid import to_mermaid
 from statemodel.actions import ACTION_CATALOGUE, ActionInfo
-from statemodel.designs import KNOWN_BAD, SHIPPED
+from statemodel.designs import CANDIDATES, KNOWN_BAD, SHIPPED
 from statemodel.state import Stage
 
 DIAGRAMS = Path(__file__).resolve().parent.parent / "docs" / "diagrams"
@@ -93,15 +93,17 @@ def test_counterexamples_end_red_on_the_expected_invariant(graphs):
 
 def test_flip_paths_of_threshold_designs_go_off_and_back_on(graphs):
     by_name = {g.name: g for g in graphs}
-    for design in SHIPPED:
+    for design in SHIPPED + CANDIDATES:
         actions = [e.action for e in by_name[f"flip-{design.name}"].edges]
         if design.is_adaptive:
             assert "flip_off" not in actions and "draft" in actions
         else:
             assert actions.index("flip_off") < actions.index("plain_decode") < actions.index("flip_on")
             # the path shows how the design brings the draft up to date
-            recovery = {"sync_every_step": "draft_sync", "catch_up_on_enable": "draft_catch_up"}
-            assert recovery[design.draft_while_off.value] in actions
+            recovery = {"sync_every_step": "draft_sync", "catch_up_on_enable": "draft_catch_up",
+                        "retract_on_enable": "prefill"}  # the re-prefill after flip_on retracted the batch
+            back_on = actions.index("flip_on") if design.draft_while_off.value == "retract_on_enable" else 0
+            assert recovery[design.draft_while_off.value] in actions[back_on:]
         assert actions[-1] == "draft"
 
 

@@ -3,7 +3,8 @@
 Everything is derived from the model, never written by hand:
 
 - edges come from exploring the transition system (`statemodel.actions.enabled` / `apply`) of the
-  shipped designs breadth-first up to a bound, abstracted to (spec_mode, stage), plus the transitions
+  shipped designs (candidates included) breadth-first up to a bound, abstracted to (spec_mode, stage), plus
+  the transitions
   of the known-bad designs' shortest counterexamples (`proofs.bfs.check`). Where an action of
   ACTION_CATALOGUE was not reached that way, its catalogue entry (stage_from -> stage_to, spec_mode)
   supplies the edge, marked `from_catalogue`;
@@ -27,7 +28,7 @@ import attrs
 from proofs.bfs import check
 from statemodel.actions import ACTION_CATALOGUE, ACTIONS_BY_NAME, Action
 from statemodel.design import AdaptiveTiers, Design, Scope
-from statemodel.designs import KNOWN_BAD, SHIPPED
+from statemodel.designs import CANDIDATES, KNOWN_BAD, SHIPPED
 from statemodel.invariants import Violation
 from statemodel.model import Model
 from statemodel.state import Batch, ForwardMode, SpecInfo, SpecInfoKind, SpecMode, Stage, State
@@ -224,7 +225,7 @@ def _policy_kind(design: Design) -> str:
     return "adaptive" if isinstance(design.policy, AdaptiveTiers) else "threshold"
 
 
-def observe(shipped: Sequence[Design] = SHIPPED, known_bad: Sequence[Design] = KNOWN_BAD,
+def observe(shipped: Sequence[Design] = SHIPPED + CANDIDATES, known_bad: Sequence[Design] = KNOWN_BAD,
             scope: Scope | None = None, max_states: int = EXPLORE_STATES) -> Observations:
     scope = scope or Scope()
     obs = Observations()
@@ -368,12 +369,15 @@ def step_level(obs: Observations, mode: str) -> Graph:
 def flip_milestones(model: Model) -> tuple[str, ...]:
     """The `sometimes` properties a flip path passes, in order. Threshold designs: off, a plain step
     (and the draft sync, where the design has one), back on (and the draft catch-up, where the design
-    has one), a draft again. Adaptive designs: a draft, a zero-step round, a draft again."""
+    has one; the retraction and the re-prefill, where it catches up by retraction), a draft again.
+    Adaptive designs: a draft, a zero-step round, a draft again."""
     names = {s.name for s in model.sometimes()}
     if "flip_on" not in names:
         return ("draft_k_steps", "zero_step", "draft_k_steps")
     off = ("plain_decode", "draft_sync") if "draft_sync" in names else ("plain_decode",)
     on = ("flip_on", "draft_catch_up") if "draft_catch_up" in names else ("flip_on",)
+    if "flip_on_retracts" in names:
+        on = ("flip_on_retracts", "reprefill_with_draft")
     return ("flip_off", *off, *on, "draft_k_steps")
 
 
@@ -460,7 +464,7 @@ def _wrap(text: str, width: int = 56) -> str:
 # Everything
 
 
-def all_graphs(shipped: Sequence[Design] = SHIPPED, known_bad: Sequence[Design] = KNOWN_BAD,
+def all_graphs(shipped: Sequence[Design] = SHIPPED + CANDIDATES, known_bad: Sequence[Design] = KNOWN_BAD,
                scope: Scope | None = None, obs: Observations | None = None) -> tuple[Graph, ...]:
     """Every diagram in docs/diagrams/, in a fixed order (`obs`: observations already made)."""
     scope = scope or Scope()
