@@ -101,16 +101,13 @@ ADAPTIVE_WARM = Design(
 
 SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM)
 
-RETRACT_CATCH_UP = Design(
+RETRACT_CATCH_UP = attrs.evolve(
+    CATCH_UP,
     name="plain_off_retract_catch_up",
-    kind=DesignKind.SHIPPED,
     summary="plain_off_catch_up with the catch-up by retraction: no draft work while off; flip-on retracts every "
     "running request (ScheduleBatch.release_req without tree insertion: KV freed, back to waiting with its "
     "output) and its prefill with speculation on runs the target and the draft over prompt + output.",
     source="docs/throughput-plan.md (flip_on, catch-up by retraction)",
-    sglang_line="0.5.23",
-    policy=THRESHOLDS,
-    clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
     draft_while_off=DraftWhileOff.RETRACT_ON_ENABLE,
 )
 
