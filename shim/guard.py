@@ -470,8 +470,7 @@ class Guard:
         self.covered[action.name] = self.covered.get(action.name, 0) + 1
         self.last_action = action
         # the request's name now: a later compaction renumbers the requests
-        name = rid_name(self.names, action.args[0]) if action.name in _NAMED_ACTIONS and action.args else None
-        self.history.append((self.step_number, action, where, name))
+        self.history.append((self.step_number, action, where, self._request_name(action)))
         if self.trace is not None:
             self.trace.write({"kind": "step", "rank": self.config.rank, "step": self.step_number,
                               "action": action.name, "args": list(action.args), "where": where,
@@ -494,10 +493,14 @@ class Guard:
         if found:
             self._report(self.last_action or Action("refine"), found, where=where)
 
-    def _describe(self, action: Action) -> str:
-        if action.name in _NAMED_ACTIONS and action.args:
-            return f"{action.name}({rid_name(self.names, action.args[0])!r})"
-        return action.describe()
+    def _request_name(self, action: Action) -> str | None:
+        """The SGLang name of the one request an arrive/finish/retract acts on (None for other actions)."""
+        return rid_name(self.names, action.args[0]) if action.name in _NAMED_ACTIONS and action.args else None
+
+    def _describe(self, action: Action, name: str | None = None) -> str:
+        """`name`: the request's name captured when the step was recorded (default: looked up now)."""
+        name = name if name is not None else self._request_name(action)
+        return f"{action.name}({name!r})" if name is not None else action.describe()
 
     def _history_lines(self) -> list[str]:
         lines = []
@@ -506,8 +509,7 @@ class Guard:
                 lines.append(entry)
                 continue
             step, action, where, name = entry
-            described = f"{action.name}({name!r})" if name is not None else action.describe()
-            lines.append(f"#{step} {described} [{where}]")
+            lines.append(f"#{step} {self._describe(action, name)} [{where}]")
         return lines
 
     def _report(self, action: Action, found: tuple[Violation, ...], where: str | None = None) -> None:
