@@ -244,15 +244,13 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
     arriving = next((r for r in state.requests if r.status is Status.NOT_ARRIVED), None)
     if arriving is not None:  # arrivals in id order: a stated scope choice that keeps the space small
         out.append(Action("arrive", (arriving.rid,)))
-    running = [state.req(rid) for rid in state.running.rids]
-    done = [r.rid for r in running if r.status is Status.RUNNING and r.done]
-    finished_in_batch = any(r.status is Status.FINISHED for r in running)
+    done = _finishable(state, state.running.rids)
+    finished_in_batch = any(state.req(rid).status is Status.FINISHED for rid in state.running.rids)
     out.extend(Action("finish", (rid,)) for rid in done)
     if state.pending is not None:
         # process_batch_result_prefill releases a request its prefill already finished (max_new_tokens 1,
         # SGLang's health check) before the prefilled batch is filtered and merged
-        out.extend(Action("finish", (rid,)) for rid in state.pending.rids
-                   if state.req(rid).status is Status.RUNNING and state.req(rid).done)
+        out.extend(Action("finish", (rid,)) for rid in _finishable(state, state.pending.rids))
     if finished_in_batch:
         out.append(Action("filter_batch"))
     if state.pending is not None:
@@ -290,9 +288,14 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
 
 def _prepared_result_choices(state: State) -> list[Action]:
     """Overlap, at stage PREPARED: the last result's processing, then the releases it makes."""
-    done = [Action("finish", (rid,)) for rid in state.running.rids
-            if state.req(rid).status is Status.RUNNING and state.req(rid).done]
+    done = [Action("finish", (rid,)) for rid in _finishable(state, state.running.rids)]
     return done + (_process_result_choices(state) if state.unprocessed else [])
+
+
+def _finishable(state: State, rids: tuple[int, ...]) -> list[int]:
+    """The requests of `rids` that may `finish` now: running, with every output token committed."""
+    requests = state.requests
+    return [rid for rid in rids if requests[rid].status is Status.RUNNING and requests[rid].done]
 
 
 def result_rows(state: State) -> tuple[int, ...]:
