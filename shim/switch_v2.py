@@ -10,6 +10,9 @@ action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, p
 Enable with `SPECFLIP_SWITCH=t_off:t_on` and install with `install_switch(HookRegistry, SwitchConfig.from_env())`
 from the plugin entry point (before `HookRegistry.apply_hooks()`, which `load_plugins` calls). Other knobs:
   SPECFLIP_SWITCH_DRAFT   sync (default: design v2_switch_reserve_sync, draft-extend after every plain step) |
+                          retract (design plain_off_retract_catch_up: speculation off is SGLang's own plain
+                          scheduler path; the flip back on retracts the running requests, whose re-prefill
+                          with speculation is the draft's catch-up) |
                           none (KNOWN BAD, measurement only: no draft work while off, zeroed draft input)
   SPECFLIP_SPEC_CAP       running-request cap while speculation is on (default 48, SGLang's speculative default)
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
@@ -32,19 +35,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_SWITCH = "SPECFLIP_SWITCH"
-DRAFT_MODES = ("sync", "none")
+DRAFT_MODES = ("sync", "retract", "none")
 GRAPH_MODES = ("decode", "eager")
-DESIGN_FOR_DRAFT_MODE = {"sync": "v2_switch_reserve_sync", "none": "no_draft_work_while_off"}
+DESIGN_FOR_DRAFT_MODE = {"sync": "v2_switch_reserve_sync", "retract": "plain_off_retract_catch_up",
+                         "none": "no_draft_work_while_off"}
 
 # Hook targets (SGLang 0.5.16, docs/correspondence-research.md section 6).
 T_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
 T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs"
 T_UPDATE_RUNNING = "sglang.srt.managers.scheduler.Scheduler.update_running_batch"
 T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
+# draft mode "retract" flips here, where nothing is prepared yet and the in-flight result can be processed first
+T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"  # the plain path's step trace (trace on only)
 
 # The model actions (statemodel.actions.ACTION_CATALOGUE) one decode step performs, in order.
 SPEC_STEP_ACTIONS = ("prepare_for_decode", "draft", "verify", "draft_extend")
 PLAIN_STEP_ACTIONS = {"sync": ("prepare_for_decode", "plain_decode", "draft_sync"),
+                      "retract": ("prepare_for_decode", "plain_decode"),
                       "none": ("prepare_for_decode", "plain_decode")}
 
 
@@ -218,6 +226,13 @@ class SwitchRuntime:
     plain_runner: Any = None
     plain_attn_backend: Any = None
     counters: dict[str, int] = field(default_factory=dict)
+    # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
+    spec_side: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def plain_path(self) -> bool:
+        """Whether speculation off runs SGLang's own plain scheduler path (draft mode "retract")."""
+        return self.config.draft_while_off == "retract"
 
     def count(self, key: str) -> None:
         self.counters[key] = self.counters.get(key, 0) + 1
@@ -260,7 +275,7 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
 
 def _update_running_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if rt is not None and batch is not None and not batch.is_empty():
+    if rt is not None and not rt.plain_path and batch is not None and not batch.is_empty():
         flip(rt, self, batch)
     return orig(self, batch, *args, **kwargs)
 
@@ -270,11 +285,230 @@ def _allocatable_around(orig: Any, self: Any, running_bs: int, *args: Any, **kwa
     rt = _RUNTIME
     if rt is None:
         return res
-    if running_bs == 0 and not rt.policy.spec_on:
+    if running_bs == 0 and not rt.policy.spec_on and not rt.plain_path:
         # update_running_batch is not called while nothing runs: an idle server flips on here, before the
         # next prefill is formed (t_on = 0 re-enables only when idle)
         flip(rt, self, None)
     return rt.policy.admission_cap(running_bs, res)
+
+
+# ------------------------------------------------------------------------------------------------
+# Scheduler side, draft mode "retract" (design plain_off_retract_catch_up): speculation off is SGLang's own
+# plain scheduler path. Every branch of the loop keys on the batch's (and for new batches the scheduler's)
+# spec_algorithm, and the worker is `scheduler.model_worker`: flip_off points both at the plain side, flip_on
+# back. Both run at the top of get_next_batch_to_run, before anything of the next step is prepared, and
+# first process the launched step's result (the model's flip_waits_for_results): flip_off frees the
+# reserve that result's verify writes into, flip_on retracts requests that result still extends.
+
+
+def _kv_row(req: Any) -> tuple[int | None, int, int]:
+    """(req_to_token row, committed, allocated) of a request; row None when it holds none. 0.5.16 keeps the
+    row and the committed length on the Req and `kv` is None without a row; 0.5.23 keeps all in req.kv."""
+    kv = getattr(req, "kv", None)
+    if kv is None:
+        return None, int(getattr(req, "kv_committed_len", 0)), 0
+    if hasattr(req, "kv_committed_len"):
+        return req.req_pool_idx, int(req.kv_committed_len), int(kv.kv_allocated_len)
+    return kv.req_pool_idx, int(kv.kv_committed_len), int(kv.kv_allocated_len)
+
+
+def drain_in_flight(scheduler: Any) -> bool:
+    """Process the launched step's result now, as SGLang's own pause_generation does before it retracts.
+    True when one was processed; the loop then has nothing to pop (`last_batch` is cleared)."""
+    queue = getattr(scheduler, "result_queue", None)
+    if not getattr(scheduler, "enable_overlap", False) or scheduler.last_batch is None or not queue:
+        return False
+    done_batch, result = queue.popleft()
+    scheduler.process_batch_result(done_batch, result)
+    scheduler.last_batch = None
+    return True
+
+
+def release_reserve(scheduler: Any, reqs: list[Any]) -> int:
+    """Free each request's speculative reserve [kv_committed_len, kv_allocated_len), as release_kv_cache
+    frees an over-allocation at finish; returns the number of slots freed."""
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    allocator = scheduler.token_to_kv_pool_allocator
+    freed = 0
+    for req in reqs:
+        row, start, end = _kv_row(req)
+        if req.finished() or row is None:
+            continue
+        if end > start:
+            allocator.free(req_to_token[row, start:end])
+            req.kv.kv_allocated_len = start
+            freed += end - start
+    return freed
+
+
+def reseat_seq_lens(batch: Any) -> None:
+    """A plain decode reads seq_lens on the batch; the speculative loop leaves them to the future map (the
+    verify's accepts). After the result is processed each request's committed length is the truth."""
+    import torch
+
+    lens = [_kv_row(req)[1] for req in batch.reqs]
+    device = batch.seq_lens.device
+    batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
+    batch.seq_lens = batch.seq_lens_cpu.to(device)
+    orig_dtype = batch.orig_seq_lens.dtype if batch.orig_seq_lens is not None else torch.int32
+    batch.orig_seq_lens = torch.tensor(lens, dtype=orig_dtype).to(device)
+    batch.seq_lens_sum = sum(lens)
+
+
+def _set_batch_algorithm(batch: Any, algorithm: Any) -> None:
+    batch.spec_algorithm = algorithm
+    batch.spec_info = None  # flip_off: no draft input on a plain batch; flip_on: its requests re-prefill
+    batch.input_ids = None  # resolved at launch from the future map's last-token relay, in both modes
+
+
+def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
+    """Point the scheduler, its future map and the target's model runner at the plain side."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    none = SpeculativeAlgorithm.NONE
+    fm = scheduler.future_map
+    mr = scheduler.tp_worker.model_runner
+    rt.spec_side = {
+        "algorithm": scheduler.spec_algorithm, "model_worker": scheduler.model_worker,
+        "fm_algo": fm.spec_algo, "fm_initialized": getattr(fm, "_forward_buf_initialized", False),
+        "fm_need_topk": getattr(fm, "need_topk", False), "fm_need_hidden": getattr(fm, "need_hidden_states", False),
+        "runner": mr.decode_cuda_graph_runner, "attn_backend": mr.attn_backend, "mr_algo": mr.spec_algorithm,
+    }
+    scheduler.spec_algorithm = none  # the prefill batches formed while off (ScheduleBatch.init_new)
+    scheduler.model_worker = scheduler.tp_worker
+    # the plain relay: input ids gathered from output_tokens_buf, a stash carries the bonus token only
+    fm.spec_algo = none
+    fm.need_topk = False
+    fm.need_hidden_states = False
+    mr.decode_cuda_graph_runner = rt.plain_runner  # None: eager
+    if rt.plain_attn_backend is not None:
+        mr.attn_backend = rt.plain_attn_backend
+    mr.spec_algorithm = none
+
+
+def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
+    """Undo enter_plain_path."""
+    side = rt.spec_side
+    if not side:
+        return
+    fm = scheduler.future_map
+    mr = scheduler.tp_worker.model_runner
+    scheduler.spec_algorithm = side["algorithm"]
+    scheduler.model_worker = side["model_worker"]
+    fm.spec_algo = side["fm_algo"]
+    if side["fm_initialized"]:
+        fm.need_topk, fm.need_hidden_states = side["fm_need_topk"], side["fm_need_hidden"]
+    else:  # first stashed while off: sized for the plain payload, so size it again at the next spec stash
+        fm._forward_buf_initialized = False
+    mr.decode_cuda_graph_runner, mr.attn_backend, mr.spec_algorithm = (
+        side["runner"], side["attn_backend"], side["mr_algo"])
+    rt.spec_side = {}
+
+
+def _pending_prefill(scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
+    """The prefilled batch get_next_batch_to_run will merge (SGLang's `last_batch`), or None."""
+    if last_batch is None or last_batch is running_batch or not last_batch.forward_mode.is_extend():
+        return None
+    return last_batch
+
+
+def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
+    """ScheduleBatch.release_req for each request without tree insertion (SGLang's retract_all, as its
+    pause_generation(mode="retract") calls it), then back to the waiting queue with its output kept."""
+    import inspect
+
+    from sglang.srt.managers import schedule_batch
+
+    kwargs = dict(reqs=reqs, req_to_token_pool=scheduler.req_to_token_pool,
+                  token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator, tree_cache=scheduler.tree_cache,
+                  hisparse_coordinator=getattr(scheduler, "hisparse_coordinator", None))
+    params = inspect.signature(schedule_batch.retract_all).parameters
+    if "server_args" in params:  # 0.5.16
+        kwargs["server_args"] = scheduler.server_args
+    if "offload_kv" in params:
+        kwargs["offload_kv"] = False  # re-prefilled, never restored from host
+    schedule_batch.retract_all(**kwargs)
+    for req in reqs:
+        scheduler._add_request_to_queue(req, is_retracted=True)
+
+
+def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
+    """Decide and perform a flip for the iteration get_next_batch_to_run is about to plan; returns the
+    `last_batch` to hand it (None once the pending prefill was retracted)."""
+    if scheduler.chunked_req is not None:
+        return last_batch  # a chunked prefill never straddles a flip: its earlier chunks' draft KV
+    pending = _pending_prefill(scheduler, running_batch, last_batch)
+    in_batch = [r for r in running_batch.reqs if not r.finished()]
+    if pending is not None:
+        in_batch += [r for r in pending.reqs if not r.finished()]
+    waiting = len(scheduler.waiting_queue)
+    action = rt.policy.decide(len(in_batch), waiting, 0)
+    if action is None:
+        return last_batch
+    tic = time.perf_counter()
+    drained = drain_in_flight(scheduler)
+    # processing finished some: count again what the flip acts on
+    in_batch = [r for r in in_batch if not r.finished()]
+    freed = 0
+    if action == "flip_off":
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        freed = release_reserve(scheduler, in_batch)
+        if not running_batch.is_empty():
+            reseat_seq_lens(running_batch)
+        for batch in (running_batch, pending):
+            if batch is not None:
+                _set_batch_algorithm(batch, SpeculativeAlgorithm.NONE)
+        enter_plain_path(rt, scheduler)
+    else:
+        if in_batch:
+            retract_all_running(scheduler, in_batch)
+        running_batch.reqs = []  # the finished ones were released when their result was processed
+        running_batch.batch_is_full = False
+        last_batch = None
+        enter_spec_path(rt, scheduler)
+        _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
+    running_batch.batch_is_full = False
+    rt.flips += 1
+    rt.steps_since_flip = 0
+    rt.trace.event(action, running=len(in_batch), waiting=waiting, chunked=0, drained=drained,
+                   reserve_freed=freed, retracted=len(in_batch) if action == "flip_on" else 0,
+                   ms=round((time.perf_counter() - tic) * 1e3, 3))
+    import shim.api
+
+    shim.api.notify_flip(action == "flip_on", running_batch if running_batch.reqs else None)
+    return last_batch
+
+
+def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = _RUNTIME
+    if rt is None or not rt.plain_path:
+        return orig(self, *args, **kwargs)
+    running_batch = kwargs.pop("running_batch", None) if "running_batch" in kwargs else args[0]
+    last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
+    last_batch = plain_path_flip(rt, self, running_batch, last_batch)
+    return orig(self, running_batch=running_batch, last_batch=last_batch)
+
+
+def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """The plain path's decode steps in the switch trace (speculative ones go through _forward_around)."""
+    rt = _RUNTIME
+    if rt is None or not batch.forward_mode.is_decode() or not batch.spec_algorithm.is_none():
+        return orig(self, batch, *args, **kwargs)
+    import torch
+
+    bs = batch.batch_size()
+    stream = getattr(self, "forward_stream", None) if getattr(self, "enable_overlap", False) else None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    first = rt.steps_since_flip == 0 and rt.flips > 0
+    out = orig(self, batch, *args, **kwargs)
+    end.record(stream)
+    rt.count("plain_step")
+    rt.trace.event("step", actions=PLAIN_STEP_ACTIONS["retract"], bs=bs, graph=bool(out.can_run_cuda_graph))
+    rt.trace.timed(start, end, {"kind": "plain", "bs": bs, "first_after_flip": first})
+    rt.steps_since_flip += 1
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -502,6 +736,10 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
     registry.register(T_INIT_GRAPHS, _init_cuda_graphs_after, HookType.AFTER)
     registry.register(T_FORWARD, _forward_around, HookType.AROUND)
+    if _RUNTIME.plain_path:
+        registry.register(T_NEXT_BATCH, _next_batch_around, HookType.AROUND)
+        if _RUNTIME.trace.enabled:
+            registry.register(T_RUN_BATCH, _run_batch_around, HookType.AROUND)
     return True
 
 
