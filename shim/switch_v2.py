@@ -17,6 +17,9 @@ from the plugin entry point (before `HookRegistry.apply_hooks()`, which `load_pl
   SPECFLIP_SPEC_CAP       running-request cap while speculation is on (default 48, SGLang's speculative default)
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
+  SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
+                          (flips always). For throughput runs: a traced step costs JSON and CUDA events on the
+                          host. `specflip replay` needs every step (its conformance reads them all).
 
 Launch the server with a high `--max-running-requests` (what plain decoding would run); the switch holds
 admission at SPECFLIP_SPEC_CAP while speculation is on.
@@ -68,6 +71,7 @@ class SwitchConfig:
     draft_while_off: str = "sync"
     plain_graphs: str = "decode"
     trace_dir: str | None = None
+    trace_every: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.t_on < self.t_off:
@@ -76,6 +80,8 @@ class SwitchConfig:
             raise SwitchConfigError(f"SPECFLIP_SPEC_CAP must be >= 1, got {self.spec_cap}")
         if self.draft_while_off not in DRAFT_MODES:
             raise SwitchConfigError(f"SPECFLIP_SWITCH_DRAFT must be one of {DRAFT_MODES}, got {self.draft_while_off!r}")
+        if self.trace_every < 1:
+            raise SwitchConfigError(f"SPECFLIP_SWITCH_TRACE_EVERY must be >= 1, got {self.trace_every}")
         if self.plain_graphs not in GRAPH_MODES:
             raise SwitchConfigError(f"SPECFLIP_PLAIN_GRAPHS must be one of {GRAPH_MODES}, got {self.plain_graphs!r}")
 
@@ -104,10 +110,15 @@ class SwitchConfig:
             cap = int(env.get("SPECFLIP_SPEC_CAP", "48"))
         except ValueError:
             raise SwitchConfigError(f"SPECFLIP_SPEC_CAP must be an integer, got {env['SPECFLIP_SPEC_CAP']!r}") from None
+        try:
+            every = int(env.get("SPECFLIP_SWITCH_TRACE_EVERY", "1"))
+        except ValueError:
+            raise SwitchConfigError("SPECFLIP_SWITCH_TRACE_EVERY must be an integer, got "
+                                    f"{env['SPECFLIP_SWITCH_TRACE_EVERY']!r}") from None
         return cls(t_off=off, t_on=on, spec_cap=cap,
                    draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", "sync").strip() or "sync",
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
-                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None)
+                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,11 +154,15 @@ class SwitchPolicy:
     config: SwitchConfig
     spec_on: bool = True
 
+    def wants(self, running: int, waiting: int, chunked: int = 0) -> str | None:
+        """'flip_off', 'flip_on' or None for these counts, without changing the mode."""
+        c = self.config
+        return model_policy_action(c.design_name, self.spec_on, running, waiting, chunked, c.t_off, c.t_on,
+                                   c.spec_cap)
+
     def decide(self, running: int, waiting: int, chunked: int = 0) -> str | None:
         """'flip_off', 'flip_on' or None for the decode step about to be prepared; updates the mode."""
-        c = self.config
-        action = model_policy_action(c.design_name, self.spec_on, running, waiting, chunked, c.t_off, c.t_on,
-                                     c.spec_cap)
+        action = self.wants(running, waiting, chunked)
         if action is not None:
             self.spec_on = action == "flip_on"
         return action
@@ -236,6 +251,13 @@ class SwitchRuntime:
 
     def count(self, key: str) -> None:
         self.counters[key] = self.counters.get(key, 0) + 1
+
+    def trace_this_step(self) -> bool:
+        """Whether the decode step about to run goes into the trace (SPECFLIP_SWITCH_TRACE_EVERY)."""
+        if not self.trace.enabled:
+            return False
+        every = self.config.trace_every
+        return every == 1 or self.steps_since_flip < 2 or sum(self.counters.values()) % every == 0
 
 
 _RUNTIME: SwitchRuntime | None = None
@@ -434,7 +456,11 @@ def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
 
 def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
     """Decide and perform a flip for the iteration get_next_batch_to_run is about to plan; returns the
-    `last_batch` to hand it (None once the pending prefill was retracted)."""
+    `last_batch` to hand it.
+
+    flip_on waits while the running batch still holds requests that finished (update_running_batch filters
+    them next) or a prefilled batch waits to be merged: the model lets the flip come later, and so the
+    running batch it retracts is exactly the model's."""
     if scheduler.chunked_req is not None:
         return last_batch  # a chunked prefill never straddles a flip: its earlier chunks' draft KV
     pending = _pending_prefill(scheduler, running_batch, last_batch)
@@ -442,14 +468,14 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     if pending is not None:
         in_batch += [r for r in pending.reqs if not r.finished()]
     waiting = len(scheduler.waiting_queue)
-    action = rt.policy.decide(len(in_batch), waiting, 0)
+    action = rt.policy.wants(len(in_batch), waiting, 0)
     if action is None:
+        return last_batch
+    if action == "flip_on" and (pending is not None or len(in_batch) < len(running_batch.reqs)):
         return last_batch
     tic = time.perf_counter()
     drained = drain_in_flight(scheduler)
-    # processing finished some: count again what the flip acts on
-    in_batch = [r for r in in_batch if not r.finished()]
-    freed = 0
+    freed = retracted = 0
     if action == "flip_off":
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -461,19 +487,21 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
                 _set_batch_algorithm(batch, SpeculativeAlgorithm.NONE)
         enter_plain_path(rt, scheduler)
     else:
+        if drained and any(r.finished() for r in running_batch.reqs):
+            running_batch.filter_batch()  # what update_running_batch would do first (the guard sees it)
+        in_batch = list(running_batch.reqs)
         if in_batch:
             retract_all_running(scheduler, in_batch)
-        running_batch.reqs = []  # the finished ones were released when their result was processed
-        running_batch.batch_is_full = False
-        last_batch = None
+            retracted = len(in_batch)
+        running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
         enter_spec_path(rt, scheduler)
         _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
+    rt.policy.spec_on = action == "flip_on"
     running_batch.batch_is_full = False
     rt.flips += 1
     rt.steps_since_flip = 0
     rt.trace.event(action, running=len(in_batch), waiting=waiting, chunked=0, drained=drained,
-                   reserve_freed=freed, retracted=len(in_batch) if action == "flip_on" else 0,
-                   ms=round((time.perf_counter() - tic) * 1e3, 3))
+                   reserve_freed=freed, retracted=retracted, ms=round((time.perf_counter() - tic) * 1e3, 3))
     import shim.api
 
     shim.api.notify_flip(action == "flip_on", running_batch if running_batch.reqs else None)
@@ -493,8 +521,17 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """The plain path's decode steps in the switch trace (speculative ones go through _forward_around)."""
     rt = _RUNTIME
-    if rt is None or not batch.forward_mode.is_decode() or not batch.spec_algorithm.is_none():
+    if rt is None or not batch.spec_algorithm.is_none():
         return orig(self, batch, *args, **kwargs)
+    if not batch.forward_mode.is_decode():
+        if batch.forward_mode.is_extend():  # a plain prefill (the speculative ones: _forward_around)
+            rt.trace.event("prefill", bs=batch.batch_size())
+        return orig(self, batch, *args, **kwargs)
+    if not rt.trace_this_step():
+        out = orig(self, batch, *args, **kwargs)
+        rt.count("plain_step")
+        rt.steps_since_flip += 1
+        return out
     import torch
 
     bs = batch.batch_size()
@@ -687,7 +724,7 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
         on_publish, args = args[0], args[1:]
     else:
         on_publish = kwargs.pop("on_publish", None)
-    timing = rt.trace.enabled
+    timing = rt.trace_this_step()
     if timing:
         import torch
 
@@ -704,9 +741,9 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
         rt.count("plain_step")
         actions = PLAIN_STEP_ACTIONS[rt.config.draft_while_off]
         kind = "plain"
-    # one line per decode step (the model actions it performed, in order) keeps the trace cheap
-    rt.trace.event("step", actions=actions, bs=bs, graph=bool(out.can_run_cuda_graph))
     if timing:
+        # one line per decode step (the model actions it performed, in order) keeps the trace cheap
+        rt.trace.event("step", actions=actions, bs=bs, graph=bool(out.can_run_cuda_graph))
         end.record()
         rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first})
     rt.steps_since_flip += 1
@@ -731,7 +768,7 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(config.trace_dir))
     _RUNTIME.trace.event("config", design=config.design_name, t_off=config.t_off, t_on=config.t_on,
                          spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
-                         plain_graphs=config.plain_graphs)
+                         plain_graphs=config.plain_graphs, trace_every=config.trace_every)
     registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
     registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
     registry.register(T_INIT_GRAPHS, _init_cuda_graphs_after, HookType.AFTER)

@@ -99,20 +99,23 @@ ADAPTIVE_WARM = Design(
     zero_step_draft_extend=True,
 )
 
-SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM)
-
 RETRACT_CATCH_UP = attrs.evolve(
     CATCH_UP,
     name="plain_off_retract_catch_up",
-    summary="plain_off_catch_up with the catch-up by retraction: no draft work while off; flip-on retracts every "
-    "running request (ScheduleBatch.release_req without tree insertion: KV freed, back to waiting with its "
-    "output) and its prefill with speculation on runs the target and the draft over prompt + output.",
-    source="docs/throughput-plan.md (flip_on, catch-up by retraction)",
+    summary="specflip's v2 switch on SGLang's plain path, as shim/switch_v2.py implements it with "
+    "SPECFLIP_SWITCH_DRAFT=retract: plain_off_catch_up with the catch-up by retraction: no draft work while off; "
+    "flip-on retracts every running request (ScheduleBatch.release_req without tree insertion: KV freed, back to "
+    "waiting with its output) and its prefill with speculation on runs the target and the draft over prompt + "
+    "output.",
+    source="shim/switch_v2.py (draft mode retract); docs/throughput-plan.md; docs/gpu-results.md (H200, 0.5.16)",
+    sglang_line="0.5.16",
     draft_while_off=DraftWhileOff.RETRACT_ON_ENABLE,
 )
 
+SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP)
+
 # Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
-CANDIDATES = (RETRACT_CATCH_UP,)
+CANDIDATES: tuple[Design, ...] = ()
 
 KNOWN_BAD = (
     Design(
@@ -267,7 +270,8 @@ def _with_v2_reserve(design: Design) -> Design:
 
 # Checked under Scope(overlap=True) (`specflip check --overlap`): the v2 designs (the overlap loop is a
 # v2 worker thing) with SGLang's double reserve, and the known-bad ones that only the overlap loop refutes.
-OVERLAP_SHIPPED: tuple[Design, ...] = tuple(_with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM))
+OVERLAP_SHIPPED: tuple[Design, ...] = tuple(
+    _with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP))
 OVERLAP_KNOWN_BAD: tuple[Design, ...] = (
     attrs.evolve(
         V2_SWITCH, name="reserve_1x_under_overlap", kind=DesignKind.KNOWN_BAD,

@@ -61,7 +61,7 @@ for spec in "$@"; do
         grep -q '^OK' "$TR/replay.log" || FAILED=1 ;;
       *)
         [ $rem -gt 160 ] && rem=160
-        timeout $rem python3 bench/gpu/bench_client.py "$name" --concurrency "$CONCS" --out "$OUT/bench.jsonl" \
+        timeout $rem python3 bench/gpu/bench_client.py "$name" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" --out "$OUT/bench.jsonl" \
           --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$TR/bench.log" ;;
     esac
   else

@@ -18,6 +18,8 @@ CFG_LABEL = {
     "adaptive": "SGLang adaptive, steps 3 / 0 from 16",
     "specflip": "specflip switch (v2_switch_reserve_sync)",
     "specflip_none": "specflip, no draft work while off (known bad)",
+    "specflip_retract": "specflip switch, plain path (plain_off_retract_catch_up, 1:0)",
+    "specflip_retract_guard": "the same + guard (assert)",
     "specflip_v0": "specflip (sync), before the admission fix",
     "specflip_none_v0": "specflip (none), before the admission fix",
     "specflip_t1_v0": "specflip (sync), t_off 1 / t_on 0, before the fix",
@@ -72,7 +74,8 @@ def fmt_cell(r):
     if r is None:
         return "-"
     cell = f"{r['tok_s']:,.0f} / {r['lat_mean']:.2f} s"
-    return cell if r["exact"] == r["nreq"] else cell + f" ({r['exact']}/{r['nreq']} exact)"
+    total = r.get("outputs", r["nreq"])
+    return cell if r["exact"] == total else cell + f" ({r['exact']}/{total} exact)"
 
 
 def table(rows):
@@ -80,7 +83,7 @@ def table(rows):
     cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
     cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
     get = {(r["cfg"], r["conc"]): r for r in rows}
-    ratio_cfgs = [c for c in ("specflip", "specflip_none") if c in cfgs]
+    ratio_cfgs = [c for c in ("specflip", "specflip_none", "specflip_retract") if c in cfgs]
     head = ["concurrency"] + [CFG_LABEL.get(c, c) for c in cfgs] + [f"{c} / best(plain, always on)" for c in ratio_cfgs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in concs:
