@@ -35,6 +35,19 @@ processor (:class:`ResultProcessorCpuStandIn`), the future map's gather of the d
 what tests/guard_fixtures.py stands in, and a grammar that accepts every token
 (:class:`AnyTokenGrammarCpuStandIn`: no grammar backend is installed here; the guard sees nothing of the FSM, only
 the order ``has_grammar`` gives the loop on 0.5.16). Chunked prefill is left out (the normal-loop tests cover it).
+
+A design whose speculation-off is SGLang's own plain scheduler path (``DraftWhileOff.RETRACT_ON_ENABLE``,
+shim/switch_v2.py's draft mode "retract") flips as the switch does: the driver plays the Scheduler that the real
+``shim.switch_v2.plain_path_flip`` reads and enters ``get_next_batch_to_run`` through the switch's real AROUND hook
+(``_next_batch_around``), which flips first, with the switch's own policy. Its batches then take the path their
+``spec_algorithm`` and the scheduler's ``model_worker`` give them, as ``run_batch``'s overlap branch does: the
+real ``resolve_forward_inputs`` (a plain decode's input ids from the future map's ``output_tokens_buf``), the worker
+the switch points the scheduler at, the scheduler's publish of ``seq_lens + 1`` after a plain forward and the real
+``Scheduler._relay_forward_payload`` (the stash of each step's last token), with a real ``BeamCoordinator``.
+There the stand-in model "samples" at the position the launched batch gives a request (its ``seq_lens``, what
+the device knows; the host's ``output_ids`` lag a step under overlap) and returns a wrong token when the input
+token relayed to it is not the request's last output (:func:`positions_from_launch_cpu_stand_in`), so greedy
+outputs are exact only when the relay and the lengths are right.
 """
 
 from __future__ import annotations
@@ -50,7 +63,22 @@ import guard_fixtures as gf
 import sglang_cpu as h
 import torch
 
+from shim.switch_v2 import SwitchConfig, SwitchTrace
 from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFrom
+
+# the stand-in model's token at a request's host-side output position (tests/sglang_cpu.py), kept here because
+# positions_from_launch_cpu_stand_in swaps it out while a launched batch runs
+_TOKEN_AT_OUTPUT_LEN = h._stand_in_token
+
+
+def greedy_token(req: Any, position: int) -> int:
+    """The stand-in model's greedy token at output position `position` of `req`."""
+    return _TOKEN_AT_OUTPUT_LEN(req, position - len(req.output_ids))
+
+
+def expected_output(req: Any) -> list[int]:
+    """The greedy output the stand-in model defines for `req`, as long as its output is."""
+    return [greedy_token(req, p) for p in range(len(req.output_ids))]
 
 
 def scheduler_cpu_stand_in() -> Any:
@@ -156,6 +184,62 @@ def resolve_spec_extras_cpu_stand_in(batch: Any) -> None:
     info.bonus_tokens = fresh.bonus_tokens
 
 
+def launch_positions(batch: Any) -> list[int]:
+    """The output position each request's first token of this forward takes, from what the launched batch holds
+    (the device's view): a prefill and a plain decode write up to seq_lens (prompt + output so far, the input token
+    included), a verify starts from the committed length, one short of the bonus token it verifies from."""
+    lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens).tolist()
+    verify = not batch.spec_algorithm.is_none() and not batch.forward_mode.is_extend()
+    return [int(n) - len(req.origin_input_ids) + (1 if verify else 0) for req, n in zip(batch.reqs, lens, strict=True)]
+
+
+@contextlib.contextmanager
+def positions_from_launch_cpu_stand_in(batch: Any, relayed: Any = None) -> Iterator[list[str]]:
+    """While `batch`'s forward runs, the stand-in model's token for a request is the greedy token at the position
+    the launched batch gives it (:func:`launch_positions`) plus the offset the stand-in asks for. `relayed`: the
+    input token each request got from the future map (a plain decode's input_ids, a verify's bonus_tokens); a
+    request whose relayed token is not its last output gets a wrong token (as a model fed the wrong token would
+    give). Yields the ids of those requests."""
+    vocab = h.VOCAB_SIZE
+    base = dict(zip(map(id, batch.reqs), launch_positions(batch), strict=True))
+    wrong: list[str] = []
+    if relayed is not None:
+        for req, token in zip(batch.reqs, relayed.tolist(), strict=True):
+            if int(token) != greedy_token(req, base[id(req)] - 1):
+                wrong.append(str(req.rid))
+    shift = {id(r): 1 for r in batch.reqs if str(r.rid) in wrong}
+
+    def token(req: Any, offset: int = 0) -> int:
+        return (greedy_token(req, base[id(req)] + offset) + shift.get(id(req), 0)) % vocab
+
+    saved, h._stand_in_token = h._stand_in_token, token
+    try:
+        yield wrong
+    finally:
+        h._stand_in_token = saved
+
+
+def resolve_spec_extras_relayed_cpu_stand_in(batch: Any, future_map: Any) -> None:
+    """:func:`resolve_spec_extras_cpu_stand_in` for the draft's topk and hidden state, and the bonus token from the
+    real relay buffer the step before stashed it in (`FutureMap.output_tokens_buf` at `future_indices`, what
+    `_resolve_spec_extras` gathers it from)."""
+    resolve_spec_extras_cpu_stand_in(batch)
+    info = batch.spec_info
+    if info is not None and info.is_draft_input() and info.future_indices is not None:
+        info.bonus_tokens = future_map.output_tokens_buf[info.future_indices].to(torch.int32)
+
+
+class RecordedSwitchTrace(SwitchTrace):
+    """shim/switch_v2.py's trace of switch actions, kept in memory (`events`) instead of a JSONL file."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.events: list[dict[str, Any]] = []
+
+    def event(self, action: str, **info: Any) -> None:
+        self.events.append({"action": action, **info})
+
+
 class OverlapDriver:
     """The overlap loop over real objects, one `iteration()` per `event_loop_overlap` pass.
 
@@ -165,17 +249,24 @@ class OverlapDriver:
     (with the iteration number), for the tests' own checks of the order of events."""
 
     def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None,
-                 exclude_finishing: bool = True, cpu_seq_lens: bool = True, release: str = "0.5.23") -> None:
+                 exclude_finishing: bool = True, cpu_seq_lens: bool = True, release: str = "0.5.23",
+                 switch_config: SwitchConfig | None = None) -> None:
         """`exclude_finishing` False: 0.5.16's order, which has no `_reqs_finishing_inflight` (a request its queued
         result finishes runs one more step). `cpu_seq_lens` False: an attention backend that opts out of the CPU
         mirror (`needs_cpu_seq_lens`): `resolve_seq_lens_cpu` leaves `seq_lens_cpu` None. `release`: whose
-        `is_disable_overlap_for_batch` decides which iterations run without overlap ("0.5.23" or "0.5.16")."""
+        `is_disable_overlap_for_batch` decides which iterations run without overlap ("0.5.23" or "0.5.16").
+        `switch_config`: the switch's thresholds for a design whose speculation-off is the plain scheduler path
+        (draft mode "retract"; default t_off 4, t_on 1)."""
         from sglang.srt.managers.overlap_utils import FutureMap
 
         self.pools = pools
         self.design = design
         self.bug = bug
-        self.worker = gf.make_workers(pools, num_steps=num_steps)
+        # speculation off on SGLang's own plain scheduler path: the switch flips at get_next_batch_to_run
+        self.plain_path = design.draft_while_off is DraftWhileOff.RETRACT_ON_ENABLE
+        # there the target keeps the verify graphs a speculative server captures, which the switch swaps for its
+        # decode runner while off (a plain DECODE on them would replay a verify graph's shape)
+        self.worker = gf.make_workers(pools, num_steps=num_steps, verify_graphs=self.plain_path)
         self.future_map = FutureMap(torch.device("cpu"), pools.spec_algorithm, pools.req_to_token_pool,
                                     needs_cpu_seq_lens=cpu_seq_lens)
         self.sched = scheduler_cpu_stand_in()
@@ -195,6 +286,7 @@ class OverlapDriver:
         self.retracted: list[tuple[int, str]] = []  # retract_decode, per iteration
         self.not_overlapped: list[int] = []  # iterations is_disable_overlap_for_batch ran without overlap
         self.retract_next = False  # the next update_running_batch retracts (SGLANG_TEST_RETRACT's branch)
+        self.plain_path_bare_skip = False  # see _play_scheduler
         from sglang.srt.managers.scheduler import Scheduler
 
         decide = Scheduler.is_disable_overlap_for_batch
@@ -202,15 +294,103 @@ class OverlapDriver:
             decide = is_disable_overlap_for_batch_0_5_16()
         self.is_disable_overlap_for_batch = partial(decide, self.sched)
         self.decode_graphs = gf.DecodeCudaGraphRunnerCpuStandIn(captured_req_width=1)
-        self.switch = self._switch_runtime() if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE else None
+        self.switch = self._switch_runtime(switch_config) \
+            if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE or self.plain_path else None
+        self.flips: list[tuple[int, str]] = []  # (iteration, action) of the switch's flips (plain path)
+        self.wrong_input: list[tuple[int, str]] = []  # (iteration, rid): a relayed input token not the last output
+        self.prefilled: list[tuple[int, bool, tuple[str, ...]]] = []  # (iteration, speculative, rids), plain path
+        if self.plain_path:
+            self._play_scheduler(pools)
 
-    def _switch_runtime(self) -> Any:
-        from shim.switch_v2 import SwitchConfig, SwitchPolicy, SwitchRuntime, SwitchTrace
+    def _switch_runtime(self, config: SwitchConfig | None = None) -> Any:
+        from shim.switch_v2 import SwitchPolicy, SwitchRuntime
 
-        mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
-        config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
-        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(None),
+        if self.plain_path:
+            config = config or SwitchConfig(t_off=4, t_on=1, draft_while_off="retract", plain_graphs="decode")
+            if self.bug is None and config.design_name != self.design.name.removesuffix("_overlap"):
+                raise ValueError(f"shim/switch_v2.py's {config.draft_while_off!r} mode implements "
+                                 f"{config.design_name}, not {self.design.name}")
+            trace: SwitchTrace = RecordedSwitchTrace()
+        else:
+            mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
+            config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
+            trace = SwitchTrace(None)
+        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=trace,
                              plain_runner=self.decode_graphs, plain_attn_backend=None)
+
+    # --- the Scheduler shim/switch_v2.plain_path_flip reads (draft mode "retract") ---------------------------
+
+    def _play_scheduler(self, pools: h.CpuPools) -> None:
+        """The Scheduler fields plain_path_flip and run_batch's overlap branch read: the switch swaps
+        `spec_algorithm` (what new prefill batches carry) and `model_worker` (EAGLEWorkerV2 or the target's
+        TpModelWorker, `tp_worker`) between the two sides, and the future map's and the target runner's fields."""
+        from sglang.srt.beam_search.coordinator import BeamCoordinator
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        self.enable_overlap = True
+        self.chunked_req = None
+        self.hisparse_coordinator = None
+        self.spec_algorithm = pools.spec_algorithm
+        self.model_worker = self.worker
+        self.tp_worker = self.worker.target_worker
+        self.server_args = pools.server_args
+        self.beam_coordinator = BeamCoordinator(
+            model_config=pools.model_config, spec_algorithm=pools.spec_algorithm, dllm_enabled=False,
+            max_req_len=pools.model_config.context_len, req_to_token_pool=pools.req_to_token_pool,
+            token_to_kv_pool_allocator=pools.allocator, tree_cache=pools.tree_cache, future_map=self.future_map)
+        self.running = ScheduleBatch(reqs=[], batch_is_full=False)  # Scheduler.__init__'s empty running batch
+        # TEMPORARY (reported to the lead): 0.5.23 filters this bare batch (forward_mode and spec_algorithm None)
+        # every iteration, and the guard's filter hook (shim/adapters/common.py observe_batch) fails on it; the
+        # filter of a batch without requests changes nothing in SGLang, so the driver leaves it out until then
+        self.plain_path_bare_skip = True
+
+    @property
+    def result_queue(self) -> Any:
+        return self.sched.result_queue
+
+    @property
+    def waiting_queue(self) -> list[Any]:
+        return self.waiting
+
+    @property
+    def req_to_token_pool(self) -> Any:
+        return self.pools.req_to_token_pool
+
+    @property
+    def token_to_kv_pool_allocator(self) -> Any:
+        return self.pools.allocator
+
+    @property
+    def tree_cache(self) -> Any:
+        return self.pools.tree_cache
+
+    def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> None:
+        self.waiting.append(req)  # the waiting queue's end, as Scheduler._add_request_to_queue appends
+
+    def process_batch_result(self, batch: Any, result: Any) -> None:
+        """`Scheduler.process_batch_result` of a launched step's queued copy and result."""
+        if batch.forward_mode.is_extend():
+            self.process_prefill_result(batch, result)
+        else:
+            self.process_decode_result(batch, result)
+
+    def _next_batch_through_switch(self) -> Any:
+        """get_next_batch_to_run as shim/switch_v2.py hooks it (AROUND, draft mode "retract"): the real
+        `_next_batch_around` with this driver's switch runtime installed for the call, which runs the real
+        plain_path_flip on the running batch and last batch before anything of the iteration is planned."""
+        from shim import switch_v2
+
+        flips = self.switch.flips
+        saved, switch_v2._RUNTIME = switch_v2._RUNTIME, self.switch
+        try:
+            batch = switch_v2._next_batch_around(OverlapDriver._plan_next_batch, self, running_batch=self.running,
+                                                 last_batch=self.last_batch)
+        finally:
+            switch_v2._RUNTIME = saved
+        if self.switch.flips != flips:
+            self.flips.append((self.iteration_no, "flip_on" if self.switch.policy.spec_on else "flip_off"))
+        self.spec_on = self.switch.policy.spec_on
+        return batch
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -249,7 +429,15 @@ class OverlapDriver:
         raise AssertionError("the loop did not drain")
 
     def get_next_batch_to_run(self) -> Any:
-        last = self.last_batch
+        if self.plain_path:
+            return self._next_batch_through_switch()
+        return self._plan_next_batch(running_batch=self.running, last_batch=self.last_batch)
+
+    def _plan_next_batch(self, running_batch: Any, last_batch: Any) -> Any:
+        """The body of `Scheduler.get_next_batch_to_run(running_batch, last_batch)`: `running_batch` is the
+        driver's running batch (kept in `self.running`), `last_batch` the prefilled batch to merge, if any."""
+        assert running_batch is self.running
+        last = last_batch
         if last is not None and last.forward_mode.is_extend():
             last.filter_batch()
             if not last.is_empty() and last is not self.running:
@@ -258,7 +446,7 @@ class OverlapDriver:
                     self.running = last
                 else:
                     self.running.merge_batch(last)
-        if self.running is not None:
+        if self.running is not None and (self.running.forward_mode is not None or not self.plain_path_bare_skip):
             self.running.filter_batch()  # every step (0.5.23): results processed since may have finished some
         if self.waiting:
             batch, chunked = h.schedule_prefill(self.pools, self.waiting, spec_algorithm=self._batch_algorithm())
@@ -304,6 +492,8 @@ class OverlapDriver:
         """`Scheduler.run_batch`'s overlap branch."""
         from sglang.srt.managers.scheduler import Scheduler
 
+        if self.plain_path:
+            return self._run_batch_plain_path(batch)
         fm = self.future_map
         fm.resolve_seq_lens_cpu(batch)
         spec = not batch.spec_algorithm.is_none()
@@ -333,6 +523,51 @@ class OverlapDriver:
             batch.spec_info.future_indices = future_indices
         return result
 
+    def _run_batch_plain_path(self, batch: Any) -> Any:
+        """`Scheduler.run_batch`'s overlap branch as the switch's draft mode "retract" runs it: the batch's
+        spec_algorithm and the scheduler's `model_worker` (both the switch's) pick the path, the input ids of a plain
+        decode come from the future map (real `resolve_forward_inputs`), every step's last token is stashed there
+        (real `_relay_forward_payload`)."""
+        from sglang.srt.managers.overlap_utils import resolve_forward_inputs
+        from sglang.srt.managers.scheduler import Scheduler
+
+        fm = self.future_map
+        fm.resolve_seq_lens_cpu(batch)
+        resolve_forward_inputs(batch, fm)
+        spec = not batch.spec_algorithm.is_none()
+        extend = batch.forward_mode.is_extend()
+        relayed = None
+        if extend:
+            self.prefilled.append((self.iteration_no, spec, tuple(str(r.rid) for r in batch.reqs)))
+        else:
+            if spec:
+                resolve_spec_extras_relayed_cpu_stand_in(batch, fm)
+                relayed = batch.spec_info.bonus_tokens
+            else:  # a plain decode launched without its input ids is fed the wrong token
+                relayed = batch.input_ids if batch.input_ids is not None else torch.full((len(batch.reqs),), -1)
+            self.launched.append((self.iteration_no, "spec" if spec else "plain",
+                                  tuple(str(r.rid) for r in batch.reqs)))
+        with Scheduler._forward_isolation(self.sched, batch, overlap=True), \
+                positions_from_launch_cpu_stand_in(batch, relayed) as wrong:
+            self.wrong_input += [(self.iteration_no, rid) for rid in wrong]
+            future_indices = batch.req_pool_indices
+            on_publish = partial(fm.publish, future_indices) if spec else None
+            if extend:
+                result = prefill_launch_cpu_stand_in(batch, on_publish)
+            elif spec:
+                self.worker.accept_lens_cpu_stand_in = [self.accepts(r) for r in batch.reqs]
+                result = self.model_worker.forward_batch_generation(batch, on_publish=on_publish)
+            else:
+                result = self.model_worker.forward_batch_generation(batch)
+            if not spec:
+                fm.publish(future_indices, batch.seq_lens + 1)
+            Scheduler._relay_forward_payload(self, batch, future_indices, result)
+        batch.input_ids = None  # next-iteration input ids come through the future map
+        if spec:
+            batch.spec_info = result.next_draft_input
+            batch.spec_info.future_indices = future_indices
+        return result
+
     def _switch_plain_step(self, batch: Any, on_publish: Any) -> Any:
         """shim/switch_v2.py's spec-off step, as its `_forward_around` hands it the scheduler's on_publish."""
         from shim.switch_v2 import plain_decode
@@ -343,10 +578,7 @@ class OverlapDriver:
 
     def pop_and_process(self) -> None:
         copy, result = self.sched.result_queue.popleft()
-        if copy.forward_mode.is_extend():
-            self.process_prefill_result(copy, result)
-        else:
-            self.process_decode_result(copy, result)
+        self.process_batch_result(copy, result)
 
     def process_prefill_result(self, batch: Any, result: Any) -> None:
         """`process_batch_result_prefill`: the first token, the finish of a request done at once (released), the
@@ -392,6 +624,8 @@ class OverlapDriver:
     def _batch_algorithm(self) -> Any:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        if self.plain_path:
+            return self.spec_algorithm  # ScheduleBatch.init_new(..., spec_algorithm=self.spec_algorithm)
         carries = self.spec_on or self.design.clear_spec_on is not ClearSpecOn.BATCH_AT_FLIP
         return self.pools.spec_algorithm if carries else SpeculativeAlgorithm.NONE
 
