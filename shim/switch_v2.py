@@ -418,9 +418,9 @@ def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
     scheduler.spec_algorithm = side["algorithm"]
     scheduler.model_worker = side["model_worker"]
     fm.spec_algo = side["fm_algo"]
-    if side["fm_initialized"]:
+    if side["fm_initialized"] or not hasattr(fm, "_forward_buf_initialized"):  # 0.5.23: no lazy sizing flag
         fm.need_topk, fm.need_hidden_states = side["fm_need_topk"], side["fm_need_hidden"]
-    else:  # first stashed while off: sized for the plain payload, so size it again at the next spec stash
+    else:  # 0.5.16, first stashed while off: sized for the plain payload, so size it again at the next spec stash
         fm._forward_buf_initialized = False
     mr.decode_cuda_graph_runner, mr.attn_backend, mr.spec_algorithm = (
         side["runner"], side["attn_backend"], side["mr_algo"])
@@ -454,6 +454,12 @@ def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
         scheduler._add_request_to_queue(req, is_retracted=True)
 
 
+def flip_on_waits(running_batch: Any, pending: Any) -> bool:
+    """Whether flip-on must wait an iteration: a prefilled batch is not merged yet, or the running batch still
+    holds finished requests (update_running_batch filters them, merge_batch merges it, the guard sees both)."""
+    return pending is not None or any(r.finished() for r in running_batch.reqs)
+
+
 def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
     """Decide and perform a flip for the iteration get_next_batch_to_run is about to plan; returns the
     `last_batch` to hand it.
@@ -471,7 +477,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     action = rt.policy.wants(len(in_batch), waiting, 0)
     if action is None:
         return last_batch
-    if action == "flip_on" and (pending is not None or len(in_batch) < len(running_batch.reqs)):
+    if action == "flip_on" and flip_on_waits(running_batch, pending):
         return last_batch
     tic = time.perf_counter()
     drained = drain_in_flight(scheduler)
@@ -504,7 +510,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
                    reserve_freed=freed, retracted=retracted, ms=round((time.perf_counter() - tic) * 1e3, 3))
     import shim.api
 
-    shim.api.notify_flip(action == "flip_on", running_batch if running_batch.reqs else None)
+    shim.api.notify_flip(action == "flip_on", running_batch)  # empty: the guard still reads its pool
     return last_batch
 
 

@@ -286,7 +286,6 @@ class OverlapDriver:
         self.retracted: list[tuple[int, str]] = []  # retract_decode, per iteration
         self.not_overlapped: list[int] = []  # iterations is_disable_overlap_for_batch ran without overlap
         self.retract_next = False  # the next update_running_batch retracts (SGLANG_TEST_RETRACT's branch)
-        self.plain_path_bare_skip = False  # see _play_scheduler
         from sglang.srt.managers.scheduler import Scheduler
 
         decide = Scheduler.is_disable_overlap_for_batch
@@ -339,10 +338,6 @@ class OverlapDriver:
             max_req_len=pools.model_config.context_len, req_to_token_pool=pools.req_to_token_pool,
             token_to_kv_pool_allocator=pools.allocator, tree_cache=pools.tree_cache, future_map=self.future_map)
         self.running = ScheduleBatch(reqs=[], batch_is_full=False)  # Scheduler.__init__'s empty running batch
-        # TEMPORARY (reported to the lead): 0.5.23 filters this bare batch (forward_mode and spec_algorithm None)
-        # every iteration, and the guard's filter hook (shim/adapters/common.py observe_batch) fails on it; the
-        # filter of a batch without requests changes nothing in SGLang, so the driver leaves it out until then
-        self.plain_path_bare_skip = True
 
     @property
     def result_queue(self) -> Any:
@@ -446,7 +441,7 @@ class OverlapDriver:
                     self.running = last
                 else:
                     self.running.merge_batch(last)
-        if self.running is not None and (self.running.forward_mode is not None or not self.plain_path_bare_skip):
+        if self.running is not None:
             self.running.filter_batch()  # every step (0.5.23): results processed since may have finished some
         if self.waiting:
             batch, chunked = h.schedule_prefill(self.pools, self.waiting, spec_algorithm=self._batch_algorithm())

@@ -366,6 +366,10 @@ class V2Adapter:
                              spec_rows=rows, spec_tokens_per_row=per_row, spec_algorithm_on=own.spec_algorithm_on)
 
     def around_filter_batch(self, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if batch.forward_mode is None:
+            # 0.5.23's bare running batch (Scheduler.__init__: ScheduleBatch(reqs=[])), filtered every iteration
+            # before it ever held a request: nothing the model tracks
+            return original(batch, *args, **kwargs)
         self._run(self._settle)
         result = original(batch, *args, **kwargs)
 
@@ -550,7 +554,10 @@ class V2Adapter:
             if g is None:
                 return
             if batch is None or not batch.reqs:
-                g.flip(on, None, [], g_pool_or_none(g), where="switch")
+                # an empty running batch still names the pool: a flip that released KV (flip-on by retraction)
+                # is checked against it; without one, the pool as last observed
+                real_pool = batch is not None and getattr(batch, "token_to_kv_pool_allocator", None) is not None
+                g.flip(on, None, [], self.batch_pool(batch) if real_pool else g_pool_or_none(g), where="switch")
                 return
             self.remember_running(batch)
             g.flip(on, self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch),
