@@ -86,6 +86,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return replay_main(args)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from specflip.calibrate import CalibrateError
+    from specflip.calibrate import main as calibrate_main
+
+    try:
+        return calibrate_main(args)
+    except CalibrateError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specflip", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--server-arg", action="append", default=[], help="launch_server argument (repeatable)")
     replay.add_argument("--launch-timeout", type=float, default=300.0)
     replay.set_defaults(func=_cmd_replay)
+
+    calibrate = sub.add_parser("calibrate", help="the switch's thresholds (SPECFLIP_SWITCH) from a throughput "
+                               "measurement of plain decoding and always-on speculation")
+    calibrate.add_argument("bench", nargs="+", help="bench_client.py JSONL file(s): one row per (cfg, conc)")
+    calibrate.add_argument("--plain", default="plain", help="cfg of the plain-decoding rows")
+    calibrate.add_argument("--spec", default="spec", help="cfg of the always-on speculation rows")
+    calibrate.add_argument("--margin", type=float, default=0.05,
+                           help="speculation wins at c when spec tok/s >= plain tok/s x (1 + margin)")
+    calibrate.add_argument("--spec-cap", type=int, default=48,
+                           help="SPECFLIP_SPEC_CAP the switch will run with (t_on is capped at it)")
+    calibrate.add_argument("--json", action="store_true")
+    calibrate.set_defaults(func=_cmd_calibrate)
     return parser
 
 
