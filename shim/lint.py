@@ -40,7 +40,7 @@ class LintUsageError(Exception):
 
 
 USAGE = ("usage: specflip lint [--json] [--no-cache] [--specflip-t-off N --specflip-t-on N "
-         "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft sync|none]] "
+         "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft retract|sync|none]] "
          "<python -m sglang.launch_server arguments>")
 
 
@@ -53,7 +53,7 @@ def _own_parser() -> argparse.ArgumentParser:
     p.add_argument("--specflip-t-on", type=int)
     p.add_argument("--specflip-spec-cap", type=int, default=48)
     p.add_argument("--specflip-plain-graphs", default="decode")
-    p.add_argument("--specflip-draft", default="sync")
+    p.add_argument("--specflip-draft", default="retract")
     return p
 
 

@@ -46,7 +46,7 @@ class SpecflipPolicy:
     t_on: int
     spec_cap: int = 48
     plain_graphs: str = "decode"
-    draft_while_off: str = "sync"
+    draft_while_off: str = "retract"
 
 
 @attrs.frozen
@@ -179,7 +179,7 @@ def _draft_kv(sizing: Sizing) -> list[Finding]:
     if flip is not None and flip.draft_while_off == "none":
         found.append(Finding(
             DRAFT_KV, "spec off -> spec on", "draft KV caught up over the tokens committed while off",
-            "no draft work while off", "--specflip-draft sync",
+            "no draft work while off", "--specflip-draft retract",
             "with no draft work while speculation is off, the first draft after flip-on runs on a stale draft KV"))
     return found
 

@@ -21,8 +21,9 @@ changes SGLang state is named after the model action it performs (statemodel.act
 
 Configuration (same parsing as the v2 switch, shim.switch_v2.SwitchConfig): `SPECFLIP_SWITCH=t_off:t_on`,
 `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_GRAPHS=decode|eager`, `SPECFLIP_SWITCH_TRACE=<dir>`.
-`SPECFLIP_SWITCH_DRAFT` must be `sync` (seeds_final syncs the draft after every plain step).
-Install with `install_switch(HookRegistry, SwitchConfig.from_env())` before `HookRegistry.apply_hooks()`, or
+`SPECFLIP_SWITCH_DRAFT` must be `sync`, its default here (seeds_final syncs the draft after every plain step).
+Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
+`HookRegistry.apply_hooks()`, or
 through the entry point `plugin_entry` (group `sglang.srt.plugins`), which also loads the guard
 (`shim.plugin.register`, a no-op unless SPECFLIP_MODE is set).
 """
@@ -361,5 +362,5 @@ def plugin_entry() -> None:
 
     import shim.plugin
 
-    install_switch(HookRegistry, SwitchConfig.from_env())
+    install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))
     shim.plugin.register()

@@ -9,10 +9,11 @@ action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, p
 
 Enable with `SPECFLIP_SWITCH=t_off:t_on` and install with `install_switch(HookRegistry, SwitchConfig.from_env())`
 from the plugin entry point (before `HookRegistry.apply_hooks()`, which `load_plugins` calls). Other knobs:
-  SPECFLIP_SWITCH_DRAFT   sync (default: design v2_switch_reserve_sync, draft-extend after every plain step) |
-                          retract (design plain_off_retract_catch_up: speculation off is SGLang's own plain
-                          scheduler path; the flip back on retracts the running requests, whose re-prefill
+  SPECFLIP_SWITCH_DRAFT   retract (default: design plain_off_retract_catch_up: speculation off is SGLang's own
+                          plain scheduler path; the flip back on retracts the running requests, whose re-prefill
                           with speculation is the draft's catch-up) |
+                          sync (design v2_switch_reserve_sync, draft-extend after every plain step, inside the
+                          speculative scheduler path: slower, measured in docs/gpu-results.md) |
                           none (KNOWN BAD, measurement only: no draft work while off, zeroed draft input)
   SPECFLIP_SPEC_CAP       running-request cap while speculation is on (default 48, SGLang's speculative default)
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
@@ -68,7 +69,7 @@ class SwitchConfig:
     t_off: int
     t_on: int
     spec_cap: int = 48
-    draft_while_off: str = "sync"
+    draft_while_off: str = "retract"
     plain_graphs: str = "decode"
     trace_dir: str | None = None
     trace_every: int = 1
@@ -99,8 +100,9 @@ class SwitchConfig:
         return off, on
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> SwitchConfig | None:
-        """The configuration from SPECFLIP_* variables, or None when the switch is not enabled."""
+    def from_env(cls, env: dict[str, str] | None = None, *, default_draft: str = "retract") -> SwitchConfig | None:
+        """The configuration from SPECFLIP_* variables, or None when the switch is not enabled.
+        `default_draft`: SPECFLIP_SWITCH_DRAFT when unset (the v1 switch implements sync only)."""
         env = dict(os.environ) if env is None else env
         text = env.get(ENV_SWITCH, "").strip()
         if not text:
@@ -116,7 +118,7 @@ class SwitchConfig:
             raise SwitchConfigError("SPECFLIP_SWITCH_TRACE_EVERY must be an integer, got "
                                     f"{env['SPECFLIP_SWITCH_TRACE_EVERY']!r}") from None
         return cls(t_off=off, t_on=on, spec_cap=cap,
-                   draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", "sync").strip() or "sync",
+                   draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every)
 

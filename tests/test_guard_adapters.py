@@ -122,7 +122,7 @@ def test_reference_design_and_caps_follow_the_installed_switch(monkeypatch: pyte
     monkeypatch.setattr(switch_v2, "_RUNTIME", None)
     assert adapter.reference_design(sa).name == "plain_off_catch_up"
     assert adapter.scope(sa).spec_cap == 256
-    config = switch_v2.SwitchConfig(t_off=16, t_on=8, spec_cap=48)
+    config = switch_v2.SwitchConfig(t_off=16, t_on=8, spec_cap=48, draft_while_off="sync")
     rt = switch_v2.SwitchRuntime(config=config, policy=switch_v2.SwitchPolicy(config),
                                  trace=switch_v2.SwitchTrace(None))
     monkeypatch.setattr(switch_v2, "_RUNTIME", rt)

@@ -251,7 +251,8 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
     registry.reset()
     try:
         assert switch_v2.install_switch(registry, None) is False
-        assert switch_v2.install_switch(registry, SwitchConfig(6, 2, spec_cap=8, trace_dir=str(tmp_path)))
+        assert switch_v2.install_switch(registry, SwitchConfig(6, 2, spec_cap=8, draft_while_off="sync",
+                                                               trace_dir=str(tmp_path)))
         targets = set(registry._hooks)
         assert {switch_v2.T_FORWARD, switch_v2.T_INIT_GRAPHS, switch_v2.T_UPDATE_RUNNING,
                 switch_v2.T_ALLOCATABLE} <= targets

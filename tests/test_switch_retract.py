@@ -319,8 +319,9 @@ def test_next_batch_hook_passes_through_without_the_retract_mode() -> None:
 
     saved = switch_v2._RUNTIME
     try:
-        for rt in (None, switch_v2.SwitchRuntime(config=SwitchConfig(4, 1), policy=switch_v2.SwitchPolicy(
-                SwitchConfig(4, 1)), trace=switch_v2.SwitchTrace(None))):
+        sync = SwitchConfig(4, 1, draft_while_off="sync")
+        for rt in (None, switch_v2.SwitchRuntime(config=sync, policy=switch_v2.SwitchPolicy(sync),
+                                                 trace=switch_v2.SwitchTrace(None))):
             switch_v2._RUNTIME = rt
             assert switch_v2._next_batch_around(orig, "sched", running_batch="rb", last_batch="lb") == "plan"
     finally:

@@ -49,7 +49,7 @@ def plugin() -> Any:
     if shim.runtime.current() is None:
         assert not plugins._plugins_loaded, "load_plugins() already ran in this process without specflip"
         h.install_gpu_stand_ins()
-        sw.install_switch(HookRegistry, SwitchConfig(t_off=5, t_on=2))
+        sw.install_switch(HookRegistry, SwitchConfig(t_off=5, t_on=2, draft_while_off="sync"))
         with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
             plugins.load_plugins()
     runtime = shim.runtime.current()
@@ -75,7 +75,7 @@ def server(plugin: Any, tmp_path: Path, request: Any) -> Any:
 def switch(t_off: int, t_on: int) -> Any:
     import shim.switch_v1 as sw
 
-    rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on))
+    rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on, draft_while_off="sync"))
     rt.recorded = []
     return rt
 
@@ -101,7 +101,7 @@ def test_policy_decisions_come_from_the_model() -> None:
     assert sw.model_policy_action(False, 3, 0, 0, 5, 2, 48) is None  # hysteresis: between t_on and t_off
     assert sw.model_policy_action(False, 2, 0, 0, 5, 2, 1) is None  # clamped to speculation's running cap
     assert sw.model_policy_action(False, 1, 3, 0, 5, 2, 48) is None  # speculation stays off while requests wait
-    policy = sw.ModelThresholdPolicy(SwitchConfig(t_off=5, t_on=2))
+    policy = sw.ModelThresholdPolicy(SwitchConfig(t_off=5, t_on=2, draft_while_off="sync"))
     assert [policy.decide(n, 0) for n in (4, 5, 4, 3, 2, 2)] == [None, "flip_off", None, None, "flip_on", None]
 
 
