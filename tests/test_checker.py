@@ -54,7 +54,7 @@ def test_catch_up_by_retraction_is_reached_and_its_twin_without_it_is_refuted() 
     assert "draft_catch_up" not in names
     twin = get_design("no_draft_work_while_off")
     same = {"name": twin.name, "kind": twin.kind, "summary": twin.summary, "source": twin.source,
-            "expected_invariant": twin.expected_invariant}
+            "expected_invariant": twin.expected_invariant, "sglang_line": twin.sglang_line}
     assert attrs.evolve(RETRACT_CATCH_UP, draft_while_off=DraftWhileOff.NONE, **same) == twin
     verdict = run_design(twin)
     assert verdict.verdict == "refuted" and verdict.invariant == "draft_kv_covers_prefix"
