@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +28,6 @@ from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, V2_SWITCH  # noqa: E402
 pytestmark = pytest.mark.sglang
 
 
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Any]:
-    rt = gf.install_guard_plugin()
-    rt.paused = False
-    yield rt
-    rt.reset()
-    rt.paused = True
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
 
 
 def configure(rt: Any, design: Any, *, mode: Mode = Mode.ASSERT) -> None:

@@ -9,7 +9,6 @@ import logging
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +41,6 @@ pytestmark = pytest.mark.sglang
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Any]:
-    rt = gf.install_guard_plugin()
-    rt.paused = False
-    yield rt
-    rt.reset()
-    rt.paused = True  # the hooks stay (HookRegistry cannot unpatch); other test files see pass-through
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])

@@ -248,6 +248,8 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
     from shim import switch_v2
 
     registry = hook_registry.HookRegistry
+    # the guard plugin's registrations, which test modules run later read (pytest -p randomly, -k ...)
+    saved = ({target: list(hooks) for target, hooks in registry._hooks.items()}, set(registry._patched))
     registry.reset()
     try:
         assert switch_v2.install_switch(registry, None) is False
@@ -258,6 +260,8 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
                 switch_v2.T_ALLOCATABLE} <= targets
     finally:
         registry.reset()
+        registry._hooks.update(saved[0])
+        registry._patched.update(saved[1])
         switch_v2._RUNTIME = None
     trace = next(tmp_path.glob("switch-*.jsonl")).read_text()
     assert '"design": "v2_switch_reserve_sync"' in trace

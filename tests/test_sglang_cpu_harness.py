@@ -28,10 +28,6 @@ RESERVE = 2 * max(NUM_STEPS * TOPK, NUM_DRAFT)
 KV_SIZE = 256
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
-
 
 @pytest.fixture
 def plain(model_dir: Path) -> h.CpuPools:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +42,6 @@ WAVES = {0: [6, 9, 14, 20, 50], 30: [5, 8, 12, 17], 50: [3, 7, 11, 16, 40]}
 pytestmark = pytest.mark.sglang
 
 
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Any]:
-    rt = gf.install_guard_plugin()
-    rt.paused = False
-    yield rt
-    rt.reset()
-    rt.paused = True
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return h.write_tiny_model_config(tmp_path_factory.mktemp("tiny-model"))
 
 
 def configure(rt: Any) -> None:
