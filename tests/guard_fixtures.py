@@ -546,3 +546,28 @@ def eagle_pools(model_dir: Path, *, num_steps: int = 3, kv_size: int = 1024, max
 def pool_accounted(pools: h.CpuPools) -> bool:
     """Every slot is back: in the free list or owned by the tree cache (no request holds any)."""
     return pools.available_size() + h.tree_held(pools) == pools.allocator.size
+
+
+def configure_guard(rt: Any, design: Any, *, mode: Any = None, spec_cap: int | None = None,
+                    plain_cap: int | None = None, trace: Path | None = None) -> None:
+    """Reset the installed guard runtime for one test: `design`'s rules, `mode` (default assert), the caps and
+    the trace file (None: no trace)."""
+    from shim.guard import Mode
+
+    rt.reset()
+    rt.mode = Mode.ASSERT if mode is None else mode
+    rt.design_name = design.name
+    rt.spec_cap, rt.plain_cap = spec_cap, plain_cap
+    rt.trace_template = str(trace) if trace else None
+    rt.disabled_reason = None
+
+
+def accept_cycle(values: list[int]) -> Any:
+    """Accept lengths (drafts + bonus) per request: each request walks `values` from its own offset."""
+    seen: dict[str, int] = {}
+
+    def accept(req: Any) -> int:
+        rid = str(req.rid)
+        seen[rid] = seen.get(rid, sum(map(ord, rid))) + 1
+        return values[seen[rid] % len(values)]
+    return accept

@@ -30,24 +30,10 @@ pytestmark = pytest.mark.sglang
 
 
 
-def configure(rt: Any, design: Any, *, mode: Mode = Mode.ASSERT) -> None:
-    rt.reset()
-    rt.mode = mode
-    rt.design_name = design.name
-    rt.spec_cap = rt.plain_cap = None
-    rt.trace_template = None
-    rt.disabled_reason = None
+configure = gf.configure_guard
 
 
-def cycle(values: list[int]) -> Any:
-    """Accept lengths (drafts + bonus) per request: each request walks `values` from its own offset."""
-    seen: dict[str, int] = {}
-
-    def accept(req: Any) -> int:
-        rid = str(req.rid)
-        seen[rid] = seen.get(rid, sum(map(ord, rid))) + 1
-        return values[seen[rid] % len(values)]
-    return accept
+cycle = gf.accept_cycle
 
 
 def test_request_finishing_at_step_n_runs_step_n_plus_one(runtime: Any, model_dir: Path) -> None:

@@ -57,14 +57,7 @@ SERVING = [pytest.param(False, None, id="radix_off"), pytest.param(True, None, i
            pytest.param(False, 16, id="radix_off-chunked"), pytest.param(True, 16, id="radix_on-chunked")]
 
 
-def configure(rt: Any, design: Any, *, mode: Mode = Mode.ASSERT, spec_cap: int | None = None,
-              plain_cap: int | None = None, trace: Path | None = None) -> None:
-    rt.reset()
-    rt.mode = mode
-    rt.design_name = design.name
-    rt.spec_cap, rt.plain_cap = spec_cap, plain_cap
-    rt.trace_template = str(trace) if trace else None
-    rt.disabled_reason = None
+configure = gf.configure_guard
 
 
 # --- the plugin, through SGLang's entry point --------------------------------------------------------------

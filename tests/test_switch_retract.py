@@ -27,7 +27,7 @@ h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
 from shim import switch_v2  # noqa: E402
-from shim.guard import Mode, SpecFlipViolation  # noqa: E402
+from shim.guard import SpecFlipViolation  # noqa: E402
 from shim.switch_v2 import SwitchConfig  # noqa: E402
 from statemodel.designs import DESIGNS_BY_NAME, get_design  # noqa: E402
 
@@ -45,23 +45,10 @@ pytestmark = pytest.mark.sglang
 
 
 def configure(rt: Any) -> None:
-    rt.reset()
-    rt.mode = Mode.ASSERT
-    rt.design_name = RETRACT.name
-    rt.spec_cap = rt.plain_cap = None
-    rt.trace_template = None
-    rt.disabled_reason = None
+    gf.configure_guard(rt, RETRACT)
 
 
-def cycle(values: list[int]) -> Any:
-    """Accept lengths (drafts + bonus) per request: each request walks `values` from its own offset."""
-    seen: dict[str, int] = {}
-
-    def accept(req: Any) -> int:
-        rid = str(req.rid)
-        seen[rid] = seen.get(rid, sum(map(ord, rid))) + 1
-        return values[seen[rid] % len(values)]
-    return accept
+cycle = gf.accept_cycle
 
 
 def driver(model_dir: Path, *, t_on: int = 1, radix: bool = False) -> Any:
