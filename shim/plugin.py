@@ -10,6 +10,7 @@ their CUDA graphs exist. Environment:
   (default: the design of the switch installed in this process (`v2_switch_reserve_sync` for
   shim/switch_v2.py), else `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
 * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
+* `SPECFLIP_STEP_TIMER=<dir>` a per-step timer for any server, switch or not (shim/step_timer.py).
 
 An unsupported release or configuration logs one message and leaves the guard off.
 """
@@ -29,6 +30,9 @@ def register() -> None:
     # specflip's v2 switch (shim/switch_v2.py, issue 5): a no-op unless SPECFLIP_SWITCH is set
     from shim.switch_v2 import install_from_env as install_switch_v2_from_env
     install_switch_v2_from_env()
+    # the per-step timer (shim/step_timer.py): a no-op unless SPECFLIP_STEP_TIMER is set
+    from shim.step_timer import install_from_env as install_step_timer_from_env
+    install_step_timer_from_env()
     if current() is not None:
         return  # already registered in this process
     try:

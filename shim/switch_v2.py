@@ -180,14 +180,14 @@ class SwitchTrace:
     """JSONL of the switch's actions (model action names) and per-step device timings; no host syncs:
     CUDA events are read back only once they have completed."""
 
-    def __init__(self, trace_dir: str | None) -> None:
+    def __init__(self, trace_dir: str | None, prefix: str = "switch") -> None:
         self._fh = None
         self._lock = threading.Lock()
         self._pending: list[tuple[Any, Any, dict[str, Any]]] = []
         self._flushed = 0.0
         if trace_dir:
             os.makedirs(trace_dir, exist_ok=True)
-            self.path = os.path.join(trace_dir, f"switch-{os.getpid()}.jsonl")
+            self.path = os.path.join(trace_dir, f"{prefix}-{os.getpid()}.jsonl")
             self._fh = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
             threading.Thread(target=self._flush_loop, daemon=True, name="specflip-trace-flush").start()
 

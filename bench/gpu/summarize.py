@@ -43,13 +43,14 @@ def trace_texts(sources):
     out = []
     for src in sources:
         if os.path.isdir(src):
-            for f in glob.glob(os.path.join(src, "tr", "*", "switch-*.jsonl")):
+            for f in (glob.glob(os.path.join(src, "tr", "*", "switch-*.jsonl"))
+                      + glob.glob(os.path.join(src, "tr", "*", "steps-*.jsonl"))):
                 with open(f) as fh:
                     out.append((f.split(os.sep)[-2], fh.read()))
         elif src.endswith(".tar.gz"):
             with tarfile.open(src) as t:
                 for m in t.getmembers():
-                    if m.isfile() and "/switch-" in m.name:
+                    if m.isfile() and ("/switch-" in m.name or "/steps-" in m.name):
                         out.append((m.name.split("/")[-2], t.extractfile(m).read().decode()))
     return out
 
@@ -61,8 +62,12 @@ def timings(sources):
             ev = json.loads(line)
             act = ev.get("action")
             if act == "timing":
-                key = (cfg, ev["kind"], "first after a flip" if ev["first_after_flip"] else "steady")
+                kind = ev["kind"] + (" (step timer)" if ev.get("timer") else "")
+                key = (cfg, kind, "first after a flip" if ev["first_after_flip"] else "steady")
                 by.setdefault(key, []).append((ev["bs"], ev["ms"]))
+            elif act == "step_time":  # shim/step_timer.py: one scheduler loop iteration, host clock
+                key = (cfg, ev["kind"] + " loop iteration (host)", "steady")
+                by.setdefault(key, []).append((ev["bs"], ev["host_ms"]))
             elif act in ("flip_off", "flip_on"):
                 by.setdefault((cfg, "flips", act), []).append((ev.get("running"), 0.0))
             elif act == "capture_plain_runner":

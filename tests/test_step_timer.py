@@ -1,0 +1,121 @@
+"""shim/step_timer.py: the per-step timer any server can load (a plain one included), on the CPU with
+SGLang's real ForwardMode / SpeculativeAlgorithm and HookRegistry. The CUDA events are stood in by
+`TimingEventCpuStandIn` (torch.cuda.Event cannot be created without a GPU)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shim import step_timer
+from shim.step_timer import StepTimer, StepTimerConfig, StepTimerConfigError
+
+# what SGLang imports but a CPU machine lacks (torchvision...): the project's named CPU stand-ins
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))
+
+
+class TimingEventCpuStandIn:
+    """torch.cuda.Event(enable_timing=True) on the host clock: record, query, elapsed_time in ms."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.streams: list[Any] = []
+
+    def record(self, stream: Any = None) -> None:
+        self.at = time.perf_counter()
+        self.streams.append(stream)
+
+    def query(self) -> bool:
+        return self.at is not None
+
+    def elapsed_time(self, end: TimingEventCpuStandIn) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) * 1e3
+
+
+def batch(mode: str, spec: bool, size: int) -> Any:
+    sb = pytest.importorskip("sglang.srt.model_executor.forward_batch_info")
+    spec_info = pytest.importorskip("sglang.srt.speculative.spec_info")
+    algo = spec_info.SpeculativeAlgorithm.EAGLE3 if spec else spec_info.SpeculativeAlgorithm.NONE
+    return SimpleNamespace(forward_mode=getattr(sb.ForwardMode, mode), spec_algorithm=algo,
+                           batch_size=lambda: size)
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    files = list(path.glob("steps-*.jsonl"))
+    assert len(files) == 1
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def test_config_from_env() -> None:
+    assert StepTimerConfig.from_env({}) is None
+    assert StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x"}) == StepTimerConfig("/tmp/x", 16)
+    assert StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_TIMER_EVERY": "4"}).every == 4
+    with pytest.raises(StepTimerConfigError, match="SPECFLIP_STEP_TIMER_EVERY must be an integer"):
+        StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_TIMER_EVERY": "often"})
+    with pytest.raises(StepTimerConfigError, match=">= 1"):
+        StepTimerConfig("/tmp/x", 0)
+
+
+def test_loop_iterations_and_device_time_of_decode_steps(tmp_path: Path) -> None:
+    """Every decode step that follows a decode step gets its loop iteration (host clock); a prefill in between
+    breaks the run (its iteration is not a decode step's); the CUDA events go on the forward stream under
+    overlap and are read back only once complete."""
+    timer = StepTimer(StepTimerConfig(str(tmp_path), every=1), TimingEventCpuStandIn)
+    scheduler = SimpleNamespace(enable_overlap=True, forward_stream="forward-stream")
+    calls = []
+
+    def run_batch(sched: Any, b: Any) -> str:
+        calls.append(b)
+        time.sleep(0.002)  # a step's worth of work, so that an iteration lasts longer than nothing
+        return "result"
+
+    steps = [batch("DECODE", False, 4), batch("DECODE", False, 4), batch("EXTEND", False, 2),
+             batch("DECODE", True, 6), batch("DECODE", True, 6)]
+    for b in steps:
+        assert timer.around_run_batch(run_batch, scheduler, b) == "result"
+    assert calls == steps
+    timer.trace.drain(force=True)
+    events = read(tmp_path)
+    loops = [e for e in events if e["action"] == "step_time"]
+    assert [(e["kind"], e["bs"]) for e in loops] == [("plain", 4), ("spec", 6)]
+    assert all(e["host_ms"] >= 2.0 for e in loops)  # at least the step before it: the clock is the loop's
+    timings = [e for e in events if e["action"] == "timing"]
+    assert [(e["kind"], e["bs"], e["timer"]) for e in timings] == [("plain", 4, True)] * 2 + [("spec", 6, True)] * 2
+
+
+def test_every_nth_decode_step_only(tmp_path: Path) -> None:
+    timer = StepTimer(StepTimerConfig(str(tmp_path), every=3), TimingEventCpuStandIn)
+    scheduler = SimpleNamespace(enable_overlap=False)
+    for _ in range(7):
+        timer.around_run_batch(lambda s, b: None, scheduler, batch("DECODE", False, 1))
+    timer.trace.drain(force=True)
+    events = read(tmp_path)
+    assert len([e for e in events if e["action"] == "step_time"]) == 2  # decode steps 3 and 6
+    assert len([e for e in events if e["action"] == "timing"]) == 2
+
+
+def test_install_registers_on_the_real_hook_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+    registry = hook_registry.HookRegistry
+    # the guard plugin's registrations, which other test modules read
+    saved = ({target: list(hooks) for target, hooks in registry._hooks.items()}, set(registry._patched))
+    registry.reset()
+    monkeypatch.setattr(step_timer, "_TIMER", None)
+    try:
+        assert step_timer.install_step_timer(registry, None) is False
+        assert step_timer.install_step_timer(registry, StepTimerConfig(str(tmp_path)), TimingEventCpuStandIn)
+        assert [(t.name, fn.__name__) for t, fn, _ in registry._hooks[step_timer.T_RUN_BATCH]] == \
+            [("AROUND", "around_run_batch")]
+    finally:
+        registry.reset()
+        registry._hooks.update(saved[0])
+        registry._patched.update(saved[1])
+    step_timer._TIMER.trace.drain(force=True)
+    assert read(tmp_path)[0] == {**read(tmp_path)[0], "action": "config", "step_timer_every": 16}
