@@ -65,31 +65,53 @@ class StepTimer:
         self.last_entry: float | None = None
         self.last_was_decode = False
         self.decode_steps = 0
+        self.broken = False
 
     def around_run_batch(self, orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.broken:
+            return orig(scheduler, batch, *args, **kwargs)
+        try:
+            events = self._before(scheduler, batch)
+        except Exception:  # noqa: BLE001 - a measurement tool never takes the server down
+            self._break()
+            return orig(scheduler, batch, *args, **kwargs)
+        if events is None:
+            return orig(scheduler, batch, *args, **kwargs)
+        start, end, stream, info = events
+        out = orig(scheduler, batch, *args, **kwargs)
+        try:
+            end.record(stream)
+            self.trace.timed(start, end, info)
+        except Exception:  # noqa: BLE001
+            self._break()
+        return out
+
+    def _before(self, scheduler: Any, batch: Any) -> tuple[Any, Any, Any, dict[str, Any]] | None:
+        """Record the loop iteration; the started event pair when this step is timed on the device."""
         now = time.perf_counter()
         period, self.last_entry = (None if self.last_entry is None else now - self.last_entry), now
         decode = batch.forward_mode.is_decode()
         steady = decode and self.last_was_decode and period is not None
         self.last_was_decode = decode
         if not decode:
-            return orig(scheduler, batch, *args, **kwargs)
+            return None
         self.decode_steps += 1
         if self.decode_steps % self.config.every:
-            return orig(scheduler, batch, *args, **kwargs)
+            return None
         kind = "plain" if batch.spec_algorithm.is_none() else "spec"
         bs = batch.batch_size()
         if steady:
             self.trace.event("step_time", kind=kind, bs=bs, host_ms=round(period * 1e3, 4))
         if self.event_factory is None:
-            return orig(scheduler, batch, *args, **kwargs)
+            return None
         stream = getattr(scheduler, "forward_stream", None) if getattr(scheduler, "enable_overlap", False) else None
         start, end = self.event_factory(), self.event_factory()
         start.record(stream)
-        out = orig(scheduler, batch, *args, **kwargs)
-        end.record(stream)
-        self.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": False, "timer": True})
-        return out
+        return start, end, stream, {"kind": kind, "bs": bs, "first_after_flip": False, "timer": True}
+
+    def _break(self) -> None:
+        self.broken = True
+        logging.getLogger("specflip.step_timer").exception("specflip step timer off after an error (serving goes on)")
 
 
 _TIMER: StepTimer | None = None

@@ -119,3 +119,15 @@ def test_install_registers_on_the_real_hook_registry(tmp_path: Path, monkeypatch
         registry._patched.update(saved[1])
     step_timer._TIMER.trace.drain(force=True)
     assert read(tmp_path)[0] == {**read(tmp_path)[0], "action": "config", "step_timer_every": 16}
+
+
+def test_a_timer_error_never_stops_the_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An error inside the timer (here a batch without forward_mode) turns the timer off with one log line; the
+    scheduler's step still runs, then and afterwards."""
+    timer = StepTimer(StepTimerConfig(str(tmp_path), every=1), TimingEventCpuStandIn)
+    ran = []
+    with caplog.at_level("ERROR", logger="specflip.step_timer"):
+        assert timer.around_run_batch(lambda s, b: ran.append(b) or "ok", None, SimpleNamespace()) == "ok"
+    assert timer.broken and len(ran) == 1 and "step timer off" in caplog.text
+    assert timer.around_run_batch(lambda s, b: ran.append(b) or "ok", None, batch("DECODE", False, 1)) == "ok"
+    assert len(ran) == 2
