@@ -7,8 +7,9 @@ their CUDA graphs exist. Environment:
 * `SPECFLIP_TRACE=<path>` trace file (JSONL; `{rank}` and `{pid}` are filled in). Trace mode without it
   writes `specflip-trace.rank{rank}.jsonl` in the working directory.
 * `SPECFLIP_DESIGN=<design name>` the reference design whose transition function moves the ghost state
-  (default: the design of the switch installed in this process (`v2_switch_reserve_sync` for
-  shim/switch_v2.py), else `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
+  (default: the design of the switch installed in this process (shim/switch_v2.py: `plain_off_retract_catch_up`,
+  or `v2_switch_reserve_sync` with SPECFLIP_SWITCH_DRAFT=sync), else `sglang_adaptive_warm` with
+  --speculative-adaptive, else `plain_off_catch_up`).
 * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
 * `SPECFLIP_STEP_TIMER=<dir>` a per-step timer for any server, switch or not (shim/step_timer.py).
 
