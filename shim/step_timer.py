@@ -11,6 +11,12 @@ times its steps; a plain server had nothing to compare with. This hook records, 
 
 Enable with `SPECFLIP_STEP_TIMER=<dir>` (one `steps-<pid>.jsonl` per process; `bench/gpu/summarize.py` reads
 them) and optionally `SPECFLIP_STEP_TIMER_EVERY=N` (default 16: one line per N decode steps).
+
+A profile window says where the host time goes: with `SPECFLIP_STEP_PROFILE=<flag file>`, the first time the flag
+file exists (looked for every 32nd decode step), the scheduler thread runs under cProfile for the next
+`SPECFLIP_STEP_PROFILE_STEPS` decode steps (default 800), every loop iteration's work included; then
+`profile-<pid>.pstats` and a `profile` line (steps, wall ms per step) are written beside the step lines.
+`bench/gpu/profile_diff.py` compares two servers' profiles per decode step.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from typing import Any
 
 ENV_DIR = "SPECFLIP_STEP_TIMER"
 ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
+ENV_PROFILE = "SPECFLIP_STEP_PROFILE"
+ENV_PROFILE_STEPS = "SPECFLIP_STEP_PROFILE_STEPS"
+PROFILE_POLL_STEPS = 32  # how often (decode steps) the flag file is looked for: a stat() is not free
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 
 
@@ -34,10 +43,14 @@ class StepTimerConfigError(ValueError):
 class StepTimerConfig:
     trace_dir: str
     every: int = 16
+    profile_flag: str | None = None
+    profile_steps: int = 800
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise StepTimerConfigError(f"{ENV_EVERY} must be >= 1, got {self.every}")
+        if self.profile_steps < 1:
+            raise StepTimerConfigError(f"{ENV_PROFILE_STEPS} must be >= 1, got {self.profile_steps}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> StepTimerConfig | None:
@@ -45,11 +58,14 @@ class StepTimerConfig:
         trace_dir = env.get(ENV_DIR, "").strip()
         if not trace_dir:
             return None
-        try:
-            every = int(env.get(ENV_EVERY, "16"))
-        except ValueError:
-            raise StepTimerConfigError(f"{ENV_EVERY} must be an integer, got {env[ENV_EVERY]!r}") from None
-        return cls(trace_dir=trace_dir, every=every)
+        numbers = {}
+        for name, default in ((ENV_EVERY, "16"), (ENV_PROFILE_STEPS, "800")):
+            try:
+                numbers[name] = int(env.get(name, default))
+            except ValueError:
+                raise StepTimerConfigError(f"{name} must be an integer, got {env[name]!r}") from None
+        return cls(trace_dir=trace_dir, every=numbers[ENV_EVERY], profile_flag=env.get(ENV_PROFILE, "").strip() or None,
+                   profile_steps=numbers[ENV_PROFILE_STEPS])
 
 
 class StepTimer:
@@ -66,6 +82,9 @@ class StepTimer:
         self.last_was_decode = False
         self.decode_steps = 0
         self.broken = False
+        self.profiler: Any = None  # cProfile.Profile while the profile window is open
+        self.profile_started: tuple[int, float] | None = None  # (decode step, perf_counter) at the window's start
+        self.profile_done = False
 
     def around_run_batch(self, orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
@@ -96,6 +115,8 @@ class StepTimer:
         if not decode:
             return None
         self.decode_steps += 1
+        if self.config.profile_flag is not None and not self.profile_done:
+            self._profile_window(now)
         if self.decode_steps % self.config.every:
             return None
         kind = "plain" if batch.spec_algorithm.is_none() else "spec"
@@ -109,7 +130,35 @@ class StepTimer:
         start.record(stream)
         return start, end, stream, {"kind": kind, "bs": bs, "first_after_flip": False, "timer": True}
 
+    def _profile_window(self, now: float) -> None:
+        """Open the cProfile window when the flag file appears; close it and write the profile after
+        `profile_steps` decode steps. Runs on the scheduler thread (cProfile profiles the calling thread)."""
+        if self.profiler is None:
+            if self.decode_steps % PROFILE_POLL_STEPS or not os.path.exists(self.config.profile_flag or ""):
+                return
+            import cProfile
+
+            self.profiler = cProfile.Profile()
+            self.profile_started = (self.decode_steps, now)
+            self.profiler.enable()
+            return
+        assert self.profile_started is not None
+        steps = self.decode_steps - self.profile_started[0]
+        if steps < self.config.profile_steps:
+            return
+        self.profiler.disable()
+        self.profile_done = True
+        path = os.path.join(self.config.trace_dir, f"profile-{os.getpid()}.pstats")
+        self.profiler.dump_stats(path)
+        self.profiler = None
+        self.trace.event("profile", path=os.path.basename(path), decode_steps=steps,
+                         wall_ms_per_step=round((now - self.profile_started[1]) * 1e3 / steps, 4))
+
     def _break(self) -> None:
+        if self.profiler is not None:
+            self.profiler.disable()
+            self.profiler = None
+            self.profile_done = True
         self.broken = True
         logging.getLogger("specflip.step_timer").exception("specflip step timer off after an error (serving goes on)")
 

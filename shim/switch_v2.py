@@ -777,7 +777,8 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     _RUNTIME.trace.event("config", design=config.design_name, t_off=config.t_off, t_on=config.t_on,
                          spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
                          plain_graphs=config.plain_graphs, trace_every=config.trace_every)
-    registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
+    if not _RUNTIME.plain_path:  # the plain path flips in get_next_batch_to_run: one wrapper less per step
+        registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
     registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
     registry.register(T_INIT_GRAPHS, _init_cuda_graphs_after, HookType.AFTER)
     registry.register(T_FORWARD, _forward_around, HookType.AROUND)

@@ -61,6 +61,11 @@ def test_config_from_env() -> None:
         StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_TIMER_EVERY": "often"})
     with pytest.raises(StepTimerConfigError, match=">= 1"):
         StepTimerConfig("/tmp/x", 0)
+    profiled = StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_PROFILE": "/tmp/x/flag",
+                                         "SPECFLIP_STEP_PROFILE_STEPS": "64"})
+    assert (profiled.profile_flag, profiled.profile_steps) == ("/tmp/x/flag", 64)
+    with pytest.raises(StepTimerConfigError, match="SPECFLIP_STEP_PROFILE_STEPS must be an integer"):
+        StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_PROFILE_STEPS": "lots"})
 
 
 def test_loop_iterations_and_device_time_of_decode_steps(tmp_path: Path) -> None:
@@ -131,3 +136,61 @@ def test_a_timer_error_never_stops_the_step(tmp_path: Path, caplog: pytest.LogCa
     assert timer.broken and len(ran) == 1 and "step timer off" in caplog.text
     assert timer.around_run_batch(lambda s, b: ran.append(b) or "ok", None, batch("DECODE", False, 1)) == "ok"
     assert len(ran) == 2
+
+
+def extra_host_work() -> int:
+    """What the 'other' server does per step and the base one does not (profile_diff must name it)."""
+    return sum(range(2000))
+
+
+def profiled_server(tmp_path: Path, name: str, extra: bool, steps_before_flag: int = 40) -> Path:
+    """A scheduler loop of decode steps under the step timer with a profile window of 64 steps, opened by the flag
+    file after `steps_before_flag` steps; returns the trace folder."""
+    folder = tmp_path / name
+    flag = folder / "profile.flag"
+    timer = StepTimer(StepTimerConfig(str(folder), every=1000, profile_flag=str(flag), profile_steps=64))
+
+    def run_batch(sched: Any, b: Any) -> None:
+        if extra:
+            extra_host_work()
+
+    for step in range(240):
+        if step == steps_before_flag:
+            flag.touch()
+        timer.around_run_batch(run_batch, None, batch("DECODE", False, 2))
+    timer.trace.drain(force=True)
+    return folder
+
+
+def test_profile_window_opens_on_the_flag_and_closes_after_its_steps(tmp_path: Path) -> None:
+    folder = profiled_server(tmp_path, "server", extra=True)
+    profiles = [e for e in read(folder) if e["action"] == "profile"]
+    assert len(profiles) == 1  # once per process, although the flag stays
+    assert profiles[0]["decode_steps"] == 64 and profiles[0]["wall_ms_per_step"] > 0
+    (pstats_file,) = folder.glob("profile-*.pstats")
+    assert profiles[0]["path"] == pstats_file.name
+    import pstats
+
+    calls = {key[2]: value[1] for key, value in pstats.Stats(str(pstats_file)).stats.items()}
+    assert calls["extra_host_work"] == 64  # exactly the window's steps (opened at the first poll after the flag)
+
+
+def test_no_flag_no_profile(tmp_path: Path) -> None:
+    folder = profiled_server(tmp_path, "server", extra=False, steps_before_flag=10_000)
+    assert not list(folder.glob("profile-*.pstats"))
+    assert not [e for e in read(folder) if e["action"] == "profile"]
+
+
+def test_profile_diff_names_the_extra_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "gpu"))
+    import profile_diff
+
+    (base,) = profiled_server(tmp_path, "base", extra=False).glob("profile-*.pstats")
+    (other,) = profiled_server(tmp_path, "other", extra=True).glob("profile-*.pstats")
+    assert profile_diff.main([str(base), str(other), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    cumulative = out.split("== cumulative")[1].split("== own")[0]
+    assert "extra_host_work" in cumulative
+    # and the other way round it is the largest decrease, not an increase at the top
+    profile_diff.main([str(other), str(base), "--top", "1"])
+    assert "extra_host_work" not in capsys.readouterr().out.split("== cumulative")[1].split("== own")[0]

@@ -4,7 +4,9 @@ Same requests as ../shared/gpu-host/bench_client.py (the issue's table): 32-toke
 token lies in [0, 300) so the counter stays inside the draft vocabulary, 128 new tokens, max(8, 2c)
 requests per concurrency c, greedy. One JSON row per concurrency on stdout (prefix BENCH) and in --out.
 --rounds R measures each concurrency R times (fresh prompts each round) and reports the median round's tok/s
-(rounds listed in `round_tok_s`): one round of 8 requests lasts about a second, too short to trust alone.
+(rounds listed in `round_tok_s`, sorted, and `round_tok_s_in_order`): one round of 8 requests lasts about a second,
+too short to trust alone. --servers NAME=URL,... measures several servers side by side: each round sends the same
+prompts to every server in turn (order rotated per round), so round k of each configuration is a matched pair.
 """
 import argparse
 import json
@@ -30,10 +32,48 @@ def gen(url, ids, n, v, timeout):
     return time.time() - t, len(out), out == exp, (j.get("meta_info") or {}).get("spec_accept_length"), None
 
 
+def run_round(url, c, prompts, new_tokens, vocab):
+    """One measured round at concurrency c (after a warm-up of min(c, 4) requests): (tok/s, wall, results)."""
+    with ThreadPoolExecutor(c) as ex:  # warm
+        list(ex.map(lambda q: gen(url, q, new_tokens, vocab, 60), prompts[:min(c, 4)]))
+    t0 = time.time()
+    with ThreadPoolExecutor(c) as ex:
+        res = list(ex.map(lambda q: gen(url, q, new_tokens, vocab, 60), prompts))
+    wall = time.time() - t0
+    return round(sum(r[1] for r in res) / wall, 1), wall, res
+
+
+def summary_row(name, c, nreq, rounds):
+    """The row of one configuration at one concurrency: its median round, every round in order."""
+    ordered = [x[0] for x in rounds]
+    rounds = sorted(rounds, key=lambda x: x[0])
+    tok_s, wall, res = rounds[len(rounds) // 2]
+    everything = [r for _, _, rr in rounds for r in rr]
+    lats = [r[0] for r in res]
+    acc = [r[3] for r in res if r[3]]
+    return dict(cfg=name, conc=c, nreq=nreq, tok_s=tok_s,
+                lat_mean=round(statistics.mean(lats), 4), lat_p50=round(statistics.median(lats), 4),
+                exact=sum(r[2] for r in everything), errors=sum(1 for r in everything if r[4]),
+                acc=round(sum(acc) / len(acc), 3) if acc else None, wall=round(wall, 3),
+                rounds=len(rounds), round_tok_s=[x[0] for x in rounds], round_tok_s_in_order=ordered,
+                outputs=len(everything))
+
+
+def parse_servers(text):
+    servers = []
+    for item in text.split(","):
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url:
+            raise SystemExit(f"bench_client: --servers wants NAME=URL[,NAME=URL...], got {item!r}")
+        servers.append((name, url))
+    return servers
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("name")
+    p.add_argument("name", nargs="?", help="the configuration's name (one server at --url)")
     p.add_argument("--url", default="http://127.0.0.1:30000")
+    p.add_argument("--servers", help="NAME=URL,...: several servers side by side, their rounds interleaved")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
@@ -41,39 +81,34 @@ def main():
     p.add_argument("--deadline", type=float, default=1e9, help="stop starting new concurrencies after this many s")
     p.add_argument("--rounds", type=int, default=1, help="measure each concurrency this many times (median)")
     a = p.parse_args()
+    if a.servers:
+        servers = parse_servers(a.servers)
+    elif a.name:
+        servers = [(a.name, a.url)]
+    else:
+        raise SystemExit("bench_client: give a configuration name or --servers")
     random.seed(1)
     t_start = time.time()
     for c in [int(x) for x in a.concurrency.split(",")]:
         if time.time() - t_start > a.deadline:
-            print(f"BENCH_SKIP {a.name} conc={c}: deadline", flush=True)
+            print(f"BENCH_SKIP conc={c}: deadline", flush=True)
             continue
         nreq = max(8, 2 * c)
-        rounds = []
-        for _ in range(max(1, a.rounds)):
+        rounds = {name: [] for name, _ in servers}
+        for k in range(max(1, a.rounds)):
             prompts = [[random.randrange(3, a.vocab) for _ in range(32)] for _ in range(nreq)]
             for q in prompts:
                 q[-1] = random.randrange(0, 300)
-            with ThreadPoolExecutor(c) as ex:  # warm
-                list(ex.map(lambda q: gen(a.url, q, a.new_tokens, a.vocab, 60), prompts[:min(c, 4)]))
-            t0 = time.time()
-            with ThreadPoolExecutor(c) as ex:
-                res = list(ex.map(lambda q: gen(a.url, q, a.new_tokens, a.vocab, 60), prompts))
-            wall = time.time() - t0
-            rounds.append((round(sum(r[1] for r in res) / wall, 1), wall, res))
-        rounds.sort(key=lambda x: x[0])
-        tok_s, wall, res = rounds[len(rounds) // 2]
-        everything = [r for _, _, rr in rounds for r in rr]
-        lats = [r[0] for r in res]
-        acc = [r[3] for r in res if r[3]]
-        row = dict(cfg=a.name, conc=c, nreq=nreq, tok_s=tok_s,
-                   lat_mean=round(statistics.mean(lats), 4), lat_p50=round(statistics.median(lats), 4),
-                   exact=sum(r[2] for r in everything), errors=sum(1 for r in everything if r[4]),
-                   acc=round(sum(acc) / len(acc), 3) if acc else None, wall=round(wall, 3),
-                   rounds=len(rounds), round_tok_s=[x[0] for x in rounds], outputs=len(everything))
-        print("BENCH", json.dumps(row), flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            # the same prompts on every server, one after the other, the order rotated each round: host noise
+            # (rounds vary by up to 25 % on the H200 host) falls on every configuration alike
+            for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:
+                rounds[name].append(run_round(url, c, prompts, a.new_tokens, a.vocab))
+        for name, _ in servers:
+            row = summary_row(name, c, nreq, rounds[name])
+            print("BENCH", json.dumps(row), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

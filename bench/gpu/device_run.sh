@@ -3,16 +3,21 @@
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
 #   MODELS: small (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632, the issue's 0.8B target)
 #   ENV:    space-separated VAR=value for the server (e.g. SPECFLIP_SWITCH=16:8; SPECFLIP_MODE=assert adds the guard;
-#           @TR stands for this phase's trace folder)
+#           @TR stands for this phase's trace folder; SPECFLIP_STEP_PROFILE=@TR/profile.flag adds a profiled round at
+#           PROFILE_CONCS (default 1) after the sweep: bench/gpu/profile_diff.py compares two servers' profiles)
 #   FLAGS:  extra launch_server flags; @SPEC expands to the EAGLE-3 flags (steps 3, topk 1, 4 draft tokens)
 #   NAME starting with 'replay' runs the kit client + `specflip replay`; any other NAME runs the bench sweep.
+# SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
+#   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
+#   (bench_client.py --servers), then each replay phase runs. Host noise then falls on every configuration alike.
 set -u
 T0=$(date +%s); REPO=$(pwd); K=$REPO/.whl; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/tr"
 BUDGET=${BUDGET_S:-560}; CONCS=${CONCS:-1,2,4,8,16,32,64,128,256}
 el() { echo $(( $(date +%s) - T0 )); }
-SPID=""
-stop() { [ -n "$SPID" ] && { kill -TERM -- -"$SPID" 2>/dev/null; sleep 3; kill -KILL -- -"$SPID" 2>/dev/null; }; SPID=""; }
-trap stop EXIT
+PIDS=()
+stop_all() { for p in "${PIDS[@]}"; do kill -TERM -- -"$p" 2>/dev/null; done; [ ${#PIDS[@]} -gt 0 ] && sleep 3
+             for p in "${PIDS[@]}"; do kill -KILL -- -"$p" 2>/dev/null; done; PIDS=(); }
+trap stop_all EXIT
 echo "== unpack (t=$(el)s)"
 rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
@@ -29,51 +34,108 @@ H=2048 L=16 I=5632 python3 "$K/gen_models_sized.py" /tmp/models_big > /dev/null 
 echo "== models ready (t=$(el)s)"
 SPEC="--speculative-algorithm EAGLE3 --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4"
 FAILED=0
-for spec in "$@"; do
-  IFS='|' read -r name models envs flags <<< "$spec"
-  case $name in *'?') name=${name%'?'}; [ $FAILED = 0 ] && { echo "== skip $name (only after a failure)"; continue; };; esac
-  case $name in *'!') name=${name%'!'}; [ $FAILED = 1 ] && { echo "== skip $name (an earlier phase failed)"; continue; };; esac
-  left=$(( BUDGET - $(el) )); if [ $left -lt 110 ]; then echo "== skip $name: ${left}s left"; continue; fi
+
+# parse SPEC_TEXT into name/models/envs/flags/M/TR for a server on port $2 (sets globals)
+parse() {
+  IFS='|' read -r name models envs flags <<< "$1"
+  cond=""; case $name in *'?'|*'!') cond=${name: -1}; name=${name%?};; esac   # NAME? / NAME!: see the loop below
   M=/tmp/models_$models
   TR=$OUT/tr/$name; envs=${envs//@TR/$TR}   # @TR in ENV: this phase's trace folder (e.g. SPECFLIP_TRACE=@TR/g.jsonl)
   flags=${flags//@SPEC/$SPEC --speculative-draft-model-path $M/draft}
-  mem=0.5; [ "$models" = small ] && mem=0.3
   mkdir -p "$TR"
-  echo "== start $name (t=$(el)s) env='$envs' flags='$flags'"; ts=$(date +%s)
+}
+# start the parsed server on port $1 with extra launch flags $2; appends its process group to PIDS
+start() {
+  local mem=0.5; [ "$models" = small ] && mem=0.3
+  [ -n "${SIDE_BY_SIDE:-}" ] && mem=0.85   # with the KV pool capped, this only sets the activation headroom
+  echo "== start $name on :$1 (t=$(el)s) env='$envs' flags='$flags $2'"
   env $envs SPECFLIP_SWITCH_TRACE=$TR setsid python3 -m sglang.launch_server --model-path $M/target \
       --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init --mem-fraction-static $mem \
-      --port 30000 --cuda-graph-max-bs 256 $flags > "$TR/server.log" 2>&1 &
-  SPID=$!; up=0
-  while [ $(( $(date +%s) - ts )) -lt $(( left - 70 )) ]; do
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:30000/health', timeout=2)" 2>/dev/null && { up=1; break; }
-    kill -0 $SPID 2>/dev/null || break; sleep 2
+      --port $1 --cuda-graph-max-bs 256 $flags $2 > "$TR/server.log" 2>&1 &
+  PIDS+=($!)
+}
+# wait until :$1 answers /health (pid $2), at most $3 s; prints and returns 0 when up
+wait_up() {
+  local ts=$(date +%s)
+  while [ $(( $(date +%s) - ts )) -lt $3 ]; do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2>/dev/null && {
+      echo "== :$1 up after $(( $(date +%s) - ts ))s (t=$(el)s)"; return 0; }
+    kill -0 $2 2>/dev/null || break; sleep 2
   done
-  echo "== $name up=$up after $(( $(date +%s) - ts ))s (t=$(el)s)"
-  if [ $up = 1 ]; then
-    rem=$(( BUDGET - $(el) - 15 ))
-    case $name in
-      replay*)
-        timeout 60 python3 "$K/client.py" 2>&1 | tail -n 12 | tee "$TR/client.log"
-        grep -q CLIENT_OK "$TR/client.log" || FAILED=1
-        timeout $(( BUDGET - $(el) - 15 < 150 ? BUDGET - $(el) - 15 : 150 )) python3 -m specflip.cli replay --url http://127.0.0.1:30000 --timeout 20 \
-          --schedules-file bench/gpu/schedules_replay.json --trace-dir "$TR" --design ${DESIGN:-v2_switch_reserve_sync} \
-          --out "$OUT/replay_$name.json" 2>&1 | tee "$TR/replay.log" | tail -n 40
-        grep -q '^OK' "$TR/replay.log" || FAILED=1 ;;
-      *)
-        [ $rem -gt 160 ] && rem=160
-        timeout $rem python3 bench/gpu/bench_client.py "$name" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" --out "$OUT/bench.jsonl" \
-          --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$TR/bench.log" ;;
-    esac
-  else
-    FAILED=1
-  fi
-  stop
+  echo "== :$1 NOT up (t=$(el)s)"; return 1
+}
+# the replay phase of the parsed server on :$1
+replay() {
+  timeout 60 python3 "$K/client.py" http://127.0.0.1:$1 2>&1 | tail -n 12 | tee "$TR/client.log"
+  grep -q CLIENT_OK "$TR/client.log" || FAILED=1
+  timeout $(( BUDGET - $(el) - 15 < 150 ? BUDGET - $(el) - 15 : 150 )) python3 -m specflip.cli replay \
+    --url http://127.0.0.1:$1 --timeout 20 --schedules-file bench/gpu/schedules_replay.json --trace-dir "$TR" \
+    --design ${DESIGN:-v2_switch_reserve_sync} --out "$OUT/replay_$name.json" 2>&1 | tee "$TR/replay.log" | tail -n 40
+  grep -q '^OK' "$TR/replay.log" || FAILED=1
+}
+# SPECFLIP_STEP_PROFILE=<flag> in ENV: open the step timer's cProfile window now, for one round at PROFILE_CONCS
+profile_round() {
+  local flag; flag=$(sed -n 's/.*SPECFLIP_STEP_PROFILE=\([^ ]*\).*/\1/p' <<< "$envs")
+  [ -z "$flag" ] && return 0
+  touch "$flag"
+  timeout 90 python3 bench/gpu/bench_client.py "${name}_profiled" --url http://127.0.0.1:$1 \
+    --concurrency "${PROFILE_CONCS:-1}" --out "$OUT/profile_bench.jsonl" 2>&1 | grep -E 'BENCH|Error|error'
+  sleep 2; ls "$TR"/profile-*.pstats 2>/dev/null || echo "== $name: no profile written"
+}
+logs() {
   echo "== $name server log: key lines"
   grep -nE 'Traceback|Error|error:|Exception|specflip|plugin|Capture .* end|max_running_requests|Max running' "$TR/server.log" | grep -v 'Decode batch' | head -30 | cut -c1-300
   grep -q Traceback "$TR/server.log" && { echo "== $name traceback tail"; grep -A30 Traceback "$TR/server.log" | tail -40 | cut -c1-300; }
   ls "$TR"; wc -l "$TR"/switch-*.jsonl 2>/dev/null | tail -3
-done
-stop
+}
+
+if [ -n "${SIDE_BY_SIDE:-}" ]; then
+  port=30000; servers=""; specs=()
+  for spec in "$@"; do
+    parse "$spec"; start $port "--sleep-on-idle --max-total-tokens ${MAX_TOKENS:-400000}"; specs+=("$spec|$port|${PIDS[-1]}")
+    port=$((port + 1)); sleep 4
+  done
+  for s in "${specs[@]}"; do
+    IFS='|' read -r n _ _ _ p pid <<< "$s"
+    if wait_up $p $pid $(( BUDGET - $(el) - 60 )); then
+      case $n in replay*) ;; *) servers="${servers:+$servers,}$n=http://127.0.0.1:$p";; esac
+    else FAILED=1; fi
+  done
+  if [ -n "$servers" ]; then
+    rem=$(( BUDGET - $(el) - 20 )); for s in "${specs[@]}"; do case $s in replay*) rem=$((rem - 170));; esac; done
+    echo "== side by side: $servers (t=$(el)s, ${rem}s)"
+    timeout $rem python3 bench/gpu/bench_client.py --servers "$servers" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
+      --out "$OUT/bench.jsonl" --deadline $(( rem - 60 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$OUT/tr/bench.log"
+  fi
+  for s in "${specs[@]}"; do
+    parse "${s%|*|*}"; p=$(cut -d'|' -f5 <<< "$s")
+    case $name in replay*) replay $p;; *) profile_round $p;; esac
+  done
+  stop_all
+  for s in "${specs[@]}"; do parse "${s%|*|*}"; logs; done
+else
+  for spec in "$@"; do
+    parse "$spec"
+    [ "$cond" = '?' ] && [ $FAILED = 0 ] && { echo "== skip $name (only after a failure)"; continue; }
+    [ "$cond" = '!' ] && [ $FAILED = 1 ] && { echo "== skip $name (an earlier phase failed)"; continue; }
+    left=$(( BUDGET - $(el) )); if [ $left -lt 110 ]; then echo "== skip $name: ${left}s left"; continue; fi
+    start 30000 ""
+    if wait_up 30000 ${PIDS[-1]} $(( left - 70 )); then
+      case $name in
+        replay*) replay 30000 ;;
+        *) rem=$(( BUDGET - $(el) - 15 )); [ $rem -gt 160 ] && rem=160
+           timeout $rem python3 bench/gpu/bench_client.py "$name" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
+             --out "$OUT/bench.jsonl" --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$TR/bench.log"
+           profile_round 30000 ;;
+      esac
+    else
+      FAILED=1
+    fi
+    stop_all
+    logs
+  done
+fi
+stop_all
 python3 bench/gpu/summarize.py "$OUT" 2>&1 | tail -n 60 || true
 tar czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"

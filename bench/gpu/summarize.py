@@ -89,28 +89,68 @@ def table(rows):
     cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
     get = {(r["cfg"], r["conc"]): r for r in rows}
     ratio_cfgs = [c for c in ("specflip", "specflip_none", "specflip_retract") if c in cfgs]
+    paired = any("round_tok_s_in_order" in r for r in rows)  # side by side: round k of each config is a pair
     head = ["concurrency"] + [CFG_LABEL.get(c, c) for c in cfgs] + [f"{c} / best(plain, always on)" for c in ratio_cfgs]
+    head += [f"{c} / best, paired rounds (median, min-max)" for c in ratio_cfgs] if paired else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in concs:
         cells = [fmt_cell(get.get((cfg, c))) for cfg in cfgs]
-        best = max([get[(k, c)]["tok_s"] for k in ("plain", "spec") if (k, c) in get] or [0])
+        best_cfg = max((k for k in ("plain", "spec") if (k, c) in get), key=lambda k: get[(k, c)]["tok_s"],
+                       default=None)
+        best = get[(best_cfg, c)]["tok_s"] if best_cfg else 0
         for rc in ratio_cfgs:
             cells.append(f"{get[(rc, c)]['tok_s'] / best:.2f}" if best and (rc, c) in get else "-")
+        for rc in ratio_cfgs if paired else ():
+            ratios = paired_ratios(get.get((rc, c)), get.get((best_cfg, c)) if best_cfg else None)
+            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def paired_ratios(row, base):
+    """tok/s ratios of matched rounds (bench_client.py --servers: round k of each server used the same prompts,
+    back to back), or [] when the rows were not measured side by side."""
+    if not row or not base or "round_tok_s_in_order" not in row or "round_tok_s_in_order" not in base:
+        return []
+    return [a / b for a, b in zip(row["round_tok_s_in_order"], base["round_tok_s_in_order"], strict=False) if b]
 
 
 def timing_lines(sources):
     md = []
     for (cfg, kind, which), vals in sorted(timings(sources).items()):
         ms = [v[1] for v in vals]
-        if kind in ("spec", "plain"):
-            md.append(f"- {cfg}, {kind} step, {which}: n={len(ms)}, median {statistics.median(ms):.2f} ms, "
-                      f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
-        elif kind == "flips":
+        if kind == "flips":
             md.append(f"- {cfg}: {len(vals)} x {which}")
-        else:
+        elif kind == "capture":
             md.append(f"- {cfg}: plain decode runner captured in {ms[0]:.1f} s")
+        else:  # spec / plain steps (switch trace, step timer), loop iterations (step timer)
+            what = kind if "loop iteration" in kind else f"{kind} step"
+            md.append(f"- {cfg}, {what}, {which}: n={len(ms)}, median {statistics.median(ms):.2f} ms, "
+                      f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
+    md += step_timer_lines(sources)
+    return md
+
+
+def step_timer_lines(sources):
+    """The step timer's loop iterations and device spans by batch size bucket, configurations side by side."""
+    buckets = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    by = {}
+    for cfg, text in trace_texts(sources):
+        for line in text.splitlines():
+            ev = json.loads(line)
+            if ev.get("action") == "step_time" or (ev.get("action") == "timing" and ev.get("timer")):
+                bucket = next(b for b in buckets if ev["bs"] <= b or b == buckets[-1])
+                what = "host" if ev["action"] == "step_time" else "device"
+                by.setdefault((cfg, what), {}).setdefault(bucket, []).append(ev.get("host_ms", ev.get("ms")))
+    if not by:
+        return []
+    md = ["", "Step timer (shim/step_timer.py), median ms per decode step by batch size (up to), n in brackets:", "",
+          "| configuration | clock | " + " | ".join(str(b) for b in buckets) + " |",
+          "|---|---|" + "---|" * len(buckets)]
+    for (cfg, what), per in sorted(by.items()):
+        cells = [f"{statistics.median(per[b]):.2f} ({len(per[b])})" if b in per else "-" for b in buckets]
+        clock = "loop iteration (host)" if what == "host" else "run_batch span (CUDA events)"
+        md.append(f"| {cfg} | {clock} | " + " | ".join(cells) + " |")
     return md
 
 
