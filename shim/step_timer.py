@@ -17,6 +17,10 @@ file exists (looked for every 32nd decode step), the scheduler thread runs under
 `SPECFLIP_STEP_PROFILE_STEPS` decode steps (default 800), every loop iteration's work included; then
 `profile-<pid>.pstats` and a `profile` line (steps, wall ms per step) are written beside the step lines.
 `bench/gpu/profile_diff.py` compares two servers' profiles per decode step.
+
+The time the scheduler process spends in Python's garbage collector (gc.callbacks) is reported too: a `gc` line
+every GC_REPORT_STEPS decode steps with the collections and milliseconds so far per generation (a full collection
+walks every tracked object, and a speculative server holds more of them than a plain one).
 """
 
 from __future__ import annotations
@@ -32,6 +36,34 @@ ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
 ENV_PROFILE = "SPECFLIP_STEP_PROFILE"
 ENV_PROFILE_STEPS = "SPECFLIP_STEP_PROFILE_STEPS"
 PROFILE_POLL_STEPS = 32  # how often (decode steps) the flag file is looked for: a stat() is not free
+GC_REPORT_STEPS = 2048
+
+
+class GcClock:
+    """Collections and time spent in Python's garbage collector, by generation; install as a gc.callbacks entry."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.collections = [0, 0, 0]
+        self.ms = [0.0, 0.0, 0.0]
+        self.max_ms = [0.0, 0.0, 0.0]
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        if self.started is None:
+            return
+        ms = (time.perf_counter() - self.started) * 1e3
+        self.started = None
+        generation = min(2, int(info.get("generation", 0)))
+        self.collections[generation] += 1
+        self.ms[generation] += ms
+        self.max_ms[generation] = max(self.max_ms[generation], ms)
+
+    def snapshot(self) -> dict[str, list[Any]]:
+        return {"gc_collections": list(self.collections), "gc_ms": [round(x, 3) for x in self.ms],
+                "gc_max_ms": [round(x, 3) for x in self.max_ms]}
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 
 
@@ -72,10 +104,11 @@ class StepTimer:
     """What the hook keeps between calls inside one scheduler process. `event_factory` makes a timing event
     (`torch.cuda.Event(enable_timing=True)` on a server)."""
 
-    def __init__(self, config: StepTimerConfig, event_factory: Any = None) -> None:
+    def __init__(self, config: StepTimerConfig, event_factory: Any = None, gc_clock: GcClock | None = None) -> None:
         from shim.switch_v2 import SwitchTrace
 
         self.config = config
+        self.gc_clock = gc_clock
         self.trace = SwitchTrace(config.trace_dir, prefix="steps")
         self.event_factory = event_factory
         self.last_entry: float | None = None
@@ -117,6 +150,8 @@ class StepTimer:
         self.decode_steps += 1
         if self.config.profile_flag is not None and not self.profile_done:
             self._profile_window(now)
+        if self.gc_clock is not None and self.decode_steps % GC_REPORT_STEPS == 0:
+            self.trace.event("gc", decode_steps=self.decode_steps, **self.gc_clock.snapshot())
         if self.decode_steps % self.config.every:
             return None
         kind = "plain" if batch.spec_algorithm.is_none() else "spec"
@@ -171,9 +206,13 @@ def install_step_timer(registry: Any, config: StepTimerConfig | None, event_fact
     global _TIMER
     if config is None:
         return False
+    import gc
+
     from sglang.srt.plugins.hook_registry import HookType
 
-    timer = StepTimer(config, event_factory)
+    gc_clock = GcClock()
+    gc.callbacks.append(gc_clock)
+    timer = StepTimer(config, event_factory, gc_clock)
     timer.trace.event("config", step_timer_every=config.every)
     registry.register(T_RUN_BATCH, timer.around_run_batch, HookType.AROUND)
     _TIMER = timer

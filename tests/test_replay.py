@@ -264,7 +264,8 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
         switch_v2._RUNTIME = None
         assert switch_v2.install_switch(registry, SwitchConfig(6, 2, spec_cap=8, draft_while_off="retract"))
         targets = set(registry._hooks)
-        assert {switch_v2.T_FORWARD, switch_v2.T_INIT_GRAPHS, switch_v2.T_NEXT_BATCH, switch_v2.T_ALLOCATABLE} <= targets
+        assert {switch_v2.T_FORWARD, switch_v2.T_INIT_GRAPHS, switch_v2.T_NEXT_BATCH,
+                switch_v2.T_ALLOCATABLE} <= targets
         assert switch_v2.T_UPDATE_RUNNING not in targets and switch_v2.T_RUN_BATCH not in targets  # no trace: no hook
     finally:
         registry.reset()

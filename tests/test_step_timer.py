@@ -194,3 +194,29 @@ def test_profile_diff_names_the_extra_work(tmp_path: Path, capsys: pytest.Captur
     # and the other way round it is the largest decrease, not an increase at the top
     profile_diff.main([str(other), str(base), "--top", "1"])
     assert "extra_host_work" not in capsys.readouterr().out.split("== cumulative")[1].split("== own")[0]
+
+
+def test_gc_time_by_generation_every_report_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real collector drives the clock (gc.callbacks); the timer reports it every GC_REPORT_STEPS decode steps."""
+    import gc
+
+    monkeypatch.setattr(step_timer, "GC_REPORT_STEPS", 4)
+    clock = step_timer.GcClock()
+    timer = StepTimer(StepTimerConfig(str(tmp_path), every=1000), None, clock)
+    gc.callbacks.append(clock)
+    try:
+        def run_batch(sched: Any, b: Any) -> None:
+            gc.collect(0)
+            gc.collect(2)
+
+        for _ in range(9):
+            timer.around_run_batch(run_batch, None, batch("DECODE", False, 1))
+    finally:
+        gc.callbacks.remove(clock)
+    timer.trace.drain(force=True)
+    reports = [e for e in read(tmp_path) if e["action"] == "gc"]
+    assert [e["decode_steps"] for e in reports] == [4, 8]
+    # reported before the step's run_batch: 3 and 7 steps' collections (at least: the interpreter may add its own)
+    assert reports[0]["gc_collections"][0] >= 3 and reports[0]["gc_collections"][2] >= 3
+    assert reports[1]["gc_collections"][2] >= 7 and reports[1]["gc_ms"][2] >= reports[1]["gc_max_ms"][2] > 0
+    assert clock.started is None  # every start met its stop

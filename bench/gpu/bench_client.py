@@ -5,8 +5,9 @@ token lies in [0, 300) so the counter stays inside the draft vocabulary, 128 new
 requests per concurrency c, greedy. One JSON row per concurrency on stdout (prefix BENCH) and in --out.
 --rounds R measures each concurrency R times (fresh prompts each round) and reports the median round's tok/s
 (rounds listed in `round_tok_s`, sorted, and `round_tok_s_in_order`): one round of 8 requests lasts about a second,
-too short to trust alone. --servers NAME=URL,... measures several servers side by side: each round sends the same
-prompts to every server in turn (order rotated per round), so round k of each configuration is a matched pair.
+too short to trust alone; --scale M sends M times as many requests per round. --servers NAME=URL,... measures
+several servers side by side: each round sends the same prompts to every server in turn (order rotated per round),
+so round k of each configuration is a matched pair.
 """
 import argparse
 import json
@@ -80,6 +81,7 @@ def main():
     p.add_argument("--out")
     p.add_argument("--deadline", type=float, default=1e9, help="stop starting new concurrencies after this many s")
     p.add_argument("--rounds", type=int, default=1, help="measure each concurrency this many times (median)")
+    p.add_argument("--scale", type=int, default=1, help="requests per round: max(8, 2c) times this (longer rounds)")
     a = p.parse_args()
     if a.servers:
         servers = parse_servers(a.servers)
@@ -93,7 +95,7 @@ def main():
         if time.time() - t_start > a.deadline:
             print(f"BENCH_SKIP conc={c}: deadline", flush=True)
             continue
-        nreq = max(8, 2 * c)
+        nreq = max(8, 2 * c) * max(1, a.scale)
         rounds = {name: [] for name, _ in servers}
         for k in range(max(1, a.rounds)):
             prompts = [[random.randrange(3, a.vocab) for _ in range(32)] for _ in range(nreq)]

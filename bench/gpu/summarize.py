@@ -142,8 +142,9 @@ def step_timer_lines(sources):
                 bucket = next(b for b in buckets if ev["bs"] <= b or b == buckets[-1])
                 what = "host" if ev["action"] == "step_time" else "device"
                 by.setdefault((cfg, what), {}).setdefault(bucket, []).append(ev.get("host_ms", ev.get("ms")))
+    gc_lines = gc_report(sources)
     if not by:
-        return []
+        return gc_lines
     md = ["", "Step timer (shim/step_timer.py), median ms per decode step by batch size (up to), n in brackets:", "",
           "| configuration | clock | " + " | ".join(str(b) for b in buckets) + " |",
           "|---|---|" + "---|" * len(buckets)]
@@ -151,6 +152,21 @@ def step_timer_lines(sources):
         cells = [f"{statistics.median(per[b]):.2f} ({len(per[b])})" if b in per else "-" for b in buckets]
         clock = "loop iteration (host)" if what == "host" else "run_batch span (CUDA events)"
         md.append(f"| {cfg} | {clock} | " + " | ".join(cells) + " |")
+    return md + gc_lines
+
+
+def gc_report(sources):
+    """The step timer's last `gc` line per scheduler process: collections and ms in the garbage collector."""
+    last = {}
+    for cfg, text in trace_texts(sources):
+        for line in text.splitlines():
+            ev = json.loads(line)
+            if ev.get("action") == "gc" and ev["decode_steps"] >= last.get(cfg, {}).get("decode_steps", 0):
+                last[cfg] = ev
+    md = [f"- {cfg}: Python GC over {ev['decode_steps']} decode steps: collections by generation "
+          f"{ev['gc_collections']}, ms {ev['gc_ms']}, longest {ev['gc_max_ms']} "
+          f"({sum(ev['gc_ms']) / ev['decode_steps']:.3f} ms per decode step)" for cfg, ev in sorted(last.items())]
+    return ["", *md] if md else []
     return md
 
 
