@@ -17,6 +17,8 @@ from the plugin entry point (before `HookRegistry.apply_hooks()`, which `load_pl
                           none (KNOWN BAD, measurement only: no draft work while off, zeroed draft input)
   SPECFLIP_SPEC_CAP       running-request cap while speculation is on (default 48, SGLang's speculative default)
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
+  SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
+                          PlainPrefillOnTargetGraphs) | eager (as SGLang would run them: a mode mismatch)
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
                           (flips always). For throughput runs: a traced step costs JSON and CUDA events on the
@@ -41,6 +43,7 @@ from typing import Any
 ENV_SWITCH = "SPECFLIP_SWITCH"
 DRAFT_MODES = ("sync", "retract", "none")
 GRAPH_MODES = ("decode", "eager")
+PREFILL_MODES = ("graphs", "eager")
 DESIGN_FOR_DRAFT_MODE = {"sync": "v2_switch_reserve_sync", "retract": "plain_off_retract_catch_up",
                          "none": "no_draft_work_while_off"}
 
@@ -71,6 +74,7 @@ class SwitchConfig:
     spec_cap: int = 48
     draft_while_off: str = "retract"
     plain_graphs: str = "decode"
+    plain_prefill: str = "graphs"
     trace_dir: str | None = None
     trace_every: int = 1
 
@@ -85,6 +89,9 @@ class SwitchConfig:
             raise SwitchConfigError(f"SPECFLIP_SWITCH_TRACE_EVERY must be >= 1, got {self.trace_every}")
         if self.plain_graphs not in GRAPH_MODES:
             raise SwitchConfigError(f"SPECFLIP_PLAIN_GRAPHS must be one of {GRAPH_MODES}, got {self.plain_graphs!r}")
+        if self.plain_prefill not in PREFILL_MODES:
+            raise SwitchConfigError(f"SPECFLIP_PLAIN_PREFILL must be one of {PREFILL_MODES}, "
+                                    f"got {self.plain_prefill!r}")
 
     @property
     def design_name(self) -> str:
@@ -120,6 +127,7 @@ class SwitchConfig:
         return cls(t_off=off, t_on=on, spec_cap=cap,
                    draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
+                   plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
                    trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every)
 
 
@@ -242,6 +250,7 @@ class SwitchRuntime:
     flips: int = 0
     plain_runner: Any = None
     plain_attn_backend: Any = None
+    plain_prefill_runner: Any = None  # PlainPrefillOnTargetGraphs, or None: the plain path keeps the target's
     counters: dict[str, int] = field(default_factory=dict)
     # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
     spec_side: dict[str, Any] = field(default_factory=dict)
@@ -408,6 +417,9 @@ def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
     if rt.plain_attn_backend is not None:
         mr.attn_backend = rt.plain_attn_backend
     mr.spec_algorithm = none
+    if rt.plain_prefill_runner is not None:
+        rt.spec_side["prefill_runner"] = getattr(mr, "prefill_cuda_graph_runner", None)
+        mr.prefill_cuda_graph_runner = rt.plain_prefill_runner
 
 
 def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
@@ -426,6 +438,8 @@ def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
         fm._forward_buf_initialized = False
     mr.decode_cuda_graph_runner, mr.attn_backend, mr.spec_algorithm = (
         side["runner"], side["attn_backend"], side["mr_algo"])
+    if "prefill_runner" in side:
+        mr.prefill_cuda_graph_runner = side["prefill_runner"]
     rt.spec_side = {}
 
 
@@ -532,9 +546,10 @@ def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: An
     if rt is None or not batch.spec_algorithm.is_none():
         return orig(self, batch, *args, **kwargs)
     if not batch.forward_mode.is_decode():
+        out = orig(self, batch, *args, **kwargs)
         if batch.forward_mode.is_extend():  # a plain prefill (the speculative ones: _forward_around)
-            rt.trace.event("prefill", bs=batch.batch_size())
-        return orig(self, batch, *args, **kwargs)
+            rt.trace.event("prefill", bs=batch.batch_size(), graph=bool(getattr(out, "can_run_cuda_graph", False)))
+        return out
     if not rt.trace_this_step():
         out = orig(self, batch, *args, **kwargs)
         rt.count("plain_step")
@@ -592,9 +607,49 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
         mr.spec_algorithm = saved_algo
         if saved_ws is not None:
             mr.init_new_workspace = saved_ws
+    if rt.plain_path and rt.config.plain_prefill == "graphs":
+        rt.plain_prefill_runner = plain_prefill_view(getattr(mr, "prefill_cuda_graph_runner", None))
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
-                   graphs=rt.plain_runner is not None,
+                   graphs=rt.plain_runner is not None, prefill_graphs=rt.plain_prefill_runner is not None,
                    capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))
+
+
+class PlainPrefillOnTargetGraphs:
+    """The target's prefill CUDA graphs, offered to the plain path's prefills.
+
+    An EAGLE-3 target captures its prefill graphs (breakable: the transformer body only) with hidden-state capture
+    FULL, and `PrefillCudaGraphRunner.can_run_graph` turns away any batch whose mode differs: every prefill on the
+    plain path (mode NULL) ran eager, many kernel launches of host time per prefill, which a plain server does not
+    pay. The captured body is the same in both modes (the EAGLE-3 auxiliary hidden states are a model attribute, not
+    the mode); the mode only steers the logits processor, which runs eagerly on the live batch after the body. So a
+    NULL-mode batch is checked as if the graphs had been captured for it, and everything else goes to the runner.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        runner = self.runner
+        if forward_batch.capture_hidden_mode != CaptureHiddenMode.NULL:
+            return bool(runner.can_run_graph(forward_batch))
+        captured = runner.capture_hidden_mode
+        runner.capture_hidden_mode = CaptureHiddenMode.NULL
+        try:
+            return bool(runner.can_run_graph(forward_batch))
+        finally:
+            runner.capture_hidden_mode = captured
+
+    def __getattr__(self, name: str) -> Any:  # execute(), and whatever else the model runner reads
+        return getattr(self.runner, name)
+
+
+def plain_prefill_view(runner: Any) -> PlainPrefillOnTargetGraphs | None:
+    """The view over the target's prefill graph runner, or None where there are no graphs to offer."""
+    if runner is None or not hasattr(runner, "can_run_graph") or not hasattr(runner, "capture_hidden_mode"):
+        return None  # None or SGLang's EagerRunner (prefill graphs off): the plain path runs eager anyway
+    return PlainPrefillOnTargetGraphs(runner)
 
 
 def _init_cuda_graphs_after(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -776,7 +831,8 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(config.trace_dir))
     _RUNTIME.trace.event("config", design=config.design_name, t_off=config.t_off, t_on=config.t_on,
                          spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
-                         plain_graphs=config.plain_graphs, trace_every=config.trace_every)
+                         plain_graphs=config.plain_graphs, plain_prefill=config.plain_prefill,
+                         trace_every=config.trace_every)
     if not _RUNTIME.plain_path:  # the plain path flips in get_next_batch_to_run: one wrapper less per step
         registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
     registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)

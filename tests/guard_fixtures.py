@@ -145,6 +145,25 @@ class DecodeCudaGraphRunnerCpuStandIn:
 
 
 @dataclass
+class PrefillCudaGraphRunnerCpuStandIn:
+    """What SGLang's PrefillCudaGraphRunner (body-capture prefill graphs, 0.5.16) checks before a replay: the batch's
+    hidden-state capture mode equals the one it captured with, and the tokens fit the largest captured size."""
+
+    capture_hidden_mode: Any
+    max_num_tokens: int = 64
+    executed: list[Any] = field(default_factory=list)
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        if forward_batch.capture_hidden_mode != self.capture_hidden_mode:
+            return False
+        return len(forward_batch.input_ids) <= self.max_num_tokens
+
+    def execute(self, forward_batch: Any, **kwargs: Any) -> str:
+        self.executed.append(forward_batch)
+        return "graph replay"
+
+
+@dataclass
 class ModelRunnerCpuStandIn:
     model_config: Any
     spec_algorithm: Any

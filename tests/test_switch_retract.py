@@ -336,3 +336,54 @@ def test_spec_relay_buffers_survive_a_flip_cycle(runtime: Any, model_dir: Path) 
     assert [a for _, a in drv.flips] == ["flip_off", "flip_on"]
     assert all(now is before for now, before in zip((fm.topk_p_buf, fm.topk_index_buf, fm.hidden_states_buf),
                                                     buffers, strict=True))
+
+
+def forward_batch(mode: str, tokens: int) -> Any:
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    return SimpleNamespace(capture_hidden_mode=getattr(CaptureHiddenMode, mode), input_ids=[0] * tokens)
+
+
+def test_plain_prefills_replay_the_targets_prefill_graphs() -> None:
+    """An EAGLE-3 target's prefill graphs are captured with hidden-state capture FULL; a plain prefill (NULL) was
+    turned away and ran eager. Through the view it is checked as if they were captured for NULL, and replays; every
+    other check still holds, other modes are checked as before, and the runner keeps its captured mode."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    runner = gf.PrefillCudaGraphRunnerCpuStandIn(capture_hidden_mode=CaptureHiddenMode.FULL, max_num_tokens=64)
+    assert not runner.can_run_graph(forward_batch("NULL", 32))  # what SGLang does: eager
+    view = switch_v2.plain_prefill_view(runner)
+    assert view is not None
+    assert view.can_run_graph(forward_batch("NULL", 32))
+    assert not view.can_run_graph(forward_batch("NULL", 65))  # too many tokens: eager, as for the runner
+    assert view.can_run_graph(forward_batch("FULL", 32)) and not view.can_run_graph(forward_batch("LAST", 32))
+    assert runner.capture_hidden_mode == CaptureHiddenMode.FULL
+    batch = forward_batch("NULL", 8)
+    assert view.execute(batch) == "graph replay" and runner.executed == [batch]  # the runner's own replay
+    # no graphs to offer: SGLang's EagerRunner (no capture mode) or none
+    assert switch_v2.plain_prefill_view(None) is None
+    assert switch_v2.plain_prefill_view(type("EagerRunner", (), {"can_run_graph": lambda self, fb: False})()) is None
+
+
+def test_the_view_is_the_targets_prefill_runner_while_off_only(runtime: Any, model_dir: Path) -> None:
+    """flip_off puts the view in the target's model runner, flip_on puts the speculative runner back."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    configure(runtime)
+    drv = driver(model_dir)
+    target = drv.worker.target_worker.model_runner
+    spec_graphs = gf.PrefillCudaGraphRunnerCpuStandIn(capture_hidden_mode=CaptureHiddenMode.FULL)
+    target.prefill_cuda_graph_runner = spec_graphs
+    drv.switch.plain_prefill_runner = switch_v2.plain_prefill_view(spec_graphs)
+    drv.add([h.make_req(f"p{i}", gf.SYSTEM_PROMPT + [210 + i] * 4, max_new_tokens=8 + i) for i in range(5)])
+    seen = set()
+    for _ in range(40):
+        drv.iteration()
+        runner = target.prefill_cuda_graph_runner
+        seen.add("view" if runner is drv.switch.plain_prefill_runner else "spec" if runner is spec_graphs else "other")
+        assert (runner is spec_graphs) == drv.switch.policy.spec_on
+    drv.run_until_idle()
+    assert [a for _, a in drv.flips][:2] == ["flip_off", "flip_on"] and seen == {"view", "spec"}
+    assert target.prefill_cuda_graph_runner is spec_graphs and drv.switch.spec_side == {}

@@ -103,10 +103,10 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
     else FAILED=1; fi
   done
   if [ -n "$servers" ]; then
-    rem=$(( BUDGET - $(el) - 20 )); for s in "${specs[@]}"; do case $s in replay*) rem=$((rem - 170));; esac; done
+    rem=$(( BUDGET - $(el) - 20 )); for s in "${specs[@]}"; do case $s in replay*) rem=$((rem - 90));; esac; done
     echo "== side by side: $servers (t=$(el)s, ${rem}s)"
     timeout $rem python3 bench/gpu/bench_client.py --servers "$servers" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
-      --scale "${SCALE:-1}" --out "$OUT/bench.jsonl" --deadline $(( rem - 60 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$OUT/tr/bench.log"
+      --scale "${SCALE:-1}" --out "$OUT/bench.jsonl" --deadline $(( rem - 50 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$OUT/tr/bench.log"
   fi
   for s in "${specs[@]}"; do
     parse "${s%|*|*}"; p=$(cut -d'|' -f5 <<< "$s")

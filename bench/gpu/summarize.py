@@ -20,6 +20,7 @@ CFG_LABEL = {
     "specflip_none": "specflip, no draft work while off (known bad)",
     "specflip_retract": "specflip switch, plain path (plain_off_retract_catch_up, 1:0)",
     "specflip_retract_guard": "the same + guard (assert)",
+    "specflip_retract_eagerprefill": "the same, prefills eager (SPECFLIP_PLAIN_PREFILL=eager)",
     "specflip_v0": "specflip (sync), before the admission fix",
     "specflip_none_v0": "specflip (none), before the admission fix",
     "specflip_t1_v0": "specflip (sync), t_off 1 / t_on 0, before the fix",
@@ -70,6 +71,8 @@ def timings(sources):
                 by.setdefault(key, []).append((ev["bs"], ev["host_ms"]))
             elif act in ("flip_off", "flip_on"):
                 by.setdefault((cfg, "flips", act), []).append((ev.get("running"), 0.0))
+            elif act == "prefill" and "graph" in ev:  # the plain path's prefills (shim/switch_v2.py, trace on)
+                by.setdefault((cfg, "plain prefills", "graph" if ev["graph"] else "eager"), []).append((ev["bs"], 0.0))
             elif act == "capture_plain_runner":
                 by.setdefault((cfg, "capture", "s"), []).append((0, ev["seconds"]))
     return by
@@ -88,7 +91,8 @@ def table(rows):
     cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
     cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
     get = {(r["cfg"], r["conc"]): r for r in rows}
-    ratio_cfgs = [c for c in ("specflip", "specflip_none", "specflip_retract") if c in cfgs]
+    ratio_cfgs = [c for c in ("specflip", "specflip_none", "specflip_retract", "specflip_retract_eagerprefill")
+                  if c in cfgs]
     paired = any("round_tok_s_in_order" in r for r in rows)  # side by side: round k of each config is a pair
     head = ["concurrency"] + [CFG_LABEL.get(c, c) for c in cfgs] + [f"{c} / best(plain, always on)" for c in ratio_cfgs]
     head += [f"{c} / best, paired rounds (median, min-max)" for c in ratio_cfgs] if paired else []
@@ -121,6 +125,8 @@ def timing_lines(sources):
         ms = [v[1] for v in vals]
         if kind == "flips":
             md.append(f"- {cfg}: {len(vals)} x {which}")
+        elif kind == "plain prefills":
+            md.append(f"- {cfg}: {len(vals)} plain-path prefills ran {which}")
         elif kind == "capture":
             md.append(f"- {cfg}: plain decode runner captured in {ms[0]:.1f} s")
         else:  # spec / plain steps (switch trace, step timer), loop iterations (step timer)
