@@ -82,6 +82,8 @@ def main():
     p.add_argument("--deadline", type=float, default=1e9, help="stop starting new concurrencies after this many s")
     p.add_argument("--rounds", type=int, default=1, help="measure each concurrency this many times (median)")
     p.add_argument("--scale", type=int, default=1, help="requests per round: max(8, 2c) times this (longer rounds)")
+    p.add_argument("--warmup", default="", help="concurrencies of one unmeasured round per server before the sweep "
+                   "(a fresh server's first requests pay one-off costs: graph and kernel first use)")
     a = p.parse_args()
     if a.servers:
         servers = parse_servers(a.servers)
@@ -89,6 +91,12 @@ def main():
         servers = [(a.name, a.url)]
     else:
         raise SystemExit("bench_client: give a configuration name or --servers")
+    random.seed(1)
+    for c in [int(x) for x in a.warmup.split(",") if x.strip()]:
+        prompts = [[random.randrange(3, a.vocab) for _ in range(32)] for _ in range(max(8, 2 * c))]
+        for name, url in servers:
+            tok_s, _, res = run_round(url, c, prompts, a.new_tokens, a.vocab)
+            print(f"WARMUP {name} conc={c}: {tok_s} tok/s, exact {sum(r[2] for r in res)}/{len(res)}", flush=True)
     random.seed(1)
     t_start = time.time()
     for c in [int(x) for x in a.concurrency.split(",")]:
