@@ -231,6 +231,7 @@ def test_switch_actions_are_model_actions_and_designs_exist():
     ({"SPECFLIP_SWITCH": "8:16"}, "t_on < t_off"),
     ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_SWITCH_DRAFT": "later"}, "SPECFLIP_SWITCH_DRAFT"),
     ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_SPEC_CAP": "many"}, "SPECFLIP_SPEC_CAP"),
+    ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_PLAIN_PREFILL": "cached"}, "SPECFLIP_PLAIN_PREFILL must be one of"),
 ])
 def test_switch_config_errors_are_one_line(env, message):
     with pytest.raises(SwitchConfigError, match=message) as exc:
@@ -241,6 +242,9 @@ def test_switch_config_errors_are_one_line(env, message):
 def test_switch_is_off_without_its_variable():
     assert SwitchConfig.from_env({}) is None
     assert SwitchConfig.from_env({"SPECFLIP_SWITCH": "16:8"}) == SwitchConfig(16, 8)
+    assert SwitchConfig.from_env({"SPECFLIP_SWITCH": "16:8"}).plain_prefill == "graphs"
+    eager = SwitchConfig.from_env({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_PLAIN_PREFILL": "eager"})
+    assert eager is not None and eager.plain_prefill == "eager"
 
 
 def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
