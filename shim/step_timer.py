@@ -33,6 +33,7 @@ from typing import Any
 
 ENV_DIR = "SPECFLIP_STEP_TIMER"
 ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
+T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 ENV_PROFILE = "SPECFLIP_STEP_PROFILE"
 ENV_PROFILE_STEPS = "SPECFLIP_STEP_PROFILE_STEPS"
 PROFILE_POLL_STEPS = 32  # how often (decode steps) the flag file is looked for: a stat() is not free
@@ -64,7 +65,6 @@ class GcClock:
     def snapshot(self) -> dict[str, list[Any]]:
         return {"gc_collections": list(self.collections), "gc_ms": [round(x, 3) for x in self.ms],
                 "gc_max_ms": [round(x, 3) for x in self.max_ms]}
-T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 
 
 class StepTimerConfigError(ValueError):

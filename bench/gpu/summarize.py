@@ -173,7 +173,6 @@ def gc_report(sources):
           f"{ev['gc_collections']}, ms {ev['gc_ms']}, longest {ev['gc_max_ms']} "
           f"({sum(ev['gc_ms']) / ev['decode_steps']:.3f} ms per decode step)" for cfg, ev in sorted(last.items())]
     return ["", *md] if md else []
-    return md
 
 
 def plot(rows, path):
