@@ -84,6 +84,8 @@ def main():
     p.add_argument("--scale", type=int, default=1, help="requests per round: max(8, 2c) times this (longer rounds)")
     p.add_argument("--warmup", default="", help="concurrencies of one unmeasured round per server before the sweep "
                    "(a fresh server's first requests pay one-off costs: graph and kernel first use)")
+    p.add_argument("--freeze-gc", action="store_true", help="after the warm-up, ask every server to freeze its Python "
+                   "GC (SGLang's /freeze_gc): a full collection stops a scheduler for 350-490 ms on the H200 host")
     a = p.parse_args()
     if a.servers:
         servers = parse_servers(a.servers)
@@ -97,6 +99,9 @@ def main():
         for name, url in servers:
             tok_s, _, res = run_round(url, c, prompts, a.new_tokens, a.vocab)
             print(f"WARMUP {name} conc={c}: {tok_s} tok/s, exact {sum(r[2] for r in res)}/{len(res)}", flush=True)
+    for name, url in servers if a.freeze_gc else ():
+        with urllib.request.urlopen(urllib.request.Request(url + "/freeze_gc", method="POST"), timeout=60) as r:
+            print(f"FREEZE_GC {name}: {r.status} {r.read().decode().strip()}", flush=True)
     random.seed(1)
     t_start = time.time()
     for c in [int(x) for x in a.concurrency.split(",")]:

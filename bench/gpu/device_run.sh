@@ -8,7 +8,8 @@
 #   FLAGS:  extra launch_server flags; @SPEC expands to the EAGLE-3 flags (steps 3, topk 1, 4 draft tokens)
 #   NAME starting with 'replay' runs the kit client + `specflip replay`; any other NAME runs the bench sweep.
 # ROUNDS (default 1) and SCALE (default 1): rounds per concurrency and requests per round (max(8, 2c) x SCALE);
-# WARMUP=1,8,64: one unmeasured round per server at each of these concurrencies first (side by side only).
+# WARMUP=1,8,64: one unmeasured round per server at each of these concurrencies first; FREEZE_GC=1: then SGLang's
+# /freeze_gc on every server (side by side only).
 # SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
 #   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
 #   (bench_client.py --servers), then each replay phase runs. Host noise then falls on every configuration alike.
@@ -107,7 +108,7 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
     rem=$(( BUDGET - $(el) - 20 )); for s in "${specs[@]}"; do case $s in replay*) rem=$((rem - 90));; esac; done
     echo "== side by side: $servers (t=$(el)s, ${rem}s)"
     timeout $rem python3 bench/gpu/bench_client.py --servers "$servers" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
-      --scale "${SCALE:-1}" --warmup "${WARMUP:-}" --out "$OUT/bench.jsonl" --deadline $(( rem - 50 )) 2>&1 | grep -E 'BENCH|WARMUP|Error|error' | tee "$OUT/tr/bench.log"
+      --scale "${SCALE:-1}" --warmup "${WARMUP:-}" ${FREEZE_GC:+--freeze-gc} --out "$OUT/bench.jsonl" --deadline $(( rem - 50 )) 2>&1 | grep -E 'BENCH|WARMUP|FREEZE_GC|Error|error' | tee "$OUT/tr/bench.log"
   fi
   for s in "${specs[@]}"; do
     parse "${s%|*|*}"; p=$(cut -d'|' -f5 <<< "$s")

@@ -1,0 +1,106 @@
+"""bench/gpu/bench_client.py and summarize.py, side by side: rounds interleaved over several servers, paired ratios.
+
+The SGLang server cannot run here (no GPU): `CounterServerCpuStandIn` answers /generate with the counter model's
+greedy outputs (what the GPU host's models give) and records the order requests reach it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "gpu"))
+
+import bench_client  # noqa: E402
+import summarize  # noqa: E402
+
+VOCAB = 2048
+
+
+class CounterServerCpuStandIn:
+    """/generate: output k = (last prompt token + 1 + k) mod vocab, after `delay_s`; /freeze_gc: counted. `log` is a
+    shared list of (server name, request kind) in arrival order."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]], delay_s: float, wrong: bool = False) -> None:
+        outer = self
+        self.name, self.log, self.delay_s, self.wrong, self.freezes = name, log, delay_s, wrong, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                if self.path == "/freeze_gc":
+                    outer.freezes += 1
+                    self._reply(b"Garbage collection frozen.\n")
+                    return
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.log.append((outer.name, "generate"))
+                time.sleep(outer.delay_s)
+                ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+                out = [(ids[-1] + 1 + k + int(outer.wrong)) % VOCAB for k in range(n)]
+                self._reply(json.dumps({"output_ids": out, "meta_info": {}}).encode())
+
+            def _reply(self, data: bytes) -> None:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def servers() -> Any:
+    log: list[tuple[str, str]] = []
+    made = [CounterServerCpuStandIn("fast", log, 0.001), CounterServerCpuStandIn("slow", log, 0.004),
+            CounterServerCpuStandIn("wrong", log, 0.001, wrong=True)]
+    yield made, log
+    for s in made:
+        s.httpd.shutdown()
+
+
+def run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_client.py", *argv])
+    bench_client.main()
+
+
+def test_side_by_side_rounds_are_interleaved_and_paired(servers: Any, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (fast, slow, wrong), log = servers
+    out = tmp_path / "bench.jsonl"
+    spec = ",".join(f"{s.name}={s.url}" for s in (fast, slow, wrong))
+    run(["--servers", spec, "--concurrency", "1,2", "--rounds", "3", "--scale", "2", "--new-tokens", "4",
+         "--warmup", "1", "--freeze-gc", "--out", str(out)], monkeypatch)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["cfg"], r["conc"]) for r in rows] == [(n, c) for c in (1, 2) for n in ("fast", "slow", "wrong")]
+    for r in rows:
+        assert r["nreq"] == 16 and r["outputs"] == 3 * 16 and r["errors"] == 0
+        assert r["exact"] == (0 if r["cfg"] == "wrong" else 48)  # the counter check catches a wrong server
+        assert sorted(r["round_tok_s_in_order"]) == r["round_tok_s"] and len(r["round_tok_s"]) == 3
+    assert [s.freezes for s in (fast, slow, wrong)] == [1, 1, 1]
+    # after the warm-up round (1 + 8 requests each), each round sends one server's warm-up + measured requests,
+    # then the next's: at concurrency 1, round k starts with server k (rotated order)
+    measured = [name for name, _ in log[3 * 9:]]
+    per_server_round = 1 + 16  # min(c, 4) warm-up requests, then 16 measured, at concurrency 1
+    firsts = [measured[i * per_server_round] for i in range(9)]
+    assert firsts == ["fast", "slow", "wrong", "slow", "wrong", "fast", "wrong", "fast", "slow"]
+    # the slow server's rounds are slower in every matched pair: the paired ratio says so round by round
+    by = {(r["cfg"], r["conc"]): r for r in rows}
+    ratios = summarize.paired_ratios(by[("slow", 1)], by[("fast", 1)])
+    assert len(ratios) == 3 and all(x < 1 for x in ratios)
+    assert summarize.paired_ratios(by[("slow", 1)], {"round_tok_s": [1.0]}) == []  # not side by side: no pairs
+
+
+def test_bad_servers_argument_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match="--servers wants NAME=URL"):
+        run(["--servers", "plain"], monkeypatch)
+    with pytest.raises(SystemExit, match="give a configuration name or --servers"):
+        run([], monkeypatch)
