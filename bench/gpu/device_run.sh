@@ -128,7 +128,7 @@ else
         replay*) replay 30000 ;;
         *) rem=$(( BUDGET - $(el) - 15 )); [ $rem -gt 160 ] && rem=160
            timeout $rem python3 bench/gpu/bench_client.py "$name" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
-             --out "$OUT/bench.jsonl" --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$TR/bench.log"
+             --scale "${SCALE:-1}" --out "$OUT/bench.jsonl" --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$TR/bench.log"
            profile_round 30000 ;;
       esac
     else
