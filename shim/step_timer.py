@@ -9,6 +9,11 @@ times its steps; a plain server had nothing to compare with. This hook records, 
 * a CUDA event pair around `run_batch` on the forward stream (`timing` events, read back only once complete,
   so no host sync), for every Nth decode step.
 
+and for every prefill a `prefill` line (batch size, `run_batch`'s host time, the time since the previous
+`run_batch` and since the request reached the scheduler, hooked on `Scheduler.handle_generate_request`), then a
+`first_decode` line for the decode step after it: what each admitted request costs the loop, where a plain and a
+switch server could differ at low concurrency when no decode step shows it.
+
 Enable with `SPECFLIP_STEP_TIMER=<dir>` (one `steps-<pid>.jsonl` per process; `bench/gpu/summarize.py` reads
 them) and optionally `SPECFLIP_STEP_TIMER_EVERY=N` (default 16: one line per N decode steps).
 
@@ -34,6 +39,7 @@ from typing import Any
 ENV_DIR = "SPECFLIP_STEP_TIMER"
 ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+T_ARRIVAL = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
 ENV_PROFILE = "SPECFLIP_STEP_PROFILE"
 ENV_PROFILE_STEPS = "SPECFLIP_STEP_PROFILE_STEPS"
 PROFILE_POLL_STEPS = 32  # how often (decode steps) the flag file is looked for: a stat() is not free
@@ -113,6 +119,8 @@ class StepTimer:
         self.event_factory = event_factory
         self.last_entry: float | None = None
         self.last_was_decode = False
+        self.last_period: float | None = None
+        self.last_arrival: float | None = None  # the latest request handed to the scheduler (handle_generate_request)
         self.decode_steps = 0
         self.broken = False
         self.profiler: Any = None  # cProfile.Profile while the profile window is open
@@ -129,6 +137,8 @@ class StepTimer:
             return orig(scheduler, batch, *args, **kwargs)
         if events is None:
             return orig(scheduler, batch, *args, **kwargs)
+        if events == "prefill":
+            return self._timed_prefill(orig, scheduler, batch, *args, **kwargs)
         start, end, stream, info = events
         out = orig(scheduler, batch, *args, **kwargs)
         try:
@@ -138,15 +148,20 @@ class StepTimer:
             self._break()
         return out
 
-    def _before(self, scheduler: Any, batch: Any) -> tuple[Any, Any, Any, dict[str, Any]] | None:
-        """Record the loop iteration; the started event pair when this step is timed on the device."""
+    def _before(self, scheduler: Any, batch: Any) -> tuple[Any, Any, Any, dict[str, Any]] | str | None:
+        """Record the loop iteration; the started event pair when this step is timed on the device; "prefill"
+        when the batch is a prefill (its host time is taken around the call)."""
         now = time.perf_counter()
         period, self.last_entry = (None if self.last_entry is None else now - self.last_entry), now
         decode = batch.forward_mode.is_decode()
         steady = decode and self.last_was_decode and period is not None
+        after_prefill = decode and not self.last_was_decode and period is not None
         self.last_was_decode = decode
+        self.last_period = period
         if not decode:
-            return None
+            return "prefill" if batch.forward_mode.is_extend() else None
+        if after_prefill:  # the prefill's loop iteration: where a plain and a switch server may differ per request
+            self.trace.event("first_decode", bs=batch.batch_size(), since_prefill_ms=round(period * 1e3, 4))
         self.decode_steps += 1
         if self.config.profile_flag is not None and not self.profile_done:
             self._profile_window(now)
@@ -164,6 +179,26 @@ class StepTimer:
         start, end = self.event_factory(), self.event_factory()
         start.record(stream)
         return start, end, stream, {"kind": kind, "bs": bs, "first_after_flip": False, "timer": True}
+
+    def around_arrival(self, orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        self.last_arrival = time.perf_counter()
+        return orig(scheduler, *args, **kwargs)
+
+    def _timed_prefill(self, orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """A `prefill` line for every prefill: its batch size, the time since the previous run_batch entry (the
+        last decode step, or the idle wait for the request), since the latest request arrived at the scheduler
+        (when it came after that entry) and the host time of run_batch itself."""
+        tic = time.perf_counter()
+        out = orig(scheduler, batch, *args, **kwargs)
+        try:
+            gap, arrival = self.last_period, self.last_arrival
+            fresh = arrival is not None and (gap is None or arrival >= tic - gap)
+            self.trace.event("prefill", bs=batch.batch_size(), run_ms=round((time.perf_counter() - tic) * 1e3, 4),
+                             since_last_ms=None if gap is None else round(gap * 1e3, 4),
+                             since_arrival_ms=round((tic - arrival) * 1e3, 4) if fresh else None)
+        except Exception:  # noqa: BLE001
+            self._break()
+        return out
 
     def _profile_window(self, now: float) -> None:
         """Open the cProfile window when the flag file appears; close it and write the profile after
@@ -215,6 +250,7 @@ def install_step_timer(registry: Any, config: StepTimerConfig | None, event_fact
     timer = StepTimer(config, event_factory, gc_clock)
     timer.trace.event("config", step_timer_every=config.every)
     registry.register(T_RUN_BATCH, timer.around_run_batch, HookType.AROUND)
+    registry.register(T_ARRIVAL, timer.around_arrival, HookType.AROUND)
     _TIMER = timer
     return True
 

@@ -12,6 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
@@ -104,3 +105,32 @@ def test_bad_servers_argument_is_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         run(["--servers", "plain"], monkeypatch)
     with pytest.raises(SystemExit, match="give a configuration name or --servers"):
         run([], monkeypatch)
+
+
+def _call(path: Path, rounds: dict[str, dict[int, list[float]]]) -> str:
+    """One side-by-side call's bench JSONL: cfg -> concurrency -> round_tok_s_in_order."""
+    path.write_text("".join(json.dumps({"cfg": cfg, "conc": c, "round_tok_s_in_order": r, "tok_s": sorted(r)[0]})
+                            + "\n" for cfg, per in rounds.items() for c, r in per.items()))
+    return str(path)
+
+
+def test_pooled_ratios_take_the_better_base_each_round_and_say_when_the_target_is_missed(tmp_path: Path) -> None:
+    """--pool: round k of the switch over the better of plain and always on in round k, pooled over the calls;
+    the same code says NO for a switch 10 % behind (so a passing verdict can fail)."""
+    a = _call(tmp_path / "a.jsonl", {"plain": {1: [100, 100, 100], 8: [100, 100, 100]},
+                                     "spec": {1: [200, 50, 50]},
+                                     "specflip_retract": {1: [190, 99, 101], 8: [90, 90, 90]}})
+    b = _call(tmp_path / "b.jsonl", {"plain": {1: [10, 10]}, "specflip_retract": {1: [10, 10]}})
+    get = {(r["cfg"], r["conc"]): r for r in summarize.load_rows([a])}
+    assert summarize.paired_best_ratios(get, "specflip_retract", 1) == [0.95, 0.99, 1.01]  # spec won round 1
+    assert summarize.paired_best_ratios(get, "specflip_retract", 2) == []
+    lines = summarize.pooled([a, b]).splitlines()
+    row1 = next(line for line in lines if line.startswith("| 1 |")).split(" | ")
+    assert row1[1:4] == ["5 (2)", "1.000", row1[3]] and row1[4] == "0.99, 1.00" and row1[5].startswith("yes")
+    row8 = next(line for line in lines if line.startswith("| 8 |")).split(" | ")
+    assert row8[1:3] == ["3 (1)", "0.900"] and row8[3] == "0.900-0.900" and row8[5].startswith("NO")
+    svg = summarize.plot_pooled_svg(summarize.pooled_stats([a, b]), str(tmp_path / "pooled.svg"))
+    circles = ElementTree.parse(svg).getroot().findall("{http://www.w3.org/2000/svg}circle")
+    assert len(circles) == (2 + 1) + (1 + 1)  # per concurrency: a dot per call and the pooled median
+    with pytest.raises(SystemExit, match="no side-by-side pairs"):
+        summarize.pooled([_call(tmp_path / "c.jsonl", {"plain": {1: [1.0]}})])

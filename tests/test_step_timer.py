@@ -95,6 +95,36 @@ def test_loop_iterations_and_device_time_of_decode_steps(tmp_path: Path) -> None
     assert [(e["kind"], e["bs"], e["timer"]) for e in timings] == [("plain", 4, True)] * 2 + [("spec", 6, True)] * 2
 
 
+def test_every_prefill_and_the_decode_step_after_it(tmp_path: Path) -> None:
+    """Each prefill gets a line (batch size, the time since the previous run_batch entry, its own host time), and
+    so does the first decode step after it: a per-request cost a decode-only clock cannot see. An IDLE batch
+    gets none."""
+    timer = StepTimer(StepTimerConfig(str(tmp_path), every=64), TimingEventCpuStandIn)
+    scheduler = SimpleNamespace(enable_overlap=False)
+
+    def run_batch(sched: Any, b: Any) -> None:
+        time.sleep(0.004 if b.forward_mode.is_extend() else 0.001)
+
+    for b in (batch("DECODE", False, 2), "arrival", batch("EXTEND", False, 1), batch("EXTEND", False, 3),
+              batch("DECODE", False, 4), batch("DECODE", False, 4), batch("IDLE", False, 0)):
+        if b == "arrival":  # a request handed to the scheduler, 3 ms before its prefill
+            timer.around_arrival(lambda sched, req: None, scheduler, "req")
+            time.sleep(0.003)
+            continue
+        timer.around_run_batch(run_batch, scheduler, b)
+    timer.trace.drain(force=True)
+    events = read(tmp_path)
+    prefills = [e for e in events if e["action"] == "prefill"]
+    assert [e["bs"] for e in prefills] == [1, 3]
+    assert all(e["run_ms"] >= 4.0 for e in prefills)
+    assert prefills[0]["since_last_ms"] >= 1.0  # the decode step before it
+    assert prefills[1]["since_last_ms"] >= 4.0  # the first prefill's own call
+    assert prefills[0]["since_arrival_ms"] >= 3.0
+    assert prefills[1]["since_arrival_ms"] is None  # no request arrived since the previous run_batch
+    firsts = [e for e in events if e["action"] == "first_decode"]
+    assert [(e["bs"], e["since_prefill_ms"] >= 4.0) for e in firsts] == [(4, True)]
+
+
 def test_every_nth_decode_step_only(tmp_path: Path) -> None:
     timer = StepTimer(StepTimerConfig(str(tmp_path), every=3), TimingEventCpuStandIn)
     scheduler = SimpleNamespace(enable_overlap=False)
@@ -118,6 +148,10 @@ def test_install_registers_on_the_real_hook_registry(tmp_path: Path, monkeypatch
         assert step_timer.install_step_timer(registry, StepTimerConfig(str(tmp_path)), TimingEventCpuStandIn)
         assert [(t.name, fn.__name__) for t, fn, _ in registry._hooks[step_timer.T_RUN_BATCH]] == \
             [("AROUND", "around_run_batch")]
+        assert [(t.name, fn.__name__) for t, fn, _ in registry._hooks[step_timer.T_ARRIVAL]] == \
+            [("AROUND", "around_arrival")]
+        registry.apply_hooks()  # both targets resolve on the real Scheduler
+        assert {step_timer.T_RUN_BATCH, step_timer.T_ARRIVAL} <= registry._patched
     finally:
         registry.reset()
         registry._hooks.update(saved[0])

@@ -2,12 +2,15 @@
 vs steady) and the plot (PNG with matplotlib, else an SVG written here).
 
 usage: python bench/gpu/summarize.py OUTDIR_OR_JSONL... [--traces DIR_OR_TGZ...] [--md FILE] [--plot FILE]
+       python bench/gpu/summarize.py --pool BENCH_JSONL... [--md FILE]   (one file per side-by-side call: the
+       switch's paired-round ratios against the better of plain and always on, pooled over the calls)
 """
 import argparse
 import glob
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tarfile
@@ -105,7 +108,7 @@ def table(rows):
         for rc in ratio_cfgs:
             cells.append(f"{get[(rc, c)]['tok_s'] / best:.2f}" if best and (rc, c) in get else "-")
         for rc in ratio_cfgs if paired else ():
-            ratios = paired_ratios(get.get((rc, c)), get.get((best_cfg, c)) if best_cfg else None)
+            ratios = paired_best_ratios(get, rc, c)
             cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -117,6 +120,84 @@ def paired_ratios(row, base):
     if not row or not base or "round_tok_s_in_order" not in row or "round_tok_s_in_order" not in base:
         return []
     return [a / b for a, b in zip(row["round_tok_s_in_order"], base["round_tok_s_in_order"], strict=False) if b]
+
+
+def paired_best_ratios(get, cfg, conc):
+    """Round k of `cfg` over the better of plain and EAGLE-3 always on in round k (whichever of the two the call
+    measured), for one side-by-side call's rows `get` ((cfg, conc) -> row); [] when not side by side."""
+    row = get.get((cfg, conc))
+    bases = [get[(b, conc)] for b in ("plain", "spec") if (b, conc) in get]
+    if not row or not bases or any("round_tok_s_in_order" not in r for r in (row, *bases)):
+        return []
+    best = [max(rounds) for rounds in zip(*(b["round_tok_s_in_order"] for b in bases), strict=False)]
+    return [a / b for a, b in zip(row["round_tok_s_in_order"], best, strict=False) if b]
+
+
+def pooled_stats(files, cfg="specflip_retract", resamples=2000, seed=0):
+    """Paired-round ratios of `cfg` over the better of plain and always on, pooled over several side-by-side calls
+    (one bench JSONL each): per concurrency the pairs, the pooled median with a bootstrap 95 % interval
+    (resampled pairs, seeded) and each call's median."""
+    by_conc = {}
+    for f in files:
+        get = {(r["cfg"], r["conc"]): r for r in load_rows([f])}
+        for c in sorted({conc for name, conc in get if name == cfg}):
+            ratios = paired_best_ratios(get, cfg, c)
+            if ratios:
+                by_conc.setdefault(c, []).append(ratios)
+    if not by_conc:
+        raise SystemExit(f"summarize --pool: no side-by-side pairs of {cfg!r} against plain / always on in {files}")
+    rng = random.Random(seed)
+    stats = []
+    for c, calls in sorted(by_conc.items()):
+        ratios = [x for rs in calls for x in rs]
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+        stats.append({"conc": c, "pairs": len(ratios), "calls": len(calls), "median": statistics.median(ratios),
+                      "lo": medians[int(0.025 * resamples)], "hi": medians[int(0.975 * resamples) - 1],
+                      "per_call": [statistics.median(rs) for rs in calls]})
+    return stats
+
+
+def pooled(files, target=0.95):
+    """pooled_stats as a markdown table, with whether each pooled median reaches `target`."""
+    lines = [f"| concurrency | pairs (calls) | pooled median | bootstrap 95 % interval | median per call | "
+             f">= {target} |", "|---|---|---|---|---|---|"]
+    for st in pooled_stats(files):
+        per_call = ", ".join(f"{m:.2f}" for m in st["per_call"])
+        lines.append(f"| {st['conc']} | {st['pairs']} ({st['calls']}) | {st['median']:.3f} | "
+                     f"{st['lo']:.3f}-{st['hi']:.3f} | {per_call} | {'yes' if st['median'] >= target else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot_pooled_svg(stats, path, target=0.95):
+    """The pooled median ratio per concurrency with its interval bar, each call's median as a dot, and the target."""
+    w, h, pad = 640, 360, 60
+    concs = [st["conc"] for st in stats]
+    vals = [v for st in stats for v in (st["lo"], st["hi"], *st["per_call"])] + [target]
+    lo, hi = min(0.8, min(vals)), max(1.2, max(vals))
+    xs = lambda c: pad + (w - pad - 20) * math.log2(c) / max(1.0, math.log2(max(concs)))  # noqa: E731
+    ys = lambda v: 30 + (h - 30 - pad) * (hi - v) / (hi - lo)  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">',
+           '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13">specflip switch / best(plain, always on), '
+           f'paired rounds pooled over calls</text>',
+           f'<line x1="{pad}" y1="{h - pad}" x2="{w - 20}" y2="{h - pad}" stroke="#333"/>',
+           f'<line x1="{pad}" y1="30" x2="{pad}" y2="{h - pad}" stroke="#333"/>']
+    for v, style in ((1.0, 'stroke="#999"'), (target, 'stroke="#d62728" stroke-dasharray="5,4"')):
+        out.append(f'<line x1="{pad}" y1="{ys(v):.1f}" x2="{w - 20}" y2="{ys(v):.1f}" {style}/>')
+        out.append(f'<text x="{pad - 6}" y="{ys(v) + 4:.1f}" text-anchor="end" font-size="11">{v:.2f}</text>')
+    for st in stats:
+        x = xs(st["conc"])
+        out.append(f'<text x="{x:.1f}" y="{h - pad + 16}" text-anchor="middle" font-size="11">{st["conc"]}</text>')
+        out.append(f'<line x1="{x:.1f}" y1="{ys(st["lo"]):.1f}" x2="{x:.1f}" y2="{ys(st["hi"]):.1f}" '
+                   f'stroke="#1f77b4" stroke-width="2"/>')
+        out += [f'<circle cx="{x + 8:.1f}" cy="{ys(m):.1f}" r="2.5" fill="#aaa"/>' for m in st["per_call"]]
+        out.append(f'<circle cx="{x:.1f}" cy="{ys(st["median"]):.1f}" r="4.5" fill="#1f77b4"/>')
+    out.append(f'<text x="{w / 2}" y="{h - 22}" text-anchor="middle" font-size="11">concurrency (blue: pooled '
+               f'median, bar: bootstrap 95 % interval, grey: one call\'s median; red dashes: target {target})</text>')
+    out.append("</svg>")
+    with open(path, "w") as fh:
+        fh.write("\n".join(out) + "\n")
+    return path
 
 
 def timing_lines(sources):
@@ -148,7 +229,7 @@ def step_timer_lines(sources):
                 bucket = next(b for b in buckets if ev["bs"] <= b or b == buckets[-1])
                 what = "host" if ev["action"] == "step_time" else "device"
                 by.setdefault((cfg, what), {}).setdefault(bucket, []).append(ev.get("host_ms", ev.get("ms")))
-    gc_lines = gc_report(sources)
+    gc_lines = prefill_report(sources) + gc_report(sources)
     if not by:
         return gc_lines
     md = ["", "Step timer (shim/step_timer.py), median ms per decode step by batch size (up to), n in brackets:", "",
@@ -159,6 +240,29 @@ def step_timer_lines(sources):
         clock = "loop iteration (host)" if what == "host" else "run_batch span (CUDA events)"
         md.append(f"| {cfg} | {clock} | " + " | ".join(cells) + " |")
     return md + gc_lines
+
+
+def prefill_report(sources):
+    """The step timer's prefill lines: what each admitted request costs the loop, per configuration (medians)."""
+    per = {}
+    for cfg, text in trace_texts(sources):
+        for line in text.splitlines():
+            ev = json.loads(line)
+            if ev.get("action") == "prefill" and "run_ms" in ev:
+                per.setdefault(cfg, {}).setdefault("run", []).append(ev["run_ms"])
+                if ev.get("since_last_ms") is not None:
+                    per[cfg].setdefault("gap", []).append(ev["since_last_ms"])
+                if ev.get("since_arrival_ms") is not None:
+                    per[cfg].setdefault("arrival", []).append(ev["since_arrival_ms"])
+            elif ev.get("action") == "first_decode":
+                per.setdefault(cfg, {}).setdefault("first", []).append(ev["since_prefill_ms"])
+    med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
+    md = [f"- {cfg}: {len(d.get('run', []))} prefills (step timer), median ms: "
+          f"run_batch host time {med(d.get('run'))}, since the previous run_batch {med(d.get('gap'))}, "
+          f"since the request reached the scheduler {med(d.get('arrival'))}, "
+          f"prefill to the next decode step {med(d.get('first'))}"
+          for cfg, d in sorted(per.items())]
+    return ["", *md] if md else []
 
 
 def gc_report(sources):
@@ -253,7 +357,17 @@ def main():
     p.add_argument("--traces", nargs="*", default=None, help="trace sources (default: the run folders)")
     p.add_argument("--md")
     p.add_argument("--plot")
+    p.add_argument("--pool", action="store_true", help="pool the switch's paired ratios over these calls' files")
     a = p.parse_args()
+    if a.pool:
+        text = pooled(a.sources)
+        print(text)
+        if a.plot:
+            print("plot:", plot_pooled_svg(pooled_stats(a.sources), a.plot))
+        if a.md:
+            with open(a.md, "w") as fh:
+                fh.write(text + "\n")
+        return 0
     rows = load_rows(a.sources)
     traces = a.traces if a.traces is not None else [s for s in a.sources if os.path.isdir(s)]
     md = ["## Throughput / mean latency", "", table(rows) if rows else "(no bench rows)", "",
