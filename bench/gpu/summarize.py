@@ -130,7 +130,7 @@ def paired_best_ratios(get, cfg, conc):
     if not row or not bases or any("round_tok_s_in_order" not in r for r in (row, *bases)):
         return []
     best = [max(rounds) for rounds in zip(*(b["round_tok_s_in_order"] for b in bases), strict=False)]
-    return [a / b for a, b in zip(row["round_tok_s_in_order"], best, strict=False) if b]
+    return paired_ratios(row, {"round_tok_s_in_order": best})
 
 
 def pooled_stats(files, cfg="specflip_retract", resamples=2000, seed=0):
