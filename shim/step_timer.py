@@ -119,6 +119,7 @@ class StepTimer:
         self.event_factory = event_factory
         self.last_entry: float | None = None
         self.last_was_decode = False
+        self.last_was_prefill = False
         self.last_period: float | None = None
         self.last_arrival: float | None = None  # the latest request handed to the scheduler (handle_generate_request)
         self.decode_steps = 0
@@ -155,11 +156,12 @@ class StepTimer:
         period, self.last_entry = (None if self.last_entry is None else now - self.last_entry), now
         decode = batch.forward_mode.is_decode()
         steady = decode and self.last_was_decode and period is not None
-        after_prefill = decode and not self.last_was_decode and period is not None
+        after_prefill = decode and self.last_was_prefill and period is not None
         self.last_was_decode = decode
+        self.last_was_prefill = batch.forward_mode.is_extend()
         self.last_period = period
         if not decode:
-            return "prefill" if batch.forward_mode.is_extend() else None
+            return "prefill" if self.last_was_prefill else None
         if after_prefill:  # the prefill's loop iteration: where a plain and a switch server may differ per request
             self.trace.event("first_decode", bs=batch.batch_size(), since_prefill_ms=round(period * 1e3, 4))
         self.decode_steps += 1

@@ -106,7 +106,7 @@ def test_every_prefill_and_the_decode_step_after_it(tmp_path: Path) -> None:
         time.sleep(0.004 if b.forward_mode.is_extend() else 0.001)
 
     for b in (batch("DECODE", False, 2), "arrival", batch("EXTEND", False, 1), batch("EXTEND", False, 3),
-              batch("DECODE", False, 4), batch("DECODE", False, 4), batch("IDLE", False, 0)):
+              batch("DECODE", False, 4), batch("DECODE", False, 4), batch("IDLE", False, 0), batch("DECODE", False, 4)):
         if b == "arrival":  # a request handed to the scheduler, 3 ms before its prefill
             timer.around_arrival(lambda sched, req: None, scheduler, "req")
             time.sleep(0.003)
