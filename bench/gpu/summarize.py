@@ -42,8 +42,9 @@ def load_rows(paths):
     return rows
 
 
-def trace_texts(sources):
-    """(config name, text) of every switch trace under a run's $OUT (tr/NAME/switch-*.jsonl) or its tgz."""
+def trace_events(sources):
+    """(config name, event) of every line of every switch and step-timer trace under a run's $OUT
+    (tr/NAME/switch-*.jsonl, tr/NAME/steps-*.jsonl) or its tgz, read and parsed once for all the reports."""
     out = []
     for src in sources:
         if os.path.isdir(src):
@@ -56,28 +57,26 @@ def trace_texts(sources):
                 for m in t.getmembers():
                     if m.isfile() and ("/switch-" in m.name or "/steps-" in m.name):
                         out.append((m.name.split("/")[-2], t.extractfile(m).read().decode()))
-    return out
+    return [(cfg, json.loads(line)) for cfg, text in out for line in text.splitlines()]
 
 
-def timings(sources):
+def timings(events):
     by = {}
-    for cfg, text in trace_texts(sources):
-        for line in text.splitlines():
-            ev = json.loads(line)
-            act = ev.get("action")
-            if act == "timing":
-                kind = ev["kind"] + (" (step timer)" if ev.get("timer") else "")
-                key = (cfg, kind, "first after a flip" if ev["first_after_flip"] else "steady")
-                by.setdefault(key, []).append((ev["bs"], ev["ms"]))
-            elif act == "step_time":  # shim/step_timer.py: one scheduler loop iteration, host clock
-                key = (cfg, ev["kind"] + " loop iteration (host)", "steady")
-                by.setdefault(key, []).append((ev["bs"], ev["host_ms"]))
-            elif act in ("flip_off", "flip_on"):
-                by.setdefault((cfg, "flips", act), []).append((ev.get("running"), 0.0))
-            elif act == "prefill" and "graph" in ev:  # the plain path's prefills (shim/switch_v2.py, trace on)
-                by.setdefault((cfg, "plain prefills", "graph" if ev["graph"] else "eager"), []).append((ev["bs"], 0.0))
-            elif act == "capture_plain_runner":
-                by.setdefault((cfg, "capture", "s"), []).append((0, ev["seconds"]))
+    for cfg, ev in events:
+        act = ev.get("action")
+        if act == "timing":
+            kind = ev["kind"] + (" (step timer)" if ev.get("timer") else "")
+            key = (cfg, kind, "first after a flip" if ev["first_after_flip"] else "steady")
+            by.setdefault(key, []).append((ev["bs"], ev["ms"]))
+        elif act == "step_time":  # shim/step_timer.py: one scheduler loop iteration, host clock
+            key = (cfg, ev["kind"] + " loop iteration (host)", "steady")
+            by.setdefault(key, []).append((ev["bs"], ev["host_ms"]))
+        elif act in ("flip_off", "flip_on"):
+            by.setdefault((cfg, "flips", act), []).append((ev.get("running"), 0.0))
+        elif act == "prefill" and "graph" in ev:  # the plain path's prefills (shim/switch_v2.py, trace on)
+            by.setdefault((cfg, "plain prefills", "graph" if ev["graph"] else "eager"), []).append((ev["bs"], 0.0))
+        elif act == "capture_plain_runner":
+            by.setdefault((cfg, "capture", "s"), []).append((0, ev["seconds"]))
     return by
 
 
@@ -201,8 +200,9 @@ def plot_pooled_svg(stats, path, target=0.95):
 
 
 def timing_lines(sources):
+    events = trace_events(sources)
     md = []
-    for (cfg, kind, which), vals in sorted(timings(sources).items()):
+    for (cfg, kind, which), vals in sorted(timings(events).items()):
         ms = [v[1] for v in vals]
         if kind == "flips":
             md.append(f"- {cfg}: {len(vals)} x {which}")
@@ -214,22 +214,20 @@ def timing_lines(sources):
             what = kind if "loop iteration" in kind else f"{kind} step"
             md.append(f"- {cfg}, {what}, {which}: n={len(ms)}, median {statistics.median(ms):.2f} ms, "
                       f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
-    md += step_timer_lines(sources)
+    md += step_timer_lines(events)
     return md
 
 
-def step_timer_lines(sources):
+def step_timer_lines(events):
     """The step timer's loop iterations and device spans by batch size bucket, configurations side by side."""
     buckets = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     by = {}
-    for cfg, text in trace_texts(sources):
-        for line in text.splitlines():
-            ev = json.loads(line)
-            if ev.get("action") == "step_time" or (ev.get("action") == "timing" and ev.get("timer")):
-                bucket = next(b for b in buckets if ev["bs"] <= b or b == buckets[-1])
-                what = "host" if ev["action"] == "step_time" else "device"
-                by.setdefault((cfg, what), {}).setdefault(bucket, []).append(ev.get("host_ms", ev.get("ms")))
-    gc_lines = prefill_report(sources) + gc_report(sources)
+    for cfg, ev in events:
+        if ev.get("action") == "step_time" or (ev.get("action") == "timing" and ev.get("timer")):
+            bucket = next(b for b in buckets if ev["bs"] <= b or b == buckets[-1])
+            what = "host" if ev["action"] == "step_time" else "device"
+            by.setdefault((cfg, what), {}).setdefault(bucket, []).append(ev.get("host_ms", ev.get("ms")))
+    gc_lines = prefill_report(events) + gc_report(events)
     if not by:
         return gc_lines
     md = ["", "Step timer (shim/step_timer.py), median ms per decode step by batch size (up to), n in brackets:", "",
@@ -242,20 +240,18 @@ def step_timer_lines(sources):
     return md + gc_lines
 
 
-def prefill_report(sources):
+def prefill_report(events):
     """The step timer's prefill lines: what each admitted request costs the loop, per configuration (medians)."""
     per = {}
-    for cfg, text in trace_texts(sources):
-        for line in text.splitlines():
-            ev = json.loads(line)
-            if ev.get("action") == "prefill" and "run_ms" in ev:
-                per.setdefault(cfg, {}).setdefault("run", []).append(ev["run_ms"])
-                if ev.get("since_last_ms") is not None:
-                    per[cfg].setdefault("gap", []).append(ev["since_last_ms"])
-                if ev.get("since_arrival_ms") is not None:
-                    per[cfg].setdefault("arrival", []).append(ev["since_arrival_ms"])
-            elif ev.get("action") == "first_decode":
-                per.setdefault(cfg, {}).setdefault("first", []).append(ev["since_prefill_ms"])
+    for cfg, ev in events:
+        if ev.get("action") == "prefill" and "run_ms" in ev:
+            per.setdefault(cfg, {}).setdefault("run", []).append(ev["run_ms"])
+            if ev.get("since_last_ms") is not None:
+                per[cfg].setdefault("gap", []).append(ev["since_last_ms"])
+            if ev.get("since_arrival_ms") is not None:
+                per[cfg].setdefault("arrival", []).append(ev["since_arrival_ms"])
+        elif ev.get("action") == "first_decode":
+            per.setdefault(cfg, {}).setdefault("first", []).append(ev["since_prefill_ms"])
     med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
     md = [f"- {cfg}: {len(d.get('run', []))} prefills (step timer), median ms: "
           f"run_batch host time {med(d.get('run'))}, since the previous run_batch {med(d.get('gap'))}, "
@@ -265,14 +261,12 @@ def prefill_report(sources):
     return ["", *md] if md else []
 
 
-def gc_report(sources):
+def gc_report(events):
     """The step timer's last `gc` line per scheduler process: collections and ms in the garbage collector."""
     last = {}
-    for cfg, text in trace_texts(sources):
-        for line in text.splitlines():
-            ev = json.loads(line)
-            if ev.get("action") == "gc" and ev["decode_steps"] >= last.get(cfg, {}).get("decode_steps", 0):
-                last[cfg] = ev
+    for cfg, ev in events:
+        if ev.get("action") == "gc" and ev["decode_steps"] >= last.get(cfg, {}).get("decode_steps", 0):
+            last[cfg] = ev
     md = [f"- {cfg}: Python GC over {ev['decode_steps']} decode steps: collections by generation "
           f"{ev['gc_collections']}, ms {ev['gc_ms']}, longest {ev['gc_max_ms']} "
           f"({sum(ev['gc_ms']) / ev['decode_steps']:.3f} ms per decode step)" for cfg, ev in sorted(last.items())]
