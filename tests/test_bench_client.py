@@ -134,3 +134,38 @@ def test_pooled_ratios_take_the_better_base_each_round_and_say_when_the_target_i
     assert len(circles) == (2 + 1) + (1 + 1)  # per concurrency: a dot per call and the pooled median
     with pytest.raises(SystemExit, match="no side-by-side pairs"):
         summarize.pooled([_call(tmp_path / "c.jsonl", {"plain": {1: [1.0]}})])
+
+
+def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_setting(
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bursty_client
+    (fast, slow, wrong), log = servers
+    out = tmp_path / "bursty.jsonl"
+    # the fast stand-in plays the better static setting ("plain"), the slow one the worse ("spec")
+    spec = f"plain={fast.url},spec={slow.url},switch={wrong.url}"
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", spec, "--cycles", "2", "--low-conc", "1",
+                                      "--low-requests", "3", "--burst-conc", "4", "--burst-requests", "8",
+                                      "--rounds", "2", "--new-tokens", "4", "--out", str(out)])
+    bursty_client.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["cfg"], r["round"]) for r in rows] == [("plain", 0), ("spec", 0), ("switch", 0),
+                                                      ("spec", 1), ("switch", 1), ("plain", 1)]
+    for r in rows:
+        assert r["requests"] == 2 * (3 + 8) and r["errors"] == 0 and len(r["phase_s"]) == 4
+        assert r["exact"] == (0 if r["cfg"] == "switch" else 22)  # the counter check catches a wrong server
+        assert r["lat_p99"] >= r["lat_p50"] > 0
+    # every server got the same schedule: 2 rounds x 22 requests
+    assert sorted({n for n, _ in log}) == ["fast", "slow", "wrong"] and len(log) == 3 * 2 * 22
+    lines = summarize.bursty_table([str(tmp_path)])
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
+    assert float(table["plain decoding"][7]) == 1.0  # plain is the better static setting in each round
+    assert float(table["EAGLE-3 always on"][7]) < 1.0
+    assert table["specflip switch, calibrated thresholds"][6] == "0/44"
+
+
+def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import bursty_client
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", "a=http://127.0.0.1:9", "--burst-conc", "0"])
+    with pytest.raises(SystemExit) as e:
+        bursty_client.main()
+    assert e.value.code == 2 and "--burst-conc must be at least 1" in capsys.readouterr().err

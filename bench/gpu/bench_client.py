@@ -104,7 +104,7 @@ def main():
             print(f"FREEZE_GC {name}: {r.status} {r.read().decode().strip()}", flush=True)
     random.seed(1)
     t_start = time.time()
-    for c in [int(x) for x in a.concurrency.split(",")]:
+    for c in [int(x) for x in a.concurrency.split(",") if int(x) > 0]:  # CONCS=0: no sweep
         if time.time() - t_start > a.deadline:
             print(f"BENCH_SKIP conc={c}: deadline", flush=True)
             continue

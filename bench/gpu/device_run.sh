@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/gpu-results.md).
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
-#   MODELS: small (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632, the issue's 0.8B target)
+#   MODELS: 8b (H=4096 L=32 I=14336: Llama-3-8B's shape, the pair every deciding figure uses), small
+#           (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632: the host-bound 0.8B pair of sessions 1-6)
 #   ENV:    space-separated VAR=value for the server (e.g. SPECFLIP_SWITCH=16:8; SPECFLIP_MODE=assert adds the guard;
 #           @TR stands for this phase's trace folder; SPECFLIP_STEP_PROFILE=@TR/profile.flag adds a profiled round at
 #           PROFILE_CONCS (default 1) after the sweep: bench/gpu/profile_diff.py compares two servers' profiles)
@@ -10,6 +11,8 @@
 # ROUNDS (default 1) and SCALE (default 1): rounds per concurrency and requests per round (max(8, 2c) x SCALE);
 # WARMUP=1,8,64: one unmeasured round per server at each of these concurrencies first; FREEZE_GC=1: then SGLang's
 # /freeze_gc on every server (side by side only).
+# BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
+#   seconds the sweep leaves for it (its deadline). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
 #   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
 #   (bench_client.py --servers), then each replay phase runs. Host noise then falls on every configuration alike.
@@ -32,8 +35,10 @@ printf 'Metadata-Version: 2.1\nName: specflip-switch\nVersion: 0.1\n' > $D/METAD
 printf '[sglang.srt.plugins]\nspecflip = shim.plugin:register\n' > $D/entry_points.txt
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm TRITON_CACHE_DIR=/tmp/jitcache/triton
 [ -z "${CUDA_HOME:-}" ] && [ -n "$(which nvcc)" ] && export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(which nvcc)")")")
-python3 "$K/gen_models.py" /tmp/models_small > /dev/null || exit 4
-H=2048 L=16 I=5632 python3 "$K/gen_models_sized.py" /tmp/models_big > /dev/null || exit 4
+# only the model pairs the phases name (8b: about 14 GB, written in about 30 s; never carried)
+case " $* " in *'|small|'*) python3 "$K/gen_models.py" /tmp/models_small > /dev/null || exit 4;; esac
+case " $* " in *'|big|'*) H=2048 L=16 I=5632 python3 "$K/gen_models_sized.py" /tmp/models_big > /dev/null || exit 4;; esac
+case " $* " in *'|8b|'*) H=4096 L=32 I=14336 python3 "$K/gen_models_sized.py" /tmp/models_8b > /dev/null || exit 4;; esac
 echo "== models ready (t=$(el)s)"
 SPEC="--speculative-algorithm EAGLE3 --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4"
 FAILED=0
@@ -108,7 +113,13 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
     rem=$(( BUDGET - $(el) - 20 )); for s in "${specs[@]}"; do case $s in replay*) rem=$((rem - 90));; esac; done
     echo "== side by side: $servers (t=$(el)s, ${rem}s)"
     timeout $rem python3 bench/gpu/bench_client.py --servers "$servers" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
-      --scale "${SCALE:-1}" --warmup "${WARMUP:-}" ${FREEZE_GC:+--freeze-gc} --out "$OUT/bench.jsonl" --deadline $(( rem - 50 )) 2>&1 | grep -E 'BENCH|WARMUP|FREEZE_GC|Error|error' | tee "$OUT/tr/bench.log"
+      --scale "${SCALE:-1}" --warmup "${WARMUP:-}" ${FREEZE_GC:+--freeze-gc} --out "$OUT/bench.jsonl" \
+      --deadline $(( rem - 50 - ${BURSTY_S:-0} )) 2>&1 | grep -E 'BENCH|WARMUP|FREEZE_GC|Error|error' | tee "$OUT/tr/bench.log"
+    if [ -n "${BURSTY_ROUNDS:-}" ]; then   # then the bursty load (bursty_client.py), the same servers, paired rounds
+      rem=$(( BUDGET - $(el) - 20 )); echo "== bursty: $servers (t=$(el)s, ${rem}s)"
+      timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY_ROUNDS" \
+        --out "$OUT/bursty.jsonl" --deadline $(( rem * 2 / 3 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty.log"
+    fi
   fi
   for s in "${specs[@]}"; do
     parse "${s%|*|*}"; p=$(cut -d'|' -f5 <<< "$s")

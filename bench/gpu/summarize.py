@@ -18,7 +18,11 @@ import tarfile
 CFG_LABEL = {
     "plain": "plain decoding",
     "spec": "EAGLE-3 always on",
-    "adaptive": "SGLang adaptive, steps 3 / 0 from 16",
+    "adaptive": "SGLang adaptive (tier config: steps 3, 0 from t_off)",
+    "switch": "specflip switch, calibrated thresholds",
+    "auto": "specflip switch, SPECFLIP_SWITCH=auto",
+    "switch_guard": "specflip switch + guard (assert)",
+    "auto_guard": "SPECFLIP_SWITCH=auto + guard (assert)",
     "specflip": "specflip switch (v2_switch_reserve_sync)",
     "specflip_none": "specflip, no draft work while off (known bad)",
     "specflip_retract": "specflip switch, plain path (plain_off_retract_catch_up, 1:0)",
@@ -93,8 +97,8 @@ def table(rows):
     cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
     cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
     get = {(r["cfg"], r["conc"]): r for r in rows}
-    ratio_cfgs = [c for c in ("specflip", "specflip_none", "specflip_retract", "specflip_retract_eagerprefill")
-                  if c in cfgs]
+    ratio_cfgs = [c for c in ("switch", "auto", "switch_guard", "auto_guard", "specflip", "specflip_none",
+                              "specflip_retract", "specflip_retract_eagerprefill") if c in cfgs]
     paired = any("round_tok_s_in_order" in r for r in rows)  # side by side: round k of each config is a pair
     head = ["concurrency"] + [CFG_LABEL.get(c, c) for c in cfgs] + [f"{c} / best(plain, always on)" for c in ratio_cfgs]
     head += [f"{c} / best, paired rounds (median, min-max)" for c in ratio_cfgs] if paired else []
@@ -345,6 +349,39 @@ def plot_svg(rows, cfgs, path):
     return path
 
 
+def bursty_table(paths):
+    """The bursty load (bursty_client.py rows): per configuration the median schedule time, tok/s and p99 latency
+    over its rounds, and its paired-round time against the better static setting (plain, always on) and SGLang's
+    adaptive switch in the same round (> 1: faster)."""
+    rows = []
+    for p in paths:
+        files = sorted(glob.glob(os.path.join(p, "bursty*.jsonl"))) if os.path.isdir(p) else [p]
+        for f in files:
+            with open(f) as fh:
+                rows += [json.loads(x) for x in fh if x.strip()]
+    if not rows:
+        return []
+    by = {}
+    for r in rows:
+        by.setdefault(r["cfg"], {})[r["round"]] = r
+    cfgs = [c for c in CFG_ORDER if c in by] + sorted(set(by) - set(CFG_ORDER))
+    best_static = {k: min(by[b][k]["total_s"] for b in ("plain", "spec") if b in by and k in by[b])
+                   for k in {k for b in ("plain", "spec") if b in by for k in by[b]}}
+    head = ["configuration", "rounds", "total s (median)", "tok/s", "p99 latency s", "quiet p99 s", "exact",
+            "best static / this (paired median)", "adaptive / this (paired median)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cfgs:
+        rs = list(by[c].values())
+        med = lambda key, rs=rs: statistics.median(r[key] for r in rs)
+        vs_best = [best_static[k] / r["total_s"] for k, r in by[c].items() if k in best_static]
+        vs_ad = [by["adaptive"][k]["total_s"] / r["total_s"] for k, r in by[c].items() if k in by.get("adaptive", {})]
+        cell = lambda xs: f"{statistics.median(xs):.3f}" if xs else "-"
+        lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | {med('total_s'):.2f} | {med('tok_s'):,.0f} | "
+                     f"{med('lat_p99'):.2f} | {med('quiet_lat_p99'):.2f} | {sum(r['exact'] for r in rs)}/"
+                     f"{sum(r['requests'] for r in rs)} | {cell(vs_best)} | {cell(vs_ad)} |")
+    return ["## Bursty load (bursty_client.py: quiet phases and bursts; paired rounds)", ""] + lines + [""]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("sources", nargs="+", help="a run's $OUT folder or bench JSONL files")
@@ -367,6 +404,7 @@ def main():
     md = ["## Throughput / mean latency", "", table(rows) if rows else "(no bench rows)", "",
           "## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
     md += timing_lines(traces)
+    md += [""] + bursty_table([s for s in a.sources if os.path.isdir(s)])
     text = "\n".join(md)
     print(text)
     if a.md:
