@@ -15,9 +15,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from shim.guard import Guard
-from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
-from shim.runtime import GuardRuntime
+from shim.guard.api import announced_switch
+from shim.guard.core import Guard
+from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.runtime import GuardRuntime
 from statemodel.design import Design, Scope
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
@@ -170,23 +171,19 @@ class V2Adapter:
         return None
 
     def reference_design(self, sa: Any) -> Design:
-        """SPECFLIP_DESIGN overrides this (shim.runtime); else the design of the switch installed in this
-        process, else SGLang's own adaptive design or specflip's catch-up design."""
-        import shim.switch_v2
-
-        switch = shim.switch_v2.runtime()
+        """SPECFLIP_DESIGN overrides this (shim.guard.runtime); else the design the installed switch announced
+        (shim.guard.api), else SGLang's own adaptive design or specflip's catch-up design."""
+        switch = announced_switch()
         if switch is not None:
-            return get_design(switch.config.design_name)
+            return get_design(switch.design_name)
         return ADAPTIVE_WARM if getattr(sa, "speculative_adaptive", False) else CATCH_UP
 
     def scope(self, sa: Any) -> Scope:
-        import shim.switch_v2
-
         cap = int(getattr(sa, "max_running_requests", None) or NO_CAP)
         chunk = int(getattr(sa, "chunked_prefill_size", None) or NO_CAP)
-        switch = shim.switch_v2.runtime()
+        switch = announced_switch()
         # with the switch installed, speculation holds the switch's cap and plain decoding the launch cap
-        spec_cap = min(cap, switch.config.spec_cap) if switch is not None else cap
+        spec_cap = min(cap, switch.spec_cap) if switch is not None else cap
         return Scope(requests=(), kv_pool_size=0, spec_cap=spec_cap, plain_cap=cap, chunk_size=max(chunk, 1),
                      graph_capture_sizes=(), overlap=self.runs_overlap_loop(sa))
 
@@ -546,7 +543,7 @@ class V2Adapter:
                 g.note(f"adaptive controller: speculative_num_steps -> {state.speculative_num_steps}")
         self._run(step)
 
-    # --- called by a flip implementation (shim.api.notify_flip) -----------------------------------------
+    # --- called by a flip implementation (shim.guard.api.notify_flip) -----------------------------------------
 
     def on_flip(self, on: bool, batch: Any) -> None:
         def step() -> None:
@@ -561,7 +558,7 @@ class V2Adapter:
                 return
             self.remember_running(batch)
             g.flip(on, self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch),
-                   where="switch (shim.api.notify_flip)")
+                   where="switch (shim.guard.api.notify_flip)")
         self._run(step)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from shim.adapters.common import V2Adapter, tensor_width
-from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from statemodel.design import Design
 from statemodel.designs import SEEDS_FINAL
 from statemodel.state import ForwardMode, SpecInfoKind
