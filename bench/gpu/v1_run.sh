@@ -21,11 +21,11 @@ rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
 [ -f "$K/jitcache12.tar.gz" ] && tar xzf "$K/jitcache12.tar.gz" -C /tmp/jitcache && echo "jit cache restored"
 # the plugin entry point (group sglang.srt.plugins): the v1 switch when SPECFLIP_SWITCH is set, then the guard when
-# SPECFLIP_MODE is set (shim.switch.v1.plugin_entry registers the switch first: its prepare_for_decode runs inside
+# SPECFLIP_MODE is set (shim.plugin.register_v1 registers the switch first: its prepare_for_decode runs inside
 # the guard's)
 D=/tmp/site/specflip_v1-0.1.dist-info; mkdir -p $D
 printf 'Metadata-Version: 2.1\nName: specflip-v1\nVersion: 0.1\n' > $D/METADATA
-printf '[sglang.srt.plugins]\nspecflip_v1 = shim.switch.v1:plugin_entry\n' > $D/entry_points.txt
+printf '[sglang.srt.plugins]\nspecflip_v1 = shim.plugin:register_v1\n' > $D/entry_points.txt
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm TRITON_CACHE_DIR=/tmp/jitcache/triton
 export LD_LIBRARY_PATH=/tmp/site/_v1libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SGLANG_ENABLE_SPEC_V2=0   # -> disable_overlap_schedule -> the v1 EAGLEWorker

@@ -2,13 +2,15 @@
 
 Speculation goes off when demand (running + prefilling + waiting requests) reaches `t_off` and back on when
 demand falls to `t_on` and the running batch fits under speculation's running cap (hysteresis): the model's
-own rule (statemodel.actions.policy_wants_off / policy_wants_on), evaluated on the scheduler's counts.
+own rule (statemodel.policy.decide_flip, which the model's policy_wants_off / policy_wants_on use too), evaluated on
+the scheduler's counts (shim/switch/policy.py).
 A spec-off step is a real plain DECODE of the target: one token per request, on a decode CUDA graph runner
 captured at start-up beside the verify graphs, no drafting. Each function below is named after the model
 action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, plain_decode, draft_sync).
 
 Enable with `SPECFLIP_SWITCH=t_off:t_on` and install with `install_switch(HookRegistry, SwitchConfig.from_env())`
-from the plugin entry point (before `HookRegistry.apply_hooks()`, which `load_plugins` calls). Other knobs:
+from a plugin entry point (shim/plugin.py: `register_switch`, or `register`), before `HookRegistry.apply_hooks()`,
+which `load_plugins` calls. Other knobs:
   SPECFLIP_SWITCH_DRAFT   retract (default: design plain_off_retract_catch_up: speculation off is SGLang's own
                           plain scheduler path; the flip back on retracts the running requests, whose re-prefill
                           with speculation is the draft's catch-up) |

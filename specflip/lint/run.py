@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig, SwitchConfigError
-from specflip.lint.rules import Finding, Sizing, SpecflipPolicy, check, summary
+from specflip.lint.rules import SGLANG_REFUSES, Finding, Sizing, SpecflipPolicy, check, summary
 
 SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16"}
 CACHE_VERSION = 1
@@ -191,8 +191,6 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
 def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *,
               use_cache: bool = True) -> tuple[Sizing | None, list[Finding]]:
     """Findings for launch_server arguments (specflip's flags already stripped)."""
-    from specflip.lint.rules import SGLANG_REFUSES
-
     result = sizing_for(argv, policy, use_cache=use_cache)
     if isinstance(result, str):
         return None, [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused at start-up",
