@@ -330,13 +330,13 @@ class DesignDriver:
         """shim/switch/v2.py's per-process runtime, as install_switch + capture_plain_decode_runner leave it;
         the plain runner is the decode graph runner stand-in. The flips are the test's (flip_off / flip_on),
         so the thresholds only have to be valid."""
-        from shim.switch.v2 import SwitchConfig, SwitchPolicy, SwitchRuntime, SwitchTrace
+        from shim.switch.v2 import JsonlTrace, SwitchConfig, SwitchPolicy, SwitchRuntime
 
         mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
         config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
         if self.bug is None and config.design_name != self.design.name:
             raise ValueError(f"shim/switch/v2.py implements {config.design_name}, not {self.design.name}")
-        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(None),
+        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=JsonlTrace(None),
                              plain_runner=self.decode_graphs, plain_attn_backend=None)
 
     # scheduler side ----------------------------------------------------------------------------------------

@@ -63,7 +63,8 @@ import guard_fixtures as gf
 import sglang_cpu as h
 import torch
 
-from shim.switch.v2 import SwitchConfig, SwitchTrace
+from shim.switch.v2 import SwitchConfig
+from shim.timing.jsonl import JsonlTrace
 from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFrom
 
 # the stand-in model's token at a request's host-side output position (tests/sglang_cpu.py), kept here because
@@ -229,7 +230,7 @@ def resolve_spec_extras_relayed_cpu_stand_in(batch: Any, future_map: Any) -> Non
         info.bonus_tokens = future_map.output_tokens_buf[info.future_indices].to(torch.int32)
 
 
-class RecordedSwitchTrace(SwitchTrace):
+class RecordedSwitchTrace(JsonlTrace):
     """shim/switch/v2.py's trace of switch actions, kept in memory (`events`) instead of a JSONL file."""
 
     def __init__(self) -> None:
@@ -309,11 +310,11 @@ class OverlapDriver:
             if self.bug is None and config.design_name != self.design.name.removesuffix("_overlap"):
                 raise ValueError(f"shim/switch/v2.py's {config.draft_while_off!r} mode implements "
                                  f"{config.design_name}, not {self.design.name}")
-            trace: SwitchTrace = RecordedSwitchTrace()
+            trace: JsonlTrace = RecordedSwitchTrace()
         else:
             mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
             config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
-            trace = SwitchTrace(None)
+            trace = JsonlTrace(None)
         return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=trace,
                              plain_runner=self.decode_graphs, plain_attn_backend=None)
 

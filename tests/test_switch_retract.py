@@ -297,7 +297,7 @@ def test_next_batch_hook_passes_through_without_the_retract_mode() -> None:
     try:
         sync = SwitchConfig(4, 1, draft_while_off="sync")
         for rt in (None, switch_v2.SwitchRuntime(config=sync, policy=switch_v2.SwitchPolicy(sync),
-                                                 trace=switch_v2.SwitchTrace(None))):
+                                                 trace=switch_v2.JsonlTrace(None))):
             switch_v2._RUNTIME = rt
             assert switch_v2._next_batch_around(orig, "sched", running_batch="rb", last_batch="lb") == "plan"
     finally:
