@@ -42,7 +42,7 @@ def main() -> None:
 
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
-    from shim.guard import Mode
+    from shim.guard.core import Mode
     from statemodel.designs import CATCH_UP
 
     runtime = gf.install_guard_plugin()

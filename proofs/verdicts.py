@@ -51,7 +51,7 @@ class Verdict:
 
 
 def judge(design: Design, scope: Scope, result: Result) -> Verdict:
-    if design.kind is DesignKind.SHIPPED:
+    if design.kind is not DesignKind.KNOWN_BAD:  # shipped and candidate designs must pass
         problems = []
         if result.violations:
             problems.append(f"breaks {result.violations[0].invariant} after {len(result.trace)} steps")

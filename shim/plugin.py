@@ -1,39 +1,60 @@
-"""The SGLang plugin: entry point `specflip = "shim.plugin:register"` in group `sglang.srt.plugins`.
+"""The SGLang plugins: one entry point (group `sglang.srt.plugins`) per feature and one that combines them.
 
-SGLang's `load_plugins()` calls `register()` in every process before the scheduler, the workers and
-their CUDA graphs exist. Environment:
+SGLang's `load_plugins()` calls each registered entry point in every process before the scheduler, the workers
+and their CUDA graphs exist. Each feature is a no-op unless its environment variables turn it on:
 
-* `SPECFLIP_MODE=off|warn|assert|trace` (default off: no hook is registered at all).
-* `SPECFLIP_TRACE=<path>` trace file (JSONL; `{rank}` and `{pid}` are filled in). Trace mode without it
-  writes `specflip-trace.rank{rank}.jsonl` in the working directory.
-* `SPECFLIP_DESIGN=<design name>` the reference design whose transition function moves the ghost state
-  (default: the design of the switch installed in this process (shim/switch_v2.py: `plain_off_retract_catch_up`,
-  or `v2_switch_reserve_sync` with SPECFLIP_SWITCH_DRAFT=sync), else `sglang_adaptive_warm` with
-  --speculative-adaptive, else `plain_off_catch_up`).
-* `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
-* `SPECFLIP_STEP_TIMER=<dir>` a per-step timer for any server, switch or not (shim/step_timer.py).
-
-An unsupported release or configuration logs one message and leaves the guard off.
+* `register_switch`: specflip's v2 switch (shim/switch/v2.py), when `SPECFLIP_SWITCH=t_off:t_on` is set; not on a
+  server that runs SGLang's v1 EAGLEWorker.
+* `register_switch_v1`: the v1 switch (shim/switch/v1.py, SGLang 0.5.12 with SGLANG_ENABLE_SPEC_V2=0), when
+  `SPECFLIP_SWITCH` is set.
+* `register_step_timer`: the per-step timer for any server, when `SPECFLIP_STEP_TIMER=<dir>` is set
+  (shim/timing/step_timer.py).
+* `register_guard`: the runtime guard, when `SPECFLIP_MODE` is set:
+  * `SPECFLIP_MODE=off|warn|assert|trace` (default off: no hook is registered at all).
+  * `SPECFLIP_TRACE=<path>` trace file (JSONL; `{rank}` and `{pid}` are filled in). Trace mode without it
+    writes `specflip-trace.rank{rank}.jsonl` in the working directory.
+  * `SPECFLIP_DESIGN=<design name>` the reference design whose transition function moves the ghost state
+    (default: the design the installed switch announced through shim.guard.api (shim/switch/v2.py:
+    `plain_off_retract_catch_up`, or `v2_switch_reserve_sync` with SPECFLIP_SWITCH_DRAFT=sync), else
+    `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
+  * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
+  An unsupported release or configuration logs one message and leaves the guard off.
+* `register` (the project's entry point, `specflip = "shim.plugin:register"`): the v2 switch, the step timer,
+  then the guard (the guard last: it reads what the switch announced).
+* `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard.
 """
 
 from __future__ import annotations
 
 import logging
 
-from shim.guard import Mode
-from shim.runtime import ConfigError, GuardRuntime, current, install
+from shim.adapters import select_adapter
+from shim.guard.core import Mode
+from shim.guard.runtime import ConfigError, GuardRuntime, current, install
+from shim.switch import v1 as switch_v1
+from shim.switch import v2 as switch_v2
+from shim.timing import step_timer
 
 logger = logging.getLogger("specflip.guard")
 
 
-def register() -> None:
-    """Install the guard's hooks through SGLang's HookRegistry, or nothing (with one message why)."""
-    # specflip's v2 switch (shim/switch_v2.py, issue 5): a no-op unless SPECFLIP_SWITCH is set
-    from shim.switch_v2 import install_from_env as install_switch_v2_from_env
-    install_switch_v2_from_env()
-    # the per-step timer (shim/step_timer.py): a no-op unless SPECFLIP_STEP_TIMER is set
-    from shim.step_timer import install_from_env as install_step_timer_from_env
-    install_step_timer_from_env()
+def register_switch() -> None:
+    """specflip's v2 switch: a no-op unless SPECFLIP_SWITCH is set (idempotent)."""
+    switch_v2.install_from_env()
+
+
+def register_switch_v1() -> None:
+    """The v1 switch (seeds_final on SGLang's v1 EAGLEWorker): a no-op unless SPECFLIP_SWITCH is set."""
+    switch_v1.install_from_env()
+
+
+def register_step_timer() -> None:
+    """The per-step timer: a no-op unless SPECFLIP_STEP_TIMER is set (idempotent)."""
+    step_timer.install_from_env()
+
+
+def register_guard() -> None:
+    """Install the guard's hooks through SGLang's HookRegistry, or nothing (with one message why); idempotent."""
     if current() is not None:
         return  # already registered in this process
     try:
@@ -43,8 +64,6 @@ def register() -> None:
         return
     if runtime.mode is Mode.OFF:
         return
-    from shim.adapters import select_adapter
-
     adapter, why = select_adapter()
     if adapter is None:
         logger.warning("specflip guard off: %s", why)
@@ -56,3 +75,16 @@ def register() -> None:
     install(runtime)
     logger.info("specflip guard on: mode %s, sglang %s, %d hooks", runtime.mode.value, adapter.release,
                 len(adapter.TARGETS))
+
+
+def register() -> None:
+    """The project's entry point: the v2 switch, the step timer and the guard, each as its variables say."""
+    register_switch()
+    register_step_timer()
+    register_guard()
+
+
+def register_v1() -> None:
+    """The v1 kit's entry point: the v1 switch, then the guard (a no-op unless SPECFLIP_MODE is set)."""
+    register_switch_v1()
+    register_guard()

@@ -2,7 +2,7 @@
 
 The operator measures once (bench/gpu/bench_client.py: one JSON row per (cfg, concurrency) with `tok_s`,
 plain decoding and always-on speculation on the same host) and the switch's hysteresis thresholds
-(SPECFLIP_SWITCH=t_off:t_on, shim/switch_v2.py) come from that measurement, not from a guess.
+(SPECFLIP_SWITCH=t_off:t_on, shim/switch/v2.py) come from that measurement, not from a guess.
 
 The rule, over the concurrencies c measured for both configurations:
 - speculation *wins* at c when spec_tok_s >= plain_tok_s * (1 + margin); the margin is what speculation must
@@ -19,7 +19,7 @@ The rule, over the concurrencies c measured for both configurations:
   band cannot express two disjoint speculative ranges, so the rule above stands (t_on = the largest win);
   speculation then also runs at the losing concurrencies below it, and the report says so.
 
-The thresholds are checked by the switch's own configuration rule (shim.switch_v2.SwitchConfig), through the
+The thresholds are checked by the switch's own configuration rule (shim.switch.config.SwitchConfig), through the
 same env text the operator sets, so calibrate cannot print a setting the switch would refuse.
 """
 
@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from shim.switch.config import SwitchConfig
 
 
 class CalibrateError(ValueError):
@@ -197,7 +199,6 @@ def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", ma
 
 def _check_with_switch(result: Calibration) -> None:
     """The switch's own rule must accept the thresholds, read back from the env text the operator sets."""
-    from shim.switch_v2 import SwitchConfig  # lazily: the switch module is only needed here
 
     if result.switch_env is None:
         return

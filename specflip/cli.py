@@ -63,7 +63,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from shim.explain import main as explain_main
+    from shim.guard.explain import main as explain_main
 
     return explain_main(args)
 
@@ -75,7 +75,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    from shim.lint import main as lint_main
+    from specflip.lint.run import main as lint_main
 
     return lint_main(args, owns_process=getattr(args, "owns_process", False))
 
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagram.set_defaults(func=_cmd_diagram)
 
     # Every argument after `lint` is passed through untouched (launch_server flags start with "--" too);
-    # shim.lint parses its own flags (--json, --specflip-*, --help) out of them.
+    # specflip.lint.run parses its own flags (--json, --specflip-*, --help) out of them.
     lint = sub.add_parser("lint", help="check a speculative server configuration before it starts",
                           add_help=False, prefix_chars="+")
     lint.add_argument("argv", nargs="*", help="launch_server arguments, plus --json / --specflip-* / --help")

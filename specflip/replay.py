@@ -3,8 +3,8 @@
 Reports, per run: greedy equality (the counter target makes every output exactly known; with
 `--compare-url` also equal to a server without speculation), lost requests, errors, and conformance of the
 switch's trace to the model (every observed action is a model action allowed in the stage and mode the
-trace is in; which model actions were covered). Guard traces (shim.trace, SPECFLIP_MODE=trace) are
-explained by `shim.explain.explain_traces` when that module is present.
+trace is in; which model actions were covered). Guard traces (shim.guard.trace, SPECFLIP_MODE=trace) are
+explained by `shim.guard.explain.explain_traces` when that module is present.
 """
 
 from __future__ import annotations
@@ -230,13 +230,14 @@ def admission_stalls(events: Sequence[dict[str, Any]], min_steps: int = 8) -> li
 
 
 def explain_guard_traces(paths: Sequence[str]) -> dict[str, Any]:
-    """The guard's explainer (shim.explain.explain_traces) over guard traces, or a clear note why not."""
+    """The guard's explainer (shim.guard.explain.explain_traces) over guard traces, or a clear note why not."""
     if not paths:
         return {"available": False, "note": "no guard traces found (run the server with SPECFLIP_MODE=trace)"}
     try:
-        from shim.explain import explain_traces
+        from shim.guard.explain import explain_traces
     except ImportError:
-        return {"available": False, "note": "shim.explain.explain_traces not available; guard traces not explained",
+        return {"available": False,
+                "note": "shim.guard.explain.explain_traces not available; guard traces not explained",
                 "paths": list(paths)}
     try:
         report = explain_traces(list(paths))

@@ -24,6 +24,7 @@ from statemodel.design import (
     Scope,
     ThresholdPolicy,
 )
+from statemodel.policy import Flip, decide_flip
 from statemodel.state import (
     EMPTY_BATCH,
     Batch,
@@ -157,15 +158,17 @@ def initial_states(design: Design, scope: Scope) -> list[State]:
 
 def policy_wants_off(state: State, design: Design) -> bool:
     t = state.thresholds
-    return t is not None and state.spec_mode is SpecMode.ON and state.demand() >= t.t_off
+    return (t is not None and state.spec_mode is SpecMode.ON
+            and decide_flip(True, state.demand(), state.in_flight_count(), t.t_off, t.t_on, None) is Flip.OFF)
 
 
 def policy_wants_on(state: State, design: Design, scope: Scope) -> bool:
     t = state.thresholds
-    if t is None or state.spec_mode is not SpecMode.OFF or state.demand() > t.t_on:
+    if t is None or state.spec_mode is not SpecMode.OFF:
         return False
     clamp = isinstance(design.policy, ThresholdPolicy) and design.policy.clamp_to_spec_cap
-    return not clamp or state.in_flight_count() <= scope.spec_cap
+    return decide_flip(False, state.demand(), state.in_flight_count(), t.t_off, t.t_on,
+                       scope.spec_cap if clamp else None) is Flip.ON
 
 
 def running_cap(state: State, scope: Scope) -> int:

@@ -12,8 +12,9 @@ import attrs
 
 
 class DesignKind(enum.Enum):
-    SHIPPED = "shipped"
-    KNOWN_BAD = "known-bad"
+    SHIPPED = "shipped"  # implemented (specflip's switches, or SGLang's own): must pass
+    CANDIDATE = "candidate"  # checked like a shipped design (must pass), not implemented yet
+    KNOWN_BAD = "known-bad"  # must be refuted by its expected invariant
 
 
 class ClearSpecOn(enum.Enum):

@@ -1,8 +1,8 @@
 """The designs: every way of performing the flip that specflip ships or refutes, as data.
 
-Shipped designs (and candidates, not yet implemented in shim/) must pass every invariant within the
-scope; known-bad designs must each be refuted by a shortest counterexample whose last step breaks
-`expected_invariant`.
+Shipped designs (implemented in shim/switch/ or by SGLang itself) and candidates (not implemented yet) must
+pass every invariant within the scope; known-bad designs (each one change from a base design) must each be
+refuted by a shortest counterexample whose last step breaks `expected_invariant`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ SEEDS_FINAL = Design(
 
 CATCH_UP = Design(
     name="plain_off_catch_up",
-    kind=DesignKind.SHIPPED,
+    kind=DesignKind.CANDIDATE,
     summary="specflip's v2 switch: the flip takes spec_info and spec_algorithm off the batch so a spec-off "
     "step is a real plain DECODE; no draft work while off; one draft-extend over every token committed "
     "while off when speculation comes back; the running cap and KV reserve follow the mode and the "
@@ -60,7 +60,7 @@ CATCH_UP = Design(
 
 SYNC_V2 = Design(
     name="plain_off_sync",
-    kind=DesignKind.SHIPPED,
+    kind=DesignKind.CANDIDATE,
     summary="specflip's v2 switch with the draft kept current: as plain_off_catch_up, but a draft-extend "
     "over the new token after every plain step instead of one catch-up.",
     source="issue 5 (v2 worker, 0.5.16 / 0.5.23)",
@@ -73,12 +73,12 @@ SYNC_V2 = Design(
 V2_SWITCH = Design(
     name="v2_switch_reserve_sync",
     kind=DesignKind.SHIPPED,
-    summary="specflip's v2 switch as shim/switch_v2.py implements it on SGLang 0.5.16: the ScheduleBatch keeps "
+    summary="specflip's v2 switch as shim/switch/v2.py implements it on SGLang 0.5.16: the ScheduleBatch keeps "
     "its draft input and prepare_for_decode its speculative path (the reserve is topped up, never released); "
     "a spec-off step strips spec_info and spec_algorithm only inside the worker call (_forward_isolation "
     "restores them), takes its slot from the v2 over-allocation, replays a decode graph runner captured at "
     "start-up, and a draft-extend follows every plain step.",
-    source="shim/switch_v2.py; docs/gpu-results.md (H200, 0.5.16)",
+    source="shim/switch/v2.py; docs/gpu-results.md (H200, 0.5.16)",
     sglang_line="0.5.16",
     policy=THRESHOLDS,
     clear_spec_on=ClearSpecOn.WORKER_COPY,
@@ -102,156 +102,125 @@ ADAPTIVE_WARM = Design(
 RETRACT_CATCH_UP = attrs.evolve(
     CATCH_UP,
     name="plain_off_retract_catch_up",
-    summary="specflip's v2 switch on SGLang's plain path, as shim/switch_v2.py implements it with "
+    kind=DesignKind.SHIPPED,
+    summary="specflip's v2 switch on SGLang's plain path, as shim/switch/v2.py implements it with "
     "SPECFLIP_SWITCH_DRAFT=retract: plain_off_catch_up with the catch-up by retraction: no draft work while off; "
     "flip-on retracts every running request (ScheduleBatch.release_req without tree insertion: KV freed, back to "
     "waiting with its output) and its prefill with speculation on runs the target and the draft over prompt + "
     "output.",
-    source="shim/switch_v2.py (draft mode retract); docs/throughput-plan.md; docs/gpu-results.md (H200, 0.5.16)",
+    source="shim/switch/v2.py (draft mode retract); docs/throughput-plan.md; docs/gpu-results.md (H200, 0.5.16)",
     sglang_line="0.5.16",
     draft_while_off=DraftWhileOff.RETRACT_ON_ENABLE,
 )
 
-SHIPPED = (SEEDS_FINAL, CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP)
+SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP)
 
 # Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
-CANDIDATES: tuple[Design, ...] = ()
+# plain_off_catch_up is the guard's reference design on a server without a switch (no flip ever happens there).
+CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2)
+
+
+def _known_bad(base: Design, *, name: str, summary: str, source: str, expected_invariant: str,
+               **change: object) -> Design:
+    """A known-bad design: `base` (a shipped design, a candidate, or SGLang's own) with exactly one field changed."""
+    if len(change) != 1:
+        raise ValueError(f"{name}: a known-bad design is one change from its base, got {sorted(change)}")
+    return attrs.evolve(base, name=name, kind=DesignKind.KNOWN_BAD, summary=summary, source=source,
+                        expected_invariant=expected_invariant, **change)  # type: ignore[arg-type]
+
 
 KNOWN_BAD = (
-    Design(
-        name="seeds_final_verify_graphs_only",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        SEEDS_FINAL, name="seeds_final_verify_graphs_only", expected_invariant="shapes_agree",
         summary="The seeds' final design exactly as written: spec_info and spec_algorithm cleared on the worker "
         "copy, but a speculative server has captured only target-verify graphs and CudaGraphRunner.can_run "
         "ignores forward_mode, so the plain decode still replays a verify graph.",
         source="sglang 0.5.12 model_executor/cuda_graph_runner.py (docs/correspondence-research.md)",
-        sglang_line="0.5.12",
-        policy=THRESHOLDS,
-        verify_advances_past_finish=False,
-        clear_spec_on=ClearSpecOn.WORKER_COPY,
-        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
         plain_step_graphs=PlainStepGraphs.VERIFY_RUNNER,
-        expected_invariant="shapes_agree",
     ),
-    Design(
-        name="seeds_attempt1_spec_info_left",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        SEEDS_FINAL, name="seeds_attempt1_spec_info_left", expected_invariant="spec_info_matches_mode",
         summary="Seeds' attempt 1: the EagleDraftInput stays on the batch of a plain decode; the CUDA graph "
         "runner prepares the speculative shape (\"size of tensor a (160) must match tensor b (2)\").",
         source="shared/seeds (msg 5536); ANCHORS.md seeds row",
-        sglang_line="0.5.12",
-        policy=THRESHOLDS,
-        verify_advances_past_finish=False,
         clear_spec_on=ClearSpecOn.NOWHERE,
-        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
-        expected_invariant="spec_info_matches_mode",
     ),
-    Design(
-        name="seeds_attempt2_tuple_unpack",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        SEEDS_FINAL, name="seeds_attempt2_tuple_unpack", expected_invariant="shapes_agree",
         summary="Seeds' attempt 2: the fallback allocates its own slots and unpacks "
         "`out_cache_loc, _ = alloc_token_slots(..., backup_state=False)`, a tensor, not a tuple.",
         source="shared/seeds (msg 5556, 5559)",
-        sglang_line="0.5.12",
-        policy=THRESHOLDS,
-        verify_advances_past_finish=False,
-        clear_spec_on=ClearSpecOn.WORKER_COPY,
         out_cache_loc_from=OutCacheLocFrom.TUPLE_UNPACK,
-        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
-        expected_invariant="shapes_agree",
     ),
-    Design(
-        name="clear_on_scheduler_batch",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        SEEDS_FINAL, name="clear_on_scheduler_batch", expected_invariant="draft_kv_covers_prefix",
         summary="Clears spec_info and spec_algorithm on the ScheduleBatch instead of the worker's copy: the "
         "draft input the next draft step needs is gone when speculation comes back.",
         source="shared/seeds (msg 5559: 'not the ScheduleBatch itself')",
-        sglang_line="0.5.12",
-        policy=THRESHOLDS,
-        verify_advances_past_finish=False,
         clear_spec_on=ClearSpecOn.SCHEDULER_BATCH,
-        draft_while_off=DraftWhileOff.SYNC_EVERY_STEP,
-        expected_invariant="draft_kv_covers_prefix",
     ),
-    Design(
-        name="zero_steps_skip_draft_extend",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        ADAPTIVE_WARM, name="zero_steps_skip_draft_extend", expected_invariant="draft_kv_covers_prefix",
         summary="Adaptive steps=0 with draft-extend skipped (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) and no "
         "recovery: when steps go back up the draft runs on a stale KV.",
         source="ANCHORS.md: sglang adaptive; TRT-LLM PR #16888; vllm-metal PR #716",
-        sglang_line="0.5.23",
-        policy=TIERS,
         zero_step_draft_extend=False,
-        expected_invariant="draft_kv_covers_prefix",
     ),
-    Design(
-        name="kv_reserve_by_current_steps",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        ADAPTIVE_WARM, name="kv_reserve_by_current_steps", expected_invariant="kv_reserve_covers_writes",
         summary="The speculative KV reserve is sized by the current step count; the adaptive switch to more "
         "steps happens after prepare_for_decode, so the verify writes past the reserve.",
         source="sglang PR #24055",
-        sglang_line="0.5.23",
-        policy=TIERS,
         kv_reserve=KvReserve.CURRENT_STATE,
-        expected_invariant="kv_reserve_covers_writes",
     ),
-    Design(
-        name="merge_unchecked_spec_info",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        CATCH_UP, name="merge_unchecked_spec_info", expected_invariant="spec_info_matches_batch",
         summary="merge_batch concatenates spec_info as it is: a batch prefilled while speculation was off "
         "(no draft input) merges into a speculative running batch and spec_info loses rows.",
         source="sglang PR #10090 comment (merge_batch -> spec_info.merge_batch shape error under load)",
-        sglang_line="0.5.23",
-        policy=THRESHOLDS,
-        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
         merge_spec_info=MergeSpecInfo.CONCAT_UNCHECKED,
-        expected_invariant="spec_info_matches_batch",
     ),
-    Design(
-        name="draft_kv_never_freed",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        ADAPTIVE_WARM, name="draft_kv_never_freed", expected_invariant="kv_conservation",
         summary="The KV over-allocated for draft tokens is not freed when a request finishes.",
         source="sglang #13826, #19518",
-        sglang_line="0.5.23",
-        policy=TIERS,
         free_reserved_on_finish=False,
-        expected_invariant="kv_conservation",
     ),
-    Design(
-        name="reenable_above_spec_cap",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        CATCH_UP, name="reenable_above_spec_cap", expected_invariant="running_within_cap",
         summary="The policy re-enables speculation at t_on although more requests run than speculation "
         "holds (48 against 128 on the GPU host).",
         source="issue 2; GPU-HOST.md (max_running_requests 48 with speculation)",
-        sglang_line="0.5.23",
         policy=ThresholdPolicy(t_off_range=(4,), t_on_range=(3,), clamp_to_spec_cap=False),
-        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
-        expected_invariant="running_within_cap",
     ),
-    Design(
-        name="no_draft_work_while_off",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        CATCH_UP, name="no_draft_work_while_off", expected_invariant="draft_kv_covers_prefix",
         summary="No draft work while off and no catch-up when speculation comes back: the draft KV is stale.",
         source="vLLM PR #4592 ('disabled forever'), TRT-LLM PR #16888, vllm-metal PR #716",
-        sglang_line="0.5.23",
-        policy=THRESHOLDS,
-        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
         draft_while_off=DraftWhileOff.NONE,
-        expected_invariant="draft_kv_covers_prefix",
     ),
-    Design(
-        name="seq_lens_advanced_twice",
-        kind=DesignKind.KNOWN_BAD,
+    _known_bad(
+        CATCH_UP, name="seq_lens_advanced_twice", expected_invariant="seq_lens_growth",
         summary="A plain step whose seq_lens are advanced by prepare_for_decode and again by the speculative "
         "worker's post-verify bookkeeping.",
         source="sglang closed PR #13804 (cleanup_speculative_state re-allocates and resets per step)",
-        sglang_line="0.5.23",
-        policy=THRESHOLDS,
-        clear_spec_on=ClearSpecOn.BATCH_AT_FLIP,
         plain_step_advances_seq_lens_twice=True,
-        expected_invariant="seq_lens_growth",
     ),
 )
+# What each known-bad design changed one field of (tests check that exactly one model field differs).
+KNOWN_BAD_BASES: dict[str, Design] = {
+    "seeds_final_verify_graphs_only": SEEDS_FINAL,
+    "seeds_attempt1_spec_info_left": SEEDS_FINAL,
+    "seeds_attempt2_tuple_unpack": SEEDS_FINAL,
+    "clear_on_scheduler_batch": SEEDS_FINAL,
+    "zero_steps_skip_draft_extend": ADAPTIVE_WARM,
+    "kv_reserve_by_current_steps": ADAPTIVE_WARM,
+    "merge_unchecked_spec_info": CATCH_UP,
+    "draft_kv_never_freed": ADAPTIVE_WARM,
+    "reenable_above_spec_cap": CATCH_UP,
+    "no_draft_work_while_off": CATCH_UP,
+    "seq_lens_advanced_twice": CATCH_UP,
+}
 
 ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD
 
@@ -289,7 +258,7 @@ OVERLAP_KNOWN_BAD += (
         summary="plain_off_catch_up under the overlap schedule with SGLang's double reserve, flipping as soon as "
         "the policy says: the flip decides in update_running_batch while step N's verify is unprocessed, and "
         "releasing the reserve at flip-off frees the slots that verify writes.",
-        source="docs/overlap-plan.md (flips with a round in flight); shim/switch_v2.py",
+        source="docs/overlap-plan.md (flips with a round in flight); shim/switch/v2.py",
         expected_invariant="kv_reserve_covers_writes",
     ),
 )

@@ -58,7 +58,7 @@ def target_forward_cpu_stand_in(self: Any, batch: Any = None, forward_batch: Any
                                 is_verify: bool = False, skip_attn_backend_init: Any = None, *,
                                 capture_hidden_mode: Any = None, return_kv_loc_plan: bool = False) -> Any:
     """TpModelWorker.forward_batch_generation: one sampled token per request, and the hidden states when the
-    caller captures them in full (shim/switch_v2.py's plain step, for its draft sync)."""
+    caller captures them in full (shim/switch/v2.py's plain step, for its draft sync)."""
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
@@ -185,16 +185,16 @@ def install_guard_plugin() -> Any:
     GuardRuntime the entry point installed. Once per process (load_plugins is idempotent)."""
     import sglang.srt.plugins as plugins
 
-    import shim.runtime
+    import shim.guard.runtime
 
-    if shim.runtime.current() is not None:
-        return shim.runtime.current()
+    if shim.guard.runtime.current() is not None:
+        return shim.guard.runtime.current()
     if plugins._plugins_loaded:
         raise RuntimeError("sglang's load_plugins() already ran in this process without the specflip guard")
     _install_gpu_stand_ins()
     with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
         plugins.load_plugins()
-    runtime = shim.runtime.current()
+    runtime = shim.guard.runtime.current()
     if runtime is None:
         raise RuntimeError("load_plugins() ran but the specflip entry point installed no guard")
     return runtime
@@ -305,8 +305,8 @@ class DesignDriver:
     attempts, plus the v2 switch's: "v2_plain_step_not_restored", "v2_spec_info_left_on_launch"); None runs
     the design as written.
 
-    A design whose plain slot comes from the v2 reserve (shim/switch_v2.py's, v2_switch_reserve_sync) runs
-    its spec-off steps through the real switch code, `shim.switch_v2.plain_decode`.
+    A design whose plain slot comes from the v2 reserve (shim/switch/v2.py's, v2_switch_reserve_sync) runs
+    its spec-off steps through the real switch code, `shim.switch.v2.plain_decode`.
     """
 
     def __init__(self, pools: h.CpuPools, design: Design, *, num_steps: int = 3, bug: str | None = None) -> None:
@@ -327,16 +327,16 @@ class DesignDriver:
         self.switch = self._switch_runtime() if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE else None
 
     def _switch_runtime(self) -> Any:
-        """shim/switch_v2.py's per-process runtime, as install_switch + capture_plain_decode_runner leave it;
+        """shim/switch/v2.py's per-process runtime, as install_switch + capture_plain_decode_runner leave it;
         the plain runner is the decode graph runner stand-in. The flips are the test's (flip_off / flip_on),
         so the thresholds only have to be valid."""
-        from shim.switch_v2 import SwitchConfig, SwitchPolicy, SwitchRuntime, SwitchTrace
+        from shim.switch.v2 import JsonlTrace, SwitchConfig, SwitchPolicy, SwitchRuntime
 
         mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
         config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
         if self.bug is None and config.design_name != self.design.name:
-            raise ValueError(f"shim/switch_v2.py implements {config.design_name}, not {self.design.name}")
-        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(None),
+            raise ValueError(f"shim/switch/v2.py implements {config.design_name}, not {self.design.name}")
+        return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=JsonlTrace(None),
                              plain_runner=self.decode_graphs, plain_attn_backend=None)
 
     # scheduler side ----------------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ class DesignDriver:
 
     # flips ----------------------------------------------------------------------------------------------------
     def flip_off(self) -> None:
-        import shim.api
+        import shim.guard.api
 
         if self.design.release_reserve_at_flip_off:
             self._release_reserve()
@@ -402,10 +402,10 @@ class DesignDriver:
         self.spec_on = False
         if self.switch is not None:
             self.switch.policy.spec_on = False
-        shim.api.notify_flip(False, self.batch)
+        shim.guard.api.notify_flip(False, self.batch)
 
     def flip_on(self) -> None:
-        import shim.api
+        import shim.guard.api
 
         self.spec_on = True
         if self.switch is not None:
@@ -413,7 +413,7 @@ class DesignDriver:
         if self.design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP:
             self.batch.spec_algorithm = self._spec_algorithm(True)
             self.batch.spec_info = h.make_eagle_draft_input(self.batch)
-        shim.api.notify_flip(True, self.batch)
+        shim.guard.api.notify_flip(True, self.batch)
         if self.design.draft_while_off is DraftWhileOff.CATCH_UP_ON_ENABLE and self.bug != "no_draft_work_while_off":
             self.draft_extend_outside_round()
 
@@ -508,11 +508,11 @@ class DesignDriver:
 
 
     def v2_switch_plain_step(self) -> None:
-        """A spec-off step of shim/switch_v2.py as the non-overlap scheduler runs it: the real prepare_for_decode
+        """A spec-off step of shim/switch/v2.py as the non-overlap scheduler runs it: the real prepare_for_decode
         (its speculative path: the batch keeps its spec_algorithm, the reserve is topped up), the switch's
         plain_decode (+ draft_sync) inside SGLang's _forward_isolation, then the scheduler's spec-v2 settle of
         the verify-shaped result."""
-        from shim.switch_v2 import plain_decode
+        from shim.switch.v2 import plain_decode
 
         batch = self.batch
         with h.patch_assign_req_to_token_pool():
@@ -571,7 +571,7 @@ def configure_guard(rt: Any, design: Any, *, mode: Any = None, spec_cap: int | N
                     plain_cap: int | None = None, trace: Path | None = None) -> None:
     """Reset the installed guard runtime for one test: `design`'s rules, `mode` (default assert), the caps and
     the trace file (None: no trace)."""
-    from shim.guard import Mode
+    from shim.guard.core import Mode
 
     rt.reset()
     rt.mode = Mode.ASSERT if mode is None else mode

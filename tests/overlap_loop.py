@@ -19,7 +19,7 @@ Not a test module. What runs for real (paths relative to ``sglang/srt/``):
   ScheduleBatch field, ``record_batch_in_overlap``), ``on_publish`` handed to the worker, the next draft input
   with ``future_indices`` put on the batch after the isolation;
 - the worker: the real ``EAGLEWorkerV2.forward_batch_generation`` (draft, verify, ``on_publish(new_seq_lens)``,
-  draft-extend) with the GPU forwards stood in by tests/guard_fixtures.py, or shim/switch_v2.py's real
+  draft-extend) with the GPU forwards stood in by tests/guard_fixtures.py, or shim/switch/v2.py's real
   ``plain_decode`` for the switch's spec-off step;
 - a decode result's processing: the real ``SchedulerBatchResultProcessor._normalize_decode_outputs`` (spec: the
   real ``_resolve_spec_v2_tokens``, ``kv_committed_len += accept_len``) called unbound on
@@ -37,8 +37,8 @@ what tests/guard_fixtures.py stands in, and a grammar that accepts every token
 the order ``has_grammar`` gives the loop on 0.5.16). Chunked prefill is left out (the normal-loop tests cover it).
 
 A design whose speculation-off is SGLang's own plain scheduler path (``DraftWhileOff.RETRACT_ON_ENABLE``,
-shim/switch_v2.py's draft mode "retract") flips as the switch does: the driver plays the Scheduler that the real
-``shim.switch_v2.plain_path_flip`` reads and enters ``get_next_batch_to_run`` through the switch's real AROUND hook
+shim/switch/v2.py's draft mode "retract") flips as the switch does: the driver plays the Scheduler that the real
+``shim.switch.v2.plain_path_flip`` reads and enters ``get_next_batch_to_run`` through the switch's real AROUND hook
 (``_next_batch_around``), which flips first, with the switch's own policy. Its batches then take the path their
 ``spec_algorithm`` and the scheduler's ``model_worker`` give them, as ``run_batch``'s overlap branch does: the
 real ``resolve_forward_inputs`` (a plain decode's input ids from the future map's ``output_tokens_buf``), the worker
@@ -63,7 +63,8 @@ import guard_fixtures as gf
 import sglang_cpu as h
 import torch
 
-from shim.switch_v2 import SwitchConfig, SwitchTrace
+from shim.switch.v2 import SwitchConfig
+from shim.timing.jsonl import JsonlTrace
 from statemodel.design import ClearSpecOn, Design, DraftWhileOff, OutCacheLocFrom
 
 # the stand-in model's token at a request's host-side output position (tests/sglang_cpu.py), kept here because
@@ -229,8 +230,8 @@ def resolve_spec_extras_relayed_cpu_stand_in(batch: Any, future_map: Any) -> Non
         info.bonus_tokens = future_map.output_tokens_buf[info.future_indices].to(torch.int32)
 
 
-class RecordedSwitchTrace(SwitchTrace):
-    """shim/switch_v2.py's trace of switch actions, kept in memory (`events`) instead of a JSONL file."""
+class RecordedSwitchTrace(JsonlTrace):
+    """shim/switch/v2.py's trace of switch actions, kept in memory (`events`) instead of a JSONL file."""
 
     def __init__(self) -> None:
         super().__init__(None)
@@ -302,18 +303,18 @@ class OverlapDriver:
             self._play_scheduler(pools)
 
     def _switch_runtime(self, config: SwitchConfig | None = None) -> Any:
-        from shim.switch_v2 import SwitchPolicy, SwitchRuntime
+        from shim.switch.v2 import SwitchPolicy, SwitchRuntime
 
         if self.plain_path:
             config = config or SwitchConfig(t_off=4, t_on=1, draft_while_off="retract", plain_graphs="decode")
             if self.bug is None and config.design_name != self.design.name.removesuffix("_overlap"):
-                raise ValueError(f"shim/switch_v2.py's {config.draft_while_off!r} mode implements "
+                raise ValueError(f"shim/switch/v2.py's {config.draft_while_off!r} mode implements "
                                  f"{config.design_name}, not {self.design.name}")
-            trace: SwitchTrace = RecordedSwitchTrace()
+            trace: JsonlTrace = RecordedSwitchTrace()
         else:
             mode = "sync" if self.design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP else "none"
             config = SwitchConfig(t_off=4, t_on=1, draft_while_off=mode, plain_graphs="decode")
-            trace = SwitchTrace(None)
+            trace = JsonlTrace(None)
         return SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=trace,
                              plain_runner=self.decode_graphs, plain_attn_backend=None)
 
@@ -370,10 +371,10 @@ class OverlapDriver:
             self.process_decode_result(batch, result)
 
     def _next_batch_through_switch(self) -> Any:
-        """get_next_batch_to_run as shim/switch_v2.py hooks it (AROUND, draft mode "retract"): the real
+        """get_next_batch_to_run as shim/switch/v2.py hooks it (AROUND, draft mode "retract"): the real
         `_next_batch_around` with this driver's switch runtime installed for the call, which runs the real
         plain_path_flip on the running batch and last batch before anything of the iteration is planned."""
-        from shim import switch_v2
+        from shim.switch import v2 as switch_v2
 
         flips = self.switch.flips
         saved, switch_v2._RUNTIME = switch_v2._RUNTIME, self.switch
@@ -564,8 +565,8 @@ class OverlapDriver:
         return result
 
     def _switch_plain_step(self, batch: Any, on_publish: Any) -> Any:
-        """shim/switch_v2.py's spec-off step, as its `_forward_around` hands it the scheduler's on_publish."""
-        from shim.switch_v2 import plain_decode
+        """shim/switch/v2.py's spec-off step, as its `_forward_around` hands it the scheduler's on_publish."""
+        from shim.switch.v2 import plain_decode
 
         if self.bug == "plain_step_not_published":
             on_publish = None
@@ -625,13 +626,13 @@ class OverlapDriver:
         return self.pools.spec_algorithm if carries else SpeculativeAlgorithm.NONE
 
     def _flip(self, on: bool, batch: Any) -> None:
-        import shim.api
+        import shim.guard.api
 
         if self.design.clear_spec_on is not ClearSpecOn.WORKER_COPY or self.switch is None:
-            raise NotImplementedError("the overlap driver flips the way shim/switch_v2.py does (V2 reserve)")
+            raise NotImplementedError("the overlap driver flips the way shim/switch/v2.py does (V2 reserve)")
         self.spec_on = on
         self.switch.policy.spec_on = on
-        shim.api.notify_flip(on, batch)
+        shim.guard.api.notify_flip(on, batch)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """Harness: REAL sglang 0.5.12 objects with the v1 EAGLEWorker on a CPU-only machine (.venv12, made by
-scripts/setup-v1.sh), for the v1 switch (shim/switch_v1.py) and the 0.5.12 guard adapter. Not a test module.
+scripts/setup-v1.sh), for the v1 switch (shim/switch/v1.py) and the 0.5.12 guard adapter. Not a test module.
 
 Real sglang 0.5.12 code exercised (nothing re-implemented): ServerArgs (SGLANG_ENABLE_SPEC_V2=0: the
 non-overlap schedule, so the batch is not spec-v2) and `set_global_server_args_for_scheduler`; ModelConfig on a

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shim.switch_v2 import SwitchConfig, SwitchConfigError
+from shim.switch.v2 import SwitchConfig, SwitchConfigError
 from specflip.calibrate import CalibrateError, Calibration, _check_with_switch, calibrate
 from specflip.cli import main
 

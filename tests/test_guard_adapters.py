@@ -16,6 +16,8 @@ import pytest
 from shim.adapters import ADAPTERS, select_adapter
 from shim.adapters.sglang_0_5_16 import Adapter as Adapter0516
 from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
+from shim.guard import api as guard_api
+from shim.switch.config import SwitchConfig
 
 
 def installed_root() -> Path | None:
@@ -115,17 +117,14 @@ def test_version_dispatch() -> None:
 
 
 def test_reference_design_and_caps_follow_the_installed_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import shim.switch_v2 as switch_v2
-
+    """The guard learns the switch's design and cap only through shim.guard.api.announce_switch."""
     sa = SimpleNamespace(max_running_requests=256, chunked_prefill_size=8192, speculative_adaptive=False)
     adapter = Adapter0523()
-    monkeypatch.setattr(switch_v2, "_RUNTIME", None)
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
     assert adapter.reference_design(sa).name == "plain_off_catch_up"
     assert adapter.scope(sa).spec_cap == 256
-    config = switch_v2.SwitchConfig(t_off=16, t_on=8, spec_cap=48, draft_while_off="sync")
-    rt = switch_v2.SwitchRuntime(config=config, policy=switch_v2.SwitchPolicy(config),
-                                 trace=switch_v2.SwitchTrace(None))
-    monkeypatch.setattr(switch_v2, "_RUNTIME", rt)
+    config = SwitchConfig(t_off=16, t_on=8, spec_cap=48, draft_while_off="sync")
+    guard_api.announce_switch(config.design_name, config.spec_cap)
     assert adapter.reference_design(sa).name == "v2_switch_reserve_sync"
     scope = adapter.scope(sa)
     assert (scope.spec_cap, scope.plain_cap) == (48, 256)
@@ -136,8 +135,8 @@ def test_the_overlap_schedule_is_followed_and_the_rest_still_refused(adapter_cla
     """The overlap loop (disable_overlap_schedule False) is guarded with Scope.overlap and the reference design's
     overlap variant (SGLang's double reserve); the normal loop keeps the plain scope. Configurations the model
     does not describe stay refused under either loop."""
-    from shim.guard import Mode
-    from shim.runtime import GuardRuntime
+    from shim.guard.core import Mode
+    from shim.guard.runtime import GuardRuntime
 
     adapter = adapter_class()
     overlap = SimpleNamespace(disable_overlap_schedule=False, page_size=1, speculative_algorithm="EAGLE3",

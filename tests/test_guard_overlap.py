@@ -22,7 +22,7 @@ gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
-from shim.guard import Mode, SpecFlipViolation  # noqa: E402
+from shim.guard.core import Mode, SpecFlipViolation  # noqa: E402
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, V2_SWITCH  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -88,7 +88,7 @@ def test_prefill_merged_before_its_result_and_in_flight_finishes_excluded(runtim
 
 
 def test_flip_with_a_round_in_flight(runtime: Any, model_dir: Path) -> None:
-    """shim/switch_v2.py decides in update_running_batch, while step N's verify is unprocessed: its spec-off
+    """shim/switch/v2.py decides in update_running_batch, while step N's verify is unprocessed: its spec-off
     steps start from the seq_lens that verify published (resolved through the future map), publish seq_lens + 1
     themselves, and the flip back on happens with a plain step in flight."""
     configure(runtime, V2_SWITCH)
@@ -184,7 +184,7 @@ def test_long_mixed_run_other_loops_have_no_findings(runtime: Any, model_dir: Pa
 def test_trace_of_an_overlap_run_replays(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
     """The trace carries the queued results (State.unprocessed) and the overlap scope: `specflip explain`
     replays an overlap run and finds it conforms."""
-    from shim.explain import explain_traces
+    from shim.guard.explain import explain_traces
 
     trace = tmp_path / "overlap.jsonl"
     configure(runtime, V2_SWITCH, mode=Mode.TRACE)

@@ -25,8 +25,8 @@ with warnings.catch_warnings():
 gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 
-from shim.explain import explain_traces  # noqa: E402
-from shim.guard import Mode, SpecFlipViolation  # noqa: E402
+from shim.guard.core import Mode, SpecFlipViolation  # noqa: E402
+from shim.guard.explain import explain_traces  # noqa: E402
 from statemodel.designs import (  # noqa: E402
     ADAPTIVE_WARM,
     CATCH_UP,
@@ -88,7 +88,7 @@ def test_mode_off_registers_no_hook() -> None:
     code = (
         "import sys; sys.path.insert(0, 'stand_ins/cpu');"
         "import sglang.srt.plugins as p; from sglang.srt.plugins.hook_registry import HookRegistry;"
-        "p.load_plugins(); import shim.runtime as r;"
+        "p.load_plugins(); import shim.guard.runtime as r;"
         "print(r.current(), sum(1 for t in HookRegistry._hooks if 'specflip' in str(HookRegistry._hooks[t])))"
     )
     env = {"SPECFLIP_MODE": "off", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
@@ -585,7 +585,7 @@ def test_adapter_reads_no_device_tensor_values(runtime: Any, model_dir: Path) ->
 
 
 
-# --- shim/switch_v2.py (v2_switch_reserve_sync): spec-off steps through the real switch code ------------------
+# --- shim/switch/v2.py (v2_switch_reserve_sync): spec-off steps through the real switch code ------------------
 
 
 def _outputs(drv: gf.DesignDriver) -> dict[str, int]:
@@ -677,7 +677,7 @@ def test_v2_switch_without_the_isolation_restore_differs_only_in_out_cache_loc(r
 
 
 def test_v2_switch_flip_tells_the_guard(runtime: Any, model_dir: Path) -> None:
-    from shim import switch_v2
+    from shim.switch import v2 as switch_v2
 
     configure(runtime, V2_SWITCH)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir), V2_SWITCH)

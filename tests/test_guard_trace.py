@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from shim.explain import explain_traces
-from shim.guard import Mode
-from shim.runtime import ConfigError, GuardRuntime, mode_from_env
-from shim.trace import (
+from shim.guard.core import Mode
+from shim.guard.explain import explain_traces
+from shim.guard.runtime import ConfigError, GuardRuntime, mode_from_env
+from shim.guard.trace import (
     TRACE_VERSION,
     TraceFormatError,
     TraceWriter,
@@ -170,17 +170,17 @@ def test_mode_parsing() -> None:
 
 
 def test_register_in_off_mode_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shim.guard.runtime
     import shim.plugin
-    import shim.runtime
 
-    saved = shim.runtime.current()
-    shim.runtime.install(None)
+    saved = shim.guard.runtime.current()
+    shim.guard.runtime.install(None)
     try:
         monkeypatch.setenv("SPECFLIP_MODE", "off")
         shim.plugin.register()
-        assert shim.runtime.current() is None
+        assert shim.guard.runtime.current() is None
     finally:
-        shim.runtime.install(saved)
+        shim.guard.runtime.install(saved)
 
 
 H200_OVERLAP_TRACE = Path(__file__).parent / "regressions" / "recorded" / "guard_trace_h200_overlap_excerpt.jsonl.gz"

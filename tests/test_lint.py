@@ -13,8 +13,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from shim.adapters import lint_0_5_16
-from shim.lint_rules import (
+from specflip.lint import sglang_0_5_16 as lint_0_5_16
+from specflip.lint.rules import (
     DRAFT_KV,
     KV_RESERVE,
     RULE_NAMES,
@@ -26,7 +26,7 @@ from shim.lint_rules import (
 )
 from statemodel.invariants import INVARIANT_NAMES
 
-sglang_23 = pytest.importorskip("shim.adapters.lint_0_5_23")
+sglang_23 = pytest.importorskip("specflip.lint.sglang_0_5_23")
 try:
     import importlib.metadata as _md
 
@@ -176,7 +176,7 @@ def test_small_cap_default_tiers_break_shapes_on_0_5_16():
 def test_lint_server_args_leaves_the_published_spec_bag_alone(model_dir):
     from sglang.srt import runtime_context
 
-    from shim.lint import lint_server_args
+    from specflip.lint.run import lint_server_args
 
     sa = sglang_23.build_server_args(["--model-path", model_dir, "--device", "cuda", "--speculative-algorithm",
                                       "EAGLE", "--speculative-adaptive"])
@@ -235,7 +235,7 @@ def test_script_exit_code_and_whole_output_survive_the_fast_exit(model_dir, tmp_
 
 
 def test_unsupported_release_is_a_usage_error(monkeypatch):
-    import shim.lint as lint
+    import specflip.lint.run as lint
 
     monkeypatch.setattr(lint.importlib.metadata, "version", lambda name: "0.4.0")
     with pytest.raises(lint.LintUsageError, match="not a supported release line"):

@@ -1,5 +1,5 @@
 """Rank agreement on per-rank traces written from model walks (synthetic: the transitions come from
-the model itself, the file format from shim.trace, as the guard writes it on each rank)."""
+the model itself, the file format from shim.guard.trace, as the guard writes it on each rank)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shim.ranks import RankTraceError, check_rank_agreement
-from shim.trace import TraceFormatError, TraceWriter, scope_to_json, state_delta, state_to_json
+from shim.guard.ranks import RankTraceError, check_rank_agreement
+from shim.guard.trace import TraceFormatError, TraceWriter, scope_to_json, state_delta, state_to_json
 from statemodel.actions import Action
 from statemodel.design import Scope
 from statemodel.designs import SEEDS_FINAL

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shim.switch_v2 import (
+from shim.guard import api as guard_api
+from shim.switch.v2 import (
     PLAIN_STEP_ACTIONS,
     SPEC_STEP_ACTIONS,
     SwitchConfig,
@@ -249,7 +250,7 @@ def test_switch_is_off_without_its_variable():
 
 def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
     hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
-    from shim import switch_v2
+    from shim.switch import v2 as switch_v2
 
     registry = hook_registry.HookRegistry
     # the guard plugin's registrations, which test modules run later read (pytest -p randomly, -k ...)
@@ -276,12 +277,13 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
         registry._hooks.update(saved[0])
         registry._patched.update(saved[1])
         switch_v2._RUNTIME = None
+        guard_api.announce_switch(None)
     trace = next(tmp_path.glob("switch-*.jsonl")).read_text()
     assert '"design": "v2_switch_reserve_sync"' in trace
 
 
 def test_install_from_env_is_off_without_the_variable_and_one_line_on_a_bad_one(monkeypatch, caplog):
-    from shim import switch_v2
+    from shim.switch import v2 as switch_v2
 
     monkeypatch.delenv("SPECFLIP_SWITCH", raising=False)
     assert switch_v2.install_from_env() is False
@@ -307,7 +309,7 @@ def test_guard_traces_go_through_the_guards_explainer(tmp_path):
 def test_v2_switch_stays_off_where_the_v1_worker_runs() -> None:
     # seen on the H200: with SGLANG_ENABLE_SPEC_V2=0 on 0.5.12 both switches installed their scheduler
     # hooks (two AROUND hooks on prepare_for_decode) and the guard stopped a 1-slot leak at the first finish
-    from shim.switch_v2 import v1_worker_selected
+    from shim.switch.v2 import v1_worker_selected
 
     assert v1_worker_selected("0.5.12", {"SGLANG_ENABLE_SPEC_V2": "0"})
     assert v1_worker_selected("0.5.11", {"SGLANG_ENABLE_SPEC_V2": "False"})

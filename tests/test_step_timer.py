@@ -1,4 +1,4 @@
-"""shim/step_timer.py: the per-step timer any server can load (a plain one included), on the CPU with
+"""shim/timing/step_timer.py: the per-step timer any server can load (a plain one included), on the CPU with
 SGLang's real ForwardMode / SpeculativeAlgorithm and HookRegistry. The CUDA events are stood in by
 `TimingEventCpuStandIn` (torch.cuda.Event cannot be created without a GPU)."""
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from shim import step_timer
-from shim.step_timer import StepTimer, StepTimerConfig, StepTimerConfigError
+from shim.timing import step_timer
+from shim.timing.step_timer import StepTimer, StepTimerConfig, StepTimerConfigError
 
 # what SGLang imports but a CPU machine lacks (torchvision...): the project's named CPU stand-ins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))

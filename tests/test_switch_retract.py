@@ -1,4 +1,4 @@
-"""shim/switch_v2.py's draft mode "retract" (design plain_off_retract_catch_up) under SGLang 0.5.23's overlap schedule,
+"""shim/switch/v2.py's draft mode "retract" (design plain_off_retract_catch_up) under SGLang 0.5.23's overlap schedule,
 on real objects (tests/overlap_loop.py): speculation off is SGLang's own plain scheduler path, flip-on retracts every
 running and prefilled request, whose re-prefill with speculation is the draft's catch-up. The real `_next_batch_around`
 hook and `plain_path_flip` decide and flip at the top of get_next_batch_to_run, with the switch's own policy; the
@@ -26,9 +26,10 @@ gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
-from shim import switch_v2  # noqa: E402
-from shim.guard import SpecFlipViolation  # noqa: E402
-from shim.switch_v2 import SwitchConfig  # noqa: E402
+from shim.guard import api as guard_api  # noqa: E402
+from shim.guard.core import SpecFlipViolation  # noqa: E402
+from shim.switch import v2 as switch_v2  # noqa: E402
+from shim.switch.v2 import SwitchConfig  # noqa: E402
 from statemodel.designs import DESIGNS_BY_NAME, get_design  # noqa: E402
 
 RETRACT = get_design("plain_off_retract_catch_up")
@@ -145,7 +146,7 @@ def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, rad
     assert drv.spec_algorithm is drv.pools.spec_algorithm and drv.model_worker is drv.worker
     assert fm.spec_algo is drv.pools.spec_algorithm and target.spec_algorithm is drv.pools.spec_algorithm
     assert target.decode_cuda_graph_runner is verify_graphs and verify_graphs.captured_req_width == 4
-    assert drv.switch.spec_side == {}
+    assert not drv.switch.spec_side
 
 
 def test_flip_off_with_the_verify_in_flight_is_caught(runtime: Any, model_dir: Path,
@@ -278,6 +279,7 @@ def test_install_switch_registers_the_next_batch_hook_in_retract_mode(tmp_path: 
         registry._hooks.update(saved[0])
         registry._patched.update(saved[1])
         switch_v2._RUNTIME = None
+        guard_api.announce_switch(None)
     if trace:
         assert f'"design": "{SwitchConfig(6, 2, draft_while_off=draft).design_name}"' in \
             next(tmp_path.glob("switch-*.jsonl")).read_text()
@@ -295,7 +297,7 @@ def test_next_batch_hook_passes_through_without_the_retract_mode() -> None:
     try:
         sync = SwitchConfig(4, 1, draft_while_off="sync")
         for rt in (None, switch_v2.SwitchRuntime(config=sync, policy=switch_v2.SwitchPolicy(sync),
-                                                 trace=switch_v2.SwitchTrace(None))):
+                                                 trace=switch_v2.JsonlTrace(None))):
             switch_v2._RUNTIME = rt
             assert switch_v2._next_batch_around(orig, "sched", running_batch="rb", last_batch="lb") == "plan"
     finally:
@@ -386,4 +388,4 @@ def test_the_view_is_the_targets_prefill_runner_while_off_only(runtime: Any, mod
         assert (runner is spec_graphs) == drv.switch.policy.spec_on
     drv.run_until_idle()
     assert [a for _, a in drv.flips][:2] == ["flip_off", "flip_on"] and seen == {"view", "spec"}
-    assert target.prefill_cuda_graph_runner is spec_graphs and drv.switch.spec_side == {}
+    assert target.prefill_cuda_graph_runner is spec_graphs and not drv.switch.spec_side

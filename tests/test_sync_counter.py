@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from shim.guard import Mode
-from shim.runtime import ENV_COUNT_SYNCS, SYNC_WARNING_TEXT, ConfigError, GuardRuntime, SyncCounter
+from shim.guard.core import Mode
+from shim.guard.runtime import ENV_COUNT_SYNCS, SYNC_WARNING_TEXT, ConfigError, GuardRuntime, SyncCounter
 
 
 class SyncDebugModeCpuStandIn:

@@ -1,4 +1,4 @@
-"""The v1 switch (shim/switch_v1.py) and the 0.5.12 guard adapter on REAL sglang 0.5.12 objects on CPU.
+"""The v1 switch (shim/switch/v1.py) and the 0.5.12 guard adapter on REAL sglang 0.5.12 objects on CPU.
 
 Runs under .venv12 (scripts/setup-v1.sh); skipped where the installed sglang is not 0.5.12. Harness and
 stand-ins: tests/sglang12_cpu.py. The switch's hooks and the guard (assert mode) go through SGLang's own
@@ -26,7 +26,7 @@ if _RELEASE == "0.5.12":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import sglang12_cpu as h
 
-from shim.switch_v2 import SwitchConfig, SwitchConfigError  # noqa: E402
+from shim.switch.v2 import SwitchConfig, SwitchConfigError  # noqa: E402
 from statemodel.actions import ACTIONS_BY_NAME, Action, enabled  # noqa: E402
 from statemodel.designs import SEEDS_FINAL  # noqa: E402
 from statemodel.state import SpecMode, State, Thresholds  # noqa: E402
@@ -43,16 +43,16 @@ def plugin() -> Any:
     import sglang.srt.plugins as plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    import shim.runtime
-    import shim.switch_v1 as sw
+    import shim.guard.runtime
+    import shim.switch.v1 as sw
 
-    if shim.runtime.current() is None:
+    if shim.guard.runtime.current() is None:
         assert not plugins._plugins_loaded, "load_plugins() already ran in this process without specflip"
         h.install_gpu_stand_ins()
         sw.install_switch(HookRegistry, SwitchConfig(t_off=5, t_on=2, draft_while_off="sync"))
         with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
             plugins.load_plugins()
-    runtime = shim.runtime.current()
+    runtime = shim.guard.runtime.current()
     assert runtime is not None and runtime.adapter.release == "0.5.12"
     return runtime
 
@@ -73,7 +73,7 @@ def server(plugin: Any, tmp_path: Path, request: Any) -> Any:
 
 
 def switch(t_off: int, t_on: int) -> Any:
-    import shim.switch_v1 as sw
+    import shim.switch.v1 as sw
 
     rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on, draft_while_off="sync"))
     rt.recorded = []
@@ -84,7 +84,7 @@ def switch(t_off: int, t_on: int) -> Any:
 
 
 def test_switch_functions_are_named_after_model_actions() -> None:
-    import shim.switch_v1 as sw
+    import shim.switch.v1 as sw
 
     for name in sw.SWITCH_ACTIONS:
         assert name in ACTIONS_BY_NAME, name
@@ -92,21 +92,28 @@ def test_switch_functions_are_named_after_model_actions() -> None:
 
 
 def test_policy_decisions_come_from_the_model() -> None:
-    import shim.switch_v1 as sw
+    """The v1 switch decides with statemodel.policy.decide_flip under seeds_final, the model's own rule."""
+    import shim.switch.v1 as sw
 
-    assert sw.model_policy_action(True, 5, 0, 0, 5, 2, 48) == "flip_off"
-    assert sw.model_policy_action(True, 4, 1, 0, 5, 2, 48) == "flip_off"  # demand counts waiting requests
-    assert sw.model_policy_action(True, 4, 0, 0, 5, 2, 48) is None
-    assert sw.model_policy_action(False, 2, 0, 0, 5, 2, 48) == "flip_on"
-    assert sw.model_policy_action(False, 3, 0, 0, 5, 2, 48) is None  # hysteresis: between t_on and t_off
-    assert sw.model_policy_action(False, 2, 0, 0, 5, 2, 1) is None  # clamped to speculation's running cap
-    assert sw.model_policy_action(False, 1, 3, 0, 5, 2, 48) is None  # speculation stays off while requests wait
-    policy = sw.ModelThresholdPolicy(SwitchConfig(t_off=5, t_on=2, draft_while_off="sync"))
-    assert [policy.decide(n, 0) for n in (4, 5, 4, 3, 2, 2)] == [None, "flip_off", None, None, "flip_on", None]
+    def wants(spec_on: bool, running: int, waiting: int, chunked: int, spec_cap: int = 48) -> str | None:
+        config = SwitchConfig(t_off=5, t_on=2, spec_cap=spec_cap, draft_while_off="sync")
+        return sw.SwitchPolicy(config, spec_on=spec_on, design_name=sw.DESIGN).wants(running, waiting, chunked)
+
+    assert wants(True, 5, 0, 0) == "flip_off"
+    assert wants(True, 4, 1, 0) == "flip_off"  # demand counts waiting requests
+    assert wants(True, 4, 0, 0) is None
+    assert wants(False, 2, 0, 0) == "flip_on"
+    assert wants(False, 3, 0, 0) is None  # hysteresis: between t_on and t_off
+    assert wants(False, 2, 0, 0, spec_cap=1) is None  # clamped to speculation's running cap
+    assert wants(False, 1, 3, 0) is None  # speculation stays off while requests wait
+    rt = sw.set_runtime(SwitchConfig(t_off=5, t_on=2, draft_while_off="sync"))
+    assert rt is not None and rt.policy.design_name == sw.DESIGN
+    assert [rt.policy.decide(n, 0) for n in (4, 5, 4, 3, 2, 2)] == [None, "flip_off", None, None, "flip_on", None]
+    sw.set_runtime(None)
 
 
 def test_v1_switch_refuses_a_design_it_does_not_implement() -> None:
-    import shim.switch_v1 as sw
+    import shim.switch.v1 as sw
 
     with pytest.raises(SwitchConfigError, match="seeds_final"):
         sw.check_config(SwitchConfig(t_off=5, t_on=2, draft_while_off="none"))
@@ -118,8 +125,8 @@ def test_v1_switch_refuses_a_design_it_does_not_implement() -> None:
 def _guard_steps(trace: Path) -> list[tuple[State, Action]]:
     """(state before, action) for every step the guard recorded, rebuilt from its trace as `specflip explain`
     rebuilds them."""
-    from shim.explain import _with_arrivals
-    from shim.trace import apply_delta, compact_state, read_records, state_from_json
+    from shim.guard.explain import _with_arrivals
+    from shim.guard.trace import apply_delta, compact_state, read_records, state_from_json
 
     steps = []
     state: State | None = None
@@ -158,7 +165,7 @@ def _replay_across_threshold(srv: Any, rounds: int = 2) -> None:
 
 def test_replay_across_threshold_is_exact_guard_clean_and_a_model_path(server: Any, plugin: Any,
                                                                        tmp_path: Path) -> None:
-    import shim.switch_v1 as sw
+    import shim.switch.v1 as sw
 
     rt = switch(5, 2)
     _replay_across_threshold(server)
@@ -194,7 +201,7 @@ def test_replay_across_threshold_is_exact_guard_clean_and_a_model_path(server: A
 
 
 def test_always_on_and_always_off_give_the_same_outputs(server: Any) -> None:
-    import shim.switch_v1 as sw
+    import shim.switch.v1 as sw
 
     sw.set_runtime(None)  # speculation always on: the hooks pass through
     server.admit(h.make_reqs("on", 3, max_new_tokens=11))
@@ -253,8 +260,8 @@ def _flip_off_with_two_running(server: Any) -> None:
 ])
 def test_seeds_crashes_are_stopped_before_the_forward(server: Any, plugin: Any, monkeypatch: Any, attempt: str,
                                                       invariant: str, crash: str) -> None:
-    import shim.switch_v1 as sw
-    from shim.guard import SpecFlipViolation
+    import shim.switch.v1 as sw
+    from shim.guard.core import SpecFlipViolation
 
     if attempt == "attempt1":
         monkeypatch.setattr(sw, "worker_copy_for_plain_step", _seeds_attempt1_worker_copy)
@@ -271,7 +278,7 @@ def test_seeds_crashes_are_stopped_before_the_forward(server: Any, plugin: Any, 
 @pytest.mark.parametrize("attempt", ["attempt1", "attempt2"])
 def test_without_the_guard_the_seeds_attempts_crash_in_the_forward(server: Any, plugin: Any, monkeypatch: Any,
                                                                    attempt: str) -> None:
-    import shim.switch_v1 as sw
+    import shim.switch.v1 as sw
 
     if attempt == "attempt1":
         monkeypatch.setattr(sw, "worker_copy_for_plain_step", _seeds_attempt1_worker_copy)
@@ -284,8 +291,8 @@ def test_without_the_guard_the_seeds_attempts_crash_in_the_forward(server: Any, 
 
 def test_the_guard_catches_a_plain_step_without_draft_sync(server: Any, plugin: Any, monkeypatch: Any) -> None:
     """Leaving the draft behind after a plain step breaks the model's path: seeds_final syncs every step."""
-    import shim.switch_v1 as sw
-    from shim.guard import SpecFlipViolation
+    import shim.switch.v1 as sw
+    from shim.guard.core import SpecFlipViolation
 
     monkeypatch.setattr(sw, "draft_sync", lambda rt, worker, batch, result, tokens: None)
     with pytest.raises(SpecFlipViolation) as caught:

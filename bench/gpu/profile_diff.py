@@ -1,6 +1,6 @@
 """Where one server's scheduler spends more host time per decode step than another's.
 
-Reads two cProfile windows written by shim/step_timer.py (`SPECFLIP_STEP_PROFILE`: `profile-<pid>.pstats`, with
+Reads two cProfile windows written by shim/timing/step_timer.py (`SPECFLIP_STEP_PROFILE`: `profile-<pid>.pstats`, with
 the window's decode-step count in the `profile` line of `steps-<pid>.jsonl` beside it) and lists the functions
 whose time per decode step differs most, cumulative (the function and what it calls) and own (tottime).
 

@@ -72,12 +72,12 @@ def timings(events):
             kind = ev["kind"] + (" (step timer)" if ev.get("timer") else "")
             key = (cfg, kind, "first after a flip" if ev["first_after_flip"] else "steady")
             by.setdefault(key, []).append((ev["bs"], ev["ms"]))
-        elif act == "step_time":  # shim/step_timer.py: one scheduler loop iteration, host clock
+        elif act == "step_time":  # shim/timing/step_timer.py: one scheduler loop iteration, host clock
             key = (cfg, ev["kind"] + " loop iteration (host)", "steady")
             by.setdefault(key, []).append((ev["bs"], ev["host_ms"]))
         elif act in ("flip_off", "flip_on"):
             by.setdefault((cfg, "flips", act), []).append((ev.get("running"), 0.0))
-        elif act == "prefill" and "graph" in ev:  # the plain path's prefills (shim/switch_v2.py, trace on)
+        elif act == "prefill" and "graph" in ev:  # the plain path's prefills (shim/switch/v2.py, trace on)
             by.setdefault((cfg, "plain prefills", "graph" if ev["graph"] else "eager"), []).append((ev["bs"], 0.0))
         elif act == "capture_plain_runner":
             by.setdefault((cfg, "capture", "s"), []).append((0, ev["seconds"]))
@@ -234,7 +234,8 @@ def step_timer_lines(events):
     gc_lines = prefill_report(events) + gc_report(events)
     if not by:
         return gc_lines
-    md = ["", "Step timer (shim/step_timer.py), median ms per decode step by batch size (up to), n in brackets:", "",
+    md = ["", "Step timer (shim/timing/step_timer.py), median ms per decode step by batch size (up to), "
+          "n in brackets:", "",
           "| configuration | clock | " + " | ".join(str(b) for b in buckets) + " |",
           "|---|---|" + "---|" * len(buckets)]
     for (cfg, what), per in sorted(by.items()):

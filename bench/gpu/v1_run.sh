@@ -1,6 +1,6 @@
 #!/bin/bash
 # Device side of issue 6: SGLang 0.5.12 with the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0), EAGLE-3, CUDA graphs on,
-# the specflip plugin (switch shim/switch_v1.py + guard in assert mode, reference design seeds_final).
+# the specflip plugin (switch shim/switch/v1.py + guard in assert mode, reference design seeds_final).
 # Run from the repo root on the GPU host with .whl12/ carried (built by shared/gpu-host/v1-0.5.12/build-bundle.sh);
 # see docs/v1.md for the exact `run` call. Writes everything under $OUT.
 # usage: BUDGET_S=570 bash bench/gpu/v1_run.sh [PHASE...]   (default phases: switch on off)
@@ -21,11 +21,11 @@ rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
 [ -f "$K/jitcache12.tar.gz" ] && tar xzf "$K/jitcache12.tar.gz" -C /tmp/jitcache && echo "jit cache restored"
 # the plugin entry point (group sglang.srt.plugins): the v1 switch when SPECFLIP_SWITCH is set, then the guard when
-# SPECFLIP_MODE is set (shim.switch_v1.plugin_entry registers the switch first: its prepare_for_decode runs inside
+# SPECFLIP_MODE is set (shim.plugin.register_v1 registers the switch first: its prepare_for_decode runs inside
 # the guard's)
 D=/tmp/site/specflip_v1-0.1.dist-info; mkdir -p $D
 printf 'Metadata-Version: 2.1\nName: specflip-v1\nVersion: 0.1\n' > $D/METADATA
-printf '[sglang.srt.plugins]\nspecflip_v1 = shim.switch_v1:plugin_entry\n' > $D/entry_points.txt
+printf '[sglang.srt.plugins]\nspecflip_v1 = shim.plugin:register_v1\n' > $D/entry_points.txt
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm TRITON_CACHE_DIR=/tmp/jitcache/triton
 export LD_LIBRARY_PATH=/tmp/site/_v1libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SGLANG_ENABLE_SPEC_V2=0   # -> disable_overlap_schedule -> the v1 EAGLEWorker
@@ -36,7 +36,7 @@ if ! python3 -c "import attrs" 2>/dev/null; then
   W=$(ls "$K"/attrs-*.whl 2>/dev/null | head -1); [ -n "$W" ] || { echo "attrs missing and no $K/attrs-*.whl"; exit 5; }
   python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/site')" "$W" && echo "attrs from $(basename "$W")"
 fi
-python3 -c "import attrs, shim.switch_v1, shim.adapters.sglang_0_5_12; print('specflip importable, attrs', attrs.__version__)" || exit 5
+python3 -c "import attrs, shim.switch.v1, shim.adapters.sglang_0_5_12; print('specflip importable, attrs', attrs.__version__)" || exit 5
 python3 "$K/gen_models.py" /tmp/models > /dev/null || exit 4
 echo "== models ready (t=$(el)s)"
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path /tmp/models/draft --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"

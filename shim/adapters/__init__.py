@@ -1,6 +1,8 @@
-"""Version dispatch, in one place: the SGLang release installed picks the adapter module.
+"""The guard's per-release adapters. Version dispatch, in one place: the SGLang release installed picks the
+adapter module.
 
-Only modules under `shim.adapters` import SGLang internals.
+The guard reaches SGLang internals only through these modules; the switches (shim/switch/) and the step timer
+(shim/timing/) hook SGLang themselves, and `specflip lint` reads ServerArgs through specflip/lint/sglang_*.py.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from shim.guard import Guard
-from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
-from shim.runtime import GuardRuntime
+from shim.guard.api import announced_switch
+from shim.guard.core import Guard
+from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.runtime import GuardRuntime
 from statemodel.design import Design, Scope
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
@@ -170,23 +171,19 @@ class V2Adapter:
         return None
 
     def reference_design(self, sa: Any) -> Design:
-        """SPECFLIP_DESIGN overrides this (shim.runtime); else the design of the switch installed in this
-        process, else SGLang's own adaptive design or specflip's catch-up design."""
-        import shim.switch_v2
-
-        switch = shim.switch_v2.runtime()
+        """SPECFLIP_DESIGN overrides this (shim.guard.runtime); else the design the installed switch announced
+        (shim.guard.api), else SGLang's own adaptive design or specflip's catch-up design."""
+        switch = announced_switch()
         if switch is not None:
-            return get_design(switch.config.design_name)
+            return get_design(switch.design_name)
         return ADAPTIVE_WARM if getattr(sa, "speculative_adaptive", False) else CATCH_UP
 
     def scope(self, sa: Any) -> Scope:
-        import shim.switch_v2
-
         cap = int(getattr(sa, "max_running_requests", None) or NO_CAP)
         chunk = int(getattr(sa, "chunked_prefill_size", None) or NO_CAP)
-        switch = shim.switch_v2.runtime()
+        switch = announced_switch()
         # with the switch installed, speculation holds the switch's cap and plain decoding the launch cap
-        spec_cap = min(cap, switch.config.spec_cap) if switch is not None else cap
+        spec_cap = min(cap, switch.spec_cap) if switch is not None else cap
         return Scope(requests=(), kv_pool_size=0, spec_cap=spec_cap, plain_cap=cap, chunk_size=max(chunk, 1),
                      graph_capture_sizes=(), overlap=self.runs_overlap_loop(sa))
 
@@ -295,6 +292,16 @@ class V2Adapter:
         if rt is not None and rt.active:
             rt.run(fn, *args, **kwargs)
 
+    def _with_guard(self, step: Callable[[Guard], None]) -> None:
+        """Every hook's one shape: `step(guard)` under the runtime's error handling (`GuardRuntime.run`), only
+        while the guard is live (built at the first hooked step, see `guard`)."""
+        self._run(self._call_with_guard, step)
+
+    def _call_with_guard(self, step: Callable[[Guard], None]) -> None:
+        g = self.guard()
+        if g is not None:
+            step(g)
+
     def around_prepare_for_extend(self, original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
         # close a speculative round before the prefill allocates: its pool reading must not count the new
         # requests' slots, which belong to requests the guard has not seen arrive yet
@@ -304,19 +311,17 @@ class V2Adapter:
         return result
 
     def after_prepare_for_extend(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
-        def step() -> None:
-            g = self.guard()
-            if g is None or not batch.reqs:
+        def step(g: Guard) -> None:
+            if not batch.reqs:
                 return
             spec_on = not batch.spec_algorithm.is_none()
             g.prefill(self.observe_batch(batch, spec_info=None), self.observe_requests(batch), self.batch_pool(batch),
                       draft_prefills=spec_on, where="ScheduleBatch.prepare_for_extend")
-        self._run(step)
+        self._with_guard(step)
 
     def after_prepare_for_decode(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
-        def step() -> None:
-            g = self.guard()
-            if g is None or not batch.reqs:
+        def step(g: Guard) -> None:
+            if not batch.reqs:
                 return
             self.remember_running(batch)
             spec_path = not batch.spec_algorithm.is_none()
@@ -328,27 +333,25 @@ class V2Adapter:
                 g.prepare_for_decode(running, reqs, pool)
             finally:
                 self._read_now = None
-        self._run(step)
+        self._with_guard(step)
 
     def around_merge_batch(self, original: Callable[..., Any], batch: Any, other: Any, *args: Any,
                            **kwargs: Any) -> Any:
-        def before() -> None:
-            g = self.guard()
-            if g is None or not other.reqs:
+        def before(g: Guard) -> None:
+            if not other.reqs:
                 return
             pending = self.observe_batch(other)
             merged = self.merge_preview(batch, other)
             g.merge(merged, pending, self.observe_requests(batch) + self.observe_requests(other),
                     self.batch_pool(batch))
-        self._run(before)
+        self._with_guard(before)
         result = original(batch, other, *args, **kwargs)
 
-        def after() -> None:
-            g = self.guard()
-            if g is not None and other.reqs:
+        def after(g: Guard) -> None:
+            if other.reqs:
                 self.remember_running(batch)
                 g.refine_running(self.observe_batch(batch), where="ScheduleBatch.merge_batch (result)")
-        self._run(after)
+        self._with_guard(after)
         return result
 
     def merge_preview(self, batch: Any, other: Any) -> ObservedBatch:
@@ -373,16 +376,13 @@ class V2Adapter:
         self._run(self._settle)
         result = original(batch, *args, **kwargs)
 
-        def after() -> None:
-            g = self.guard()
-            if g is None:
-                return
+        def after(g: Guard) -> None:
             ref = self._running_ref() if self._running_ref else None
             if ref is not None and ref is not batch:
                 return  # a batch other than the running one (e.g. a prefill batch dropping its chunked req)
             self.remember_running(batch)
             g.filter(self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch))
-        self._run(after)
+        self._with_guard(after)
         return result
 
     def around_release_kv_cache(self, original: Callable[..., Any], req: Any, tree_cache: Any, *args: Any,
@@ -391,13 +391,11 @@ class V2Adapter:
         finished = bool(req.finished())
         result = original(req, tree_cache, *args, **kwargs)
 
-        def after() -> None:
-            g = self.guard()
-            if g is not None:
-                pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
-                g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
-                          where="mem_cache.common.release_kv_cache")
-        self._run(after)
+        def after(g: Guard) -> None:
+            pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
+            g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
+                      where="mem_cache.common.release_kv_cache")
+        self._with_guard(after)
         return result
 
     def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
@@ -410,13 +408,11 @@ class V2Adapter:
         if getattr(tree_cache, "disable", False):
             return result  # a disabled tree returns at once (0.5.23 still calls it per prefill and finish)
 
-        def after() -> None:
-            g = self.guard()
-            if g is not None:
-                pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
-                g.tree_cache_update([self.observe_request(req)], pool,
-                                    where=f"{type(tree_cache).__name__} (prompt into the tree)")
-        self._run(after)
+        def after(g: Guard) -> None:
+            pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
+            g.tree_cache_update([self.observe_request(req)], pool,
+                                where=f"{type(tree_cache).__name__} (prompt into the tree)")
+        self._with_guard(after)
         return result
 
     def _settle(self) -> None:
@@ -429,16 +425,13 @@ class V2Adapter:
         if batch is None or is_verify or not batch.forward_mode.is_decode() or not batch.reqs:
             return None
 
-        def step() -> None:
-            g = self.guard()
-            if g is None:
-                return
+        def step(g: Guard) -> None:
             graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
             launched = self.observe_batch(batch, graph=graph)
             g.plain_decode(launched, self.observe_requests(batch), self.batch_pool(batch),
                            where="TpModelWorker.forward_batch_generation (plain DECODE)",
                            seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
-        self._run(step)
+        self._with_guard(step)
         return None
 
     def _round_observer(self, batch: Any) -> Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]:
@@ -453,42 +446,35 @@ class V2Adapter:
         if kwargs.get("with_topology") or batch.forward_mode.is_idle() or not batch.reqs:
             return None
 
-        def step() -> None:
-            g = self.guard()
-            if g is not None:
-                steps = int(draft_worker.speculative_num_steps)
-                g.draft(steps, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
-                        where="EagleDraftWorker.draft")
-        self._run(step)
+        def step(g: Guard) -> None:
+            steps = int(draft_worker.speculative_num_steps)
+            g.draft(steps, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
+                    where="EagleDraftWorker.draft")
+        self._with_guard(step)
         return None
 
     def before_trivial_verify_input(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         if batch.forward_mode.is_idle() or not batch.reqs:
             return None
 
-        def step() -> None:
-            g = self.guard()
-            if g is not None:
-                g.draft(0, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
-                        where="EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
-        self._run(step)
+        def step(g: Guard) -> None:
+            g.draft(0, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
+                    where="EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
+        self._with_guard(step)
         return None
 
     def before_verify(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         if batch.forward_mode.is_idle() or not batch.reqs:
             return None
 
-        def step() -> None:
-            g = self.guard()
-            if g is None:
-                return
+        def step(g: Guard) -> None:
             verify_input = batch.spec_info
             graph = self.graph_for(worker.target_worker.model_runner, len(batch.reqs), verify_input)
             launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
                                           out_cache_loc_width=tensor_width(verify_input.draft_token))
             g.verify_launch(launched, self.observe_requests(batch), self.batch_pool(batch),
                             where="EAGLEWorkerV2.verify (TARGET_VERIFY launch)")
-        self._run(step)
+        self._with_guard(step)
         return None
 
     def before_draft_extend_for_decode(self, draft_worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -501,11 +487,9 @@ class V2Adapter:
         if batch.forward_mode.is_idle() or not batch.reqs:
             return
 
-        def step() -> None:
-            g = self.guard()
-            if g is not None:
-                g.draft_extend_starts(skipped=skipped, observe=self._round_observer(batch), where=where)
-        self._run(step)
+        def step(g: Guard) -> None:
+            g.draft_extend_starts(skipped=skipped, observe=self._round_observer(batch), where=where)
+        self._with_guard(step)
 
     def after_normalize_decode_outputs(self, normalized: Any, processor: Any, *args: Any, **kwargs: Any) -> None:
         """`SchedulerBatchResultProcessor._normalize_decode_outputs(batch=, result=, ...)` returned: in a decode
@@ -517,9 +501,8 @@ class V2Adapter:
         if batch is None or result is None or not batch.reqs:
             return
 
-        def step() -> None:
-            g = self.guard()
-            if g is None or not g.config.scope.overlap:
+        def step(g: Guard) -> None:
+            if not g.config.scope.overlap:
                 return  # the normal loop settles rounds at the scheduler's next hook
             reqs = batch.reqs
             spec = not batch.spec_algorithm.is_none() and getattr(result, "accept_lens", None) is not None
@@ -537,22 +520,17 @@ class V2Adapter:
                              self.observe_pool(processor.token_to_kv_pool_allocator, getattr(processor, "tree_cache",
                                                                                             None)),
                              where="SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)")
-        self._run(step)
+        self._with_guard(step)
 
     def after_apply_runtime_state(self, result: Any, worker: Any, state: Any, *args: Any, **kwargs: Any) -> None:
-        def step() -> None:
-            g = self.guard()
-            if g is not None:
-                g.note(f"adaptive controller: speculative_num_steps -> {state.speculative_num_steps}")
-        self._run(step)
+        def step(g: Guard) -> None:
+            g.note(f"adaptive controller: speculative_num_steps -> {state.speculative_num_steps}")
+        self._with_guard(step)
 
-    # --- called by a flip implementation (shim.api.notify_flip) -----------------------------------------
+    # --- called by a flip implementation (shim.guard.api.notify_flip) -----------------------------------------
 
     def on_flip(self, on: bool, batch: Any) -> None:
-        def step() -> None:
-            g = self.guard()
-            if g is None:
-                return
+        def step(g: Guard) -> None:
             if batch is None or not batch.reqs:
                 # an empty running batch still names the pool: a flip that released KV (flip-on by retraction)
                 # is checked against it; without one, the pool as last observed
@@ -561,8 +539,8 @@ class V2Adapter:
                 return
             self.remember_running(batch)
             g.flip(on, self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch),
-                   where="switch (shim.api.notify_flip)")
-        self._run(step)
+                   where="switch (shim.guard.api.notify_flip)")
+        self._with_guard(step)
 
 
 def g_pool_or_none(guard: Guard) -> ObservedPool:

@@ -30,7 +30,8 @@ from typing import Any
 import attrs
 
 from shim.adapters.common import V2Adapter, tensor_width
-from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.core import Guard
+from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from statemodel.design import Design
 from statemodel.designs import SEEDS_FINAL
 from statemodel.state import ForwardMode, SpecInfoKind
@@ -146,9 +147,8 @@ class Adapter(V2Adapter):
         before = batch.out_cache_loc
         result = original(batch, *args, **kwargs)
 
-        def step() -> None:
-            g = self.guard()
-            if g is None or not batch.reqs:
+        def step(g: Guard) -> None:
+            if not batch.reqs:
                 return
             self.remember_running(batch)
             if batch.out_cache_loc is not None and batch.out_cache_loc is not before:
@@ -157,7 +157,7 @@ class Adapter(V2Adapter):
             else:
                 # v1's speculative path allocated nothing: the model's reserve stands until prepare_for_verify
                 g.prepare_for_decode(self.observe_batch(batch, out_cache_loc_width=0), [], None)  # type: ignore[arg-type]
-        self._run(step)
+        self._with_guard(step)
         return result
 
     def before_draft_v1(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -165,22 +165,17 @@ class Adapter(V2Adapter):
             return None
         self._worker_ref = weakref.ref(worker)
 
-        def step() -> None:
-            g = self.guard()
-            if g is not None:
-                g.draft(int(worker.speculative_num_steps), [], None, self._round_observer(batch),  # type: ignore[arg-type]
-                        where="EAGLEWorker.draft")
-        self._run(step)
+        def step(g: Guard) -> None:
+            g.draft(int(worker.speculative_num_steps), [], None, self._round_observer(batch),  # type: ignore[arg-type]
+                    where="EAGLEWorker.draft")
+        self._with_guard(step)
         return None
 
     def after_prepare_for_verify(self, result: Any, verify_input: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         if batch.forward_mode.is_idle() or not batch.reqs:
             return None
 
-        def step() -> None:
-            g = self.guard()
-            if g is None:
-                return
+        def step(g: Guard) -> None:
             worker = self._worker_ref() if self._worker_ref else None
             graph = self.graph_for(worker.target_worker.model_runner, len(batch.reqs), verify_input) \
                 if worker is not None else None
@@ -190,7 +185,7 @@ class Adapter(V2Adapter):
             per_request = width // max(len(batch.reqs), 1)
             g.verify_launch(launched, self.observe_requests_with_verify_slots(batch, per_request),
                             self.batch_pool(batch), where="EagleVerifyInput.prepare_for_verify (TARGET_VERIFY launch)")
-        self._run(step)
+        self._with_guard(step)
         return None
 
     def before_draft_extend_after_decode(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:

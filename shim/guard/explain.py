@@ -1,6 +1,6 @@
 """`specflip explain TRACE...`: replay guard traces through the model.
 
-Each step record is re-checked from the rebuilt states (`shim.checks.step_violations`: the model's
+Each step record is re-checked from the rebuilt states (`shim.guard.checks.step_violations`: the model's
 invariants and its stage/mode rules), independently of what the guard that wrote it concluded. The
 report gives the first illegal step, or says the trace conforms, and which model actions it covered.
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
-from shim.checks import state_violations, step_violations
-from shim.ranks import RankAgreement, RankTraceError, check_rank_agreement
-from shim.trace import (
+from shim.guard.checks import state_violations, step_violations
+from shim.guard.ranks import RankAgreement, RankTraceError, check_rank_agreement
+from shim.guard.trace import (
     TraceFormatError,
     apply_delta,
     compact_state,

@@ -30,11 +30,15 @@ walks every tracked object, and a speculative server holds more of them than a p
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from shim.timing.jsonl import JsonlTrace
 
 ENV_DIR = "SPECFLIP_STEP_TIMER"
 ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
@@ -111,11 +115,9 @@ class StepTimer:
     (`torch.cuda.Event(enable_timing=True)` on a server)."""
 
     def __init__(self, config: StepTimerConfig, event_factory: Any = None, gc_clock: GcClock | None = None) -> None:
-        from shim.switch_v2 import SwitchTrace
-
         self.config = config
         self.gc_clock = gc_clock
-        self.trace = SwitchTrace(config.trace_dir, prefix="steps")
+        self.trace = JsonlTrace(config.trace_dir, prefix="steps")
         self.event_factory = event_factory
         self.last_entry: float | None = None
         self.last_was_decode = False
@@ -243,8 +245,6 @@ def install_step_timer(registry: Any, config: StepTimerConfig | None, event_fact
     global _TIMER
     if config is None:
         return False
-    import gc
-
     from sglang.srt.plugins.hook_registry import HookType
 
     gc_clock = GcClock()
@@ -268,8 +268,6 @@ def install_from_env() -> bool:
         return False
     if config is None:
         return False
-    import functools
-
     import torch
     from sglang.srt.plugins.hook_registry import HookRegistry
 

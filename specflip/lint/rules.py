@@ -1,5 +1,5 @@
 """`specflip lint`'s rules: every runtime state a speculative configuration can switch into, checked against
-what SGLang sized for it at start-up. Pure Python: the per-line adapters (`shim/adapters/lint_*.py`) read
+what SGLang sized for it at start-up. Pure Python: the per-line adapters (`specflip/lint/sglang_*.py`) read
 SGLang's sizing into a `Sizing`; nothing here imports SGLang.
 
 Each rule carries the name of the model invariant it is a start-up instance of (`statemodel.invariants`), so a
@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from statemodel.invariants import INVARIANT_NAMES
+from statemodel.policy import decide_flip
 
 _NAMES = {name: name for name in INVARIANT_NAMES}
 KV_RESERVE = _NAMES["kv_reserve_covers_writes"]
@@ -39,8 +40,8 @@ class StepSizing:
 
 @attrs.frozen
 class SpecflipPolicy:
-    """The settings of specflip's threshold switch that lint checks (shim/switch_v2.SwitchConfig validates
-    them; the flip rule itself is the model's, statemodel.actions.policy_wants_off / policy_wants_on)."""
+    """The settings of specflip's threshold switch that lint checks (shim.switch.config.SwitchConfig validates
+    them; the flip rule itself is the model's, statemodel.policy.decide_flip)."""
 
     t_off: int
     t_on: int
@@ -251,7 +252,8 @@ def _running_cap(sizing: Sizing) -> list[Finding]:
     if flip is None:
         return []
     found = []
-    if flip.t_on > flip.spec_cap:
+    # the policy asked at its own re-enable point: demand t_on, all t_on requests running
+    if decide_flip(False, flip.t_on, flip.t_on, flip.t_off, flip.t_on, flip.spec_cap) is None:
         found.append(Finding(
             RUNNING_CAP, f"spec on, re-enabled at t_on={flip.t_on}", f"{flip.t_on} running requests",
             f"speculation holds {flip.spec_cap}",

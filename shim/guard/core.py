@@ -1,6 +1,6 @@
 """The runtime guard: the model State of one scheduler (TP rank), moved by the hooked SGLang steps.
 
-SGLang-free: adapters (`shim.adapters`) read live objects into `shim.observe` facts and call the
+SGLang-free: adapters (`shim.adapters`) read live objects into `shim.guard.observe` facts and call the
 methods here, one per model action. Each call
 
 1. takes the model's own next state, `statemodel.actions.apply(before, action, design, scope)`: that
@@ -8,7 +8,7 @@ methods here, one per model action. Each call
    runtime mode) exactly as the model's transition function moves them;
 2. overwrites every field the live objects do carry (batch shape, spec_info, KV per request, the
    pool) with what was observed, so a bug in SGLang or in a flip implementation shows up;
-3. checks the transition with `shim.checks.step_violations` (the model's invariants, the model's
+3. checks the transition with `shim.guard.checks.step_violations` (the model's invariants, the model's
    stage/mode rules);
 4. records it (history; trace file) and, in assert mode, raises `SpecFlipViolation`; in warn and trace
    mode logs, rate-limited.
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from shim.checks import state_violations, step_violations
-from shim.observe import ObservedBatch, ObservedPool, ObservedRequest
-from shim.trace import (
+from shim.guard.checks import state_violations, step_violations
+from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.trace import (
     TraceWriter,
     compact_state,
     rid_name,

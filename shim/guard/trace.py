@@ -116,7 +116,7 @@ _REQUEST_JSON = ('{"rid":%d,"prompt_len":%d,"max_new_tokens":%d,"status":"%s","p
                  '"committed":%d,"kv_held":%d,"kv_reserved":%d,"draft_kv_len":%d,"draft_hidden_ready":%s}')
 if _REQUEST_NAMES != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed",
                       "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready"):
-    raise ImportError("shim.trace: statemodel.state.Request's fields changed; update _REQUEST_JSON")
+    raise ImportError("shim.guard.trace: statemodel.state.Request's fields changed; update _REQUEST_JSON")
 
 
 def request_json_text(r: Request) -> str:

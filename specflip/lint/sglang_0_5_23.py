@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from shim.lint_rules import Sizing, SpecflipPolicy, StepSizing
+from specflip.lint.rules import Sizing, SpecflipPolicy, StepSizing
 
 RELEASE = "0.5.23"
 _STAND_INS = Path(__file__).resolve().parents[2] / "stand_ins" / "cpu"

@@ -2,8 +2,8 @@
 switches, before the server starts.
 
 Builds SGLang's own `ServerArgs` from the arguments (the installed release, through its adapter in
-`shim/adapters/lint_<release>.py`), derives every runtime state the server can switch into and checks each
-against what SGLang sizes at start-up (rules: `shim/lint_rules.py`, named after the model's invariants).
+`specflip/lint/sglang_<release>.py`), derives every runtime state the server can switch into and checks each
+against what SGLang sizes at start-up (rules: `specflip/lint/rules.py`, named after the model's invariants).
 
 Exit 0: every state fits (one summary line). Exit 1: one line per finding. Exit 2: bad input (unknown flag,
 unreadable file, unsupported release). `lint_server_args(server_args)` is the same check for a server that
@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shim.lint_rules import Finding, Sizing, SpecflipPolicy, check, summary
+from shim.switch.config import SwitchConfig, SwitchConfigError
+from specflip.lint.rules import SGLANG_REFUSES, Finding, Sizing, SpecflipPolicy, check, summary
 
-SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "shim.adapters.lint_0_5_23", "0.5.16": "shim.adapters.lint_0_5_16"}
+SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16"}
 CACHE_VERSION = 1
 
 
@@ -68,8 +69,6 @@ def specflip_policy(own: argparse.Namespace) -> SpecflipPolicy | None:
         return None
     if own.specflip_t_off is None or own.specflip_t_on is None:
         raise LintUsageError("--specflip-t-off and --specflip-t-on go together")
-    from shim.switch_v2 import SwitchConfig, SwitchConfigError
-
     try:  # the switch's own validation, so lint accepts exactly what the switch accepts
         cfg = SwitchConfig(t_off=own.specflip_t_off, t_on=own.specflip_t_on, spec_cap=own.specflip_spec_cap,
                            draft_while_off=own.specflip_draft, plain_graphs=own.specflip_plain_graphs)
@@ -135,7 +134,7 @@ def _rules_fingerprint() -> str:
     # the adapters' code decides what a cached sizing holds: a change to it invalidates the cache
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for p in sorted((here / "adapters").glob("lint_*.py")) + [here / "lint_rules.py"]:
+    for p in sorted(here.glob("sglang_*.py")) + [here / "rules.py"]:
         digest.update(p.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -192,8 +191,6 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
 def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *,
               use_cache: bool = True) -> tuple[Sizing | None, list[Finding]]:
     """Findings for launch_server arguments (specflip's flags already stripped)."""
-    from shim.lint_rules import SGLANG_REFUSES
-
     result = sizing_for(argv, policy, use_cache=use_cache)
     if isinstance(result, str):
         return None, [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused at start-up",

@@ -2,13 +2,15 @@
 
 Speculation goes off when demand (running + prefilling + waiting requests) reaches `t_off` and back on when
 demand falls to `t_on` and the running batch fits under speculation's running cap (hysteresis): the model's
-own rule (statemodel.actions.policy_wants_off / policy_wants_on), evaluated on the scheduler's counts.
+own rule (statemodel.policy.decide_flip, which the model's policy_wants_off / policy_wants_on use too), evaluated on
+the scheduler's counts (shim/switch/policy.py).
 A spec-off step is a real plain DECODE of the target: one token per request, on a decode CUDA graph runner
 captured at start-up beside the verify graphs, no drafting. Each function below is named after the model
 action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, plain_decode, draft_sync).
 
 Enable with `SPECFLIP_SWITCH=t_off:t_on` and install with `install_switch(HookRegistry, SwitchConfig.from_env())`
-from the plugin entry point (before `HookRegistry.apply_hooks()`, which `load_plugins` calls). Other knobs:
+from a plugin entry point (shim/plugin.py: `register_switch`, or `register`), before `HookRegistry.apply_hooks()`,
+which `load_plugins` calls. Other knobs:
   SPECFLIP_SWITCH_DRAFT   retract (default: design plain_off_retract_catch_up: speculation off is SGLang's own
                           plain scheduler path; the flip back on retracts the running requests, whose re-prefill
                           with speculation is the draft's catch-up) |
@@ -30,22 +32,25 @@ admission at SPECFLIP_SPEC_CAP while speculation is on.
 
 from __future__ import annotations
 
-import functools
-import json
+import contextlib
+import inspect
 import logging
 import os
-import threading
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-ENV_SWITCH = "SPECFLIP_SWITCH"
-DRAFT_MODES = ("sync", "retract", "none")
-GRAPH_MODES = ("decode", "eager")
-PREFILL_MODES = ("graphs", "eager")
-DESIGN_FOR_DRAFT_MODE = {"sync": "v2_switch_reserve_sync", "retract": "plain_off_retract_catch_up",
-                         "none": "no_draft_work_while_off"}
+from shim.guard import api as guard_api
+from shim.switch.config import (
+    SwitchConfig,
+    SwitchConfigError,
+)
+from shim.switch.policy import SwitchPolicy
+from shim.switch.swap import AttributeSwap, plain_runner_side
+from shim.timing.jsonl import JsonlTrace
 
 # Hook targets (SGLang 0.5.16, docs/correspondence-research.md section 6).
 T_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
@@ -63,189 +68,13 @@ PLAIN_STEP_ACTIONS = {"sync": ("prepare_for_decode", "plain_decode", "draft_sync
                       "none": ("prepare_for_decode", "plain_decode")}
 
 
-class SwitchConfigError(ValueError):
-    """A bad SPECFLIP_* setting; the message is one line."""
-
-
-@dataclass(frozen=True)
-class SwitchConfig:
-    t_off: int
-    t_on: int
-    spec_cap: int = 48
-    draft_while_off: str = "retract"
-    plain_graphs: str = "decode"
-    plain_prefill: str = "graphs"
-    trace_dir: str | None = None
-    trace_every: int = 1
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.t_on < self.t_off:
-            raise SwitchConfigError(f"{ENV_SWITCH}: need 0 <= t_on < t_off, got t_off={self.t_off} t_on={self.t_on}")
-        if self.spec_cap < 1:
-            raise SwitchConfigError(f"SPECFLIP_SPEC_CAP must be >= 1, got {self.spec_cap}")
-        if self.draft_while_off not in DRAFT_MODES:
-            raise SwitchConfigError(f"SPECFLIP_SWITCH_DRAFT must be one of {DRAFT_MODES}, got {self.draft_while_off!r}")
-        if self.trace_every < 1:
-            raise SwitchConfigError(f"SPECFLIP_SWITCH_TRACE_EVERY must be >= 1, got {self.trace_every}")
-        if self.plain_graphs not in GRAPH_MODES:
-            raise SwitchConfigError(f"SPECFLIP_PLAIN_GRAPHS must be one of {GRAPH_MODES}, got {self.plain_graphs!r}")
-        if self.plain_prefill not in PREFILL_MODES:
-            raise SwitchConfigError(f"SPECFLIP_PLAIN_PREFILL must be one of {PREFILL_MODES}, "
-                                    f"got {self.plain_prefill!r}")
-
-    @property
-    def design_name(self) -> str:
-        """The checker design (statemodel/designs.py) this configuration implements."""
-        return DESIGN_FOR_DRAFT_MODE[self.draft_while_off]
-
-    @classmethod
-    def parse_thresholds(cls, text: str) -> tuple[int, int]:
-        try:
-            off, on = (int(x) for x in text.split(":"))
-        except ValueError:
-            raise SwitchConfigError(f"{ENV_SWITCH} must be 't_off:t_on' (two integers), got {text!r}") from None
-        return off, on
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, *, default_draft: str = "retract") -> SwitchConfig | None:
-        """The configuration from SPECFLIP_* variables, or None when the switch is not enabled.
-        `default_draft`: SPECFLIP_SWITCH_DRAFT when unset (the v1 switch implements sync only)."""
-        env = dict(os.environ) if env is None else env
-        text = env.get(ENV_SWITCH, "").strip()
-        if not text:
-            return None
-        off, on = cls.parse_thresholds(text)
-        try:
-            cap = int(env.get("SPECFLIP_SPEC_CAP", "48"))
-        except ValueError:
-            raise SwitchConfigError(f"SPECFLIP_SPEC_CAP must be an integer, got {env['SPECFLIP_SPEC_CAP']!r}") from None
-        try:
-            every = int(env.get("SPECFLIP_SWITCH_TRACE_EVERY", "1"))
-        except ValueError:
-            raise SwitchConfigError("SPECFLIP_SWITCH_TRACE_EVERY must be an integer, got "
-                                    f"{env['SPECFLIP_SWITCH_TRACE_EVERY']!r}") from None
-        return cls(t_off=off, t_on=on, spec_cap=cap,
-                   draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
-                   plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
-                   plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
-                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every)
-
-
-@functools.lru_cache(maxsize=4096)
-def model_policy_action(design_name: str, spec_on: bool, running: int, waiting: int, chunked: int, t_off: int,
-                        t_on: int, spec_cap: int) -> str | None:
-    """'flip_off', 'flip_on' or None, as the model decides for these counts: the rule is the model's
-    (statemodel.actions.policy_wants_off / policy_wants_on under the design), evaluated on a state holding
-    `running` running, `chunked` prefilling and `waiting` waiting requests."""
-    from statemodel.actions import policy_wants_off, policy_wants_on
-    from statemodel.design import Scope
-    from statemodel.designs import get_design
-    from statemodel.state import EMPTY_BATCH, Batch, Request, SpecMode, Stage, State, Status, Thresholds
-
-    statuses = [Status.RUNNING] * running + [Status.PREFILLING] * chunked + [Status.WAITING] * waiting
-    requests = tuple(Request(rid=i, prompt_len=1, max_new_tokens=1, status=st) for i, st in enumerate(statuses))
-    state = State(requests=requests, running=Batch(rids=tuple(range(running))) if running else EMPTY_BATCH,
-                  pending=None, launched=None, stage=Stage.SCHEDULE,
-                  spec_mode=SpecMode.ON if spec_on else SpecMode.OFF, num_steps=1, kv_free=0, kv_pool_size=0,
-                  thresholds=Thresholds(t_off, t_on))
-    design = get_design(design_name)
-    if policy_wants_off(state, design):
-        return "flip_off"
-    if policy_wants_on(state, design, Scope(requests=(), spec_cap=spec_cap, plain_cap=1 << 30)):
-        return "flip_on"
-    return None
-
-
-@dataclass
-class SwitchPolicy:
-    """The design's threshold policy (hysteresis, re-enabled only within speculation's cap). The flip rule is
-    the model's own, evaluated on the counts the hooks see; the admission cap follows the mode."""
-
-    config: SwitchConfig
-    spec_on: bool = True
-
-    def wants(self, running: int, waiting: int, chunked: int = 0) -> str | None:
-        """'flip_off', 'flip_on' or None for these counts, without changing the mode."""
-        c = self.config
-        return model_policy_action(c.design_name, self.spec_on, running, waiting, chunked, c.t_off, c.t_on,
-                                   c.spec_cap)
-
-    def decide(self, running: int, waiting: int, chunked: int = 0) -> str | None:
-        """'flip_off', 'flip_on' or None for the decode step about to be prepared; updates the mode."""
-        action = self.wants(running, waiting, chunked)
-        if action is not None:
-            self.spec_on = action == "flip_on"
-        return action
-
-    def admission_cap(self, running: int, allocatable: int) -> int:
-        """How many more requests may be admitted: speculation's cap while on, the launch cap while off."""
-        if self.spec_on:
-            return min(allocatable, self.config.spec_cap - running)
-        return allocatable
-
-
-class SwitchTrace:
-    """JSONL of the switch's actions (model action names) and per-step device timings; no host syncs:
-    CUDA events are read back only once they have completed."""
-
-    def __init__(self, trace_dir: str | None, prefix: str = "switch") -> None:
-        self._fh = None
-        self._lock = threading.Lock()
-        self._pending: list[tuple[Any, Any, dict[str, Any]]] = []
-        self._flushed = 0.0
-        if trace_dir:
-            os.makedirs(trace_dir, exist_ok=True)
-            self.path = os.path.join(trace_dir, f"{prefix}-{os.getpid()}.jsonl")
-            self._fh = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the process
-            threading.Thread(target=self._flush_loop, daemon=True, name="specflip-trace-flush").start()
-
-    @property
-    def enabled(self) -> bool:
-        return self._fh is not None
-
-    def _flush_loop(self) -> None:
-        # an idle server writes nothing: flush from here so a live replay sees every event
-        while True:
-            time.sleep(0.5)
-            with self._lock:
-                if self._fh is not None:
-                    self._fh.flush()
-
-    def event(self, action: str, **info: Any) -> None:
-        if self._fh is None:
-            return
-        now = time.time()
-        with self._lock:
-            self._fh.write(json.dumps({"t": round(now, 6), "action": action, **info}) + "\n")
-            if now - self._flushed > 0.5:  # a live replay reads the file while the server runs
-                self._fh.flush()
-                self._flushed = now
-
-    def timed(self, start: Any, end: Any, info: dict[str, Any]) -> None:
-        if self._fh is None:
-            return
-        self._pending.append((start, end, info))
-        self.drain()
-
-    def drain(self, force: bool = False) -> None:
-        keep = []
-        for start, end, info in self._pending:
-            if force or end.query():
-                self.event("timing", ms=round(start.elapsed_time(end), 4), **info)
-            else:
-                keep.append((start, end, info))
-        self._pending = keep
-        if force and self._fh is not None:
-            self._fh.flush()
-
-
 @dataclass
 class SwitchRuntime:
     """What the hooks share inside one scheduler process."""
 
     config: SwitchConfig
     policy: SwitchPolicy
-    trace: SwitchTrace
+    trace: JsonlTrace
     steps_since_flip: int = 0
     flips: int = 0
     plain_runner: Any = None
@@ -253,7 +82,8 @@ class SwitchRuntime:
     plain_prefill_runner: Any = None  # PlainPrefillOnTargetGraphs, or None: the plain path keeps the target's
     counters: dict[str, int] = field(default_factory=dict)
     # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
-    spec_side: dict[str, Any] = field(default_factory=dict)
+    spec_side: AttributeSwap = field(default_factory=AttributeSwap)
+    fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
 
     @property
     def plain_path(self) -> bool:
@@ -300,9 +130,7 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
             if running_batch is not None:
                 running_batch.batch_is_full = False
         # the guard (when loaded) must see the flip, or it judges the next plain step as a speculative one
-        import shim.api
-
-        shim.api.notify_flip(action == "flip_on", batch)
+        guard_api.notify_flip(action == "flip_on", batch)
     return action
 
 
@@ -401,46 +229,32 @@ def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
     none = SpeculativeAlgorithm.NONE
     fm = scheduler.future_map
     mr = scheduler.tp_worker.model_runner
-    rt.spec_side = {
-        "algorithm": scheduler.spec_algorithm, "model_worker": scheduler.model_worker,
-        "fm_algo": fm.spec_algo, "fm_initialized": getattr(fm, "_forward_buf_initialized", False),
-        "fm_need_topk": getattr(fm, "need_topk", False), "fm_need_hidden": getattr(fm, "need_hidden_states", False),
-        "runner": mr.decode_cuda_graph_runner, "attn_backend": mr.attn_backend, "mr_algo": mr.spec_algorithm,
-    }
-    scheduler.spec_algorithm = none  # the prefill batches formed while off (ScheduleBatch.init_new)
-    scheduler.model_worker = scheduler.tp_worker
+    side = rt.spec_side
+    rt.fm_was_initialized = getattr(fm, "_forward_buf_initialized", False)
+    side.set(scheduler, "spec_algorithm", none)  # the prefill batches formed while off (ScheduleBatch.init_new)
+    side.set(scheduler, "model_worker", scheduler.tp_worker)
     # the plain relay: input ids gathered from output_tokens_buf, a stash carries the bonus token only
-    fm.spec_algo = none
-    fm.need_topk = False
-    fm.need_hidden_states = False
-    mr.decode_cuda_graph_runner = rt.plain_runner  # None: eager
+    side.set(fm, "spec_algo", none)
+    side.set(fm, "need_topk", False)
+    side.set(fm, "need_hidden_states", False)
+    side.set(mr, "decode_cuda_graph_runner", rt.plain_runner)  # None: eager
     if rt.plain_attn_backend is not None:
-        mr.attn_backend = rt.plain_attn_backend
-    mr.spec_algorithm = none
+        side.set(mr, "attn_backend", rt.plain_attn_backend)
+    side.set(mr, "spec_algorithm", none)
     if rt.plain_prefill_runner is not None:
-        rt.spec_side["prefill_runner"] = getattr(mr, "prefill_cuda_graph_runner", None)
-        mr.prefill_cuda_graph_runner = rt.plain_prefill_runner
+        side.set(mr, "prefill_cuda_graph_runner", rt.plain_prefill_runner)
 
 
 def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
     """Undo enter_plain_path."""
-    side = rt.spec_side
-    if not side:
+    if not rt.spec_side:
         return
     fm = scheduler.future_map
-    mr = scheduler.tp_worker.model_runner
-    scheduler.spec_algorithm = side["algorithm"]
-    scheduler.model_worker = side["model_worker"]
-    fm.spec_algo = side["fm_algo"]
-    if side["fm_initialized"] or not hasattr(fm, "_forward_buf_initialized"):  # 0.5.23: no lazy sizing flag
-        fm.need_topk, fm.need_hidden_states = side["fm_need_topk"], side["fm_need_hidden"]
+    if rt.fm_was_initialized or not hasattr(fm, "_forward_buf_initialized"):  # 0.5.23: no lazy sizing flag
+        rt.spec_side.restore()
     else:  # 0.5.16, first stashed while off: sized for the plain payload, so size it again at the next spec stash
+        rt.spec_side.restore(keep=((fm, "need_topk"), (fm, "need_hidden_states")))
         fm._forward_buf_initialized = False
-    mr.decode_cuda_graph_runner, mr.attn_backend, mr.spec_algorithm = (
-        side["runner"], side["attn_backend"], side["mr_algo"])
-    if "prefill_runner" in side:
-        mr.prefill_cuda_graph_runner = side["prefill_runner"]
-    rt.spec_side = {}
 
 
 def _pending_prefill(scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
@@ -453,8 +267,6 @@ def _pending_prefill(scheduler: Any, running_batch: Any, last_batch: Any) -> Any
 def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
     """ScheduleBatch.release_req for each request without tree insertion (SGLang's retract_all, as its
     pause_generation(mode="retract") calls it), then back to the waiting queue with its output kept."""
-    import inspect
-
     from sglang.srt.managers import schedule_batch
 
     kwargs = dict(reqs=reqs, req_to_token_pool=scheduler.req_to_token_pool,
@@ -524,9 +336,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     rt.steps_since_flip = 0
     rt.trace.event(action, running=len(in_batch), waiting=waiting, chunked=0, drained=drained,
                    reserve_freed=freed, retracted=retracted, ms=round((time.perf_counter() - tic) * 1e3, 3))
-    import shim.api
-
-    shim.api.notify_flip(action == "flip_on", running_batch)  # empty: the guard still reads its pool
+    guard_api.notify_flip(action == "flip_on", running_batch)  # empty: the guard still reads its pool
     return last_batch
 
 
@@ -659,8 +469,6 @@ def _init_cuda_graphs_after(result: Any, self: Any, *args: Any, **kwargs: Any) -
 
 
 def _worker_contexts(worker: Any) -> list[Any]:
-    import sys
-
     mod = sys.modules["sglang.srt.speculative.eagle_worker_v2"]
     dw = worker.draft_worker
     if hasattr(dw, "draft_tp_context"):  # 0.5.16: a per-worker context factory over the draft's TP group
@@ -707,17 +515,10 @@ def plain_decode(worker: Any, batch: Any, on_publish: Any, rt: SwitchRuntime) ->
     batch.spec_info = None
     batch.spec_algorithm = SpeculativeAlgorithm.NONE
 
-    mr = worker.target_worker.model_runner
-    saved = (mr.decode_cuda_graph_runner, mr.attn_backend, mr.spec_algorithm)
-    mr.decode_cuda_graph_runner = rt.plain_runner
-    if rt.plain_attn_backend is not None:
-        mr.attn_backend = rt.plain_attn_backend
-    mr.spec_algorithm = SpeculativeAlgorithm.NONE
-    try:
+    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner, "decode_cuda_graph_runner",
+                                                 SpeculativeAlgorithm.NONE)):
         res = worker.target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL if sync else CaptureHiddenMode.NULL)
-    finally:
-        mr.decode_cuda_graph_runner, mr.attn_backend, mr.spec_algorithm = saved
     rt.count("plain_graph" if res.can_run_cuda_graph else "plain_eager")
 
     tokens = res.next_token_ids.to(torch.int64)
@@ -748,8 +549,6 @@ def draft_sync(worker: Any, batch: Any, result: Any, old: Any, old_cpu: Any, old
                spec_algo: Any, keep: list[Any]) -> None:
     """Model action draft_sync: a draft-extend over the one token the plain step committed, laid out as a
     verify with one accepted token (slot row 0 of each request's num_draft_tokens window)."""
-    import contextlib
-
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -828,11 +627,12 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookType
 
-    _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=SwitchTrace(config.trace_dir))
+    _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=JsonlTrace(config.trace_dir))
     _RUNTIME.trace.event("config", design=config.design_name, t_off=config.t_off, t_on=config.t_on,
                          spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
                          plain_graphs=config.plain_graphs, plain_prefill=config.plain_prefill,
                          trace_every=config.trace_every)
+    guard_api.announce_switch(config.design_name, config.spec_cap)  # the guard's reference design and scope
     if not _RUNTIME.plain_path:  # the plain path flips in get_next_batch_to_run: one wrapper less per step
         registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
     registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
@@ -849,7 +649,7 @@ V1_WORKER_RELEASES = ("0.5.11", "0.5.12")  # the last lines that still ship the 
 
 
 def v1_worker_selected(release: str | None, env: Mapping[str, str]) -> bool:
-    """Whether this server runs SGLang's v1 EAGLEWorker, whose switch is shim/switch_v1.py: on the lines
+    """Whether this server runs SGLang's v1 EAGLEWorker, whose switch is shim/switch/v1.py: on the lines
     that still have it, SGLANG_ENABLE_SPEC_V2=0 selects it. Installing this (v2) switch there as well
     doubles the scheduler hooks (seen on the H200: two AROUND hooks on prepare_for_decode, a slot leaked)."""
     flag = env.get("SGLANG_ENABLE_SPEC_V2", "").strip().lower()
@@ -860,15 +660,13 @@ def install_from_env() -> bool:
     """Install the switch as SPECFLIP_* say (idempotent); a bad setting logs one line and leaves it off."""
     if _RUNTIME is not None:
         return True
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         release: str | None = version("sglang")
     except PackageNotFoundError:
         release = None
     if v1_worker_selected(release, os.environ):
         logging.getLogger("specflip.switch").info(
-            "specflip v2 switch not installed: SGLANG_ENABLE_SPEC_V2=0 selects the v1 EAGLEWorker (shim/switch_v1.py)")
+            "specflip v2 switch not installed: SGLANG_ENABLE_SPEC_V2=0 selects the v1 EAGLEWorker (shim/switch/v1.py)")
         return False
     try:
         config = SwitchConfig.from_env()
@@ -880,8 +678,3 @@ def install_from_env() -> bool:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     return install_switch(HookRegistry, config)
-
-
-def plugin_entry() -> None:
-    """Entry point (group `sglang.srt.plugins`) that installs only this switch (the GPU kit registers it)."""
-    install_from_env()

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from shim.guard import Guard, GuardConfig, Mode, SpecFlipViolation
-from shim.trace import trace_path_for
+from shim.guard.core import Guard, GuardConfig, Mode, SpecFlipViolation
+from shim.guard.trace import trace_path_for
 from statemodel.design import Design, Scope
 from statemodel.designs import DESIGNS_BY_NAME, get_design
 

@@ -1,7 +1,7 @@
 """What an adapter hands the guard: plain host-side facts read off live SGLang objects.
 
 No SGLang import here and no torch: an adapter fills these from python ints, CPU mirrors and tensor
-shapes, and the guard (`shim.guard`) turns them into `statemodel.state` objects. Request ids are
+shapes, and the guard (`shim.guard.core`) turns them into `statemodel.state` objects. Request ids are
 SGLang's rid strings; the guard numbers them.
 """
 

@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from shim.lint_rules import Sizing, SpecflipPolicy, StepSizing
+from specflip.lint.rules import Sizing, SpecflipPolicy, StepSizing
 
 RELEASE = "0.5.16"
 DEFAULT_ADAPTIVE_TIERS: tuple[tuple[int, tuple[int, ...]], ...] = (

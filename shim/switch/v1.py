@@ -5,7 +5,8 @@ The steps are the model's shipped design `seeds_final` (statemodel/designs.py), 
 changes SGLang state is named after the model action it performs (statemodel.actions.ACTION_CATALOGUE):
 
 * `flip_off` / `flip_on`: the threshold policy with hysteresis, decided by the model's own
-  `policy_wants_off` / `policy_wants_on` (clamped to speculation's running cap). The ScheduleBatch is left
+  `statemodel.policy.decide_flip`, as the model's `policy_wants_off` / `policy_wants_on` (clamped to
+  speculation's running cap). The ScheduleBatch is left
   alone (ClearSpecOn.WORKER_COPY); v1 holds no KV reserve between steps, so nothing is released.
 * `prepare_for_decode` (speculation off): v1's ScheduleBatch.prepare_for_decode returns early whenever the
   batch carries a speculative algorithm: no slot, no seq_lens + 1. The switch runs SGLang's own plain path
@@ -19,23 +20,27 @@ changes SGLang state is named after the model action it performs (statemodel.act
   token per request, finished rows left out in order), so re-enabling finds the draft KV and hidden state
   current.
 
-Configuration (same parsing as the v2 switch, shim.switch_v2.SwitchConfig): `SPECFLIP_SWITCH=t_off:t_on`,
+Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): `SPECFLIP_SWITCH=t_off:t_on`,
 `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_GRAPHS=decode|eager`, `SPECFLIP_SWITCH_TRACE=<dir>`.
 `SPECFLIP_SWITCH_DRAFT` must be `sync`, its default here (seeds_final syncs the draft after every plain step).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
-`HookRegistry.apply_hooks()`, or
-through the entry point `plugin_entry` (group `sglang.srt.plugins`), which also loads the guard
-(`shim.plugin.register`, a no-op unless SPECFLIP_MODE is set).
+`HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
+which also loads the guard (a no-op unless SPECFLIP_MODE is set).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shim import switch_v2
-from shim.switch_v2 import SwitchConfig, SwitchConfigError, SwitchPolicy, SwitchTrace
+from shim.guard import api as guard_api
+from shim.switch.config import SwitchConfig, SwitchConfigError
+from shim.switch.policy import SwitchPolicy
+from shim.switch.swap import AttributeSwap, plain_runner_side
+from shim.timing.jsonl import JsonlTrace
 
 DESIGN = "seeds_final"
 # The functions of this module that perform a model action, by action name (tests check the names exist in
@@ -59,31 +64,13 @@ def check_config(config: SwitchConfig) -> SwitchConfig:
     return config
 
 
-def model_policy_action(spec_on: bool, running: int, waiting: int, chunked: int, t_off: int, t_on: int,
-                        spec_cap: int) -> str | None:
-    """'flip_off', 'flip_on' or None, as the model's policy decides for these counts under design seeds_final:
-    statemodel.actions.policy_wants_off / policy_wants_on, evaluated by the v2 switch's shared helper."""
-    return switch_v2.model_policy_action(DESIGN, spec_on, running, waiting, chunked, t_off, t_on, spec_cap)
-
-
-class ModelThresholdPolicy(SwitchPolicy):
-    """The v2 switch's policy object (admission cap included), deciding under design seeds_final."""
-
-    def decide(self, running: int, waiting: int, chunked: int = 0) -> str | None:  # type: ignore[override]
-        c = self.config
-        action = model_policy_action(self.spec_on, running, waiting, chunked, c.t_off, c.t_on, c.spec_cap)
-        if action is not None:
-            self.spec_on = action == "flip_on"
-        return action
-
-
 @dataclass
 class SwitchRuntime:
     """What the hooks share inside one scheduler process."""
 
     config: SwitchConfig
-    policy: ModelThresholdPolicy
-    trace: SwitchTrace
+    policy: SwitchPolicy  # deciding under seeds_final
+    trace: JsonlTrace
     plain_runner: Any = None  # the decode CUDA graph runner for plain steps (None: eager)
     plain_attn_backend: Any = None
     demand: tuple[int, int] | None = None  # (waiting, chunked) of the scheduler iteration in progress
@@ -111,19 +98,15 @@ def runtime() -> SwitchRuntime | None:
 def flip_off(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_off. seeds_final clears spec state on the worker's copy only, and v1 holds no KV
     reserve between steps (verify sets kv_allocated_len = kv_committed_len): nothing on the batch changes."""
-    import shim.api
-
     rt.record("flip_off", running=len(batch.reqs))
-    shim.api.notify_flip(False, batch)
+    guard_api.notify_flip(False, batch)
 
 
 def flip_on(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_on. The draft was synced after every plain step, so the batch's EagleDraftInput is
     current and the next speculative round starts from it as it is."""
-    import shim.api
-
     rt.record("flip_on", running=len(batch.reqs))
-    shim.api.notify_flip(True, batch)
+    guard_api.notify_flip(True, batch)
 
 
 def decide_flip(rt: SwitchRuntime, batch: Any) -> str | None:
@@ -191,8 +174,6 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
     for the target, beside its TARGET_VERIFY graphs, on its own attention backend. A speculative target
     captures verify graphs only and CudaGraphRunner.can_run ignores forward_mode: without this a plain batch
     would replay a verify graph (design seeds_final_verify_graphs_only, refuted by the model)."""
-    import time
-
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -247,16 +228,9 @@ def plain_decode(rt: SwitchRuntime, worker: Any, batch: Any) -> tuple[Any, Any]:
 
     rt.record("plain_decode", bs=len(batch.reqs))
     mwb = worker_copy_for_plain_step(batch)
-    mr = worker.target_worker.model_runner
-    saved = (mr.graph_runner, mr.attn_backend, mr.spec_algorithm)
-    mr.graph_runner = rt.plain_runner
-    if rt.plain_attn_backend is not None:
-        mr.attn_backend = rt.plain_attn_backend
-    mr.spec_algorithm = SpeculativeAlgorithm.NONE
-    try:
+    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner, "graph_runner",
+                                                 SpeculativeAlgorithm.NONE)):
         res = worker.target_worker.forward_batch_generation(mwb)
-    finally:
-        mr.graph_runner, mr.attn_backend, mr.spec_algorithm = saved
     kind = "plain_graph" if res.can_run_cuda_graph else "plain_eager"
     rt.counters[kind] = rt.counters.get(kind, 0) + 1
     rt.trace.event(kind, bs=len(batch.reqs))
@@ -337,7 +311,8 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     rt = set_runtime(config)
     assert rt is not None
     rt.trace.event("config", design=DESIGN, worker="v1", t_off=config.t_off, t_on=config.t_on,
-                         spec_cap=config.spec_cap, plain_graphs=config.plain_graphs)
+                   spec_cap=config.spec_cap, plain_graphs=config.plain_graphs)
+    guard_api.announce_switch(DESIGN, config.spec_cap)  # the guard's reference design and scope
     registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
     registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
     registry.register(T_PREPARE, _prepare_for_decode_around, HookType.AROUND)
@@ -350,17 +325,19 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
     """A fresh runtime for `config` (speculation on, nothing recorded); None: the hooks stay registered and
     pass everything through (speculation always on)."""
     global _RUNTIME
-    _RUNTIME = None if config is None else SwitchRuntime(
-        config=check_config(config), policy=ModelThresholdPolicy(config), trace=SwitchTrace(config.trace_dir))
+    _RUNTIME = None if config is None else SwitchRuntime(config=check_config(config),
+                                                         policy=SwitchPolicy(config, design_name=DESIGN),
+                                                         trace=JsonlTrace(config.trace_dir))
     return _RUNTIME
 
 
-def plugin_entry() -> None:
-    """Entry point (group `sglang.srt.plugins`): the v1 switch (when SPECFLIP_SWITCH is set), then the guard
-    (shim.plugin.register; it registers nothing unless SPECFLIP_MODE is set and is idempotent)."""
+def install_from_env() -> bool:
+    """Install the switch as SPECFLIP_* say (SPECFLIP_SWITCH_DRAFT defaults to sync here); False when
+    SPECFLIP_SWITCH is unset, or (one line logged) on a bad setting."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    import shim.plugin
-
-    install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))
-    shim.plugin.register()
+    try:
+        return install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))
+    except SwitchConfigError as exc:
+        logging.getLogger("specflip.switch").error("specflip v1 switch off: %s", exc)
+        return False

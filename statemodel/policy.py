@@ -1,0 +1,33 @@
+"""The flip policy as one pure function: the model, both switches and lint ask it, nobody restates it.
+
+`decide_flip` takes plain counts, so a caller needs no `State`: the model passes its state's counts
+(statemodel.actions.policy_wants_off / policy_wants_on), the switches the scheduler's counts, lint the
+thresholds it is given. A further policy (e.g. an online one) is another function with the same shape:
+counts and settings in, a `Flip` or None out, nothing changed.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Flip(enum.StrEnum):
+    """A flip the policy asks for; the value (a str, as traces write it) is the model action that performs it."""
+
+    OFF = "flip_off"
+    ON = "flip_on"
+
+
+def decide_flip(spec_on: bool, demand: int, in_flight: int, t_off: int, t_on: int,
+                spec_cap: int | None) -> Flip | None:
+    """The threshold policy with hysteresis: speculation off when `demand` (running + prefilling + waiting
+    requests) reaches `t_off`; back on when it has fallen to `t_on` and, when `spec_cap` is given, the
+    `in_flight` requests (running, about to be merged, prefilling) fit under speculation's running cap.
+    `spec_cap=None`: no clamp. None: stay in the current mode."""
+    if spec_on:
+        return Flip.OFF if demand >= t_off else None
+    if demand > t_on:
+        return None
+    if spec_cap is not None and in_flight > spec_cap:
+        return None
+    return Flip.ON

@@ -1,0 +1,47 @@
+"""The design catalogue's shape: each known-bad design is one change from a named base design, and the
+designs labelled shipped are the ones some code implements."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from statemodel.design import DesignKind
+from statemodel.designs import CANDIDATES, KNOWN_BAD, KNOWN_BAD_BASES, SHIPPED, _known_bad
+from statemodel.policy import Flip, decide_flip
+
+DESCRIPTIVE = {"name", "kind", "summary", "source", "expected_invariant"}  # what a design says, not what it does
+
+
+@pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
+def test_each_known_bad_design_is_one_change_from_its_base(design: object) -> None:
+    base = KNOWN_BAD_BASES[design.name]  # type: ignore[attr-defined]
+    changed = {f.name for f in attrs.fields(type(base))
+               if f.name not in DESCRIPTIVE and getattr(base, f.name) != getattr(design, f.name)}
+    assert len(changed) == 1, changed
+    assert base.kind is not DesignKind.KNOWN_BAD
+
+
+def test_a_known_bad_design_with_two_changes_is_refused() -> None:
+    base = KNOWN_BAD_BASES["no_draft_work_while_off"]
+    with pytest.raises(ValueError, match="one change from its base"):
+        _known_bad(base, name="two", summary="", source="", expected_invariant="kv_conservation",
+                   num_steps=3, free_reserved_on_finish=False)
+
+
+def test_shipped_and_candidate_labels() -> None:
+    assert {d.name for d in CANDIDATES} == {"plain_off_catch_up", "plain_off_sync"}
+    assert all(d.kind is DesignKind.CANDIDATE for d in CANDIDATES)
+    assert all(d.kind is DesignKind.SHIPPED for d in SHIPPED)
+    assert set(KNOWN_BAD_BASES) == {d.name for d in KNOWN_BAD}
+
+
+def test_flip_policy_hysteresis_and_clamp() -> None:
+    # t_off 4, t_on 1, speculation's cap 2
+    assert decide_flip(True, 4, 4, 4, 1, 2) is Flip.OFF
+    assert decide_flip(True, 3, 3, 4, 1, 2) is None
+    assert decide_flip(False, 2, 2, 4, 1, 2) is None  # between t_on and t_off: stay off
+    assert decide_flip(False, 1, 1, 4, 1, 2) is Flip.ON
+    assert decide_flip(False, 3, 3, 4, 3, 2) is None  # t_on 3 above the cap 2: the clamp holds it off
+    assert decide_flip(False, 3, 3, 4, 3, None) is Flip.ON  # no clamp
+    assert Flip.OFF == "flip_off" and Flip.ON == "flip_on"  # the model action names traces write
