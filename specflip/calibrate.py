@@ -19,6 +19,11 @@ The rule, over the concurrencies c measured for both configurations:
   band cannot express two disjoint speculative ranges, so the rule above stands (t_on = the largest win);
   speculation then also runs at the losing concurrencies below it, and the report says so.
 
+`--auto` also prints where the auto switch (SPECFLIP_SWITCH=auto, statemodel/auto_policy.py) would settle for this
+measurement: its learner run against the measured throughputs (specflip/auto_sim.py), up and back down the
+measured concurrencies, and the mode it holds at each (the comparison issue 17 asks for: calibrated thresholds
+against what auto learns).
+
 The thresholds are checked by the switch's own configuration rule (shim.switch.config.SwitchConfig), through the
 same env text the operator sets, so calibrate cannot print a setting the switch would refuse.
 """
@@ -68,6 +73,7 @@ class Calibration:
     t_on: int | None
     why: str
     notes: tuple[str, ...] = field(default=())
+    auto_modes: tuple[tuple[int, bool], ...] | None = None  # --auto: (c, speculation?) the auto switch settles on
 
     @property
     def switch_env(self) -> str | None:
@@ -80,7 +86,9 @@ class Calibration:
                 "rows": [{"conc": r.conc, "plain_tok_s": r.plain_tok_s, "spec_tok_s": r.spec_tok_s,
                           "spec_over_plain": round(r.ratio, 4), "wins": r.wins} for r in self.rows],
                 "t_off": self.t_off, "t_on": self.t_on, "SPECFLIP_SWITCH": self.switch_env,
-                "why": self.why, "notes": list(self.notes)}
+                "why": self.why, "notes": list(self.notes),
+                **({} if self.auto_modes is None else
+                   {"auto": [{"conc": c, "mode": "spec" if on else "plain"} for c, on in self.auto_modes]})}
 
 
 @dataclass(frozen=True)
@@ -167,7 +175,7 @@ def thresholds(rows: Sequence[Measured], spec_cap: int) -> tuple[int | None, int
 
 
 def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", margin: float = 0.05,
-              spec_cap: int = 48) -> Calibration:
+              spec_cap: int = 48, auto: bool = False) -> Calibration:
     """The thresholds for the measurement in `paths`; raises CalibrateError on bad input."""
     if not paths:
         raise CalibrateError("give at least one bench JSONL file")
@@ -191,8 +199,14 @@ def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", ma
     rows = tuple(Measured(c, table[plain][c].tok_s, table[spec][c].tok_s,
                           table[spec][c].tok_s >= table[plain][c].tok_s * (1 + margin)) for c in common)
     t_off, t_on, why, rule_notes = thresholds(rows, spec_cap)
+    auto_modes = None
+    if auto:
+        from specflip.auto_sim import settled_modes
+
+        auto_modes = tuple(settled_modes({r.conc: r.plain_tok_s for r in rows}, {r.conc: r.spec_tok_s for r in rows},
+                                         spec_cap=spec_cap))
     result = Calibration(plain, spec, tuple(paths), margin, spec_cap, rows, t_off, t_on, why,
-                         tuple(notes + rule_notes))
+                         tuple(notes + rule_notes), auto_modes)
     _check_with_switch(result)
     return result
 
@@ -218,12 +232,18 @@ def format_report(result: Calibration) -> str:
     env = result.switch_env
     lines.append(f"SPECFLIP_SWITCH={env}" if env else "SPECFLIP_SWITCH unset (no switch: speculation always on)")
     lines.append(f"why: {result.why}.")
+    if result.auto_modes is not None:
+        on = [str(c) for c, spec in result.auto_modes if spec]
+        off = [str(c) for c, spec in result.auto_modes if not spec]
+        lines.append(f"SPECFLIP_SWITCH=auto would settle on: speculation at c={', '.join(on) or 'none'}; "
+                     f"plain at c={', '.join(off) or 'none'} (its learner run against these rows)")
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
     """`specflip calibrate`; CalibrateError propagates (the CLI prints it as one line, exit 2)."""
-    result = calibrate(args.bench, plain=args.plain, spec=args.spec, margin=args.margin, spec_cap=args.spec_cap)
+    result = calibrate(args.bench, plain=args.plain, spec=args.spec, margin=args.margin, spec_cap=args.spec_cap,
+                       auto=getattr(args, "auto", False))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

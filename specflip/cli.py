@@ -68,6 +68,26 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return explain_main(args)
 
 
+def _cmd_ranks(args: argparse.Namespace) -> int:
+    import json
+
+    from shim.guard.ranks import RankTraceError, check_switch_agreement
+
+    try:
+        result = check_switch_agreement(args.traces)
+    except RankTraceError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        d = result.divergence
+        print(json.dumps({"ranks": list(result.ranks), "agree": result.agree, "compared": result.steps_compared,
+                          "first_divergence": None if d is None else {"record": d.step, "rank": d.rank,
+                                                                      "path": d.path, "line": d.line,
+                                                                      "message": d.describe()}}, indent=2))
+    else:
+        print(f"auto switch decisions: {result.describe()}".replace("transitions", "records (windows and flips)"))
+    return 0 if result.agree else 1
+
+
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from specflip.diagrams import main as diagram_main
 
@@ -115,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true")
     explain.set_defaults(func=_cmd_explain)
 
+    ranks = sub.add_parser("ranks", help="do the auto switch's per-rank switch traces agree (windows and flips)?")
+    ranks.add_argument("traces", nargs="+", help="switch-<pid>.jsonl files (SPECFLIP_SWITCH_TRACE), one per rank")
+    ranks.add_argument("--json", action="store_true")
+    ranks.set_defaults(func=_cmd_ranks)
+
     diagram = sub.add_parser("diagram", help="generate the state diagrams in docs/ from the model")
     diagram.add_argument("--check", action="store_true", help="exit 1 if a committed diagram is stale")
     diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"))
@@ -158,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="speculation wins at c when spec tok/s >= plain tok/s x (1 + margin)")
     calibrate.add_argument("--spec-cap", type=int, default=48,
                            help="SPECFLIP_SPEC_CAP the switch will run with (t_on is capped at it)")
+    calibrate.add_argument("--auto", action="store_true",
+                           help="also print where SPECFLIP_SWITCH=auto would settle for this measurement")
     calibrate.add_argument("--json", action="store_true")
     calibrate.set_defaults(func=_cmd_calibrate)
     return parser

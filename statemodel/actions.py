@@ -17,6 +17,7 @@ from statemodel.design import (
     ClearSpecOn,
     Design,
     DraftWhileOff,
+    FreeFlips,
     KvReserve,
     MergeSpecInfo,
     OutCacheLocFrom,
@@ -24,7 +25,7 @@ from statemodel.design import (
     Scope,
     ThresholdPolicy,
 )
-from statemodel.policy import Flip, decide_flip
+from statemodel.policy import Flip, decide_flip, within_spec_cap
 from statemodel.state import (
     EMPTY_BATCH,
     Batch,
@@ -96,11 +97,11 @@ ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
                "under KV pressure a running request frees its KV and waits; its output is kept",
                "KV too small for the next decode step"),
     ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
-               "the policy switches speculation off", "demand >= t_off"),
+               "the policy switches speculation off", "demand >= t_off; free flips: any demand"),
     ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, "off",
                "the policy switches speculation back on; a design that catches up by retraction first "
                "retracts every running request (it re-prefills with the draft)",
-               "demand <= t_on (and running <= spec cap)"),
+               "demand <= t_on (and running <= spec cap); free flips: running <= spec cap"),
     ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
                "one draft-extend over every token committed while speculation was off",
                "speculation on, some request's draft KV behind"),
@@ -169,6 +170,21 @@ def policy_wants_on(state: State, design: Design, scope: Scope) -> bool:
     clamp = isinstance(design.policy, ThresholdPolicy) and design.policy.clamp_to_spec_cap
     return decide_flip(False, state.demand(), state.in_flight_count(), t.t_off, t.t_on,
                        scope.spec_cap if clamp else None) is Flip.ON
+
+
+def policy_may_flip(state: State, design: Design, scope: Scope) -> tuple[str, ...]:
+    """The flips a FreeFlips design may take now, each a choice (the step may also go on without it): flip_off
+    whenever speculation is on, flip_on whenever it is off and (clamped) the running batch fits under the spec
+    cap (statemodel.policy.within_spec_cap), at any demand. Nothing for other policies (theirs is due,
+    policy_wants_off / policy_wants_on)."""
+    policy = design.policy
+    if not isinstance(policy, FreeFlips):
+        return ()
+    if state.spec_mode is SpecMode.ON:
+        return (Flip.OFF.value,)
+    if not policy.clamp_to_spec_cap or within_spec_cap(state.in_flight_count(), scope.spec_cap):
+        return (Flip.ON.value,)
+    return ()
 
 
 def running_cap(state: State, scope: Scope) -> int:
@@ -266,6 +282,8 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         out.append(Action("flip_off"))
     elif policy_wants_on(state, design, scope):
         out.append(Action("flip_on"))
+    else:
+        out.extend(Action(name) for name in policy_may_flip(state, design, scope))
     flip_due = policy_wants_off(state, design) or policy_wants_on(state, design, scope)
     catch_up_due = (
         state.spec_mode is SpecMode.ON

@@ -119,7 +119,23 @@ class AdaptiveTiers:
         return "adaptive tiers " + ", ".join(f"bs>={bs}: steps {list(s)}" for bs, s in self.tiers)
 
 
-Policy = ThresholdPolicy | AdaptiveTiers
+@attrs.frozen
+class FreeFlips:
+    """The flip may come at any scheduling point, in either direction, whatever the demand: at every state where
+    a threshold policy could flip, the checker explores both flipping and going on without it. This
+    over-approximates every policy that flips only where the model lets a flip happen and, when
+    `clamp_to_spec_cap`, never re-enables speculation with more requests in flight than its cap holds: a decision
+    made from measurements (SPECFLIP_SWITCH=auto, statemodel.auto_policy), a probe (a flip off and back on a few
+    steps later), any threshold pair. What the checker proves for it holds for each of them."""
+
+    clamp_to_spec_cap: bool = True
+
+    def describe(self) -> str:
+        clamp = ", on only within the spec cap" if self.clamp_to_spec_cap else ""
+        return f"free flips (off and on at any demand{clamp})"
+
+
+Policy = ThresholdPolicy | AdaptiveTiers | FreeFlips
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ from statemodel.design import (
     Design,
     DesignKind,
     DraftWhileOff,
+    FreeFlips,
     KvReserve,
     MergeSpecInfo,
     OutCacheLocFrom,
@@ -113,7 +114,20 @@ RETRACT_CATCH_UP = attrs.evolve(
     draft_while_off=DraftWhileOff.RETRACT_ON_ENABLE,
 )
 
-SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP)
+# Every flip a policy may take: off and on at any demand, on only within the spec cap (statemodel.design.FreeFlips).
+FREE_FLIPS = FreeFlips()
+
+AUTO_RETRACT_CATCH_UP = attrs.evolve(
+    RETRACT_CATCH_UP,
+    name="plain_off_retract_catch_up_auto",
+    summary="plain_off_retract_catch_up with the flips free: off and on at any scheduling point, at any demand, on "
+    "only while the running batch fits under speculation's cap. The auto switch (SPECFLIP_SWITCH=auto, "
+    "statemodel.auto_policy) decides from measured step times, probes included, only among these flips.",
+    source="shim/switch/v2.py (SPECFLIP_SWITCH=auto, draft mode retract); statemodel/auto_policy.py; issue 17",
+    policy=FREE_FLIPS,
+)
+
+SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP)
 
 # Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
 # plain_off_catch_up is the guard's reference design on a server without a switch (no flip ever happens there).
@@ -240,7 +254,7 @@ def _with_v2_reserve(design: Design) -> Design:
 # Checked under Scope(overlap=True) (`specflip check --overlap`): the v2 designs (the overlap loop is a
 # v2 worker thing) with SGLang's double reserve, and the known-bad ones that only the overlap loop refutes.
 OVERLAP_SHIPPED: tuple[Design, ...] = tuple(
-    _with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP))
+    _with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP))
 OVERLAP_KNOWN_BAD: tuple[Design, ...] = (
     attrs.evolve(
         V2_SWITCH, name="reserve_1x_under_overlap", kind=DesignKind.KNOWN_BAD,

@@ -11,7 +11,7 @@ import attrs
 
 from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
-from statemodel.design import Design, Scope, ThresholdPolicy
+from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
 from statemodel.state import SpecMode, Stage, State, Status
 
@@ -173,7 +173,7 @@ class Model:
         largest = self.design.largest_steps()
         out += [Sometimes(f"verify_accepts_{n}", f"a verify where some request accepts {n} draft tokens",
                           _verify_accepting(n)) for n in range(largest + 1)]
-        if isinstance(self.design.policy, ThresholdPolicy):
+        if isinstance(self.design.policy, ThresholdPolicy | FreeFlips):
             out += [
                 Sometimes("plain_decode", "a spec-off step runs a plain decode", _named("plain_decode")),
                 Sometimes("flip_off", "speculation is switched off", _named("flip_off")),

@@ -28,6 +28,13 @@ def decide_flip(spec_on: bool, demand: int, in_flight: int, t_off: int, t_on: in
         return Flip.OFF if demand >= t_off else None
     if demand > t_on:
         return None
-    if spec_cap is not None and in_flight > spec_cap:
+    if spec_cap is not None and not within_spec_cap(in_flight, spec_cap):
         return None
     return Flip.ON
+
+
+def within_spec_cap(in_flight: int, spec_cap: int) -> bool:
+    """Whether speculation may come back on: the `in_flight` requests (running, about to be merged, prefilling)
+    fit under its running cap. The one copy of the rule: the threshold policy's clamp (decide_flip), the model's
+    free flips (statemodel.actions.policy_may_flip) and the auto policy (statemodel.auto_policy) ask it."""
+    return in_flight <= spec_cap

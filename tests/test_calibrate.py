@@ -144,3 +144,26 @@ def test_calibrate_does_not_import_sglang():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "SPECFLIP_SWITCH=1:0" in proc.stdout
+
+
+# The 8B-class reference (GPU-HOST.md, "The anchor that decides"): speculation wins up to 24, plain from 32
+ANCHOR_8B = {"plain": (221, 850, 3218, 4544, 6017, 10506, 22078), "spec": (331, 1236, 3768, 4841, 5778, 6560, 6856)}
+ANCHOR_CONCS = (1, 4, 16, 24, 32, 64, 256)
+
+
+def test_auto_settles_where_the_thresholds_do_on_the_8b_anchor(tmp_path, capsys):
+    path = write_rows(tmp_path / "anchor.jsonl", ANCHOR_8B, ANCHOR_CONCS)
+    rc, out, _ = run_cli(capsys, path, "--auto")
+    assert rc == 0 and switch_line(out)[0] == "SPECFLIP_SWITCH=32:24"
+    assert switch_line(out)[1].startswith("SPECFLIP_SWITCH=auto would settle on: speculation at c=1, 4, 16, 24; "
+                                          "plain at c=32, 64, 256")
+    rc, out, _ = run_cli(capsys, path, "--auto", "--json")
+    data = json.loads(out)
+    assert [a["mode"] for a in data["auto"]] == ["spec"] * 4 + ["plain"] * 3
+    rc, out, _ = run_cli(capsys, path)
+    assert "SPECFLIP_SWITCH=auto" not in out and "auto" not in calibrate([str(path)]).to_json()
+
+
+def test_auto_on_a_host_where_plain_wins_everywhere(capsys):
+    rc, out, _ = run_cli(capsys, S3_CALL3, "--auto")
+    assert rc == 0 and "SPECFLIP_SWITCH=auto would settle on: speculation at c=none;" in out

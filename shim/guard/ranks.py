@@ -36,7 +36,8 @@ class RankDivergence:
         if self.actual is None:
             return (f"rank {self.rank} ({self.path}) stopped before step {self.step}; ranks "
                     f"{list(self.agreeing_ranks)} went on to {_describe(self.expected)}")
-        differing = [f for f in AGREED_FIELDS if (self.expected or {}).get(f) != self.actual.get(f)]
+        fields = dict.fromkeys([*(self.expected or {}), *self.actual])
+        differing = [f for f in fields if (self.expected or {}).get(f) != self.actual.get(f)]
         return (f"rank {self.rank} diverged first, at step {self.step} ({self.path}:{self.line}): it took "
                 f"{_describe(self.actual)} where ranks {list(self.agreeing_ranks)} took {_describe(self.expected)}"
                 f" (differs in {', '.join(differing)})")
@@ -93,6 +94,11 @@ def check_rank_agreement(paths: Sequence[str | Path]) -> RankAgreement:
         if rank in per_rank:
             raise RankTraceError(f"two traces for rank {rank}: {per_rank[rank][0]} and {path}")
         per_rank[rank] = (path, steps)
+    return _compare(per_rank)
+
+
+def _compare(per_rank: dict[int, tuple[Path, list[tuple[int, dict[str, Any]]]]]) -> RankAgreement:
+    """The ranks' record sequences, compared position by position; the majority at each is the reference."""
     ranks = tuple(sorted(per_rank))
     longest = max(len(steps) for _, steps in per_rank.values())
     for index in range(longest):
@@ -115,3 +121,54 @@ def _key(record: dict[str, Any] | None) -> str | None:
     import json
 
     return None if record is None else json.dumps(record, sort_keys=True)
+
+
+# The auto switch's records in the switch trace (shim/switch_v2.py, shim/auto_switch.py): each agreed window of
+# observations and each flip, with the learner's inputs and a digest of its state. Ranks agree when every rank
+# wrote the same sequence of them (the wall-clock `t` and `ms` are rank-local).
+SWITCH_RECORDS = ("auto_observe", "flip_off", "flip_on")
+SWITCH_AGREED_FIELDS = ("action", "reason", "demand", "running", "waiting", "learner_step", "spec_value",
+                        "plain_value", "incumbent", "digest", "decode_step", "n", "spec", "seconds", "accept_mean")
+
+
+def _switch_records(path: Path) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+    import json
+
+    rank: int | None = None
+    records: list[tuple[int, dict[str, Any]]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RankTraceError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RankTraceError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or record.get("action") not in SWITCH_RECORDS or "rank" not in record:
+            continue
+        if rank is None:
+            rank = int(record["rank"])
+        elif int(record["rank"]) != rank:
+            raise RankTraceError(f"{path}:{number}: a record of rank {record['rank']} in the trace of rank {rank}; "
+                                 "give one file per rank")
+        records.append((number, {f: record.get(f) for f in SWITCH_AGREED_FIELDS if f in record}))
+    if rank is None:
+        raise RankTraceError(f"{path}: no auto switch records with a rank (SPECFLIP_SWITCH=auto with "
+                             "SPECFLIP_SWITCH_TRACE writes them)")
+    return rank, records
+
+
+def check_switch_agreement(paths: Sequence[str | Path]) -> RankAgreement:
+    """Compare the auto switch's per-rank switch traces (switch-<pid>.jsonl, one per rank): every window of agreed
+    observations and every flip, with the learner's inputs and state digest, must be the same on every rank."""
+    per_rank: dict[int, tuple[Path, list[tuple[int, dict[str, Any]]]]] = {}
+    for raw in paths:
+        path = Path(raw)
+        rank, records = _switch_records(path)
+        if rank in per_rank:
+            raise RankTraceError(f"two traces for rank {rank}: {per_rank[rank][0]} and {path}")
+        per_rank[rank] = (path, records)
+    return _compare(per_rank)

@@ -25,6 +25,10 @@ DESIGN_FOR_DRAFT_MODE = {DraftMode.SYNC: "v2_switch_reserve_sync", DraftMode.RET
                          DraftMode.NONE: "no_draft_work_while_off"}
 
 
+AUTO = "auto"  # SPECFLIP_SWITCH=auto: no thresholds, the learner decides (shim/switch/auto.py)
+AUTO_DESIGN = "plain_off_retract_catch_up_auto"  # the free-flip design that over-approximates it
+
+
 class SwitchConfigError(ValueError):
     """A bad SPECFLIP_* setting; the message is one line."""
 
@@ -39,9 +43,13 @@ class SwitchConfig:
     plain_prefill: str = "graphs"
     trace_dir: str | None = None
     trace_every: int = 1
+    auto: bool = False  # SPECFLIP_SWITCH=auto: the learner decides (t_off / t_on unused)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.t_on < self.t_off:
+        if self.auto and self.draft_while_off != DraftMode.RETRACT:
+            raise SwitchConfigError(f"{ENV_SWITCH}=auto runs on SGLang's plain path: SPECFLIP_SWITCH_DRAFT=retract, "
+                                    f"got {self.draft_while_off!r}")
+        if not self.auto and not 0 <= self.t_on < self.t_off:
             raise SwitchConfigError(f"{ENV_SWITCH}: need 0 <= t_on < t_off, got t_off={self.t_off} t_on={self.t_on}")
         if self.spec_cap < 1:
             raise SwitchConfigError(f"SPECFLIP_SPEC_CAP must be >= 1, got {self.spec_cap}")
@@ -59,6 +67,8 @@ class SwitchConfig:
     @property
     def design_name(self) -> str:
         """The checker design (statemodel/designs.py) this configuration implements."""
+        if self.auto:
+            return AUTO_DESIGN
         return DESIGN_FOR_DRAFT_MODE[self.draft_while_off]
 
     @classmethod
@@ -66,7 +76,8 @@ class SwitchConfig:
         try:
             off, on = (int(x) for x in text.split(":"))
         except ValueError:
-            raise SwitchConfigError(f"{ENV_SWITCH} must be 't_off:t_on' (two integers), got {text!r}") from None
+            raise SwitchConfigError(f"{ENV_SWITCH} must be 't_off:t_on' (two integers) or 'auto', got {text!r}") \
+                from None
         return off, on
 
     @classmethod
@@ -77,7 +88,8 @@ class SwitchConfig:
         text = env.get(ENV_SWITCH, "").strip()
         if not text:
             return None
-        off, on = cls.parse_thresholds(text)
+        auto = text == AUTO
+        off, on = (0, 0) if auto else cls.parse_thresholds(text)
         try:
             cap = int(env.get("SPECFLIP_SPEC_CAP", "48"))
         except ValueError:
@@ -91,4 +103,4 @@ class SwitchConfig:
                    draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
-                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every)
+                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto)

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
+from shim.switch.auto import AutoSwitch
 from shim.switch.config import SwitchConfig
-from statemodel.design import ThresholdPolicy
+from statemodel.actions import policy_may_flip
+from statemodel.design import Scope, ThresholdPolicy
 from statemodel.designs import get_design
 from statemodel.policy import Flip, decide_flip
+from statemodel.state import EMPTY_BATCH, Batch, Request, SpecMode, Stage, State, Status
 
 
 @dataclass
@@ -19,6 +23,8 @@ class SwitchPolicy:
     config: SwitchConfig
     spec_on: bool = True
     design_name: str | None = None
+    auto: AutoSwitch | None = None  # SPECFLIP_SWITCH=auto: the learner decides, within the model's free flips
+    refused: int = 0  # auto decisions the model did not allow (none expected: the learner keeps to the cap)
     clamp: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -29,14 +35,35 @@ class SwitchPolicy:
         """The flip for these counts (`running` running, `chunked` prefilling, `waiting` waiting requests), or
         None, without changing the mode. A Flip is a str: "flip_off" / "flip_on", the model action's name."""
         c = self.config
-        return decide_flip(self.spec_on, running + chunked + waiting, running + chunked, c.t_off, c.t_on,
-                           c.spec_cap if self.clamp else None)
+        if self.auto is None:
+            return decide_flip(self.spec_on, running + chunked + waiting, running + chunked, c.t_off, c.t_on,
+                               c.spec_cap if self.clamp else None)
+        decision = self.auto.decide(self.spec_on, running, waiting, chunked)
+        if decision.action is None:
+            self.auto.commit(decision)  # no flip: the learner records it now (confirmation, a probe kept)
+            return None
+        if decision.action not in model_free_flips(self.design_name or c.design_name, self.spec_on, running,
+                                                   waiting, chunked, c.spec_cap):
+            self.refused += 1
+            return None
+        return Flip(decision.action)
+
+    def performed(self, action: str) -> None:
+        """The switch performed `action` (from `wants`): the mode follows, the learner records its decision (a flip
+        the switch put off is not recorded: the next scheduling point decides again)."""
+        self.spec_on = action == Flip.ON
+        if self.auto is not None and self.auto.last is not None and self.auto.last.action == action:
+            self.auto.commit(self.auto.last)
+
+    def trace_fields(self) -> dict[str, object]:
+        """What a flip's trace record adds: the auto policy's inputs and state (nothing for thresholds)."""
+        return {} if self.auto is None else self.auto.trace_fields()
 
     def decide(self, running: int, waiting: int, chunked: int = 0) -> Flip | None:
         """As `wants`, for the decode step about to be prepared; updates the mode."""
         action = self.wants(running, waiting, chunked)
         if action is not None:
-            self.spec_on = action is Flip.ON
+            self.performed(action)
         return action
 
     def admission_cap(self, running: int, allocatable: int) -> int:
@@ -44,3 +71,17 @@ class SwitchPolicy:
         if self.spec_on:
             return min(allocatable, self.config.spec_cap - running)
         return allocatable
+
+
+@functools.lru_cache(maxsize=4096)
+def model_free_flips(design_name: str, spec_on: bool, running: int, waiting: int, chunked: int,
+                     spec_cap: int) -> tuple[str, ...]:
+    """The flips a free-flip design (SPECFLIP_SWITCH=auto) may take for these counts: the model's rule
+    (statemodel.actions.policy_may_flip) on a state holding `running` running, `chunked` prefilling and `waiting`
+    waiting requests. The auto policy's decision must be one of them."""
+    statuses = [Status.RUNNING] * running + [Status.PREFILLING] * chunked + [Status.WAITING] * waiting
+    requests = tuple(Request(rid=i, prompt_len=1, max_new_tokens=1, status=st) for i, st in enumerate(statuses))
+    state = State(requests=requests, running=Batch(rids=tuple(range(running))) if running else EMPTY_BATCH,
+                  pending=None, launched=None, stage=Stage.SCHEDULE,
+                  spec_mode=SpecMode.ON if spec_on else SpecMode.OFF, num_steps=1, kv_free=0, kv_pool_size=0)
+    return policy_may_flip(state, get_design(design_name), Scope(requests=(), spec_cap=spec_cap, plain_cap=1 << 30))

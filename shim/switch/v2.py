@@ -8,9 +8,10 @@ A spec-off step is a real plain DECODE of the target: one token per request, on 
 captured at start-up beside the verify graphs, no drafting. Each function below is named after the model
 action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, plain_decode, draft_sync).
 
-Enable with `SPECFLIP_SWITCH=t_off:t_on` and install with `install_switch(HookRegistry, SwitchConfig.from_env())`
-from a plugin entry point (shim/plugin.py: `register_switch`, or `register`), before `HookRegistry.apply_hooks()`,
-which `load_plugins` calls. Other knobs:
+Enable with `SPECFLIP_SWITCH=t_off:t_on`, or `SPECFLIP_SWITCH=auto` (no thresholds: the switch learns where
+speculation stops paying from its own step times, shim/switch/auto.py, docs/auto-switch.md), and install with
+`install_switch(HookRegistry, SwitchConfig.from_env())` from a plugin entry point (shim/plugin.py:
+`register_switch`, or `register`), before `HookRegistry.apply_hooks()`, which `load_plugins` calls. Other knobs:
   SPECFLIP_SWITCH_DRAFT   retract (default: design plain_off_retract_catch_up: speculation off is SGLang's own
                           plain scheduler path; the flip back on retracts the running requests, whose re-prefill
                           with speculation is the draft's catch-up) |
@@ -44,6 +45,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from shim.guard import api as guard_api
+from shim.switch.auto import AutoSwitch
 from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
@@ -59,7 +61,8 @@ T_UPDATE_RUNNING = "sglang.srt.managers.scheduler.Scheduler.update_running_batch
 T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
 # draft mode "retract" flips here, where nothing is prepared yet and the in-flight result can be processed first
 T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
-T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"  # the plain path's step trace (trace on only)
+T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"  # the plain path's step trace; auto's step times
+T_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"  # auto: accept lengths on the host
 
 # The model actions (statemodel.actions.ACTION_CATALOGUE) one decode step performs, in order.
 SPEC_STEP_ACTIONS = ("prepare_for_decode", "draft", "verify", "draft_extend")
@@ -330,14 +333,24 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
         running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
         enter_spec_path(rt, scheduler)
         _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
-    rt.policy.spec_on = action == "flip_on"
+    rt.policy.performed(action)
     running_batch.batch_is_full = False
     rt.flips += 1
     rt.steps_since_flip = 0
     rt.trace.event(action, running=len(in_batch), waiting=waiting, chunked=0, drained=drained,
-                   reserve_freed=freed, retracted=retracted, ms=round((time.perf_counter() - tic) * 1e3, 3))
+                   reserve_freed=freed, retracted=retracted, ms=round((time.perf_counter() - tic) * 1e3, 3),
+                   **rt.policy.trace_fields())
     guard_api.notify_flip(action == "flip_on", running_batch)  # empty: the guard still reads its pool
     return last_batch
+
+
+def _process_result_around(orig: Any, self: Any, batch: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+    """The auto policy reads a verify's accept lengths once SGLang has them on the host."""
+    out = orig(self, batch, result, *args, **kwargs)
+    rt = _RUNTIME
+    if rt is not None and rt.policy.auto is not None:
+        rt.policy.auto.on_result(batch, result)
+    return out
 
 
 def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -347,13 +360,19 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     running_batch = kwargs.pop("running_batch", None) if "running_batch" in kwargs else args[0]
     last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
     last_batch = plain_path_flip(rt, self, running_batch, last_batch)
-    return orig(self, running_batch=running_batch, last_batch=last_batch)
+    batch = orig(self, running_batch=running_batch, last_batch=last_batch)
+    if batch is None and rt.policy.auto is not None:
+        rt.policy.auto.on_idle()
+    return batch
 
 
 def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-    """The plain path's decode steps in the switch trace (speculative ones go through _forward_around)."""
+    """The plain path's decode steps in the switch trace (speculative ones go through _forward_around); the auto
+    policy's step times (every decode batch, both modes)."""
     rt = _RUNTIME
-    if rt is None or not batch.spec_algorithm.is_none():
+    if rt is not None and rt.policy.auto is not None:
+        rt.policy.auto.on_run_batch(self, batch, rt.flips, rt.trace if rt.trace.enabled else None)
+    if rt is None or not rt.trace.enabled or not batch.spec_algorithm.is_none():
         return orig(self, batch, *args, **kwargs)
     if not batch.forward_mode.is_decode():
         out = orig(self, batch, *args, **kwargs)
@@ -627,8 +646,11 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookType
 
-    _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=JsonlTrace(config.trace_dir))
-    _RUNTIME.trace.event("config", design=config.design_name, t_off=config.t_off, t_on=config.t_on,
+    auto = AutoSwitch(spec_cap=config.spec_cap) if config.auto else None
+    _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir))
+    _RUNTIME.trace.event("config", design=config.design_name, policy="auto" if config.auto else "thresholds",
+                         auto_params=None if auto is None else repr(auto.state.params), t_off=config.t_off,
+                         t_on=config.t_on,
                          spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
                          plain_graphs=config.plain_graphs, plain_prefill=config.plain_prefill,
                          trace_every=config.trace_every)
@@ -640,8 +662,10 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     registry.register(T_FORWARD, _forward_around, HookType.AROUND)
     if _RUNTIME.plain_path:
         registry.register(T_NEXT_BATCH, _next_batch_around, HookType.AROUND)
-        if _RUNTIME.trace.enabled:
+        if _RUNTIME.trace.enabled or auto is not None:
             registry.register(T_RUN_BATCH, _run_batch_around, HookType.AROUND)
+        if auto is not None:
+            registry.register(T_PROCESS_RESULT, _process_result_around, HookType.AROUND)
     return True
 
 

@@ -1,0 +1,315 @@
+"""SPECFLIP_SWITCH=auto (shim/switch/auto.py in shim/switch/v2.py) on real SGLang 0.5.23 objects under the overlap
+schedule (tests/overlap_loop.py): the real `_next_batch_around` / `plain_path_flip` flip as the auto policy decides,
+the real `_run_batch_around` and `_process_result_around` hooks feed it. What cannot run on a CPU is the GPU's step
+time: `StepClockCpuStandIn` advances a clock by a synthetic step time per (mode, batch size) at each launch, where
+speculation wins at small batches and plain decoding at large ones. The guard runs in assert mode. And the rank
+agreement: two real gloo ranks (torch.distributed on the CPU) with different clocks take identical decisions."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("torch")
+    pytest.importorskip("sglang.srt.managers.schedule_batch")
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+ol = importlib.import_module("overlap_loop")
+
+from shim.guard.ranks import check_switch_agreement  # noqa: E402
+from shim.switch import auto as auto_switch  # noqa: E402
+from shim.switch import v2 as switch_v2  # noqa: E402
+from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402
+from specflip.cli import main as cli_main  # noqa: E402
+from statemodel import auto_policy as ap  # noqa: E402
+from statemodel.designs import AUTO_RETRACT_CATCH_UP, DESIGNS_BY_NAME  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+# small enough for a CPU run of a few hundred iterations; the defaults are for a GPU server
+PARAMS = ap.AutoParams(min_dwell=6, confirm_steps=2, settle=1, min_samples=2, probe_steps=6, probe_credit=4,
+                       explore_fraction=0.05)
+
+
+def test_env_parsing() -> None:
+    cfg = SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto"})
+    assert cfg is not None and cfg.auto and cfg.design_name == AUTO_RETRACT_CATCH_UP.name
+    assert cfg.draft_while_off == "retract" and cfg.spec_cap == 48
+    assert SwitchConfig.from_env({"SPECFLIP_SWITCH": " auto ", "SPECFLIP_SPEC_CAP": "32"}).spec_cap == 32
+    assert not SwitchConfig.from_env({"SPECFLIP_SWITCH": "32:16"}).auto
+    with pytest.raises(SwitchConfigError, match="auto runs on SGLang's plain path"):
+        SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto", "SPECFLIP_SWITCH_DRAFT": "sync"})
+    with pytest.raises(SwitchConfigError, match="or 'auto'"):
+        SwitchConfig.from_env({"SPECFLIP_SWITCH": "automatic"})
+
+
+def test_install_registers_the_observation_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookType
+
+    class Registry:
+        def __init__(self) -> None:
+            self.hooks: list[tuple[str, Any, Any]] = []
+
+        def register(self, target: str, fn: Any, kind: Any) -> None:
+            self.hooks.append((target, fn, kind))
+
+    saved = switch_v2._RUNTIME
+    try:
+        reg = Registry()
+        assert switch_v2.install_switch(reg, SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto"}))
+        targets = {t: (fn, kind) for t, fn, kind in reg.hooks}
+        assert targets[switch_v2.T_RUN_BATCH] == (switch_v2._run_batch_around, HookType.AROUND)
+        assert targets[switch_v2.T_PROCESS_RESULT] == (switch_v2._process_result_around, HookType.AROUND)
+        assert switch_v2.runtime().policy.auto is not None
+        reg = Registry()
+        switch_v2.install_switch(reg, SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"}))
+        assert switch_v2.T_PROCESS_RESULT not in {t for t, _, _ in reg.hooks}
+        assert switch_v2.runtime().policy.auto is None
+    finally:
+        switch_v2._RUNTIME = saved
+
+
+class StepClockCpuStandIn:
+    """The GPU's step time, which the CPU cannot give: at each launch the clock moves on by the synthetic time of
+    the step launched (speculation: 2 ms + 0.5 ms per request, for about 2 tokens a request; plain: 1.5 ms + 0.1 ms
+    a request, for 1; speculation wins by 28 % at one request and 13 % at two, plain by 5 % at four, 30 % at
+    eight)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    @staticmethod
+    def step_seconds(spec: bool, bs: int) -> float:
+        return (2e-3 + 0.5e-3 * bs) if spec else (1.5e-3 + 0.1e-3 * bs)
+
+
+class AutoDriver(ol.OverlapDriver):
+    """The overlap loop with the switch's run_batch and process_batch_result hooks (AROUND), as install_switch
+    registers them for SPECFLIP_SWITCH=auto."""
+
+    clock: StepClockCpuStandIn
+
+    @contextlib.contextmanager
+    def _installed(self) -> Iterator[None]:
+        saved, switch_v2._RUNTIME = switch_v2._RUNTIME, self.switch
+        try:
+            yield
+        finally:
+            switch_v2._RUNTIME = saved
+
+    def run_batch(self, batch: Any) -> Any:
+        with self._installed():
+            out = switch_v2._run_batch_around(ol.OverlapDriver.run_batch, self, batch)
+        if batch.forward_mode.is_decode():
+            self.clock.now += self.clock.step_seconds(not batch.spec_algorithm.is_none(), batch.batch_size())
+        return out
+
+    def process_batch_result(self, batch: Any, result: Any) -> None:
+        with self._installed():
+            switch_v2._process_result_around(ol.OverlapDriver.process_batch_result, self, batch, result)
+
+
+def auto_driver(model_dir: Path) -> AutoDriver:
+    config = SwitchConfig(t_off=0, t_on=0, auto=True, draft_while_off="retract", spec_cap=16)
+    drv = AutoDriver(ol.overlap_pools(model_dir), AUTO_RETRACT_CATCH_UP, switch_config=config)
+    drv.clock = StepClockCpuStandIn()
+    drv.switch.policy.auto = auto_switch.AutoSwitch(spec_cap=16, window=2, state=ap.initial_state(PARAMS),
+                                                    clock=drv.clock)
+    drv.accepts = gf.accept_cycle([2, 1, 3, 2])
+    return drv
+
+
+def flips_of(drv: AutoDriver) -> list[dict[str, Any]]:
+    return [e for e in drv.switch.trace.events if e["action"] in ("flip_off", "flip_on")]
+
+
+def test_auto_flips_where_its_observations_say(runtime: Any, model_dir: Path) -> None:
+    """Phases of one or two requests and of eight, refilled as they finish: the auto switch learns the synthetic
+    step times through the real hooks and ends each phase in the mode that wins there (speculation for one or two
+    requests, plain for eight), flipping on the numbers; outputs greedy-exact, the guard (assert mode, design
+    plain_off_retract_catch_up_auto under overlap) finds nothing, every flip is traced with the learner's inputs."""
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    auto = drv.switch.policy.auto
+    reqs: list[Any] = []
+    ends: list[tuple[int, bool]] = []  # (phase's last iteration, the mode that should win there)
+    for phase, (concurrency, length) in enumerate([(2, 60), (8, 70), (1, 60), (8, 70), (2, 60)]):
+        for _ in range(length):
+            live = [r for r in reqs if not r.finished()]
+            wave = [h.make_req(f"p{phase}_{len(reqs) + i}", gf.SYSTEM_PROMPT + [300 + len(reqs) + i] * 3,
+                               max_new_tokens=12) for i in range(concurrency - len(live))]
+            reqs += wave
+            drv.add(wave)
+            drv.iteration()
+        ends.append((drv.iteration_no, concurrency < 4))
+    drv.run_until_idle()
+    guard = runtime.guard
+    assert guard.config.design.name == DESIGNS_BY_NAME[f"{AUTO_RETRACT_CATCH_UP.name}_overlap"].name
+    assert guard.found == [] and ol_greedy(reqs) == []
+    for iteration, spec_wins in ends[1:]:  # the first phase starts on speculation anyway
+        assert spec_on_at(drv, iteration) is spec_wins
+    flips = flips_of(drv)
+    assert {f["reason"] for f in flips} & {"measured", "prior"} and drv.switch.policy.refused == 0
+    assert all(f["policy"] == "auto" and "digest" in f and "demand" in f for f in flips)
+    assert auto.agreements > 0 and auto.state.step > 0 and auto.accept_mean > 1.0  # verify accepts were read
+    assert len(flips) <= 4 * len(ends)  # no thrash: a few flips per phase at most
+
+
+def ol_greedy(reqs: list[Any]) -> list[str]:
+    return [str(r.rid) for r in reqs if not r.finished() or list(r.output_ids) != ol.expected_output(r)]
+
+
+def spec_on_at(drv: Any, iteration: int) -> bool:
+    on = True
+    for it, action in drv.flips:
+        if it <= iteration:
+            on = action == "flip_on"
+    return on
+
+
+# --- two ranks ----------------------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, init_file: str, agree: bool, trace_dir: str, out: Any) -> None:
+    """One 'rank': the same decode batches (real ScheduleBatch objects), its own clock (rank 1's steps jitter
+    differently), the learner fed through AutoSwitch; returns its decisions per scheduling point."""
+    import random
+
+    import torch.distributed as dist
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    group = dist.new_group(backend="gloo")
+
+    class SchedulerFields:  # the three Scheduler fields AutoSwitch reads
+        tp_size = 2 if agree else 1
+        tp_rank = rank
+        tp_cpu_group = group
+
+    from shim.timing.jsonl import JsonlTrace
+
+    trace = JsonlTrace(trace_dir, prefix=f"switch-rank{rank}")
+    rng = random.Random(100 + rank)
+    now = [0.0]
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=8, clock=lambda: now[0])
+    spec_on, decisions = True, []
+    demands = [d for d in (2, 6, 40, 64, 3, 30, 20, 100, 2) for _ in range(150)]
+    for step, demand in enumerate(demands):
+        running = min(demand, 48) if spec_on else demand
+        d = auto.decide(spec_on, running, demand - running)
+        if d.action is not None:
+            spec_on = d.action == ap.FLIP_ON
+            trace.event(d.action, running=running, waiting=demand - running, **auto.trace_fields())
+        auto.commit(d)
+        decisions.append((step, d.action, d.reason, auto.state.digest()))
+        batch = ScheduleBatch(reqs=[object()] * running, batch_is_full=False)
+        batch.forward_mode = ForwardMode.DECODE
+        batch.spec_algorithm = SpeculativeAlgorithm.EAGLE3 if spec_on else SpeculativeAlgorithm.NONE
+        auto.on_run_batch(SchedulerFields, batch, auto.state.flips, trace)
+        base = (3e-3 + 0.2e-3 * running) if spec_on else (1e-3 + 0.12e-3 * running)
+        now[0] += base * (1 + 0.08 * rng.random())
+    dist.destroy_process_group()
+    trace.drain(force=True)
+    out.put((rank, decisions))
+
+
+def run_two_ranks(tmp_path: Path, agree: bool) -> dict[int, list[Any]]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    init = str(tmp_path / f"init-{agree}")
+    traces = tmp_path / f"traces-{agree}"
+    procs = [ctx.Process(target=_rank_main, args=(r, init, agree, str(traces), queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+def test_two_ranks_agree_on_every_decision(tmp_path: Path) -> None:
+    """With the window's step times all-reduced (MAX) over a real gloo group, two ranks whose clocks differ take the
+    same decision at every scheduling point and end with the same learner state; without the collective (each rank
+    its own seconds) they diverge: the agreement is what makes them equal."""
+    agreed = run_two_ranks(tmp_path, agree=True)
+    assert agreed[0] == agreed[1]
+    assert sum(1 for _, action, _, _ in agreed[0] if action) >= 2
+    apart = run_two_ranks(tmp_path, agree=False)
+    assert apart[0] != apart[1]
+    # the per-rank switch traces say the same: `specflip ranks` (shim.guard.ranks.check_switch_agreement)
+    same = check_switch_agreement(sorted((tmp_path / "traces-True").glob("*.jsonl")))
+    assert same.agree and same.ranks == (0, 1) and same.steps_compared > 100
+    split = sorted((tmp_path / "traces-False").glob("*.jsonl"))
+    diverged = check_switch_agreement(split)
+    assert not diverged.agree and "diverged first" in diverged.describe()
+    assert cli_main(["ranks", *map(str, split)]) == 1
+    assert cli_main(["ranks", *map(str, sorted((tmp_path / "traces-True").glob("*.jsonl")))]) == 0
+
+
+def test_ranks_bad_input_is_one_line(tmp_path: Path, capsys: Any) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert cli_main(["ranks", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specflip ranks:") and "not JSON" in err and "\n" not in err
+    empty = tmp_path / "thresholds.jsonl"
+    empty.write_text('{"t": 1, "action": "flip_off", "running": 5}\n')
+    assert cli_main(["ranks", str(empty)]) == 2
+    assert "no auto switch records" in capsys.readouterr().err
+
+
+def _batch(mode: str, bs: int) -> Any:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    batch = ScheduleBatch(reqs=[object()] * bs, batch_is_full=False)
+    batch.forward_mode = ForwardMode.EXTEND if mode == "prefill" else ForwardMode.DECODE
+    batch.spec_algorithm = SpeculativeAlgorithm.EAGLE3 if mode == "spec" else SpeculativeAlgorithm.NONE
+    return batch
+
+
+def test_which_intervals_are_observed() -> None:
+    """Decode to decode in one mode: a step (a prefill between stays in it); across a flip or an idle iteration:
+    not; accept lengths only from a host tensor (a device one would need a sync), only for decode results."""
+    import torch
+
+    t = [0.0]
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=100, clock=lambda: t[0])
+    sched = object()
+    for mode, bs, dt, flips in [("spec", 4, 0.010, 0), ("spec", 4, 0.012, 0), ("prefill", 2, 0.005, 0),
+                                ("spec", 6, 0.020, 0), ("plain", 6, 0.002, 1), ("plain", 6, 0.003, 1)]:
+        auto.on_run_batch(sched, _batch(mode, bs), flips)
+        t[0] += dt
+    auto.on_idle()
+    auto.on_run_batch(sched, _batch("plain", 1), 1)
+    # (spec, 4) 10 ms; (spec, 4) 12 + 5 ms of prefill; the flip cuts spec 6 -> plain 6; (plain, 6) 2 ms; idle cuts
+    assert auto.pending == [(True, 4), (True, 4), (False, 6)]
+    assert [round(s, 6) for s in auto.seconds] == [0.010, 0.017, 0.002]
+    auto.on_result(_batch("spec", 3), type("Result", (), {"accept_lens": torch.tensor([2, 3, 1])})())
+    auto.on_result(_batch("prefill", 3), type("Result", (), {"accept_lens": torch.tensor([9, 9, 9])})())
+    auto.on_result(_batch("spec", 2), type("Result", (), {"accept_lens": torch.empty(2, device="meta")})())
+    assert (auto.accept_tokens, auto.accept_rows) == (6, 3)
+    auto.agree(sched)
+    assert auto.accept_mean == 2.0 and auto.state.step == 3 and auto.pending == [] and auto.agreements == 1
