@@ -123,7 +123,7 @@ def _key(record: dict[str, Any] | None) -> str | None:
     return None if record is None else json.dumps(record, sort_keys=True)
 
 
-# The auto switch's records in the switch trace (shim/switch_v2.py, shim/auto_switch.py): each agreed window of
+# The auto switch's records in the switch trace (shim/switch/v2.py, shim/switch/auto.py): each agreed window of
 # observations and each flip, with the learner's inputs and a digest of its state. Ranks agree when every rank
 # wrote the same sequence of them (the wall-clock `t` and `ms` are rank-local).
 SWITCH_RECORDS = ("auto_observe", "flip_off", "flip_on")
