@@ -12,7 +12,7 @@
 # WARMUP=1,8,64: one unmeasured round per server at each of these concurrencies first; FREEZE_GC=1: then SGLang's
 # /freeze_gc on every server (side by side only).
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
-#   seconds the sweep leaves for it (its deadline). CONCS=0 skips the sweep (no concurrency 0 is measured).
+#   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
 #   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
 #   (bench_client.py --servers), then each replay phase runs. Host noise then falls on every configuration alike.
@@ -118,7 +118,7 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
     if [ -n "${BURSTY_ROUNDS:-}" ]; then   # then the bursty load (bursty_client.py), the same servers, paired rounds
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty: $servers (t=$(el)s, ${rem}s)"
       timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY_ROUNDS" \
-        --out "$OUT/bursty.jsonl" --deadline $(( rem * 2 / 3 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty.log"
+        ${BURSTY_ARGS:-} --out "$OUT/bursty.jsonl" --deadline $(( rem * 2 / 3 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty.log"
     fi
   fi
   for s in "${specs[@]}"; do
