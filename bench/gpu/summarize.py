@@ -160,11 +160,11 @@ def pooled_stats(files, cfg="specflip_retract", resamples=2000, seed=0):
     return stats
 
 
-def pooled(files, target=0.95):
-    """pooled_stats as a markdown table, with whether each pooled median reaches `target`."""
+def pooled(files, target=0.95, cfg="specflip_retract"):
+    """pooled_stats of `cfg` as a markdown table, with whether each pooled median reaches `target`."""
     lines = [f"| concurrency | pairs (calls) | pooled median | bootstrap 95 % interval | median per call | "
              f">= {target} |", "|---|---|---|---|---|---|"]
-    for st in pooled_stats(files):
+    for st in pooled_stats(files, cfg):
         per_call = ", ".join(f"{m:.2f}" for m in st["per_call"])
         lines.append(f"| {st['conc']} | {st['pairs']} ({st['calls']}) | {st['median']:.3f} | "
                      f"{st['lo']:.3f}-{st['hi']:.3f} | {per_call} | {'yes' if st['median'] >= target else 'NO'} |")
@@ -390,12 +390,14 @@ def main():
     p.add_argument("--md")
     p.add_argument("--plot")
     p.add_argument("--pool", action="store_true", help="pool the switch's paired ratios over these calls' files")
+    p.add_argument("--cfg", default="specflip_retract", help="--pool: the configuration whose ratios are pooled")
+    p.add_argument("--target", type=float, default=0.95, help="--pool: the ratio each pooled median must reach")
     a = p.parse_args()
     if a.pool:
-        text = pooled(a.sources)
+        text = pooled(a.sources, a.target, a.cfg)
         print(text)
         if a.plot:
-            print("plot:", plot_pooled_svg(pooled_stats(a.sources), a.plot))
+            print("plot:", plot_pooled_svg(pooled_stats(a.sources, a.cfg), a.plot, a.target))
         if a.md:
             with open(a.md, "w") as fh:
                 fh.write(text + "\n")
