@@ -12,7 +12,7 @@ import attrs
 from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
 from statemodel.design import Design, Scope, ThresholdPolicy
-from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
+from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
 from statemodel.state import SpecMode, Stage, State, Status
 
 
@@ -143,6 +143,10 @@ class Model:
 
     def check_step(self, before: State, action: Action, after: State) -> list[Violation]:
         return check_step(before, action, after, self.scope, self.design)
+
+    def check_transition(self, before: State, action: Action, after: State) -> list[Violation]:
+        """The step invariants of one transition only: for an edge into a state whose own invariants held."""
+        return check_transition(before, action, after, self.scope, self.design)
 
     def sometimes(self) -> tuple[Sometimes, ...]:
         """Reachability properties that apply to this design."""
