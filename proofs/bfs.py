@@ -30,61 +30,64 @@ class Search(Generic[N]):
     """Breadth-first search over nodes reached from `roots` by `successors(node) -> [(action, node)]`.
 
     `edges()` yields (before, action, after, new) for every edge out of every expanded node; `new` says
-    `after` was reached for the first time (it is queued). `max_nodes` bounds the nodes kept: a node
-    found beyond it is neither kept nor queued, and `truncated` is set. `path(node)` is the shortest path
-    from a root to a kept node, as the root and the (action, node) steps after it.
+    `after` was reached for the first time (it is queued). Nodes are deduplicated by `key(node)` (the node
+    itself by default); the first node found with a key is the one expanded and the one paths go through,
+    so every path is made of real steps. `max_nodes` bounds the keys kept: a node found beyond it is
+    neither kept nor queued, and `truncated` is set. `path(node)` is the shortest path from a root to an
+    expanded node, as the root and the (action, node) steps after it.
     """
 
     def __init__(self, roots: Iterable[N], successors: Callable[[N], Iterable[tuple[Action, N]]],
-                 max_nodes: int | None = None) -> None:
+                 max_nodes: int | None = None, key: Callable[[N], Hashable] | None = None) -> None:
         self.successors = successors
         self.max_nodes = max_nodes
+        self.key = key
         self.truncated = False
         self.max_depth = 0
-        # node -> (the node it was reached from, the action, its depth); None for a root
-        self.parent: dict[N, tuple[N, Action, int] | None] = {}
+        # key -> (the key of the node it was reached from, the action, its depth, the node); None, None for a root
+        self.parent: dict[Hashable, tuple[Hashable, Action | None, int, N]] = {}
         self.roots: list[N] = []
         for root in roots:
-            if root not in self.parent:
-                self.parent[root] = None
+            k = root if key is None else key(root)
+            if k not in self.parent:
+                self.parent[k] = (None, None, 0, root)
                 self.roots.append(root)
 
     def __len__(self) -> int:
         return len(self.parent)
 
-    def depth(self, node: N) -> int:
-        link = self.parent[node]
-        return 0 if link is None else link[2]
-
     def edges(self) -> Iterator[tuple[N, Action, N, bool]]:
         parent = self.parent
         bound = self.max_nodes
-        queue: deque[tuple[N, int]] = deque((root, 0) for root in self.roots)
+        key = self.key
+        queue: deque[tuple[N, Hashable, int]] = deque(
+            (root, root if key is None else key(root), 0) for root in self.roots)
         successors = self.successors
         while queue:
-            node, depth = queue.popleft()
+            node, node_key, depth = queue.popleft()
             below = depth + 1
             for action, after in successors(node):
-                if after in parent:
+                after_key = after if key is None else key(after)
+                if after_key in parent:
                     yield node, action, after, False
                     continue
                 if bound is not None and len(parent) >= bound:
                     self.truncated = True
                     yield node, action, after, False
                     continue
-                parent[after] = (node, action, below)
+                parent[after_key] = (node_key, action, below, after)
                 if below > self.max_depth:
                     self.max_depth = below
-                queue.append((after, below))
+                queue.append((after, after_key, below))
                 yield node, action, after, True
 
     def path(self, node: N) -> tuple[N, list[tuple[Action, N]]]:
         steps: list[tuple[Action, N]] = []
-        cur = node
-        while (link := self.parent[cur]) is not None:
-            prev, action, _ = link
+        prev, action, _, cur = self.parent[node if self.key is None else self.key(node)]
+        while prev is not None:
+            assert action is not None
             steps.append((action, cur))
-            cur = prev
+            prev, action, _, cur = self.parent[prev]
         steps.reverse()
         return cur, steps
 
@@ -155,9 +158,10 @@ Progress = Callable[[int, int, int], None]  # states, transitions, depth
 def check(model: Model, *, max_states: int = 2_000_000, progress: Progress | None = None,
           progress_every: int = 50_000) -> Result:
     """Explore `model` breadth-first, checking every edge; stop at the first violation (a shortest
-    counterexample). An edge into a new state is checked with every invariant (`check_step`); an edge
-    into a state seen before with its step invariants (`check_transition`): that state's own invariants
-    held when it was first reached, or the search would have stopped there."""
+    counterexample). States are counted by `model.dedup_key`. An edge into a new state is checked with every
+    invariant (`check_step`); an edge into a state seen before with its step invariants (`check_transition`):
+    the state invariants read only what the key keeps, and they held when the key was first reached, or the
+    search would have stopped there."""
     with no_cyclic_gc():
         return _check(model, max_states, progress, progress_every)
 
@@ -176,7 +180,7 @@ def _check(model: Model, max_states: int, progress: Progress | None, progress_ev
                 stuck.append((state, failed))
         return [(action, next_state(state, action)) for action in acts]
 
-    search: Search[State] = Search(model.init_states(), successors, max_nodes=max_states)
+    search: Search[State] = Search(model.init_states(), successors, max_nodes=max_states, key=model.dedup_key)
     sometimes = model.sometimes()
     reached = {s.name: False for s in sometimes}
     unreached = list(sometimes)  # shrinks as they are reached: most are, early

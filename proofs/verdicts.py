@@ -8,6 +8,7 @@ known-bad: refuted (a shortest counterexample whose last step breaks the expecte
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -120,7 +121,8 @@ def run_designs(designs: Sequence[Design], scope_for: Callable[[Design], Scope],
             if on_verdict is not None:
                 on_verdict(verdicts[-1])
         return verdicts
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawned, not forked: a caller (pytest, with torch's threads) may not survive a fork
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for verdict in pool.map(_run_job, work):
             verdicts.append(verdict)
             if on_verdict is not None:

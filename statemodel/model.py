@@ -13,7 +13,7 @@ from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
 from statemodel.design import Design, Scope, ThresholdPolicy
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
-from statemodel.state import SpecMode, Stage, State, Status
+from statemodel.state import SpecMode, Stage, State, Status, forget_finished
 
 
 @attrs.frozen
@@ -57,8 +57,9 @@ def _draft_with(pred: Callable[[int], bool]) -> Callable[[State, Action, State],
 
 
 def _chunked(before: State, action: Action, after: State) -> bool:
-    return action.name == "prefill" and any(
-        r.prefilled_len and r.prefilled_len < r.prefill_target for r in after.requests)
+    # a request part-way through its prompt after the prefill (prefilled_len < prefill_target would hold for any
+    # request prefilled before: prefill_target grows with the output)
+    return action.name == "prefill" and any(r.status is Status.PREFILLING for r in after.requests)
 
 
 def _flip_with_batch(before: State, action: Action, after: State) -> bool:
@@ -134,6 +135,10 @@ class Model:
 
     def next_state(self, state: State, action: Action) -> State:
         return _actions.apply(state, action, self.design, self.scope)
+
+    def dedup_key(self, state: State) -> State:
+        """What the checker deduplicates states by: two states with one key behave alike (`forget_finished`)."""
+        return forget_finished(state)
 
     def always(self) -> tuple[Invariant, ...]:
         return INVARIANTS

@@ -331,6 +331,38 @@ class State:
         )
 
 
+def forget_finished(state: State) -> State:
+    """`state` with what no step reads any more of each finished request that has left every batch (running,
+    pending, launched, unprocessed) set to fixed values: its prefilled_len, seq_len, draft_kv_len and
+    draft_hidden_ready. Such a request never runs again; actions, invariants and properties read its status,
+    output and KV only (`tests/test_checker.py` holds them to it). Two states equal here behave alike, so the
+    checker counts them once (`Model.dedup_key`); the counterexamples it prints keep the real values."""
+    requests = state.requests
+    if Status.FINISHED not in [r.status for r in requests]:
+        return state
+    in_batch = set(state.running.rids)
+    for batch in (state.pending, state.launched):
+        if batch is not None:
+            in_batch.update(batch.rids)
+    for result in state.unprocessed:
+        in_batch.update(result.rids)
+    forgotten = []
+    for r in requests:
+        if r.status is Status.FINISHED and r.rid not in in_batch:
+            f = _FORGOTTEN.get(r)
+            if f is None:
+                f = _FORGOTTEN[r] = Request(r.rid, r.prompt_len, r.max_new_tokens, Status.FINISHED, 0, 0, r.committed,
+                                            r.kv_held, r.kv_reserved, 0, False)
+            r = f
+        forgotten.append(r)
+    return state.replace(requests=tuple(forgotten))
+
+
+# a finished request -> the one forget_finished puts in its place (a few hundred at most; shared, so that equal
+# keys share their requests and compare by identity)
+_FORGOTTEN: dict[Request, Request] = {}
+
+
 def _check_replace(cls: type, sample: Any) -> None:
     """`cls.replace` passes every field positionally: it must change exactly the field named, for each field."""
     names = tuple(a.name for a in attrs.fields(cls))
