@@ -203,8 +203,10 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
     retract, or flip-on by retraction, which clears them)."""
     if action.name == "prefill":
         return []
-    problems = []
     expected_growth = _expected_growth(before, action, design, scope)
+    if not expected_growth and before.requests is after.requests:
+        return []  # no request changed, and none had to
+    problems = []
     get = expected_growth.get
     for a, b in zip(before.requests, after.requests, strict=True):
         want = get(a.rid, 0) if expected_growth else 0
@@ -270,6 +272,8 @@ def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: S
 def committed_never_lost(before: State, action: Action, after: State, scope: Scope,
                          design: Design) -> list[Violation]:
     """No step takes away an output token a request has committed, retraction included."""
+    if before.requests is after.requests:
+        return []
     lost = [(a, b) for a, b in zip(before.requests, after.requests, strict=True)
             if a is not b and b.committed < a.committed]
     return [Violation(

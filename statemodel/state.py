@@ -303,7 +303,8 @@ class State:
 
     def demand(self) -> int:
         """What the flip policy looks at: requests running plus requests waiting to run."""
-        return sum(1 for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING, Status.RUNNING))
+        statuses = [r.status for r in self.requests]  # list.count: the loop in C
+        return len(statuses) - statuses.count(Status.NOT_ARRIVED) - statuses.count(Status.FINISHED)
 
     def kv_accounted(self) -> int:
         return self.kv_free + sum([r.kv_held + r.kv_reserved for r in self.requests])  # a list sums faster
