@@ -168,7 +168,8 @@ def report_markdown(v: Verdict) -> str:
            f"**Verdict: {v.verdict}** — {v.reason}.", "",
            d.summary, "", f"- SGLang line: {d.sglang_line}", f"- Source: {d.source}",
            f"- Policy: {d.policy.describe()}", f"- Scope: {v.scope.describe()}",
-           f"- Explored: {r.states} states, {r.transitions} transitions, depth {r.max_depth}"
+           f"- Explored: {r.states} states (a finished request out of every batch counted by its status, output "
+           f"and KV only: `Model.dedup_key`), {r.transitions} transitions, every one checked, depth {r.max_depth}"
            f"{'' if r.complete else ' (stopped before exhausting the scope)'}", ""]
     out += ["## Invariants", ""]
     broken = {x.invariant for x in r.violations}
