@@ -339,24 +339,25 @@ def forget_finished(state: State) -> State:
     output and KV only (`tests/test_checker.py` holds them to it). Two states equal here behave alike, so the
     checker counts them once (`Model.dedup_key`); the counterexamples it prints keep the real values."""
     requests = state.requests
-    if Status.FINISHED not in [r.status for r in requests]:
+    finished = [r for r in requests if r.status is Status.FINISHED]
+    if not finished:
         return state
-    in_batch = set(state.running.rids)
-    for batch in (state.pending, state.launched):
-        if batch is not None:
-            in_batch.update(batch.rids)
-    for result in state.unprocessed:
-        in_batch.update(result.rids)
-    forgotten = []
-    for r in requests:
-        if r.status is Status.FINISHED and r.rid not in in_batch:
-            f = _FORGOTTEN.get(r)
-            if f is None:
-                f = _FORGOTTEN[r] = Request(r.rid, r.prompt_len, r.max_new_tokens, Status.FINISHED, 0, 0, r.committed,
-                                            r.kv_held, r.kv_reserved, 0, False)
-            r = f
-        forgotten.append(r)
-    return state.replace(requests=tuple(forgotten))
+    running, pending, launched = state.running.rids, state.pending, state.launched
+    forgotten: list[Request] | None = None
+    for r in finished:
+        rid = r.rid
+        if (rid in running or (pending is not None and rid in pending.rids)
+                or (launched is not None and rid in launched.rids) or any(rid in u.rids for u in state.unprocessed)):
+            continue
+        f = _FORGOTTEN.get(r)
+        if f is None:
+            f = _FORGOTTEN[r] = Request(rid, r.prompt_len, r.max_new_tokens, Status.FINISHED, 0, 0, r.committed,
+                                        r.kv_held, r.kv_reserved, 0, False)
+        if f is not r:
+            if forgotten is None:
+                forgotten = list(requests)
+            forgotten[rid] = f  # requests[rid] is request rid (State.req)
+    return state if forgotten is None else state.replace(requests=tuple(forgotten))
 
 
 # a finished request -> the one forget_finished puts in its place (a few hundred at most; shared, so that equal
