@@ -175,8 +175,8 @@ def main() -> int:
     figures: dict[str, object] = {"scope": scope_for(designs[0]).describe(), "designs": [], "known_bad": []}
     print(f"scope: {figures['scope']}\n")
 
-    print(f"{'design':32s} {'states':>9s} {'transitions':>11s} | {'before wall':>11s} {'cpu':>6s} | "
-          f"{'after wall':>10s} {'cpu':>6s} | verdict (before = after)")
+    print(f"{'design':32s} {'states before':>13s} {'after':>8s} {'x':>5s} {'transitions':>11s} | "
+          f"{'before wall':>11s} {'cpu':>6s} | {'after wall':>10s} {'cpu':>6s} | verdict (before = after)")
     rows = []
     totals = {"before_wall": 0.0, "before_cpu": 0.0, "after_wall": 0.0, "after_cpu": 0.0}
     for design in designs:
@@ -185,7 +185,7 @@ def main() -> int:
         before = check_before_issue_20(model, limit)
         gc.collect()
         after = check(model, max_states=limit)
-        same = _summary(before) == _summary(after) and before.states == after.states
+        same = _summary(before) == _summary(after)
         totals["before_wall"] += before.seconds
         totals["before_cpu"] += before.cpu_seconds
         totals["after_wall"] += after.seconds
@@ -198,7 +198,8 @@ def main() -> int:
         if args.symmetry and not after.violations:
             row["states_up_to_batch_order"] = count_up_to_batch_order(model)
         rows.append(row)
-        print(f"{design.name:32s} {after.states:9,d} {after.transitions:11,d} | {before.seconds:11.2f} "
+        print(f"{design.name:32s} {before.states:13,d} {after.states:8,d} {before.states / after.states:5.2f} "
+              f"{after.transitions:11,d} | {before.seconds:11.2f} "
               f"{before.cpu_seconds:6.2f} | {after.seconds:10.2f} {after.cpu_seconds:6.2f} | "
               f"{row['invariant'] or 'no violation'} ({row['trace_steps']} steps) {'same' if same else 'DIFFERS'}"
               + (f"; up to batch order: {row['states_up_to_batch_order']:,} states "
