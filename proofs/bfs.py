@@ -1,12 +1,20 @@
-"""Breadth-first explicit-state checking: every interleaving within the scope, states deduplicated by
-hash, so the first violation found is at the smallest depth and its trace is a shortest counterexample.
+"""Breadth-first explicit-state exploration: the one core the checker and the diagrams share.
+
+`Search` walks a transition system breadth-first from its roots, deduplicating nodes by hash, and yields
+every edge (every action out of every node it expands), in a fixed order, each marked new or not. `check`
+is the exhaustive checker on top of it: it checks every edge, including edges into a state seen before
+(a step invariant can break on those too), and stops at the first violation. Edges come in order of the
+depth of the node they leave, so the first violating edge ends a shortest counterexample.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 import attrs
 
@@ -14,6 +22,97 @@ from statemodel.actions import Action
 from statemodel.invariants import Violation
 from statemodel.model import Model
 from statemodel.state import State
+
+N = TypeVar("N", bound=Hashable)
+
+
+class Search(Generic[N]):
+    """Breadth-first search over nodes reached from `roots` by `successors(node) -> [(action, node)]`.
+
+    `edges()` yields (before, action, after, new) for every edge out of every expanded node; `new` says
+    `after` was reached for the first time (it is queued). Nodes are deduplicated by `key(node)` (the node
+    itself by default); the first node found with a key is the one expanded and the one paths go through,
+    so every path is made of real steps. `max_nodes` bounds the keys kept: a node found beyond it is
+    neither kept nor queued, and `truncated` is set. `path(node)` is the shortest path from a root to an
+    expanded node, as the root and the (action, node) steps after it.
+    """
+
+    def __init__(self, roots: Iterable[N], successors: Callable[[N], Iterable[tuple[Action, N]]],
+                 max_nodes: int | None = None, key: Callable[[N], Hashable] | None = None) -> None:
+        self.successors = successors
+        self.max_nodes = max_nodes
+        self.key = key
+        self.truncated = False
+        self.max_depth = 0
+        # key -> (the key of the node it was reached from, the action, its depth, the node); None, None for a root
+        self.parent: dict[Hashable, tuple[Hashable, Action | None, int, N]] = {}
+        self.roots: list[N] = []
+        for root in roots:
+            k = root if key is None else key(root)
+            if k not in self.parent:
+                self.parent[k] = (None, None, 0, root)
+                self.roots.append(root)
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def edges(self) -> Iterator[tuple[N, Action, N, bool]]:
+        parent = self.parent
+        bound = self.max_nodes
+        key = self.key
+        queue: deque[tuple[N, Hashable, int]] = deque(
+            (root, root if key is None else key(root), 0) for root in self.roots)
+        successors = self.successors
+        while queue:
+            node, node_key, depth = queue.popleft()
+            below = depth + 1
+            for action, after in successors(node):
+                after_key = after if key is None else key(after)
+                if after_key in parent:
+                    yield node, action, after, False
+                    continue
+                if bound is not None and len(parent) >= bound:
+                    self.truncated = True
+                    yield node, action, after, False
+                    continue
+                parent[after_key] = (node_key, action, below, after)
+                if below > self.max_depth:
+                    self.max_depth = below
+                queue.append((after, after_key, below))
+                yield node, action, after, True
+
+    def path(self, node: N) -> tuple[N, list[tuple[Action, N]]]:
+        steps: list[tuple[Action, N]] = []
+        prev, action, _, cur = self.parent[node if self.key is None else self.key(node)]
+        while prev is not None:
+            assert action is not None
+            steps.append((action, cur))
+            prev, action, _, cur = self.parent[prev]
+        steps.reverse()
+        return cur, steps
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """The exploration allocates millions of immutable objects and frees none: the cyclic collector would
+    traverse all of them again and again (10-20% of the time) and can never collect one."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def model_successors(model: Model) -> Callable[[State], list[tuple[Action, State]]]:
+    """Every enabled action of `model` in a state, with the state it leads to, in the model's order."""
+    actions, next_state = model.actions, model.next_state
+
+    def successors(state: State) -> list[tuple[Action, State]]:
+        return [(action, next_state(state, action)) for action in actions(state)]
+
+    return successors
 
 
 @attrs.frozen
@@ -42,6 +141,7 @@ class Result:
     eventually_failed: tuple[str, ...]
     eventually_trace: tuple[TraceStep, ...]
     invariants_checked: tuple[str, ...]
+    cpu_seconds: float = 0.0
 
     @property
     def refuted(self) -> bool:
@@ -57,80 +157,80 @@ Progress = Callable[[int, int, int], None]  # states, transitions, depth
 
 def check(model: Model, *, max_states: int = 2_000_000, progress: Progress | None = None,
           progress_every: int = 50_000) -> Result:
-    """Explore `model` breadth-first; stop at the first violation (shortest counterexample)."""
-    started = time.perf_counter()
-    parent: dict[State, tuple[State, Action] | None] = {}
-    depth_of: dict[State, int] = {}
-    queue: deque[State] = deque()
-    sometimes = model.sometimes()
-    reached = {s.name: False for s in sometimes}
+    """Explore `model` breadth-first, checking every edge; stop at the first violation (a shortest
+    counterexample). States are counted by `model.dedup_key`. An edge into a new state is checked with every
+    invariant (`check_step`); an edge into a state seen before with its step invariants (`check_transition`):
+    the state invariants read only what the key keeps, and they held when the key was first reached, or the
+    search would have stopped there."""
+    with no_cyclic_gc():
+        return _check(model, max_states, progress, progress_every)
+
+
+def _check(model: Model, max_states: int, progress: Progress | None, progress_every: int) -> Result:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    actions, next_state = model.actions, model.next_state
     eventually = model.eventually()
-    transitions = 0
-    max_depth = 0
+    stuck: list[tuple[State, list[str]]] = []  # the first terminal state (shallowest) that fails `eventually`
 
-    def finish(violations: list[Violation], last: State | None, failed: tuple[str, ...] = (),
-               ev_last: State | None = None, complete: bool = True) -> Result:
-        trace, initial = _trace(parent, last) if last is not None else ((), None)
-        ev_trace, ev_initial = _trace(parent, ev_last) if ev_last is not None else ((), None)
-        return Result(
-            design=model.design.name, states=len(parent), transitions=transitions, max_depth=max_depth,
-            seconds=time.perf_counter() - started, complete=complete, violations=tuple(violations),
-            trace=trace, initial=initial if initial is not None else ev_initial, sometimes_reached=reached,
-            eventually_failed=failed, eventually_trace=ev_trace,
-            invariants_checked=tuple(i.name for i in model.always()),
-        )
-
-    for init in model.init_states():
-        if init in parent:
-            continue
-        parent[init] = None
-        depth_of[init] = 0
-        bad = model.check_state(init)
-        if bad:
-            return finish(bad, init)
-        queue.append(init)
-
-    first_stuck: State | None = None
-    failed_eventually: list[str] = []
-    while queue:
-        state = queue.popleft()
-        depth = depth_of[state]
-        acts = model.actions(state)
-        if not acts and first_stuck is None:
+    def successors(state: State) -> list[tuple[Action, State]]:
+        acts = actions(state)
+        if not acts and not stuck:
             failed = [e.name for e in eventually if not e.holds(state)]
             if failed:
-                first_stuck, failed_eventually = state, failed
-        for action in acts:
-            nxt = model.next_state(state, action)
-            transitions += 1
-            for s in sometimes:
-                if not reached[s.name] and s.holds(state, action, nxt):
-                    reached[s.name] = True
-            if nxt in parent:
-                continue
-            parent[nxt] = (state, action)
-            depth_of[nxt] = depth + 1
-            max_depth = max(max_depth, depth + 1)
-            bad = model.check_step(state, action, nxt)
-            if bad:
-                return finish(bad, nxt)
-            queue.append(nxt)
-            if progress is not None and len(parent) % progress_every == 0:
-                progress(len(parent), transitions, depth + 1)
-            if len(parent) >= max_states:
-                return finish([], None, complete=False)
-    return finish([], None, tuple(failed_eventually), first_stuck)
+                stuck.append((state, failed))
+        return [(action, next_state(state, action)) for action in acts]
+
+    search: Search[State] = Search(model.init_states(), successors, max_nodes=max_states, key=model.dedup_key)
+    sometimes = model.sometimes()
+    reached = {s.name: False for s in sometimes}
+    unreached = list(sometimes)  # shrinks as they are reached: most are, early
+    transitions = 0
+
+    def finish(violations: list[Violation], last: tuple[State, Action, State] | None = None,
+               complete: bool = True, bad_initial: State | None = None) -> Result:
+        trace: tuple[TraceStep, ...] = ()
+        initial = bad_initial
+        if last is not None:
+            before, action, after = last
+            initial, steps = search.path(before)
+            trace = _numbered([*steps, (action, after)])
+        failed: tuple[str, ...] = ()
+        ev_trace: tuple[TraceStep, ...] = ()
+        if complete and not violations and stuck:
+            ev_initial, ev_steps = search.path(stuck[0][0])
+            failed, ev_trace = tuple(stuck[0][1]), _numbered(ev_steps)
+            initial = ev_initial
+        return Result(
+            design=model.design.name, states=len(search), transitions=transitions, max_depth=search.max_depth,
+            seconds=time.perf_counter() - started, complete=complete, violations=tuple(violations),
+            trace=trace, initial=initial, sometimes_reached=reached, eventually_failed=failed,
+            eventually_trace=ev_trace, invariants_checked=tuple(i.name for i in model.always()),
+            cpu_seconds=time.process_time() - cpu_started,
+        )
+
+    for init in search.roots:
+        bad = model.check_state(init)
+        if bad:
+            return finish(bad, bad_initial=init)
+
+    check_step, check_transition = model.check_step, model.check_transition
+    next_report = progress_every
+    for before, action, after, new in search.edges():
+        transitions += 1
+        if unreached:
+            for s in [s for s in unreached if s.holds(before, action, after)]:
+                reached[s.name] = True
+                unreached.remove(s)
+        if search.truncated:
+            return finish([], complete=False)
+        bad = check_step(before, action, after) if new else check_transition(before, action, after)
+        if bad:
+            return finish(bad, (before, action, after))
+        if progress is not None and new and len(search) >= next_report:
+            next_report += progress_every
+            progress(len(search), transitions, search.max_depth)
+    return finish([])
 
 
-def _trace(parent: dict[State, tuple[State, Action] | None], last: State) -> tuple[tuple[TraceStep, ...], State]:
-    steps: list[tuple[Action, State]] = []
-    cur = last
-    while True:
-        link = parent[cur]
-        if link is None:
-            break
-        prev, action = link
-        steps.append((action, cur))
-        cur = prev
-    steps.reverse()
-    return tuple(TraceStep(i + 1, a, s) for i, (a, s) in enumerate(steps)), cur
+def _numbered(steps: list[tuple[Action, State]]) -> tuple[TraceStep, ...]:
+    return tuple(TraceStep(i + 1, a, s) for i, (a, s) in enumerate(steps))

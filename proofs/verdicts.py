@@ -8,7 +8,12 @@ known-bad: refuted (a shortest counterexample whose last step breaks the expecte
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,7 @@ class Verdict:
             "states": self.result.states,
             "transitions": self.result.transitions,
             "seconds": round(self.result.seconds, 3),
+            "cpu_seconds": round(self.result.cpu_seconds, 3),
             "reason": self.reason,
         }
 
@@ -81,6 +87,47 @@ def run_design(design: Design, scope: Scope | None = None, *, progress: Progress
     scope = scope or Scope()
     result = check(Model(design, scope), progress=progress, max_states=max_states)
     return judge(design, scope, result)
+
+
+def stderr_progress(name: str) -> Progress:
+    """Progress lines for one design on stderr (stdout is left to the verdicts and `--json`)."""
+    started = time.perf_counter()
+
+    def progress(states: int, transitions: int, depth: int) -> None:
+        print(f"  … {name}: {states:,} states, {transitions:,} transitions, depth {depth}, "
+              f"{time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def _run_job(job: tuple[Design, Scope, int, bool]) -> Verdict:
+    design, scope, max_states, show_progress = job
+    return run_design(design, scope, progress=stderr_progress(design.name) if show_progress else None,
+                      max_states=max_states)
+
+
+def run_designs(designs: Sequence[Design], scope_for: Callable[[Design], Scope], *, max_states: int = 2_000_000,
+                jobs: int | None = None, show_progress: bool = False,
+                on_verdict: Callable[[Verdict], None] | None = None) -> list[Verdict]:
+    """Every design checked, in a pool of `jobs` processes (default: one per core); the designs are
+    independent, so a design's verdict does not depend on where it ran. Verdicts come back in the order of
+    `designs`; `on_verdict` sees each as it is ready, in that order too."""
+    jobs = min(jobs or os.cpu_count() or 1, len(designs))
+    work = [(d, scope_for(d), max_states, show_progress) for d in designs]
+    verdicts: list[Verdict] = []
+    if jobs <= 1:
+        for job in work:
+            verdicts.append(_run_job(job))
+            if on_verdict is not None:
+                on_verdict(verdicts[-1])
+        return verdicts
+    # spawned, not forked: a caller (pytest, with torch's threads) may not survive a fork
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for verdict in pool.map(_run_job, work):
+            verdicts.append(verdict)
+            if on_verdict is not None:
+                on_verdict(verdict)
+    return verdicts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,7 +168,8 @@ def report_markdown(v: Verdict) -> str:
            f"**Verdict: {v.verdict}** — {v.reason}.", "",
            d.summary, "", f"- SGLang line: {d.sglang_line}", f"- Source: {d.source}",
            f"- Policy: {d.policy.describe()}", f"- Scope: {v.scope.describe()}",
-           f"- Explored: {r.states} states, {r.transitions} transitions, depth {r.max_depth}"
+           f"- Explored: {r.states} states (a finished request out of every batch counted by its status, output "
+           f"and KV only: `Model.dedup_key`), {r.transitions} transitions, every one checked, depth {r.max_depth}"
            f"{'' if r.complete else ' (stopped before exhausting the scope)'}", ""]
     out += ["## Invariants", ""]
     broken = {x.invariant for x in r.violations}
@@ -153,6 +201,16 @@ def write_reports(verdicts: Iterable[Verdict], directory: Path) -> list[Path]:
         path.write_text(report_markdown(v))
         written.append(path)
     return written
+
+
+def stale_reports(verdicts: Iterable[Verdict], directory: Path) -> list[str]:
+    """The reports under `directory` that differ from what the verdicts would write (missing included)."""
+    stale = []
+    for v in verdicts:
+        path = directory / f"{v.design.name}.md"
+        if not path.is_file() or path.read_text() != report_markdown(v):
+            stale.append(str(path))
+    return stale
 
 
 def verdicts_json(verdicts: Iterable[Verdict]) -> str:

@@ -20,7 +20,7 @@ class UsageError(Exception):
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from proofs.verdicts import run_design, verdicts_json, write_reports
+    from proofs.verdicts import Verdict, run_designs, stale_reports, verdicts_json, write_reports
     from statemodel.design import Scope
     from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, overlap_scope
 
@@ -29,37 +29,45 @@ def _cmd_check(args: argparse.Namespace) -> int:
         designs = [get_design(n) for n in args.design] if args.design else list(default)
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
-    verdicts = []
-    quiet = args.json
-    for design in designs:
-        started = time.perf_counter()
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.check_reports and args.design:
+        raise UsageError("--check-reports compares every report: leave out --design")
+    # with --json, stdout holds the JSON only: progress and the per-design lines go to stderr
+    lines = sys.stderr if args.json else sys.stdout
 
-        def progress(states: int, transitions: int, depth: int, name: str = design.name,
-                     started: float = started) -> None:
-            if not quiet:
-                print(f"  … {name}: {states:,} states, {transitions:,} transitions, depth {depth}, "
-                      f"{time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+    def show(verdict: Verdict) -> None:
+        mark = "ok " if verdict.ok else "BAD"
+        r = verdict.result
+        print(f"{mark} {verdict.design.name:34s} {verdict.design.kind.value:9s} {verdict.verdict:12s} "
+              f"{r.states:>8,} states {r.seconds:6.1f}s  {verdict.reason}", file=lines, flush=True)
 
-        # the overlap scope's spaces reach 7.3M states (plain_off_catch_up_overlap; docs/overlap-plan.md: risks)
-        scope, limit = (overlap_scope(design), 12_000_000) if args.overlap else (Scope(), 2_000_000)
-        verdict = run_design(design, scope, progress=progress, max_states=limit)
-        verdicts.append(verdict)
-        if not quiet:
-            mark = "ok " if verdict.ok else "BAD"
-            print(f"{mark} {design.name:34s} {design.kind.value:9s} {verdict.verdict:12s} "
-                  f"{verdict.result.states:>8,} states {verdict.result.seconds:6.1f}s  {verdict.reason}", flush=True)
+    # the overlap scope's spaces reach 7.3M states (plain_off_catch_up_overlap; docs/overlap-plan.md: risks)
+    if args.overlap:
+        scope_for, limit = overlap_scope, 12_000_000
+    else:
+        scope_for, limit = (lambda design: Scope()), 2_000_000
+    started = time.perf_counter()
+    verdicts = run_designs(designs, scope_for, max_states=limit, jobs=args.jobs, show_progress=True,
+                           on_verdict=show)
     if args.json:
         print(verdicts_json(verdicts))
-    if args.write_reports and not args.design:
-        reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
+    reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
+    stale: list[str] = []
+    if args.check_reports:
+        stale = stale_reports(verdicts, reports_dir)
+        for path in stale:
+            print(f"stale proof report: {path} (run `specflip check{' --overlap' if args.overlap else ''}`)",
+                  file=lines)
+    elif args.write_reports and not args.design:
         write_reports(verdicts, reports_dir)
-        if not quiet:
-            print(f"proof reports written to {reports_dir}")
+        print(f"proof reports written to {reports_dir}", file=lines)
     bad = [v for v in verdicts if not v.ok]
-    if not quiet:
-        print(f"{len(verdicts) - len(bad)}/{len(verdicts)} designs as expected"
-              + (f"; unexpected: {', '.join(v.design.name for v in bad)}" if bad else ""))
-    return 1 if bad else 0
+    cpu = sum(v.result.cpu_seconds for v in verdicts)
+    print(f"{len(verdicts) - len(bad)}/{len(verdicts)} designs as expected"
+          + (f"; unexpected: {', '.join(v.design.name for v in bad)}" if bad else "")
+          + f" ({time.perf_counter() - started:.1f}s wall, {cpu:.1f}s CPU in the checker)", file=lines)
+    return 1 if bad or stale else 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -128,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-reports", dest="write_reports", action="store_false",
                        help="do not rewrite the proof reports")
     check.add_argument("--reports-dir", default=str(DEFAULT_REPORTS), help="where proof reports go")
+    check.add_argument("--check-reports", action="store_true",
+                       help="write no report; exit 1 if a committed proof report differs from the model's")
+    check.add_argument("--jobs", type=int, help="designs checked at once, one process each (default: one per core)")
     check.set_defaults(func=_cmd_check)
 
     explain = sub.add_parser("explain", help="replay guard traces through the model")

@@ -276,15 +276,17 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         out.append(Action("merge_batch"))
     elif _can_prefill(state, scope):
         out.append(Action("prefill"))
+    wants_off = policy_wants_off(state, design)
+    wants_on = not wants_off and policy_wants_on(state, design, scope)
     if design.flip_waits_for_results and state.unprocessed:
         pass  # the flip is due (prepare waits for it below) but waits for the result first
-    elif policy_wants_off(state, design):
+    elif wants_off:
         out.append(Action("flip_off"))
-    elif policy_wants_on(state, design, scope):
+    elif wants_on:
         out.append(Action("flip_on"))
     else:
         out.extend(Action(name) for name in policy_may_flip(state, design, scope))
-    flip_due = policy_wants_off(state, design) or policy_wants_on(state, design, scope)
+    flip_due = wants_off or wants_on
     catch_up_due = (
         state.spec_mode is SpecMode.ON
         and design.draft_while_off is DraftWhileOff.CATCH_UP_ON_ENABLE

@@ -12,8 +12,8 @@ import attrs
 from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
 from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy
-from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step
-from statemodel.state import SpecMode, Stage, State, Status
+from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
+from statemodel.state import SpecMode, Stage, State, Status, forget_finished
 
 
 @attrs.frozen
@@ -57,8 +57,9 @@ def _draft_with(pred: Callable[[int], bool]) -> Callable[[State, Action, State],
 
 
 def _chunked(before: State, action: Action, after: State) -> bool:
-    return action.name == "prefill" and any(
-        r.prefilled_len and r.prefilled_len < r.prefill_target for r in after.requests)
+    # a request part-way through its prompt after the prefill (prefilled_len < prefill_target would hold for any
+    # request prefilled before: prefill_target grows with the output)
+    return action.name == "prefill" and any(r.status is Status.PREFILLING for r in after.requests)
 
 
 def _flip_with_batch(before: State, action: Action, after: State) -> bool:
@@ -135,6 +136,10 @@ class Model:
     def next_state(self, state: State, action: Action) -> State:
         return _actions.apply(state, action, self.design, self.scope)
 
+    def dedup_key(self, state: State) -> State:
+        """What the checker deduplicates states by: two states with one key behave alike (`forget_finished`)."""
+        return forget_finished(state)
+
     def always(self) -> tuple[Invariant, ...]:
         return INVARIANTS
 
@@ -143,6 +148,10 @@ class Model:
 
     def check_step(self, before: State, action: Action, after: State) -> list[Violation]:
         return check_step(before, action, after, self.scope, self.design)
+
+    def check_transition(self, before: State, action: Action, after: State) -> list[Violation]:
+        """The step invariants of one transition only: for an edge into a state whose own invariants held."""
+        return check_transition(before, action, after, self.scope, self.design)
 
     def sometimes(self) -> tuple[Sometimes, ...]:
         """Reachability properties that apply to this design."""

@@ -303,7 +303,8 @@ class State:
 
     def demand(self) -> int:
         """What the flip policy looks at: requests running plus requests waiting to run."""
-        return sum(1 for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING, Status.RUNNING))
+        statuses = [r.status for r in self.requests]  # list.count: the loop in C
+        return len(statuses) - statuses.count(Status.NOT_ARRIVED) - statuses.count(Status.FINISHED)
 
     def kv_accounted(self) -> int:
         return self.kv_free + sum([r.kv_held + r.kv_reserved for r in self.requests])  # a list sums faster
@@ -329,6 +330,39 @@ class State:
             self.thresholds if thresholds is _KEEP else thresholds,
             self.unprocessed if unprocessed is _KEEP else unprocessed,
         )
+
+
+def forget_finished(state: State) -> State:
+    """`state` with what no step reads any more of each finished request that has left every batch (running,
+    pending, launched, unprocessed) set to fixed values: its prefilled_len, seq_len, draft_kv_len and
+    draft_hidden_ready. Such a request never runs again; actions, invariants and properties read its status,
+    output and KV only (`tests/test_checker.py` holds them to it). Two states equal here behave alike, so the
+    checker counts them once (`Model.dedup_key`); the counterexamples it prints keep the real values."""
+    requests = state.requests
+    finished = [r for r in requests if r.status is Status.FINISHED]
+    if not finished:
+        return state
+    running, pending, launched = state.running.rids, state.pending, state.launched
+    forgotten: list[Request] | None = None
+    for r in finished:
+        rid = r.rid
+        if (rid in running or (pending is not None and rid in pending.rids)
+                or (launched is not None and rid in launched.rids) or any(rid in u.rids for u in state.unprocessed)):
+            continue
+        f = _FORGOTTEN.get(r)
+        if f is None:
+            f = _FORGOTTEN[r] = Request(rid, r.prompt_len, r.max_new_tokens, Status.FINISHED, 0, 0, r.committed,
+                                        r.kv_held, r.kv_reserved, 0, False)
+        if f is not r:
+            if forgotten is None:
+                forgotten = list(requests)
+            forgotten[rid] = f  # requests[rid] is request rid (State.req)
+    return state if forgotten is None else state.replace(requests=tuple(forgotten))
+
+
+# a finished request -> the one forget_finished puts in its place (a few hundred at most; shared, so that equal
+# keys share their requests and compare by identity)
+_FORGOTTEN: dict[Request, Request] = {}
 
 
 def _check_replace(cls: type, sample: Any) -> None:

@@ -8,10 +8,10 @@ import os
 import attrs
 import pytest
 
-from proofs.bfs import check
-from proofs.verdicts import judge, report_markdown, run_design
-from specflip.cli import main
-from statemodel import actions
+from proofs.bfs import Search, check, model_successors
+from proofs.verdicts import judge, report_markdown, run_design, run_designs, stale_reports
+from specflip.cli import DEFAULT_REPORTS, main
+from statemodel import actions, invariants
 from statemodel.design import DraftWhileOff, RequestSpec, Scope, ThresholdPolicy
 from statemodel.designs import (
     ALL_DESIGNS,
@@ -25,7 +25,9 @@ from statemodel.designs import (
     get_design,
     overlap_scope,
 )
+from statemodel.invariants import Violation
 from statemodel.model import Model
+from statemodel.state import Status
 
 
 @pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
@@ -37,13 +39,132 @@ def test_known_bad_design_is_refuted_with_its_invariant(design) -> None:
     assert verdict.result.violations and last.state is not None
 
 
+@pytest.fixture(scope="module")
+def every_verdict() -> dict[str, object]:
+    """Every design of `specflip check` in the default scope, checked once for this module, in the pool."""
+    return {v.design.name: v for v in run_designs(ALL_DESIGNS, lambda d: Scope())}  # candidates included
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("design", SHIPPED + CANDIDATES, ids=lambda d: d.name)
-def test_shipped_design_passes_without_vacuity(design) -> None:
-    verdict = run_design(design)
+def test_shipped_design_passes_without_vacuity(design, every_verdict) -> None:
+    verdict = every_verdict[design.name]
     assert verdict.verdict == "pass", verdict.reason
     assert verdict.result.complete and not verdict.result.vacuous and not verdict.result.eventually_failed
     assert all(verdict.result.sometimes_reached.values())
+
+
+@pytest.mark.slow
+def test_committed_proof_reports_match_the_model(every_verdict, tmp_path) -> None:
+    """What `specflip check --check-reports` does in CI: each committed report is what the checker writes
+    now. And the comparison can fail: a report edited by hand is stale."""
+    verdicts = [every_verdict[d.name] for d in ALL_DESIGNS]
+    assert stale_reports(verdicts, DEFAULT_REPORTS) == [], "run `specflip check` and commit proofs/reports/"
+    copy = tmp_path / "reports"
+    copy.mkdir()
+    for v in verdicts:
+        (copy / f"{v.design.name}.md").write_text((DEFAULT_REPORTS / f"{v.design.name}.md").read_text())
+    edited = copy / f"{verdicts[0].design.name}.md"
+    edited.write_text(edited.read_text().replace("states", "states (edited)", 1))
+    (copy / f"{verdicts[-1].design.name}.md").unlink()
+    assert stale_reports(verdicts, copy) == [str(edited), str(copy / f"{verdicts[-1].design.name}.md")]
+
+
+def test_a_step_invariant_broken_only_on_an_edge_into_a_visited_state_is_found(monkeypatch) -> None:
+    """The checker checks every edge. Here a plain step whose forward is lost leaves the state exactly as
+    prepared: a self-loop into a state already reached, and the only edge that breaks an invariant
+    (seq_lens_growth: the step must grow seq_len by 1). The rule before (check an edge only when it reaches
+    a new state) finds nothing in this model; the checker finds it, at the shortest depth."""
+    monkeypatch.setitem(actions._HANDLERS, "plain_decode", lambda state, action, design, scope: state)
+    scope = attrs.evolve(Scope(), requests=(RequestSpec(1, 2),))
+    model = Model(attrs.evolve(SEEDS_FINAL, policy=ThresholdPolicy((1,), (0,))), scope)
+
+    search = Search(model.init_states(), model_successors(model))
+    edges = list(search.edges())
+    assert not any(model.check_step(before, action, after) for before, action, after, new in edges if new)
+    into_visited = [(b, a, c) for b, a, c, new in edges if not new and model.check_transition(b, a, c)]
+    assert into_visited and all(a.name == "plain_decode" and b == c for b, a, c in into_visited)
+
+    result = check(model)
+    assert [v.invariant for v in result.violations] == ["seq_lens_growth"]
+    trace = result.trace
+    assert trace[-1].action.name == "plain_decode" and trace[-1].state == trace[-2].state
+    assert _violation_within(model, len(trace)) and not _violation_within(model, len(trace) - 1)
+    verdict = judge(attrs.evolve(SEEDS_FINAL, policy=ThresholdPolicy((1,), (0,))), scope, result)
+    assert verdict.verdict == "fail" and "breaks seq_lens_growth" in verdict.reason
+
+
+def _dead_fields_scrambled(state):
+    """`state` with what `forget_finished` forgets changed, for every finished request out of every batch."""
+    in_batch = set(state.running.rids).union(*(b.rids for b in (state.pending, state.launched) if b is not None),
+                                              *(u.rids for u in state.unprocessed))
+    return state.replace(requests=tuple(
+        r.replace(prefilled_len=r.prefilled_len + 7, seq_len=r.seq_len + 5, draft_kv_len=r.draft_kv_len + 3,
+                  draft_hidden_ready=not r.draft_hidden_ready)
+        if r.status is Status.FINISHED and r.rid not in in_batch else r for r in state.requests))
+
+
+def _unlike_behaviours(model: Model, max_states: int = 4000) -> list[str]:
+    """Where two states with one dedup key behave differently: enabled actions, their keys after, any
+    invariant, any sometimes-property. Empty: the checker may count them once."""
+    found = []
+    sometimes = model.sometimes()
+    for state, _, _, new in Search(model.init_states(), model_successors(model), max_nodes=max_states).edges():
+        twin = _dead_fields_scrambled(state)
+        if not new or twin == state:
+            continue
+        assert model.dedup_key(twin) == model.dedup_key(state)
+        acts = model.actions(state)
+        if model.actions(twin) != acts or model.check_state(twin) != model.check_state(state):
+            found.append(f"actions or state invariants differ in {state}")
+            continue
+        for action in acts:
+            after, twin_after = model.next_state(state, action), model.next_state(twin, action)
+            if model.dedup_key(after) != model.dedup_key(twin_after):
+                found.append(f"{action.describe()} leads to different keys")
+            names = [v.invariant for v in model.check_step(state, action, after)]
+            if names != [v.invariant for v in model.check_step(twin, action, twin_after)]:
+                found.append(f"{action.describe()} breaks different invariants")
+            for s in sometimes:
+                if s.holds(state, action, after) != s.holds(twin, action, twin_after):
+                    found.append(f"{action.describe()}: {s.name} differs")
+    return found
+
+
+@pytest.mark.parametrize("design", [SEEDS_FINAL, RETRACT_CATCH_UP, get_design("v2_switch_reserve_sync"),
+                                    get_design("sglang_adaptive_warm"), get_design("clear_on_scheduler_batch"),
+                                    get_design("merge_unchecked_spec_info")], ids=lambda d: d.name)
+def test_states_with_one_dedup_key_behave_alike(design) -> None:
+    """The checker counts states by `Model.dedup_key`, which forgets what no step reads of a finished request
+    out of every batch: the states it merges must enable the same actions, to the same keys, breaking the same
+    invariants and reaching the same sometimes-properties."""
+    assert _unlike_behaviours(Model(design, Scope())) == []
+
+
+def test_overlap_states_with_one_dedup_key_behave_alike() -> None:
+    design = get_design("v2_switch_reserve_sync_overlap")
+    assert _unlike_behaviours(Model(design, overlap_scope(design)), max_states=8000) == []
+
+
+def test_an_invariant_that_reads_a_forgotten_field_is_caught(monkeypatch) -> None:
+    """The test above can fail: a state invariant that reads every request's seq_len (a bound on it, say)
+    reads a field the key forgets, and is caught."""
+    def seq_len_bounded(state, scope):
+        return [Violation("seq_len_bounded", f"request {r.rid}", (r.rid,)) for r in state.requests
+                if r.seq_len > r.prompt_len + r.max_new_tokens]
+
+    monkeypatch.setattr(invariants, "_STATE_CHECKS", (*invariants._STATE_CHECKS, seq_len_bounded))
+    assert any("state invariants differ" in line for line in _unlike_behaviours(Model(SEEDS_FINAL, Scope())))
+
+
+def test_the_dedup_key_merges_states_and_keeps_the_verdict() -> None:
+    model = Model(get_design("sglang_adaptive_warm"), Scope())
+    every_state = Search(model.init_states(), model_successors(model))
+    for _ in every_state.edges():
+        pass
+    result = check(model)
+    assert judge(model.design, model.scope, result).verdict == "pass"
+    assert result.complete and result.states < len(every_state)
 
 
 def test_catch_up_by_retraction_is_reached_and_its_twin_without_it_is_refuted() -> None:
@@ -153,6 +274,20 @@ def test_cli_json_matches_the_schema(capsys) -> None:
         assert set(d) >= {"name", "kind", "verdict", "invariant", "trace", "states"}
         assert d["kind"] == "known-bad" and d["verdict"] == "refuted" and isinstance(d["states"], int)
         assert all(isinstance(step, str) for step in d["trace"])
+
+
+def test_cli_json_keeps_stdout_for_the_json_and_progress_on_stderr(capsys) -> None:
+    code = main(["check", "--json", "--jobs", "1", "--design", "draft_kv_never_freed"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert [d["name"] for d in json.loads(captured.out)["designs"]] == ["draft_kv_never_freed"]
+    assert "draft_kv_never_freed" in captured.err and "1/1 designs as expected" in captured.err
+
+
+def test_cli_check_reports_needs_every_design(capsys) -> None:
+    assert main(["check", "--check-reports", "--design", "draft_kv_never_freed"]) == 2
+    assert "--check-reports" in capsys.readouterr().err
+    assert main(["check", "--jobs", "0", "--design", "draft_kv_never_freed"]) == 2
 
 
 def test_cli_unknown_design_is_a_clear_error(capsys) -> None:

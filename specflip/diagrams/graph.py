@@ -20,12 +20,11 @@ proof is `specflip check`'s job, not this module's.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 
-from proofs.bfs import check
+from proofs.bfs import Search, check, model_successors
 from statemodel.actions import ACTION_CATALOGUE, ACTIONS_BY_NAME, Action
 from statemodel.design import AdaptiveTiers, Design, Scope
 from statemodel.designs import CANDIDATES, KNOWN_BAD, SHIPPED
@@ -86,17 +85,11 @@ Transition = tuple[State, Action, State]
 
 
 def explore(model: Model, max_states: int) -> Iterator[Transition]:
-    """Every transition out of the first `max_states` states reached breadth-first, in a fixed order."""
-    seen = set(model.init_states())
-    queue = deque(model.init_states())
-    while queue:
-        state = queue.popleft()
-        for action in model.actions(state):
-            after = model.next_state(state, action)
-            yield state, action, after
-            if after not in seen and len(seen) < max_states:
-                seen.add(after)
-                queue.append(after)
+    """Every transition out of the first `max_states` states reached breadth-first, in a fixed order
+    (the checker's search, `proofs.bfs.Search`, bounded)."""
+    search = Search(model.init_states(), model_successors(model), max_nodes=max_states)
+    for before, action, after, _ in search.edges():
+        yield before, action, after
 
 
 def _fields(state: State) -> dict[str, object]:
@@ -382,37 +375,25 @@ def flip_milestones(model: Model) -> tuple[str, ...]:
 
 
 def flip_path(model: Model) -> tuple[State, tuple[tuple[Action, State], ...]]:
-    """The shortest path through the design's flip milestones (breadth-first over state x milestone)."""
+    """The shortest path through the design's flip milestones (the checker's search over state x milestone)."""
     holds: dict[str, Callable[[State, Action, State], bool]] = {s.name: s.holds for s in model.sometimes()}
     goals = [holds[name] for name in flip_milestones(model)]
-    parent: dict[tuple[State, int], tuple[tuple[State, int], Action] | None] = {}
-    queue: deque[tuple[State, int]] = deque()
-    for init in model.init_states():
-        parent.setdefault((init, 0), None)
-        queue.append((init, 0))
-    while queue:
-        key = queue.popleft()
-        state, phase = key
-        for action in model.actions(state):
-            after = model.next_state(state, action)
-            nxt = (after, phase + 1 if goals[phase](state, action, after) else phase)
-            if nxt in parent:
-                continue
-            parent[nxt] = (key, action)
-            if nxt[1] == len(goals):
-                return _unwind(parent, nxt)
-            queue.append(nxt)
+    actions, next_state = model.actions, model.next_state
+
+    def successors(node: tuple[State, int]) -> list[tuple[Action, tuple[State, int]]]:
+        state, phase = node
+        out = []
+        for action in actions(state):
+            after = next_state(state, action)
+            out.append((action, (after, phase + 1 if goals[phase](state, action, after) else phase)))
+        return out
+
+    search = Search([(init, 0) for init in model.init_states()], successors)
+    for _, _, node, new in search.edges():
+        if new and node[1] == len(goals):  # found, never expanded: no milestone is left to pass
+            root, steps = search.path(node)
+            return root[0], tuple((action, after) for action, (after, _) in steps)
     raise ValueError(f"{model.design.name}: no path through {flip_milestones(model)}")
-
-
-def _unwind(parent: dict, last: tuple[State, int]) -> tuple[State, tuple[tuple[Action, State], ...]]:
-    steps = []
-    cur = last
-    while (link := parent[cur]) is not None:
-        prev, action = link
-        steps.append((action, cur[0]))
-        cur = prev
-    return cur[0], tuple(reversed(steps))
 
 
 def _initial_line(state: State) -> str:
