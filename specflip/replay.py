@@ -248,7 +248,9 @@ def explain_guard_traces(paths: Sequence[str]) -> dict[str, Any]:
     # one trace per TP rank: every rank must take the same transitions; a divergence counts as unexplained
     ranks = data.get("rank_agreement") if isinstance(data, dict) else None
     ranks_agree = ranks is None or bool(ranks.get("agree"))
-    return {"available": True, "result": data, "unexplained": len(illegal) + (0 if ranks_agree else 1),
+    # a trace that breaks (cut short, a damaged line) was explained only up to the break: count the break
+    breaks = len(data.get("breaks", ())) if isinstance(data, dict) else 0
+    return {"available": True, "result": data, "unexplained": len(illegal) + (0 if ranks_agree else 1) + breaks,
             "violations": sum(len(step.get("violations", ())) for step in illegal), "ranks_agree": ranks_agree}
 
 
