@@ -4,6 +4,7 @@ Every case runs through `specflip.cli.main`, the same entry point as the `specfl
 
 from __future__ import annotations
 
+import argparse
 import copy
 import gzip
 import json
@@ -108,3 +109,144 @@ def test_explain_record_with_fields_of_the_wrong_type(tmp_path: Path, capsys: py
     code, _, err = run(capsys, "explain", str(_write(tmp_path / "t.jsonl", records)))
     assert code == 2
     one_line(err, f"t.jsonl:{line}:", words)
+
+
+# --- the command line itself -------------------------------------------------------------------------------------
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.startswith("specflip ")
+
+
+@pytest.mark.parametrize("command", ["check", "explain", "diagram", "replay", "calibrate"])
+def test_every_flag_has_help_and_the_exit_codes_are_listed(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from specflip.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    for action in sub._actions:
+        assert action.help, (command, action.dest)
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0 and "exit codes" in out and "2  bad usage or input" in out
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["bogus"], "invalid choice"),
+    (["replay", "--schedules", "0"], "--schedules: must be at least 1, got 0"),
+    (["replay", "--schedules", "many"], "--schedules: not an integer"),
+    (["replay", "--url", "not-a-url"], "--url: not an http(s) URL"),
+    (["replay", "--url", "http://127.0.0.1:port"], "--url: not an http(s) URL"),
+    (["replay", "--timeout", "-1"], "--timeout: must be more than 0"),
+])
+def test_a_bad_flag_value_is_one_line_exit_2(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    one_line(err, words)
+
+
+# --- replay ---------------------------------------------------------------------------------------------------------
+
+
+def test_replay_thresholds_the_wrong_way_round(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "replay", "--t-off", "2", "--t-on", "6", "--save-schedules", str(tmp_path / "s.json"))
+    assert code == 2 and not (tmp_path / "s.json").exists()
+    one_line(err, "--t-on must be below --t-off")
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ('{"runs": 5}', "not a replay report"),
+    ("[1, 2]", "not a replay report"),
+    ('{"runs": [{"schedule": {}, "outcomes": []}]}', "run 0: malformed schedule"),
+    ('{"runs": [{"schedule": {"pattern": "up", "t_off": 6, "t_on": 2, "requests": '
+     '[{"arrival_s": 0, "prompt": [5], "max_new_tokens": 2}]}, "outcomes": [{"output_ids": [1]}]}]}',
+     "run 0 is not a recorded run"),
+    ("\x00\x01 not json", "cannot read recorded report"),
+])
+def test_replay_recorded_file_of_the_wrong_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str,
+                                                 words: str) -> None:
+    path = tmp_path / "rec.json"
+    path.write_text(content)
+    code, _, err = run(capsys, "replay", "--recorded", str(path))
+    assert code == 2
+    one_line(err, words)
+
+
+def test_replay_recorded_report_still_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "replay", "--recorded", str(RECORDED / "replay_h200_excerpt.json"))
+    assert code == 0 and out.strip().endswith("OK")
+
+
+# --- writing into a directory the user names ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def graphs_once() -> Any:
+    """The real `all_graphs()` (about 30 s: it runs the checker), computed once for this module's tests."""
+    from specflip.diagrams.graph import all_graphs
+
+    return all_graphs()
+
+
+@pytest.fixture
+def diagram_graphs(graphs_once: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import specflip.diagrams
+
+    monkeypatch.setattr(specflip.diagrams, "all_graphs", lambda: graphs_once)
+    return graphs_once
+
+
+def test_diagram_out_unwritable_fails_before_rendering(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    started = time.perf_counter()
+    code, _, err = run(capsys, "diagram", "--out", "/proc/specflip-cannot-be-here")
+    assert code == 2 and time.perf_counter() - started < 10  # not after building and rendering every graph
+    one_line(err, "cannot create diagram directory /proc/specflip-cannot-be-here")
+
+
+def test_diagram_out_keeps_every_file_of_the_user(tmp_path: Path, diagram_graphs: Any,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from specflip.diagrams import MANIFEST, README
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "mode-level.dot").write_text("my own graph\n")  # a name specflip writes, but the user's file
+    (out / "notes.svg").write_text("my notes\n")
+    (out / "old.dot").write_text("my old graph\n")
+    readme = README.read_bytes()
+    code, _, err = run(capsys, "diagram", "--out", str(out))
+    assert code == 2
+    one_line(err, "already holds mode-level.dot, not written by specflip")
+    assert (out / "mode-level.dot").read_text() == "my own graph\n"
+
+    (out / "mode-level.dot").unlink()
+    code, out_text, err = run(capsys, "diagram", "--out", str(out))
+    assert code == 0 and err == [] and "diagram files written" in out_text
+    assert (out / "notes.svg").read_text() == "my notes\n" and (out / "old.dot").read_text() == "my old graph\n"
+    assert (out / "mode-level.dot").read_text() != "my own graph\n" and (out / MANIFEST).is_file()
+    assert README.read_bytes() == readme  # only `--out` docs/diagrams refreshes the README
+
+    # a second run replaces its own files and removes only a file it wrote there before
+    (out / "counterexample-gone.dot").write_text("written by an older specflip\n")
+    with open(out / MANIFEST, "a") as manifest:
+        manifest.write("counterexample-gone.dot\n")
+    code, _, err = run(capsys, "diagram", "--out", str(out))
+    assert code == 0 and err == []
+    assert not (out / "counterexample-gone.dot").exists() and (out / "old.dot").read_text() == "my old graph\n"
+
+
+def test_check_reports_dir_is_checked_before_the_checking(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    started = time.perf_counter()
+    code, out, err = run(capsys, "check", "--reports-dir", "/proc/specflip-cannot-be-here")
+    assert code == 2 and out == "" and time.perf_counter() - started < 10
+    one_line(err, "cannot create reports directory")
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "seeds_final.md").write_text("my notes on the seeds\n")
+    code, out, err = run(capsys, "check", "--reports-dir", str(reports))
+    assert code == 2 and out == ""
+    one_line(err, "already holds seeds_final.md, not written by specflip")
+    assert (reports / "seeds_final.md").read_text() == "my notes on the seeds\n"
