@@ -250,3 +250,34 @@ def test_check_reports_dir_is_checked_before_the_checking(tmp_path: Path, capsys
     assert code == 2 and out == ""
     one_line(err, "already holds seeds_final.md, not written by specflip")
     assert (reports / "seeds_final.md").read_text() == "my notes on the seeds\n"
+
+
+# --- the guard's settings, through SGLang's own plugin loader ----------------------------------------------------
+
+
+REPO = Path(__file__).resolve().parents[1]
+_LOAD_PLUGINS = ("import sys; sys.path.insert(0, 'stand_ins/cpu'); import sglang.srt.plugins as p; p.load_plugins();"
+                 "import shim.runtime as r; print('serving, guard:', r.current())")
+
+
+def _start_with(env: dict[str, str]) -> Any:
+    import subprocess
+    import sys
+
+    full = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-c", _LOAD_PLUGINS], cwd=REPO, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_bad_guard_mode_stops_start_up() -> None:
+    done = _start_with({"SPECFLIP_MODE": "asert"})
+    assert done.returncode != 0 and "serving" not in done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    one_line(lines[-1:], "SPECFLIP_MODE='asert'", "off, warn, assert, trace", "SPECFLIP_ON_BAD_CONFIG=warn")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_guard_setting_with_the_opt_out_serves_without_the_guard() -> None:
+    done = _start_with({"SPECFLIP_MODE": "asert", "SPECFLIP_ON_BAD_CONFIG": "warn"})
+    assert done.returncode == 0 and "serving, guard: None" in done.stdout
+    assert "specflip guard off: SPECFLIP_MODE='asert'" in done.stderr and "Traceback" not in done.stderr
