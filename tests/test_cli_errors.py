@@ -281,3 +281,130 @@ def test_a_bad_guard_setting_with_the_opt_out_serves_without_the_guard() -> None
     done = _start_with({"SPECFLIP_MODE": "asert", "SPECFLIP_ON_BAD_CONFIG": "warn"})
     assert done.returncode == 0 and "serving, guard: None" in done.stdout
     assert "specflip guard off: SPECFLIP_MODE='asert'" in done.stderr and "Traceback" not in done.stderr
+
+
+# --- lint: bad values, malformed tiers, SGLang's rewrites and its own output (issue 21) ------------------------------
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}
+
+
+def _sglang_0_5_23() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang") == "0.5.23"
+    except PackageNotFoundError:
+        return False
+
+
+needs_sglang = pytest.mark.skipif(not _sglang_0_5_23(), reason="needs sglang 0.5.23 (scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("tiny-llama")
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return str(d)
+
+
+@pytest.fixture
+def lint_base(tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return ["lint", "--model-path", tiny, "--speculative-draft-model-path", tiny, "--speculative-algorithm", "EAGLE"]
+
+
+@needs_sglang
+@pytest.mark.parametrize(("tiers", "words"), [
+    ("[1, 2]", "must be a JSON object of batch-size tiers"),
+    ('{"1": null}', "tier '1' must be an object with candidate_steps, not null"),
+    ('{"1": [1, 3]}', "tier '1' must be an object with candidate_steps, not list"),
+    ('{"1": {"candidate_steps": [-1]}}', "candidate_steps must be a list of non-negative ints"),
+    ('{"1": {"candidate_steps": "1,3"}}', "candidate_steps must be a list of non-negative ints"),
+    ('{"one": {"candidate_steps": [1]}}', "at least one integer-string BS key"),
+    ("\"tiers\"", "not a str"),
+])
+def test_lint_malformed_tiers_file(lint_base: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   tiers: str, words: str) -> None:
+    path = tmp_path / "tiers.json"
+    path.write_text(tiers)
+    code, out, err = run(capsys, *lint_base, "--speculative-adaptive", "--speculative-adaptive-config", str(path))
+    assert code == 2 and out == ""
+    one_line(err, "specflip lint: the adaptive config", words)
+
+
+@needs_sglang
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--speculative-num-steps", "0"), ("--speculative-num-steps", "-1"),
+    ("--speculative-num-draft-tokens", "0"), ("--speculative-num-draft-tokens", "-2"),
+    ("--speculative-eagle-topk", "0"), ("--speculative-eagle-topk", "-1"),
+    ("--max-running-requests", "0"), ("--max-running-requests", "-3"),
+])
+def test_lint_zero_or_negative_value(lint_base: list[str], capsys: pytest.CaptureFixture[str], flag: str,
+                                     value: str) -> None:
+    others = {"--speculative-num-steps": "3", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4"}
+    others.pop(flag, None)
+    argv = [*lint_base, flag, value, *(x for kv in others.items() for x in kv)]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    one_line(err, f"{flag} {value}: must be at least 1")
+
+
+@needs_sglang
+def test_lint_eagle_without_a_draft_model(tiny: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "lint", "--no-cache", "--model-path", tiny, "--speculative-algorithm", "EAGLE")
+    assert code == 2 and out == ""
+    one_line(err, "--speculative-algorithm EAGLE needs --speculative-draft-model-path")
+
+
+@needs_sglang
+def test_lint_sglang_failing_on_a_partial_launch_triple_is_a_finding_not_a_traceback(
+        lint_base: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # SGLang 0.5.23 itself crashes on these in resolution (TypeError, a bare assert): the server would not start
+    for flag, value, exc in (("--speculative-num-steps", "3", "TypeError"),
+                             ("--speculative-num-draft-tokens", "4", "AssertionError")):
+        code, out, err = run(capsys, *lint_base, flag, value)
+        assert code == 1 and err == []
+        lines = out.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("sglang_refuses: launch:")
+        assert exc in lines[0] and "speculative_hook.py:" in lines[0] and f"only {flag} given" in lines[0]
+
+
+@needs_sglang
+def test_lint_names_a_value_sglang_silently_rewrites(lint_base: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*lint_base, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "9"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and err == []
+    note, ok = out.strip().splitlines()
+    assert note == "note: --speculative-num-draft-tokens 9 is not what runs: SGLang 0.5.23 replaces it with 4"
+    assert ok.startswith("ok: ")
+    code, out, _ = run(capsys, *argv, "--json")  # from the cache: the note is derived, not cached
+    assert code == 0 and json.loads(out)["notes"] == [note]
+    code, out, _ = run(capsys, *argv[:-1], "4")
+    assert code == 0 and "note:" not in out
+
+
+@needs_sglang
+def test_lint_prints_its_own_lines_only_and_sglangs_with_verbose(tiny: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "specflip.cli", "lint", "--model-path", tiny, "--speculative-draft-model-path", tiny,
+            "--speculative-algorithm", "EAGLE", "--speculative-adaptive"]
+    quiet = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == "" and len(quiet.stdout.splitlines()) == 1
+    loud = subprocess.run([*argv, "--verbose"], env=env, capture_output=True, text=True, timeout=300)
+    assert loud.returncode == 0 and loud.stdout == quiet.stdout
+    assert "Max running requests is reset to 48" in loud.stderr  # SGLang's own warning
+
+
+def test_lint_help_lists_its_flags_and_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "lint", "--help")
+    assert code == 0
+    for flag in ("--json", "--no-cache", "--verbose", "--specflip-t-off", "--specflip-draft", "exit codes"):
+        assert flag in out
