@@ -171,6 +171,20 @@ def test_replay_recorded_file_of_the_wrong_shape(tmp_path: Path, capsys: pytest.
     one_line(err, words)
 
 
+@pytest.mark.parametrize(("content", "words"), [
+    (b"\x8e\x00\xff", "cannot read schedules"),
+    (b"[1]", "malformed schedule"),
+    (b'{"x": 1}', "malformed schedule"),
+])
+def test_replay_schedules_file_of_the_wrong_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes,
+                                                  words: str) -> None:
+    path = tmp_path / "schedules.json"
+    path.write_bytes(content)
+    code, _, err = run(capsys, "replay", "--schedules-file", str(path))
+    assert code == 2
+    one_line(err, words)
+
+
 def test_replay_recorded_report_still_judged(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "replay", "--recorded", str(RECORDED / "replay_h200_excerpt.json"))
     assert code == 0 and out.strip().endswith("OK")
