@@ -83,7 +83,8 @@ class _VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
-        parser.exit(0, f"specflip {_version()}\n")
+        print(f"specflip {_version()}")
+        parser.exit(0)
 
 
 def _version() -> str:
