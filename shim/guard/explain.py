@@ -185,7 +185,7 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
             # values of the wrong shape inside a record (read_records checks the top-level fields' types)
             problem = TraceFormatError(name, line, f"{kind} record does not rebuild a model state: "
                                                    f"{type(exc).__name__}: {exc}")
-            if state is None:
+            if design is None:  # the header itself does not rebuild: nothing to explain
                 raise problem from None
             breaks.append(problem)
             break
