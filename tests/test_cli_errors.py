@@ -271,7 +271,7 @@ def test_check_reports_dir_is_checked_before_the_checking(tmp_path: Path, capsys
 
 REPO = Path(__file__).resolve().parents[1]
 _LOAD_PLUGINS = ("import sys; sys.path.insert(0, 'stand_ins/cpu'); import sglang.srt.plugins as p; p.load_plugins();"
-                 "import shim.runtime as r; print('serving, guard:', r.current())")
+                 "import shim.guard.runtime as r; print('serving, guard:', r.current())")
 
 
 def _start_with(env: dict[str, str]) -> Any:

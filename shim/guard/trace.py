@@ -326,7 +326,7 @@ _FIELD_TYPES: dict[str, type] = {
     "keep": list, "release": str, "design": str, "scope": dict, "rids": list, "state": dict,
 }
 _GZIP_MAGIC = b"\x1f\x8b"
-SWITCH_TRACE_NOTE = ("this is a switch trace (shim/switch_v2.py, SPECFLIP_SWITCH_TRACE), not a guard trace: "
+SWITCH_TRACE_NOTE = ("this is a switch trace (shim/switch/v2.py, SPECFLIP_SWITCH_TRACE), not a guard trace: "
                      "`specflip replay --recorded REPORT --trace-dir DIR` checks switch traces; explain reads the "
                      "guard's traces (SPECFLIP_MODE=trace)")
 
