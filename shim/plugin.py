@@ -18,7 +18,9 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
     `plain_off_retract_catch_up`, or `v2_switch_reserve_sync` with SPECFLIP_SWITCH_DRAFT=sync), else
     `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
   * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
-  An unsupported release or configuration logs one message and leaves the guard off.
+  A bad SPECFLIP_* guard setting (an unknown mode or design, a cap that is not an integer) stops start-up with
+  one line naming the variable, unless `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, the guard off). An
+  unsupported release or configuration logs one message and leaves the guard off.
 * `register` (the project's entry point, `specflip = "shim.plugin:register"`): the v2 switch, the step timer,
   then the guard (the guard last: it reads what the switch announced).
 * `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard.
@@ -30,7 +32,7 @@ import logging
 
 from shim.adapters import select_adapter
 from shim.guard.core import Mode
-from shim.guard.runtime import ConfigError, GuardRuntime, current, install
+from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
 from shim.switch import v1 as switch_v1
 from shim.switch import v2 as switch_v2
 from shim.timing import step_timer
@@ -60,7 +62,7 @@ def register_guard() -> None:
     try:
         runtime = GuardRuntime.from_env()
     except ConfigError as exc:
-        logger.error("specflip guard off: %s", exc)
+        on_bad_config(exc)  # stops start-up unless SPECFLIP_ON_BAD_CONFIG=warn
         return
     if runtime.mode is Mode.OFF:
         return

@@ -10,17 +10,95 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
+
+from specflip.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPORTS = REPO_ROOT / "proofs" / "reports"
 
+EXIT_CODES = """exit codes (every subcommand):
+  0  fine: every design as expected, the trace conforms, the configuration fits, ...
+  1  a finding: a design not as expected, an illegal step, a lint finding, a failed replay, stale diagrams
+  2  bad usage or input: an unknown flag, a bad value, an unreadable or malformed file, a directory that
+     cannot be written; one line on stderr, never a traceback"""
 
-class UsageError(Exception):
-    """Bad input from the user: printed as one clear line, exit 2."""
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors as one line (exit 2) instead of the usage text and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _http_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r} (e.g. http://127.0.0.1:30000)")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r} ({exc})") from None
+    return text
+
+
+class _VersionAction(argparse.Action):
+    """argparse's version action, with the version looked up only when asked for (lint's cached run is ~0.1 s)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(kwargs.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"specflip {_version()}")
+        parser.exit(0)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specflip")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from proofs.verdicts import Verdict, run_designs, stale_reports, verdicts_json, write_reports
+    from proofs.verdicts import REPORT_MARK, Verdict, run_designs, stale_reports, verdicts_json, write_reports
+    from specflip.outputs import has_mark, refuse_foreign, writable_dir
     from statemodel.design import Scope
     from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, overlap_scope
 
@@ -29,10 +107,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         designs = [get_design(n) for n in args.design] if args.design else list(default)
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     if args.check_reports and args.design:
         raise UsageError("--check-reports compares every report: leave out --design")
+    reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
+    writes_reports = args.write_reports and not args.design and not args.check_reports
+    if writes_reports:
+        # before the checking (minutes): the directory takes the reports and no file of the user's is in the way
+        writable_dir(reports_dir, "reports directory")
+        refuse_foreign(reports_dir, [f"{d.name}.md" for d in designs], has_mark(REPORT_MARK), "specflip check")
     # with --json, stdout holds the JSON only: progress and the per-design lines go to stderr
     lines = sys.stderr if args.json else sys.stdout
 
@@ -52,15 +134,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
                            on_verdict=show)
     if args.json:
         print(verdicts_json(verdicts))
-    reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
     stale: list[str] = []
     if args.check_reports:
         stale = stale_reports(verdicts, reports_dir)
         for path in stale:
             print(f"stale proof report: {path} (run `specflip check{' --overlap' if args.overlap else ''}`)",
                   file=lines)
-    elif args.write_reports and not args.design:
-        write_reports(verdicts, reports_dir)
+    elif writes_reports:
+        try:
+            write_reports(verdicts, reports_dir)
+        except OSError as exc:
+            raise UsageError(f"cannot write the proof reports into {reports_dir}: {exc.strerror or exc}") from None
         print(f"proof reports written to {reports_dir}", file=lines)
     bad = [v for v in verdicts if not v.ok]
     cpu = sum(v.result.cpu_seconds for v in verdicts)
@@ -125,68 +209,82 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specflip", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="specflip", description=__doc__, epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_VersionAction, help="print specflip's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    check = sub.add_parser("check", help="exhaustively check every shipped and known-bad design")
+    def add(name: str, help_text: str, **kwargs: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)  # type: ignore[arg-type]
+
+    check = add("check", "exhaustively check every shipped and known-bad design")
     check.add_argument("--design", action="append", help="check only this design (repeatable)")
     check.add_argument("--json", action="store_true", help="print verdicts as JSON")
     check.add_argument("--overlap", action="store_true",
                        help="the overlap schedule (results processed one step late): check the overlap designs")
     check.add_argument("--no-reports", dest="write_reports", action="store_false",
                        help="do not rewrite the proof reports")
-    check.add_argument("--reports-dir", default=str(DEFAULT_REPORTS), help="where proof reports go")
+    check.add_argument("--reports-dir", default=str(DEFAULT_REPORTS),
+                       help="where proof reports go (checked before the checking starts; a file of the same name "
+                            "that specflip did not write stops the command)")
     check.add_argument("--check-reports", action="store_true",
                        help="write no report; exit 1 if a committed proof report differs from the model's")
-    check.add_argument("--jobs", type=int, help="designs checked at once, one process each (default: one per core)")
+    check.add_argument("--jobs", type=_positive_int,
+                       help="designs checked at once, one process each (default: one per core)")
     check.set_defaults(func=_cmd_check)
 
-    explain = sub.add_parser("explain", help="replay guard traces through the model")
-    explain.add_argument("traces", nargs="+", help="JSONL trace file(s), one per rank")
-    explain.add_argument("--json", action="store_true")
+    explain = add("explain", "replay guard traces through the model")
+    explain.add_argument("traces", nargs="+", help="guard trace file(s), JSONL or JSONL.gz, one per rank")
+    explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.set_defaults(func=_cmd_explain)
 
-    ranks = sub.add_parser("ranks", help="do the auto switch's per-rank switch traces agree (windows and flips)?")
+    ranks = add("ranks", "do the auto switch's per-rank switch traces agree (windows and flips)?")
     ranks.add_argument("traces", nargs="+", help="switch-<pid>.jsonl files (SPECFLIP_SWITCH_TRACE), one per rank")
-    ranks.add_argument("--json", action="store_true")
+    ranks.add_argument("--json", action="store_true", help="print the result as JSON")
     ranks.set_defaults(func=_cmd_ranks)
 
-    diagram = sub.add_parser("diagram", help="generate the state diagrams in docs/ from the model")
+    diagram = add("diagram", "generate the state diagrams in docs/ from the model")
     diagram.add_argument("--check", action="store_true", help="exit 1 if a committed diagram is stale")
-    diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"))
+    diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"),
+                         help="directory for the .dot/.svg/.mmd files (default: the repository's docs/diagrams, "
+                              "which also refreshes README.md); elsewhere only specflip's own files are written")
     diagram.set_defaults(func=_cmd_diagram)
 
     # Every argument after `lint` is passed through untouched (launch_server flags start with "--" too);
     # specflip.lint.run parses its own flags (--json, --specflip-*, --help) out of them.
-    lint = sub.add_parser("lint", help="check a speculative server configuration before it starts",
-                          add_help=False, prefix_chars="+")
+    lint = add("lint", "check a speculative server configuration before it starts (`specflip lint --help`)",
+               add_help=False, prefix_chars="+")
     lint.add_argument("argv", nargs="*", help="launch_server arguments, plus --json / --specflip-* / --help")
     lint.set_defaults(func=_cmd_lint)
 
-    replay = sub.add_parser("replay", help="send Hypothesis flip schedules to a live SGLang server")
-    replay.add_argument("--url")
-    replay.add_argument("--launch", action="store_true")
-    replay.add_argument("--schedules", type=int, default=20)
+    replay = add("replay", "send Hypothesis flip schedules to a live SGLang server")
+    replay.add_argument("--url", type=_http_url, help="a live server to send the schedules to")
+    replay.add_argument("--launch", action="store_true",
+                        help="start a server (python -m sglang.launch_server with --server-arg ...) and stop it after")
+    replay.add_argument("--schedules", type=_positive_int, default=20, help="how many schedules to generate")
     # the rest of replay's flags (kept here so `specflip` starts without importing Hypothesis)
     replay.add_argument("--schedules-file", help="replay these schedules (JSON) instead of generating")
     replay.add_argument("--save-schedules", help="write the generated schedules here (exit unless --url/--launch)")
-    replay.add_argument("--seed", type=int, default=0)
-    replay.add_argument("--t-off", type=int, default=6, help="the switch's t_off the schedules straddle")
-    replay.add_argument("--t-on", type=int, default=2, help="the switch's t_on the schedules straddle")
-    replay.add_argument("--max-new-cap", type=int, default=96)
+    replay.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed of the generated schedules")
+    replay.add_argument("--t-off", type=_positive_int, default=6,
+                        help="the switch's t_off the schedules straddle (more than --t-on)")
+    replay.add_argument("--t-on", type=_non_negative_int, default=2, help="the switch's t_on the schedules straddle")
+    replay.add_argument("--max-new-cap", type=_positive_int, default=96, help="largest max_new_tokens of a request")
     replay.add_argument("--design", default="v2_switch_reserve_sync", help="checker design the switch implements")
     replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
-    replay.add_argument("--compare-url", help="a server without speculation: outputs must be equal")
+    replay.add_argument("--compare-url", type=_http_url, help="a server without speculation: outputs must be equal")
     replay.add_argument("--recorded", help="judge a recorded report (JSON from --out) instead of sending")
     replay.add_argument("--out", help="write the full report (schedules, outcomes, checks) as JSON here")
-    replay.add_argument("--timeout", type=float, default=120.0)
-    replay.add_argument("--port", type=int, default=30000)
+    replay.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for one request")
+    replay.add_argument("--port", type=_positive_int, default=30000, help="port of the server --launch starts")
     replay.add_argument("--server-arg", action="append", default=[], help="launch_server argument (repeatable)")
-    replay.add_argument("--launch-timeout", type=float, default=300.0)
+    replay.add_argument("--launch-timeout", type=_positive_float, default=300.0,
+                        help="seconds to wait for a --launch server to become healthy")
     replay.set_defaults(func=_cmd_replay)
 
-    calibrate = sub.add_parser("calibrate", help="the switch's thresholds (SPECFLIP_SWITCH) from a throughput "
-                               "measurement of plain decoding and always-on speculation")
+    calibrate = add("calibrate", "the switch's thresholds (SPECFLIP_SWITCH) from a throughput "
+                    "measurement of plain decoding and always-on speculation")
     calibrate.add_argument("bench", nargs="+", help="bench_client.py JSONL file(s): one row per (cfg, conc)")
     calibrate.add_argument("--plain", default="plain", help="cfg of the plain-decoding rows")
     calibrate.add_argument("--spec", default="spec", help="cfg of the always-on speculation rows")
@@ -196,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="SPECFLIP_SPEC_CAP the switch will run with (t_on is capped at it)")
     calibrate.add_argument("--auto", action="store_true",
                            help="also print where SPECFLIP_SWITCH=auto would settle for this measurement")
-    calibrate.add_argument("--json", action="store_true")
+    calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=_cmd_calibrate)
     return parser
 

@@ -248,7 +248,9 @@ def explain_guard_traces(paths: Sequence[str]) -> dict[str, Any]:
     # one trace per TP rank: every rank must take the same transitions; a divergence counts as unexplained
     ranks = data.get("rank_agreement") if isinstance(data, dict) else None
     ranks_agree = ranks is None or bool(ranks.get("agree"))
-    return {"available": True, "result": data, "unexplained": len(illegal) + (0 if ranks_agree else 1),
+    # a trace that breaks (cut short, a damaged line) was explained only up to the break: count the break
+    breaks = len(data.get("breaks", ())) if isinstance(data, dict) else 0
+    return {"available": True, "result": data, "unexplained": len(illegal) + (0 if ranks_agree else 1) + breaks,
             "violations": sum(len(step.get("violations", ())) for step in illegal), "ranks_agree": ranks_agree}
 
 
@@ -337,9 +339,37 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 # CLI
 
 
+def read_recorded(path: str) -> tuple[list[Schedule], list[list[Outcome]], list[list[Outcome]] | None]:
+    """(schedules, outcomes, reference outcomes or None) of a report `--out` wrote; ReplayError for any other
+    shape, naming the run and what is wrong."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReplayError(f"cannot read recorded report {path}: {exc}") from None
+    runs = rec.get("runs") if isinstance(rec, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ReplayError(f"{path} is not a replay report (`specflip replay --out`): it needs a list of runs, "
+                          "each an object with a schedule and its outcomes")
+    schedules, outcomes, refs = [], [], []
+    for i, run in enumerate(runs):
+        try:
+            schedules.append(Schedule.from_json(run["schedule"]))
+            outcomes.append([Outcome.from_json(o) for o in run["outcomes"]])
+            refs.append([Outcome.from_json(o) for o in run["reference"]] if run.get("reference") else None)
+        except ScheduleError as exc:
+            raise ReplayError(f"{path}: run {i}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ReplayError(f"{path}: run {i} is not a recorded run ({type(exc).__name__}: {exc})") from None
+    all_refs = None if any(r is None for r in refs) else [r for r in refs if r is not None]
+    return schedules, outcomes, all_refs
+
+
 def _schedules_from(args: argparse.Namespace) -> list[Schedule]:
     if getattr(args, "schedules_file", None):
         return load(args.schedules_file)
+    if not 0 <= args.t_on < args.t_off:
+        raise ReplayError(f"--t-on must be below --t-off (got --t-off {args.t_off} --t-on {args.t_on}): the "
+                          "switch turns speculation off above t_off and back on at t_on")
     return generate(args.schedules, t_off=args.t_off, t_on=args.t_on, seed=args.seed, max_new_cap=args.max_new_cap)
 
 
@@ -375,15 +405,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     if getattr(args, "recorded", None):
-        try:
-            rec = json.loads(Path(args.recorded).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ReplayError(f"cannot read recorded report {args.recorded}: {exc}") from None
-        schedules = [Schedule.from_json(r["schedule"]) for r in rec["runs"]]
-        outcomes = [[Outcome.from_json(o) for o in r["outcomes"]] for r in rec["runs"]]
-        refs = None
-        if all(r.get("reference") for r in rec["runs"]):
-            refs = [[Outcome.from_json(o) for o in r["reference"]] for r in rec["runs"]]
+        schedules, outcomes, refs = read_recorded(args.recorded)
         report = judge(schedules, outcomes, refs, args.trace_dir, args.design)
         print(format_summary(report["summary"], report["conformance"]))
         return 0 if report["summary"]["ok"] else 1

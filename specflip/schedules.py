@@ -92,7 +92,7 @@ def save(schedules: Iterable[Schedule], path: str | Path) -> None:
 def load(path: str | Path) -> list[Schedule]:
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScheduleError(f"cannot read schedules from {path}: {exc}") from None
     if isinstance(data, dict):
         data = [data]

@@ -142,9 +142,14 @@ def test_malformed_trace_names_the_line(tmp_path: Path, mangle: object, line: in
     lines = mangle(write_trace(path))
     text = "\n".join(lines) + ("" if words == "truncated" else "\n")
     path.write_text(text)
-    with pytest.raises(TraceFormatError) as excinfo:
-        explain_traces([path])
-    assert excinfo.value.line == line and words in str(excinfo.value)
+    if line == 1:  # not a trace at all: nothing to explain
+        with pytest.raises(TraceFormatError) as excinfo:
+            explain_traces([path])
+        assert excinfo.value.line == line and words in str(excinfo.value)
+    else:  # a trace that breaks after its header: explained up to the break, which is reported
+        report = explain_traces([path])
+        assert len(report.breaks) == 1 and report.breaks[0].startswith(f"{path}:{line}:") and words in report.breaks[0]
+        assert report.files[0].steps == line - 2 and not report.conforms
     assert cli_main(["explain", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"t.jsonl:{line}:" in err[0]
@@ -220,3 +225,16 @@ def test_one_wrong_seq_len_in_the_h200_overlap_trace_is_found(tmp_path: Path) ->
     first = report.first_illegal[0]
     assert first.line == target + 1 and first.action == "process_result"
     assert {v.invariant for v in first.violations} == {"seq_lens_growth"}
+
+
+def test_an_illegal_step_before_a_break_is_a_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = write_trace(path)
+    record = json.loads(lines[1])
+    record["action"], record["args"] = "verify", []
+    lines[1] = json.dumps(record)
+    path.write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])  # and the writer died mid-line 5
+    assert cli_main(["explain", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "first illegal step" in out and "the trace breaks at" in out and f"{path}:5" in out
+    assert len(err.strip().splitlines()) == 1 and "t.jsonl:5: truncated record" in err

@@ -50,7 +50,8 @@ def model_dir(tmp_path_factory):
 
 
 def sizing(model_dir, *flags, policy=None):
-    sa = sglang_23.build_server_args(["--model-path", model_dir, "--device", "cuda", *flags])
+    sa = sglang_23.build_server_args(["--model-path", model_dir, "--speculative-draft-model-path", model_dir,
+                                      "--device", "cuda", *flags])
     return sglang_23.read_sizing(sa, policy)
 
 
@@ -178,7 +179,8 @@ def test_lint_server_args_leaves_the_published_spec_bag_alone(model_dir):
 
     from specflip.lint.run import lint_server_args
 
-    sa = sglang_23.build_server_args(["--model-path", model_dir, "--device", "cuda", "--speculative-algorithm",
+    sa = sglang_23.build_server_args(["--model-path", model_dir, "--speculative-draft-model-path", model_dir,
+                                      "--device", "cuda", "--speculative-algorithm",
                                       "EAGLE", "--speculative-adaptive"])
     runtime_context.publish(sa, role="scheduler")
     spec = runtime_context.get_spec()
@@ -192,7 +194,8 @@ def test_cli_exit_codes_and_json(model_dir, capsys, monkeypatch, tmp_path):
     from specflip.cli import main
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    base = ["lint", "--model-path", model_dir, "--speculative-algorithm", "EAGLE"]
+    base = ["lint", "--model-path", model_dir, "--speculative-draft-model-path", model_dir,
+            "--speculative-algorithm", "EAGLE"]
     assert main([*base, "--speculative-adaptive"]) == 0
     assert capsys.readouterr().out.startswith("ok: sglang 0.5.23")
     assert main([*base, "--speculative-adaptive"]) == 0  # from the cache
@@ -216,10 +219,14 @@ def test_cli_exit_codes_and_json(model_dir, capsys, monkeypatch, tmp_path):
 def test_script_exit_code_and_whole_output_survive_the_fast_exit(model_dir, tmp_path):
     """The `specflip` script leaves without interpreter teardown (os._exit): its exit code and all of its
     output must still arrive, cold (SGLang imported) and from the cache."""
-    script = Path(sys.executable).with_name("specflip")
+    # `python -m specflip.cli` runs `main()` as the `specflip` script does (owning its process), on this checkout's
+    # code (the script in the venv imports the tree it was installed from)
+    script = [sys.executable, "-m", "specflip.cli"]
     # block-buffered stdout, as in a plain shell: output an os._exit would drop unless lint flushes it
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "XDG_CACHE_HOME": str(tmp_path)}
-    args = [str(script), "lint", "--json", "--model-path", model_dir, "--speculative-algorithm", "EAGLE",
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "XDG_CACHE_HOME": str(tmp_path),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = [*script, "lint", "--json", "--model-path", model_dir, "--speculative-algorithm", "EAGLE",
+            "--speculative-draft-model-path", model_dir,
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
             "--max-running-requests", "128", "--specflip-t-off", "100", "--specflip-t-on", "60"]
     runs = [subprocess.run(args, env=env, capture_output=True, text=True, timeout=300) for _ in ("cold", "cached")]
@@ -229,7 +236,7 @@ def test_script_exit_code_and_whole_output_survive_the_fast_exit(model_dir, tmp_
         out = json.loads(run.stdout)
         assert [f["rule"] for f in out["findings"]] == [RUNNING_CAP] and out["sizing"]["release"] == "0.5.23"
     assert runs[0].stdout == runs[1].stdout
-    usage = subprocess.run([*args[:2], "--specflip-t-off", "4", "--specflip-t-on", "8", *args[3:7]], env=env,
+    usage = subprocess.run([*args[:4], "--specflip-t-off", "4", "--specflip-t-on", "8", *args[5:9]], env=env,
                            capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and usage.stderr.startswith("specflip lint:") and usage.stdout == ""
 

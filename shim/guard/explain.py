@@ -63,6 +63,7 @@ class TraceSummary:
     steps: int
     releases: tuple[str, ...]
     designs: tuple[str, ...]
+    broken: str | None = None  # where the file stops being a valid trace ("path:line: problem"); read up to it
 
 
 @attrs.frozen
@@ -78,8 +79,13 @@ class ExplainReport:
     ranks: RankAgreement | None = None  # several single-rank files: did every rank take the same steps?
 
     @property
+    def breaks(self) -> tuple[str, ...]:
+        """Each broken file's break ("path:line: problem"); its steps before the break were explained."""
+        return tuple(f.broken for f in self.files if f.broken is not None)
+
+    @property
     def conforms(self) -> bool:
-        return not self.first_illegal and (self.ranks is None or self.ranks.agree)
+        return not self.first_illegal and (self.ranks is None or self.ranks.agree) and not self.breaks
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +97,7 @@ class ExplainReport:
                  "violations": [attrs.asdict(v) for v in s.violations]}
                 for s in self.first_illegal
             ],
+            "breaks": list(self.breaks),
             "covered": self.covered,
             "not_covered": list(self.not_covered),
             "rank_agreement": None if self.ranks is None else {
@@ -108,7 +115,11 @@ class ExplainReport:
         for f in self.files:
             lines.append(f"{f.path}: {f.steps} steps, rank(s) {list(f.ranks)}, sglang {', '.join(f.releases)}, "
                          f"reference design {', '.join(f.designs)}")
-        if not self.first_illegal:
+            if f.broken is not None:
+                lines.append(f"  the trace breaks at {f.broken}; explained up to the line before it")
+        if not self.first_illegal and self.breaks:
+            lines.append("no illegal step before the break")
+        elif not self.first_illegal:
             lines.append("the trace conforms to the model: every step is a legal transition and every invariant held")
         else:
             lines.append("first illegal step:" if len(self.first_illegal) == 1 else "first illegal step per file:")
@@ -123,7 +134,9 @@ class ExplainReport:
 
 
 def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, dict[str, int]]:
-    """Replay one trace file. Raises TraceFormatError (with the line) for a malformed trace."""
+    """Replay one trace file. Raises TraceFormatError (with the line) for a file that is not a trace; a trace
+    that breaks after its header (cut short by a crash, a damaged line) is explained up to the break, which
+    the summary's `broken` names."""
     name = str(path)
     state: State | None = None
     scope: Scope | None = None
@@ -135,9 +148,10 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
     designs: list[str] = []
     steps = 0
     first: IllegalStep | None = None
-    for line, record in read_records(path):
+    breaks: list[TraceFormatError] = []
+    for line, record in read_records(path, breaks=breaks):
         kind = record["kind"]
-        ranks.add(int(record["rank"]))
+        ranks.add(record["rank"])
         try:
             if kind == "header":
                 state = state_from_json(record["state"])
@@ -167,9 +181,14 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
                 covered[action.name] = covered.get(action.name, 0) + 1
         except TraceFormatError:
             raise
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
-            raise TraceFormatError(name, line, f"{kind} record does not rebuild a model state: "
-                                               f"{type(exc).__name__}: {exc}") from None
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            # values of the wrong shape inside a record (read_records checks the top-level fields' types)
+            problem = TraceFormatError(name, line, f"{kind} record does not rebuild a model state: "
+                                                   f"{type(exc).__name__}: {exc}")
+            if design is None:  # the header itself does not rebuild: nothing to explain
+                raise problem from None
+            breaks.append(problem)
+            break
         if found and first is None:
             rids = tuple(dict.fromkeys(rid_name(names, r) for v in found for r in v.rids))
             first = IllegalStep(path=name, line=line, rank=int(record["rank"]), step=int(record["step"]),
@@ -177,7 +196,7 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
                                 rids=rids, violations=tuple(found))
         state = after
     summary = TraceSummary(path=name, ranks=tuple(sorted(ranks)), steps=steps, releases=tuple(dict.fromkeys(releases)),
-                           designs=tuple(dict.fromkeys(designs)))
+                           designs=tuple(dict.fromkeys(designs)), broken=str(breaks[0]) if breaks else None)
     return summary, first, covered
 
 
@@ -211,13 +230,14 @@ def explain_traces(paths: Sequence[str | Path]) -> ExplainReport:
     # several files, one rank each and no rank twice: one run's ranks, which must agree step by step
     file_ranks = [f.ranks[0] for f in files if len(f.ranks) == 1]
     if len(files) > 1 and len(file_ranks) == len(files) and len(set(file_ranks)) == len(files):
-        ranks = check_rank_agreement(paths)
+        ranks = check_rank_agreement(paths, up_to_breaks=True)
     return ExplainReport(files=tuple(files), first_illegal=tuple(illegal), covered=covered,
                          not_covered=tuple(n for n in order if n not in covered), ranks=ranks)
 
 
 def main(args: argparse.Namespace) -> int:
-    """0: conforms; 1: an illegal step; 2: a malformed trace (one line naming file and line)."""
+    """0: conforms; 1: an illegal step (or ranks that disagree); 2: a file that is not a trace, or a trace that
+    breaks (one line each on stderr naming file and line; a broken trace is explained up to its break)."""
     try:
         report = explain_traces(args.traces)
     except TraceFormatError as exc:
@@ -230,4 +250,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
     else:
         print(report.render())
-    return 0 if report.conforms else 1
+    for broken in report.breaks:
+        print(f"specflip explain: malformed trace: {broken}", file=sys.stderr)
+    if report.first_illegal or (report.ranks is not None and not report.ranks.agree):
+        return 1
+    return 2 if report.breaks else 0

@@ -70,10 +70,10 @@ def _describe(record: dict[str, Any] | None) -> str:
     return f"{record['action']}({', '.join(map(str, args))})" if args else str(record["action"])
 
 
-def _steps_of(path: Path) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+def _steps_of(path: Path, up_to_breaks: bool = False) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
     rank: int | None = None
     steps: list[tuple[int, dict[str, Any]]] = []
-    for line, record in read_records(path):
+    for line, record in read_records(path, breaks=[] if up_to_breaks else None):
         if rank is None:
             rank = int(record["rank"])
         elif int(record["rank"]) != rank:
@@ -85,12 +85,13 @@ def _steps_of(path: Path) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
     return rank, steps
 
 
-def check_rank_agreement(paths: Sequence[str | Path]) -> RankAgreement:
-    """Compare per-rank traces step by step; the majority at each step is the reference."""
+def check_rank_agreement(paths: Sequence[str | Path], *, up_to_breaks: bool = False) -> RankAgreement:
+    """Compare per-rank traces step by step; the majority at each step is the reference. `up_to_breaks`: a file
+    that breaks after its header is compared up to the break (explain reports the break itself)."""
     per_rank: dict[int, tuple[Path, list[tuple[int, dict[str, Any]]]]] = {}
     for raw in paths:
         path = Path(raw)
-        rank, steps = _steps_of(path)
+        rank, steps = _steps_of(path, up_to_breaks)
         if rank in per_rank:
             raise RankTraceError(f"two traces for rank {rank}: {per_rank[rank][0]} and {path}")
         per_rank[rank] = (path, steps)

@@ -28,6 +28,7 @@ ENV_DESIGN = "SPECFLIP_DESIGN"
 ENV_SPEC_CAP = "SPECFLIP_SPEC_CAP"
 ENV_PLAIN_CAP = "SPECFLIP_PLAIN_CAP"
 ENV_COUNT_SYNCS = "SPECFLIP_COUNT_SYNCS"
+ENV_ON_BAD_CONFIG = "SPECFLIP_ON_BAD_CONFIG"  # stop (default) | warn: what a bad SPECFLIP_* guard setting does
 # the warning torch's sync debug mode issues at each synchronizing CUDA call (c10/cuda/CUDAFunctions.cpp)
 SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
 DEFAULT_TRACE = "specflip-trace.rank{rank}.jsonl"
@@ -35,6 +36,20 @@ DEFAULT_TRACE = "specflip-trace.rank{rank}.jsonl"
 
 class ConfigError(ValueError):
     """A SPECFLIP_* variable with a value the guard does not know."""
+
+
+def on_bad_config(problem: ConfigError, environ: dict[str, str] | None = None) -> None:
+    """A guard setting the guard cannot honour stops start-up (SystemExit: SGLang's plugin loader logs and ignores
+    a plugin's Exceptions, and a guard silently absent is worse than none), unless SPECFLIP_ON_BAD_CONFIG=warn
+    asks to serve without the guard; then it logs one error line and returns."""
+    env = os.environ if environ is None else environ
+    choice = env.get(ENV_ON_BAD_CONFIG, "stop").strip().lower() or "stop"
+    if choice == "warn":
+        logger.error("specflip guard off: %s (%s=warn: serving without the guard)", problem, ENV_ON_BAD_CONFIG)
+        return
+    why = "" if choice == "stop" else f" ({ENV_ON_BAD_CONFIG}={choice!r} is not stop or warn)"
+    raise SystemExit(f"specflip: {problem}; the server does not start with a guard setting it cannot honour{why}. "
+                     f"Fix the setting, or set {ENV_ON_BAD_CONFIG}=warn to serve without the guard")
 
 
 def mode_from_env(environ: dict[str, str] | None = None) -> Mode:

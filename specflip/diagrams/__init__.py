@@ -13,11 +13,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from specflip.diagrams.dot import dot_sha, svg_source_sha, to_dot, to_svg
+from specflip.diagrams.dot import SVG_SOURCE_MARK, dot_sha, svg_source_sha, to_dot, to_svg
 from specflip.diagrams.graph import Graph, all_graphs
 from specflip.diagrams.mermaid import to_mermaid
+from specflip.errors import UsageError
+from specflip.outputs import has_mark, read_manifest, refuse_foreign, writable_dir, write_files
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+REPO_DIAGRAMS = README.parent / "docs" / "diagrams"
+MANIFEST = ".specflip-diagrams"  # the names `specflip diagram` wrote into a directory other than REPO_DIAGRAMS
+MANIFEST_MARK = "# written by `specflip diagram`: the files it wrote into this directory (and may replace)"
 README_BEGIN = "<!-- specflip diagram: mode-level (generated; do not edit) -->"
 README_END = "<!-- specflip diagram: end -->"
 
@@ -76,12 +81,18 @@ def _mode_level_mermaid(graphs: tuple[Graph, ...]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Write (or `--check`) the diagrams. Into the repository's own docs/diagrams it also refreshes README.md's
+    embedded diagram and removes diagrams of designs that no longer exist; into any other directory it writes
+    only its own file names and removes only files it wrote there before (listed in MANIFEST)."""
     out = Path(args.out)
+    own_docs = out.resolve() == REPO_DIAGRAMS.resolve()
+    if not args.check:
+        writable_dir(out, "diagram directory")  # before building and rendering the graphs (about 30 s)
     graphs = all_graphs()
     if args.check:
         problems = [f"{out}/{line}" for line in stale_files(out, graphs)]
         current = README.read_text()
-        if readme_with_diagram(current, _mode_level_mermaid(graphs)) != current:
+        if own_docs and readme_with_diagram(current, _mode_level_mermaid(graphs)) != current:
             problems.append(f"{README}: the embedded mode-level diagram differs from the model")
         for line in problems:
             print(f"stale: {line}", file=sys.stderr)
@@ -91,19 +102,32 @@ def main(args: argparse.Namespace) -> int:
             return 1
         print(f"{len(graphs) * len(SUFFIXES)} diagram files in {out} match the model")
         return 0
+    # before rendering: none of the user's files is in the way of ours
+    names = {f"{g.name}{suffix}" for g in graphs for suffix in SUFFIXES}
+    wrote_before = set() if own_docs else read_manifest(out / MANIFEST)
+    if not own_docs:
+        refuse_foreign(out, names | {MANIFEST}, lambda p: p.name in wrote_before or _is_generated(p)
+                       or (p.name == MANIFEST and has_mark(MANIFEST_MARK)(p)), "specflip diagram")
     try:
         files = generate(graphs)
     except Exception as exc:  # graphviz.ExecutableNotFound and friends: one line, not a traceback
-        print(f"specflip diagram: cannot render SVG ({type(exc).__name__}: {exc}); install graphviz's `dot`",
-              file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    expected = set(files)
+        raise UsageError(f"cannot render SVG ({type(exc).__name__}: {exc}); install graphviz's `dot`") from None
     for path in sorted(out.glob("*")):
-        if path.suffix in SUFFIXES and path.name not in expected:
-            path.unlink()  # a design that no longer exists leaves no stale diagram behind
-    for name, content in files.items():
-        (out / name).write_text(content)
-    README.write_text(readme_with_diagram(README.read_text(), _mode_level_mermaid(graphs)))
+        # a design that no longer exists leaves no stale diagram behind; elsewhere only what we wrote there
+        ours = path.suffix in SUFFIXES if own_docs else path.name in wrote_before
+        if ours and path.name not in files and path.name != MANIFEST:
+            path.unlink()
+    write_files(out, files, "diagram")
+    if not own_docs:
+        write_files(out, {MANIFEST: MANIFEST_MARK + "\n" + "".join(f"{name}\n" for name in sorted(files))},
+                    "diagram manifest")
+    else:
+        write_files(README.parent, {README.name: readme_with_diagram(README.read_text(), _mode_level_mermaid(graphs))},
+                    "README")
     print(f"{len(files)} diagram files written to {out}")
     return 0
+
+
+def _is_generated(path: Path) -> bool:
+    """An SVG specflip rendered carries the hash of its DOT source."""
+    return path.suffix == ".svg" and has_mark(SVG_SOURCE_MARK)(path)

@@ -6,7 +6,9 @@ Builds SGLang's own `ServerArgs` from the arguments (the installed release, thro
 against what SGLang sizes at start-up (rules: `specflip/lint/rules.py`, named after the model's invariants).
 
 Exit 0: every state fits (one summary line). Exit 1: one line per finding. Exit 2: bad input (unknown flag,
-unreadable file, unsupported release). `lint_server_args(server_args)` is the same check for a server that
+a value below what a server runs with, an unreadable or malformed file, no draft model, unsupported release).
+A launch value SGLang silently replaces is named in a `note:` line. SGLang's own log lines: `--verbose`.
+`lint_server_args(server_args)` is the same check for a server that
 is starting (the guard's assert mode calls it once).
 
 Resolving ServerArgs imports SGLang's whole resolution pipeline (torch, transformers, model configs): seconds
@@ -40,15 +42,35 @@ class LintUsageError(Exception):
     """Bad input: one line, exit 2."""
 
 
-USAGE = ("usage: specflip lint [--json] [--no-cache] [--specflip-t-off N --specflip-t-on N "
+USAGE = ("usage: specflip lint [--json] [--no-cache] [--verbose] [--specflip-t-off N --specflip-t-on N "
          "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft retract|sync|none]] "
          "<python -m sglang.launch_server arguments>")
+
+
+HELP = """specflip lint's own flags (every other argument goes to SGLang's launch_server parser):
+  --json                    print {ok, release, notes, summary, findings, sizing} as JSON
+  --no-cache                resolve afresh instead of reading the cached sizing (~/.cache/specflip/lint)
+  --verbose                 show SGLang's own log lines and warnings (on stderr; resolves afresh)
+  --specflip-t-off N        specflip's switch: speculation off at N running requests (with --specflip-t-on)
+  --specflip-t-on N         specflip's switch: speculation back on at N running requests (below t_off)
+  --specflip-spec-cap N     the switch's running cap while speculating (default 48)
+  --specflip-plain-graphs decode|eager   how the switch runs plain steps (default decode)
+  --specflip-draft retract|sync|none     the draft's work while speculation is off (default retract)
+  --help, -h                this text
+
+exit codes:
+  0  every state fits (one summary line)
+  1  a finding: one line per broken rule (docs/lint.md)
+  2  bad usage or input: one line on stderr (an unknown flag, a value below what a server runs with, an
+     unreadable or malformed adaptive config, an unreadable model config, no draft model, no
+     --speculative-algorithm, an unsupported SGLang release)"""
 
 
 def _own_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--verbose", action="store_true")
     p.add_argument("--help", "-h", action="store_true")
     p.add_argument("--specflip-t-off", type=int)
     p.add_argument("--specflip-t-on", type=int)
@@ -76,6 +98,48 @@ def specflip_policy(own: argparse.Namespace) -> SpecflipPolicy | None:
         raise LintUsageError(str(exc)) from None
     return SpecflipPolicy(t_off=cfg.t_off, t_on=cfg.t_on, spec_cap=cfg.spec_cap, plain_graphs=cfg.plain_graphs,
                           draft_while_off=cfg.draft_while_off)
+
+
+# launch values lint refuses before SGLang sees them (flag, least value). SGLang 0.5.23 takes each of these
+# without a word: topk 0 stays 0 (its kernels then read it as 1 in some places and 0 in others), draft tokens 0
+# become steps + 1 under topk 1, a running cap of 0 or less passes resolution; a launch with 0 draft steps drafts
+# nothing (0 is a state the adaptive switch may step down to, not a launch value). docs/lint.md: "Bad values".
+LEAST_VALUES: tuple[tuple[str, int], ...] = (
+    ("--speculative-num-steps", 1), ("--speculative-num-draft-tokens", 1), ("--speculative-eagle-topk", 1),
+    ("--max-running-requests", 1),
+)
+# the launch values SGLang may rewrite during resolution, and the Sizing field that holds what it kept
+REWRITABLE: tuple[tuple[str, str], ...] = (
+    ("--speculative-num-steps", "launch_steps"), ("--speculative-num-draft-tokens", "launch_draft_tokens"),
+    ("--speculative-eagle-topk", "topk"), ("--max-running-requests", "max_running_requests"),
+)
+
+
+def _given_int(argv: Sequence[str], flag: str) -> int | None:
+    """The integer given for `flag`, or None (not given, or not an integer: SGLang's parser says so)."""
+    raw = _flag_value(argv, flag)
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
+
+
+def check_values(argv: Sequence[str]) -> None:
+    """LintUsageError (exit 2) for a launch value below what a speculative server can run with."""
+    for flag, least in LEAST_VALUES:
+        value = _given_int(argv, flag)
+        if value is not None and value < least:
+            raise LintUsageError(f"{flag} {value}: must be at least {least} (docs/lint.md, \"Bad values\")")
+
+
+def rewrite_notes(argv: Sequence[str], sizing: Sizing) -> list[str]:
+    """One line per launch value SGLang silently replaced during resolution, naming the flag."""
+    notes = []
+    for flag, field in REWRITABLE:
+        given, kept = _given_int(argv, flag), getattr(sizing, field)
+        if given is not None and given != kept:
+            notes.append(f"note: {flag} {given} is not what runs: SGLang {sizing.release} replaces it with {kept}")
+    return notes
 
 
 def installed_release() -> str:
@@ -106,17 +170,35 @@ def _read_inputs(argv: Sequence[str]) -> dict[str, str]:
     if cfg_path is not None:
         try:
             text = Path(cfg_path).read_text()
-            json.loads(text)
+            tiers = json.loads(text)
         except OSError as exc:
             raise LintUsageError(f"cannot read the adaptive config {cfg_path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise LintUsageError(f"the adaptive config {cfg_path} is not text (JSON expected)") from None
         except json.JSONDecodeError as exc:
             raise LintUsageError(f"the adaptive config {cfg_path} is not JSON: {exc.msg} "
                                  f"at line {exc.lineno}") from None
+        problem = _tiers_shape_problem(tiers)
+        if problem:
+            raise LintUsageError(f"the adaptive config {cfg_path} {problem}")
         files["adaptive_config"] = text
     model = _flag_value(argv, "--model-path", "--model")
     if model is not None and (Path(model) / "config.json").is_file():
         files["model_config"] = (Path(model) / "config.json").read_text()
     return files
+
+
+def _tiers_shape_problem(tiers: Any) -> str | None:
+    """What SGLang reads an adaptive config as, before its own checks (which assume it): an object whose tier
+    entries (the batch-size keys) are objects. SGLang's checks of the entries run in the adapter."""
+    example = '{"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}'
+    if not isinstance(tiers, dict):
+        return f"must be a JSON object of batch-size tiers like {example}, not a {type(tiers).__name__}"
+    for key, entry in tiers.items():
+        if key.isdigit() and not isinstance(entry, dict):
+            return (f"tier {key!r} must be an object with candidate_steps, "
+                    f"not {json.dumps(entry) if entry is None else type(entry).__name__}")
+    return None
 
 
 def _cache_key(release: str, argv: Sequence[str], files: dict[str, str], policy: SpecflipPolicy | None) -> str:
@@ -157,12 +239,15 @@ def _with_default_device(argv: list[str]) -> list[str]:
     return argv if has_gpu else [*argv, "--device", "cuda"]
 
 
-def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache: bool = True) -> Sizing | str:
-    """The Sizing of a launch configuration, or SGLang's refusal as one line."""
+def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache: bool = True,
+               verbose: bool = False) -> Sizing | str:
+    """The Sizing of a launch configuration, or SGLang's refusal as one line. `verbose`: SGLang's own log lines
+    and warnings go to stderr (so it resolves afresh: a cached answer has none to show)."""
     release = installed_release()
+    check_values(argv)
     files = _read_inputs(argv)
     cache_file = _cache_dir() / f"{_cache_key(release, argv, files, policy)}.json"
-    if use_cache and cache_file.is_file():
+    if use_cache and not verbose and cache_file.is_file():
         try:
             data = json.loads(cache_file.read_text())
             return data["refused"] if "refused" in data else Sizing.from_json(data["sizing"])
@@ -170,7 +255,7 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
             pass  # a stale or torn cache entry: recompute
     adapter = importlib.import_module(SUPPORTED_RELEASES[release])
     try:
-        server_args = adapter.build_server_args(_with_default_device(list(argv)))
+        server_args = adapter.build_server_args(_with_default_device(list(argv)), verbose=verbose)
         result: Sizing | str = adapter.read_sizing(server_args, policy)
     except adapter.SGLangRefused as exc:
         result = str(exc)
@@ -188,10 +273,10 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
     return result
 
 
-def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *,
-              use_cache: bool = True) -> tuple[Sizing | None, list[Finding]]:
+def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *, use_cache: bool = True,
+              verbose: bool = False) -> tuple[Sizing | None, list[Finding]]:
     """Findings for launch_server arguments (specflip's flags already stripped)."""
-    result = sizing_for(argv, policy, use_cache=use_cache)
+    result = sizing_for(argv, policy, use_cache=use_cache, verbose=verbose)
     if isinstance(result, str):
         return None, [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused at start-up",
                               "change the flag SGLang names", result)]
@@ -241,20 +326,26 @@ def _run(args: argparse.Namespace) -> int:
         if own.help:
             print(USAGE)
             print(__doc__.strip().splitlines()[0])
+            print()
+            print(HELP)
             return 0
         if not rest:
             raise LintUsageError("no launch_server arguments given; " + USAGE)
         policy = specflip_policy(own)
-        sizing, findings = lint_argv(rest, policy, use_cache=not own.no_cache)
+        sizing, findings = lint_argv(rest, policy, use_cache=not own.no_cache, verbose=own.verbose)
     except LintUsageError as exc:
         print(f"specflip lint: {exc}", file=sys.stderr)
         return 2
+    notes = rewrite_notes(rest, sizing) if sizing is not None else []
     if own.json:
-        print(json.dumps({"ok": not findings, "release": sizing.release if sizing else None,
+        print(json.dumps({"ok": not findings, "release": sizing.release if sizing else None, "notes": notes,
                           "summary": summary(sizing) if sizing and not findings else None,
                           "findings": [f.to_json() for f in findings],
                           "sizing": sizing.to_json() if sizing else None}, indent=2))
-    elif findings:
+        return 1 if findings else 0
+    for note in notes:
+        print(note)
+    if findings:
         for f in findings:
             print(f.describe())
     else:

@@ -93,8 +93,9 @@ def sizing_from_values(*, algorithm: str = "EAGLE", topk: int = 1, steps: int | 
                   refusals=tuple(refusals), specflip=specflip)
 
 
-def build_server_args(argv: Sequence[str]) -> Any:  # pragma: no cover - needs sglang 0.5.16 installed
-    """`prepare_server_args(argv)`; 0.5.16 resolves in ServerArgs.__post_init__."""
+def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:  # pragma: no cover - needs 0.5.16
+    """`prepare_server_args(argv)`; 0.5.16 resolves in ServerArgs.__post_init__. `verbose`: accepted for the
+    adapter interface; this adapter does not silence SGLang's logging."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs, prepare_server_args

@@ -53,8 +53,12 @@ def _ensure_torchvision_importable() -> None:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """SGLang's resolution logs its decisions (48-request cap, ...) as warnings; lint reports them itself."""
+def _quiet(verbose: bool = False) -> Iterator[None]:
+    """SGLang's resolution logs its decisions (48-request cap, ...) as warnings; lint reports them itself
+    (`verbose`: let them through)."""
+    if verbose:
+        yield
+        return
     logging.disable(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -64,24 +68,76 @@ def _quiet() -> Iterator[None]:
             logging.disable(logging.NOTSET)
 
 
-def build_server_args(argv: Sequence[str]) -> Any:
-    """`ServerArgs` exactly as `python -m sglang.launch_server argv` builds it (`prepare_server_args`), resolved."""
+# algorithms whose draft is a separate model: without --speculative-draft-model-path (which SGLang fills in
+# itself only for targets that carry their draft layers, e.g. DeepSeek's MTP) the draft worker has nothing to load
+_NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
+
+
+def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:
+    """`ServerArgs` exactly as `python -m sglang.launch_server argv` builds it (`prepare_server_args`), resolved.
+    `verbose`: SGLang's log lines and warnings are shown (on stderr) instead of silenced."""
     _ensure_torchvision_importable()
-    with _quiet():
+    with _quiet(verbose):
+        from sglang.srt.arg_groups.overrides import resolving_view
         from sglang.srt.server_args import ServerArgs, prepare_server_args
 
         parser = _RaisingParser(prog="sglang serve", add_help=False)
         ServerArgs.add_cli_args(parser)
-        parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits the process
+        parsed = parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
+        if parsed.speculative_adaptive and parsed.speculative_adaptive_config:
+            _check_adaptive_config(parsed.speculative_adaptive_config)
         server_args = prepare_server_args(list(argv))
-        logging.disable(logging.WARNING)  # prepare_server_args re-configured logging
+        if not verbose:
+            logging.disable(logging.WARNING)  # prepare_server_args re-configured logging
         try:
             server_args.resolve_once()
-        except (ValueError, NotImplementedError, AssertionError) as exc:
-            raise SGLangRefused(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+        except (ValueError, NotImplementedError, AssertionError, TypeError, AttributeError, KeyError) as exc:
+            # SGLang's own refusal, or its resolution failing on these arguments: the server would not start
+            raise SGLangRefused(_sglang_failure(exc, argv)) from None
         except OSError as exc:
             raise LintInputError(f"SGLang could not read the model configuration: {exc}") from None
+        cfg = resolving_view(server_args)
+        if cfg.speculative_algorithm in _NEEDS_DRAFT_MODEL and not cfg.speculative_draft_model_path:
+            raise LintInputError(f"--speculative-algorithm {cfg.speculative_algorithm} needs "
+                                 "--speculative-draft-model-path (the draft model's directory or id)")
     return server_args
+
+
+def _check_adaptive_config(path: str) -> None:
+    """SGLang's own validation of the adaptive tiers (`_load_adaptive_config`), its refusal as bad input."""
+    from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config
+
+    try:
+        _load_adaptive_config(path)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise LintInputError(f"the adaptive config {path}: {str(exc).strip().splitlines()[0]}") from None
+
+
+# the launch flags SGLang resolves together: given partly, SGLang 0.5.23's resolution fails (an assert, or
+# comparing None with an int)
+_SPEC_TRIPLE = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+
+
+def _sglang_failure(exc: BaseException, argv: Sequence[str]) -> str:
+    """One line for an exception out of SGLang's resolution: its message, and where in SGLang when the message
+    alone does not say (a bare assert, a TypeError)."""
+    import traceback
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, (ValueError, NotImplementedError)) and text:
+        return text
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "sglang" in f.filename]
+    where = ""
+    if frames:
+        last = frames[-1]
+        where = f" at sglang/{last.filename.split('/sglang/', 1)[-1]}:{last.lineno} ({last.name})"
+    line = f"SGLang {RELEASE}'s resolution fails on these arguments: {type(exc).__name__}"
+    line += f": {text}" if text else ""
+    line += where + "; the server would not start either"
+    given = [f for f in _SPEC_TRIPLE if any(a == f or a.startswith(f + "=") for a in argv)]
+    if given and len(given) < len(_SPEC_TRIPLE):
+        line += f". Give {', '.join(_SPEC_TRIPLE)} together (or none of them); only {', '.join(given)} given"
+    return line
 
 
 def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, republish: bool = True) -> Sizing:
