@@ -47,7 +47,7 @@ def scripted(rank: int, scenario: str, checker: Any) -> dict[str, Any]:
     return {"checks": checker.step, "stopped": checker.stopped, "found": checker.found}
 
 
-def driver_run(rank: int, scenario: str, group: Any, model_dir: str) -> dict[str, Any]:
+def driver_run(rank: int, scenario: str, group: Any, model_dir: str, out_dir: Path) -> dict[str, Any]:
     sys.path[:0] = [str(TESTS), str(ROOT / "stand_ins" / "cpu")]
     import guard_fixtures as gf
     import overlap_loop as ol
@@ -82,14 +82,21 @@ def driver_run(rank: int, scenario: str, group: Any, model_dir: str) -> dict[str
         drv.switch.late_flip = LateFlipFault.from_env({"SPECFLIP_FAULT_LATE_FLIP": "1:2"})
     waves = {0: [6, 9, 14, 20, 50], 30: [5, 8, 12, 17]}
     reqs: list[Any] = []
-    for it in range(60):
-        if it in waves:
-            wave = [h.make_req(f"w{it}_{i}", gf.SYSTEM_PROMPT + [200 + len(reqs) + i] * (3 + i), max_new_tokens=m)
-                    for i, m in enumerate(waves[it])]
-            reqs += wave
-            drv.add(wave)
-        drv.iteration()
-    drv.run_until_idle()
+    try:
+        for it in range(60):
+            if it in waves:
+                wave = [h.make_req(f"w{it}_{i}", gf.SYSTEM_PROMPT + [200 + len(reqs) + i] * (3 + i),
+                                   max_new_tokens=m) for i, m in enumerate(waves[it])]
+                reqs += wave
+                drv.add(wave)
+            drv.iteration()
+        drv.run_until_idle()
+    finally:
+        # this rank's switch trace, one file per scheduler process as a server writes it (bench/gpu/switch_ranks.py)
+        trace_dir = out_dir / f"switch_{scenario}"
+        trace_dir.mkdir(exist_ok=True)
+        (trace_dir / f"switch-rank{rank}.jsonl").write_text("".join(json.dumps(e) + "\n"
+                                                                    for e in drv.switch.trace.events))
     checker = adapter.rank_checker(drv)
     return {"checks": checker.step, "flips": [a for _, a in drv.flips],
             "flip_iterations": [it for it, _ in drv.flips], "guard_found": len(rt.guard.found),
@@ -112,7 +119,7 @@ def main() -> None:
         result: dict[str, Any] = {"rank": rank}
         try:
             if scenario.startswith("driver"):
-                result.update(driver_run(rank, scenario, group, sys.argv[6]))
+                result.update(driver_run(rank, scenario, group, sys.argv[6], Path(out).parent))
             else:
                 mode = Mode.WARN if scenario.startswith("warn") else Mode.ASSERT
                 checker = RankChecker(group_exchange(group, world), rank=rank, world_size=world, mode=mode)
