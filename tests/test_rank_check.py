@@ -17,6 +17,7 @@ import pytest
 from shim.guard.core import Mode, SpecFlipViolation
 from shim.guard.rank_check import (
     ABSENT,
+    UNREADABLE,
     RankChecker,
     RankDisagreement,
     disagreement,
@@ -83,6 +84,24 @@ def test_disagreement_names_ranks_and_fields() -> None:
     assert isinstance(info.value, SpecFlipViolation) and info.value.invariant == "ranks_agree"
     assert "scheduler step 5" in message and "ranks [0, 1, 2] hold" in message and "ranks [3] hold" in message
     assert "differs in tokens, spec_algorithm_on, spec_mode_on, transitions" in message
+
+
+def test_an_unreadable_step_is_still_exchanged() -> None:
+    """An error while reading this rank's step must not skip the exchange (its peers would wait in it): the rank
+    sends an unreadable fingerprint, and the disagreement names it."""
+    sent: list[tuple[int, ...]] = []
+
+    def exchange(values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        sent.append(values)
+        return [fp(1).values(), values]
+
+    def broken(step: int) -> Any:
+        raise AttributeError("no forward_mode")
+
+    checker = RankChecker(exchange, rank=1, world_size=2, mode=Mode.ASSERT)
+    with pytest.raises(RankDisagreement, match=r"ranks \[1\] hold step 1: unreadable"):
+        checker.check(broken)
+    assert sent == [(1,) + (UNREADABLE,) * 9]
 
 
 def test_fingerprint_fields() -> None:

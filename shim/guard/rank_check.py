@@ -36,6 +36,7 @@ ENV_RANK_CHECK = "SPECFLIP_RANK_CHECK"
 INVARIANT = "ranks_agree"
 ACTION = "schedule_step"  # what the ranks disagree on: the step get_next_batch_to_run planned
 ABSENT = -1  # a field with no value on this rank (no batch; the guard is off here)
+UNREADABLE = -2  # every field of a step this rank could not read (an error in the adapter): exchanged all the same
 _HASH_MASK = (1 << 63) - 1  # an int64 tensor entry
 
 # this rank's values in, every rank's values out (index = rank)
@@ -86,6 +87,8 @@ class StepFingerprint:
         return cls(*(int(v) for v in values))
 
     def describe(self) -> str:
+        if self.has_batch == UNREADABLE:
+            return f"step {self.step}: unreadable (an error reading the step on that rank, logged there)"
         if not self.has_batch:
             head = "no batch"
         else:
@@ -174,7 +177,12 @@ class RankChecker:
         if self.stopped:
             return
         self.step += 1
-        gathered = self.exchange(make(self.step).values())
+        try:
+            mine = make(self.step)
+        except Exception:  # noqa: BLE001 - this rank must still take part, or its peers wait in the exchange
+            logger.exception("specflip guard: could not read this rank's step; it is exchanged as unreadable")
+            mine = StepFingerprint(self.step, *([UNREADABLE] * (len(FIELDS) - 1)))
+        gathered = self.exchange(mine.values())
         groups = disagreement(gathered)
         if groups is None:
             return
