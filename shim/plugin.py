@@ -18,6 +18,7 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
     `plain_off_retract_catch_up`, or `v2_switch_reserve_sync` with SPECFLIP_SWITCH_DRAFT=sync), else
     `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
   * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
+  * `SPECFLIP_RANK_CHECK=on|off` the per-step rank agreement check under TP > 1 (default on; docs/tp.md).
   A bad SPECFLIP_* guard setting (an unknown mode or design, a cap that is not an integer) stops start-up with
   one line naming the variable, unless `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, the guard off). An
   unsupported release or configuration logs one message and leaves the guard off.

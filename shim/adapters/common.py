@@ -16,12 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from shim.guard.api import announced_switch
-from shim.guard.core import Guard
+from shim.guard.core import Guard, Mode, SpecFlipViolation
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.rank_check import RankChecker, StepFingerprint, fingerprint, group_exchange
 from shim.guard.runtime import GuardRuntime
 from statemodel.design import Design, Scope
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
-from statemodel.state import ForwardMode, SpecInfoKind
+from statemodel.state import ForwardMode, SpecInfoKind, SpecMode
 
 logger = logging.getLogger("specflip.guard")
 
@@ -97,6 +98,8 @@ class V2Adapter:
         # (batch, requests, pool) read by the hook running now, for a round observer of the same batch called
         # inside it (nothing of SGLang's runs in between: the same readings, read once)
         self._read_now: tuple[Any, list[ObservedRequest], ObservedPool] | None = None
+        # the per-step rank agreement check (TP > 1); False: decided off for this process
+        self._rank_checker: RankChecker | bool | None = None
 
     # --- per-release field access (overridden) ------------------------------------------------------
 
@@ -526,6 +529,70 @@ class V2Adapter:
         def step(g: Guard) -> None:
             g.note(f"adaptive controller: speculative_num_steps -> {state.speculative_num_steps}")
         self._with_guard(step)
+
+    # --- TP > 1: the ranks agree on the step before it runs (shim.guard.rank_check) -----------------------------
+
+    def rank_checker(self, scheduler: Any) -> RankChecker | None:
+        """The process's RankChecker, decided once: on when the guard is on, SPECFLIP_RANK_CHECK allows it, the
+        scheduler's TP CPU group holds more than one rank and the configuration is one the guard supports. Every
+        input is the same on every rank (the environment, the server arguments, the group), so every rank decides
+        alike and each exchange has all its peers."""
+        if self._rank_checker is None:
+            self._rank_checker = False
+            rt = self.runtime
+            group = getattr(scheduler, "tp_cpu_group", None)
+            if rt is not None and rt.mode is not Mode.OFF and rt.rank_check and group is not None \
+                    and self.unsupported_reason(self.server_args()) is None:
+                import torch.distributed as dist
+
+                world = dist.get_world_size(group)
+                if world > 1:
+                    self._rank_checker = RankChecker(group_exchange(group, world), rank=dist.get_rank(group),
+                                                     world_size=world, mode=rt.mode)
+        return self._rank_checker or None
+
+    def after_get_next_batch_to_run(self, plan: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+        """`Scheduler.get_next_batch_to_run` returned this iteration's plan (after the switch's flip, before
+        `run_batch`): with TP > 1 the ranks exchange its fingerprint. Runs on every iteration of every rank, also
+        while this rank's guard is off (its fingerprint says so): a rank that skipped the exchange would leave its
+        peers waiting in it."""
+        checker = self.rank_checker(scheduler)
+        rt = self.runtime
+        if checker is None or rt is None or rt.paused:
+            return None
+        batch = getattr(plan, "batch_to_run", None)
+        g = rt.guard if rt.active else None
+        if g is None and rt.active:
+            try:
+                g = self.guard()
+            except Exception:  # noqa: BLE001 - the guard's own start-up error surfaces at its own hooks
+                g = None
+        state = g.state if g is not None else None
+        model = {"guard_mode_on": None if state is None else state.spec_mode is SpecMode.ON,
+                 "guard_num_steps": None if state is None else state.num_steps,
+                 "guard_transitions": None if g is None else g.step_number}
+
+        def make(step: int) -> StepFingerprint:
+            if batch is None or not batch.reqs:
+                return fingerprint(step, forward_mode=None, rids=(), out_cache_loc_width=0, spec_algorithm_on=False,
+                                   spec_decode=False, **model)
+            spec_on = not batch.spec_algorithm.is_none()
+            mode = batch.forward_mode
+            return fingerprint(step, forward_mode=int(mode), rids=[str(r.rid) for r in batch.reqs],
+                               out_cache_loc_width=tensor_width(batch.out_cache_loc), spec_algorithm_on=spec_on,
+                               spec_decode=spec_on and mode.is_decode(), **model)
+
+        try:
+            checker.check(make)
+        except SpecFlipViolation:
+            raise
+        except Exception:
+            if rt.mode is Mode.ASSERT:
+                raise
+            # warn / trace mode: the exchange failed (a peer is gone); stop exchanging, serving goes on
+            logger.exception("specflip guard: the rank agreement check failed; it stops on this rank")
+            checker.stopped = True
+        return None
 
     # --- called by a flip implementation (shim.guard.api.notify_flip) -----------------------------------------
 

@@ -37,6 +37,8 @@ class Adapter(V2Adapter):
         # the overlap schedule's process_result (a no-op in the normal loop)
         (f"{_BRP}.SchedulerBatchResultProcessor._normalize_decode_outputs", "AFTER",
          "after_normalize_decode_outputs"),
+        # TP > 1: the ranks agree on the planned step before it runs (shim/guard/rank_check.py; TP 1: a no-op)
+        ("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "AFTER", "after_get_next_batch_to_run"),
     )
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shim.guard.core import Guard, GuardConfig, Mode, SpecFlipViolation
+from shim.guard.rank_check import RankCheckConfigError, rank_check_enabled
 from shim.guard.trace import trace_path_for
 from statemodel.design import Design, Scope
 from statemodel.designs import DESIGNS_BY_NAME, get_design
@@ -77,6 +78,7 @@ class GuardRuntime:
         self.paused = False  # hooks stay installed but pass through (tests share one process)
         self.internal_errors = 0
         self.sync_counter: SyncCounter | None = None
+        self.rank_check = True  # SPECFLIP_RANK_CHECK: the per-step rank agreement check where TP > 1
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> GuardRuntime:
@@ -91,6 +93,10 @@ class GuardRuntime:
                 raise ConfigError(f"{ENV_DESIGN}: {exc.args[0]}") from None
         runtime = cls(mode, trace_template=template, design_name=design,
                       spec_cap=_int_env(env, ENV_SPEC_CAP), plain_cap=_int_env(env, ENV_PLAIN_CAP))
+        try:
+            runtime.rank_check = rank_check_enabled(env)
+        except RankCheckConfigError as exc:
+            raise ConfigError(str(exc)) from None
         if env.get(ENV_COUNT_SYNCS, "").strip() not in ("", "0"):
             runtime.sync_counter = SyncCounter()
         return runtime

@@ -23,6 +23,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
                           PlainPrefillOnTargetGraphs) | eager (as SGLang would run them: a mode mismatch)
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
+  SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
+                          late (shim/switch/fault.py; docs/tp.md)
   SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
                           (flips always). For throughput runs: a traced step costs JSON and CUDA events on the
                           host. `specflip replay` needs every step (its conformance reads them all).
@@ -50,6 +52,7 @@ from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
 )
+from shim.switch.fault import LateFlipFault
 from shim.switch.policy import SwitchPolicy
 from shim.switch.swap import AttributeSwap, plain_runner_side
 from shim.timing.jsonl import JsonlTrace
@@ -87,6 +90,7 @@ class SwitchRuntime:
     # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
     spec_side: AttributeSwap = field(default_factory=AttributeSwap)
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
+    late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
 
     @property
     def plain_path(self) -> bool:
@@ -310,6 +314,8 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
         return last_batch
     if action == "flip_on" and flip_on_waits(running_batch, pending):
         return last_batch
+    if rt.late_flip is not None and rt.late_flip.delays(scheduler):
+        return last_batch  # fault injection only (shim/switch/fault.py): this rank flips a step late
     tic = time.perf_counter()
     drained = drain_in_flight(scheduler)
     freed = retracted = 0
@@ -635,8 +641,9 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
 # Installation
 
 
-def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
+def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFlipFault | None = None) -> bool:
     """Register the switch's hooks on `registry` (SGLang's HookRegistry class); False when config is None.
+    `late_flip`: a fault injection for tests (SPECFLIP_FAULT_LATE_FLIP), never on by default.
 
     Call from the plugin entry point before `HookRegistry.apply_hooks()` runs, e.g.
         install_switch(HookRegistry, SwitchConfig.from_env())
@@ -647,7 +654,8 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     from sglang.srt.plugins.hook_registry import HookType
 
     auto = AutoSwitch(spec_cap=config.spec_cap) if config.auto else None
-    _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir))
+    _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir),
+                             late_flip=late_flip)
     _RUNTIME.trace.event("config", design=config.design_name, policy="auto" if config.auto else "thresholds",
                          auto_params=None if auto is None else repr(auto.state.params), t_off=config.t_off,
                          t_on=config.t_on,
@@ -694,6 +702,7 @@ def install_from_env() -> bool:
         return False
     try:
         config = SwitchConfig.from_env()
+        late_flip = LateFlipFault.from_env() if config is not None else None
     except SwitchConfigError as exc:
         logging.getLogger("specflip.switch").error("specflip switch off: %s", exc)
         return False
@@ -701,4 +710,4 @@ def install_from_env() -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    return install_switch(HookRegistry, config)
+    return install_switch(HookRegistry, config, late_flip)
