@@ -136,7 +136,8 @@ def run_designs(designs: Sequence[Design], scope_for: Callable[[Design], Scope],
 
 def describe_request(r: Request) -> str:
     return (f"r{r.rid} {r.status.value} seq_len={r.seq_len} out={r.committed}/{r.max_new_tokens} "
-            f"kv={r.kv_held}+{r.kv_reserved} draft_kv={r.draft_kv_len}{'' if r.draft_hidden_ready else ' no-hidden'}")
+            f"kv={r.kv_held}+{r.kv_reserved} draft_kv={r.draft_kv_len}{'' if r.draft_hidden_ready else ' no-hidden'}"
+            + (f" tree_prefix={r.cached_len}" if r.cached_len else ""))
 
 
 def describe_batch(b: Batch) -> str:
@@ -154,6 +155,8 @@ def describe_state(s: State) -> list[str]:
         lines.append("pending: " + describe_batch(s.pending))
     if s.launched is not None:
         lines.append("launched: " + describe_batch(s.launched))
+    if s.prefix_cache:  # radix cache only: per cached token, D = its draft KV written, - = not
+        lines.append("radix tree: " + "".join("D" if mark else "-" for mark in s.prefix_cache))
     if s.unprocessed:  # overlap schedule only
         lines.append("unprocessed results: " + "; ".join(u.describe() for u in s.unprocessed))
     lines.extend(describe_request(r) for r in s.requests if r.status.value != "not_arrived")

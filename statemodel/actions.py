@@ -24,6 +24,7 @@ from statemodel.design import (
     PlainStepGraphs,
     Scope,
     ThresholdPolicy,
+    TreeDraft,
 )
 from statemodel.policy import Flip, decide_flip, within_spec_cap
 from statemodel.state import (
@@ -217,6 +218,24 @@ def decode_kv_need(state: State, design: Design) -> int:
     return state.running.size
 
 
+def evictable(state: State) -> int:
+    """Radix cache: tree tokens no request locks, which an allocation may evict (the chain's tail is its LRU
+    leaf). 0 without the cache."""
+    tree = state.prefix_cache
+    if not tree:
+        return 0
+    return len(tree) - max([r.cached_len for r in state.requests])
+
+
+def _evict_for(tree: tuple[bool, ...], free: int, need: int) -> tuple[tuple[bool, ...], int]:
+    """evict_from_tree_cache: when `need` slots exceed the free ones, drop that many unlocked tokens from the
+    tree's tail (the caller made sure they are unlocked); returns the tree and the free count after."""
+    if need <= free:
+        return tree, free
+    cut = need - free
+    return tree[:len(tree) - cut], free + cut
+
+
 def _draft_stale(state: State) -> list[int]:
     return [rid for rid in state.running.rids if not state.req(rid).draft_current]
 
@@ -297,7 +316,7 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         out.append(Action("draft_catch_up"))
     decode_ready = state.running.size > 0 and not done and not finished_in_batch and state.pending is None
     if decode_ready and not flip_due and not catch_up_due:
-        if decode_kv_need(state, design) <= state.kv_free:
+        if decode_kv_need(state, design) <= state.kv_free + (evictable(state) if state.prefix_cache else 0):
             out.append(Action("prepare_for_decode"))
         else:
             out.extend(Action("retract", (rid,)) for rid in state.running.rids)
@@ -351,11 +370,12 @@ def result_growth(state: State, action: Action, design: Design) -> dict[int, tup
 
 
 def _can_prefill(state: State, scope: Scope) -> bool:
+    available = state.kv_free + (evictable(state) if state.prefix_cache else 0)
     prefilling = [r for r in state.requests if r.status is Status.PREFILLING]
     if prefilling:
-        return state.kv_free > 0
+        return available > 0
     waiting = [r for r in state.requests if r.status is Status.WAITING]
-    return bool(waiting) and state.in_flight_count() < running_cap(state, scope) and state.kv_free > 0
+    return bool(waiting) and state.in_flight_count() < running_cap(state, scope) and available > 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -378,6 +398,8 @@ def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State
 
 def _prefill(state: State, action: Action, design: Design, scope: Scope) -> State:
     """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
+    if design.radix_cache:
+        return _prefill_radix(state, design, scope)
     budget = min(scope.chunk_size, state.kv_free)
     room = running_cap(state, scope) - state.in_flight_count()
     changed: dict[int, Request] = {}
@@ -402,6 +424,14 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
             )
             completed.append(r.rid)
         changed[r.rid] = new
+    launched, pending = _prefill_batches(state, design, changed, completed, extended, draft_prefills)
+    return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
+                        kv_free=state.kv_free - extended)
+
+
+def _prefill_batches(state: State, design: Design, changed: dict[int, Request], completed: list[int],
+                     extended: int, draft_prefills: bool) -> tuple[Batch, Batch | None]:
+    """The EXTEND batch a prefill launches and the prefilled batch it leaves to merge (None: nothing completed)."""
     launched = Batch(rids=tuple(changed), forward_mode=ForwardMode.EXTEND, out_cache_loc_width=extended,
                      extend_tokens=extended)
     pending = None
@@ -410,8 +440,80 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
         spec = SpecInfo(SpecInfoKind.DRAFT_INPUT, len(completed), 1) if draft_prefills and on_batch else SpecInfo.none()
         pending = Batch(rids=tuple(completed), forward_mode=ForwardMode.DECODE, spec_info=spec,
                         spec_algorithm_on=on_batch)
+    return launched, pending
+
+
+def match_len(tree: tuple[bool, ...], r: Request, draft_prefills: bool, design: Design) -> int:
+    """match_prefix for a request starting a (re-)prefill: the cached part of its prompt, one token short of
+    what it fills (_compute_max_prefix_len: the forward computes at least one token); with
+    TreeDraft.MATCH_STOPS_AT_MISSING and the draft running on this prefill, up to the first token without draft KV."""
+    limit = min(len(tree), r.prompt_len, r.prefill_target - 1)
+    if design.tree_draft is TreeDraft.MATCH_STOPS_AT_MISSING and draft_prefills and False in tree[:limit]:
+        return tree.index(False)
+    return max(limit, 0)
+
+
+def _prefill_radix(state: State, design: Design, scope: Scope) -> State:
+    """_prefill with SGLang's radix cache. A request starting a (re-)prefill first matches the tree and locks
+    the match (init_next_round_input); only the rest is computed, unlocked tree tokens evicted when the pool is
+    short. After the forward each request's computed prompt tokens go into the tree (checkpoint_kv_cache):
+    tokens the tree holds already are freed and the request's row repointed at the tree's slots (their draft KV
+    with them), new ones are added, marked with whether the draft ran over them."""
+    budget = scope.chunk_size
+    room = running_cap(state, scope) - state.in_flight_count()
+    draft_prefills = state.spec_mode is SpecMode.ON or design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
+    requests = list(state.requests)
+    tree = state.prefix_cache
+    free = state.kv_free
+    completed: list[int] = []
+    order: list[int] = []
+    start: dict[int, int] = {}  # prefilled_len before this chunk
+    extended = 0
+    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
+        if budget == 0:
+            break
+        if r.status is Status.WAITING:
+            if room == 0:
+                continue
+            room -= 1
+        matched = match_len(tree, r, draft_prefills, design) if r.prefilled_len == 0 else 0
+        locked = max([x.cached_len for x in requests] + [matched])
+        tokens = min(r.prefill_target - r.prefilled_len - matched, budget, free + len(tree) - locked)
+        if tokens <= 0:
+            break  # no room in the pool even after evicting (PrefillAdder: NO_TOKEN)
+        if matched:
+            r = r.replace(prefilled_len=matched, cached_len=matched)
+            requests[r.rid] = r
+        tree, free = _evict_for(tree, free, tokens)
+        start[r.rid] = r.prefilled_len
+        free -= tokens
+        budget -= tokens
+        extended += tokens
+        new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
+        if new.prefilled_len == new.prefill_target:
+            new = new.replace(
+                status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
+                draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
+            )
+            completed.append(r.rid)
+        requests[r.rid] = new
+        order.append(r.rid)
+    for rid in order:  # checkpoint_kv_cache, after the forward, in batch order
+        r = requests[rid]
+        upto = min(r.prefilled_len, r.prompt_len)  # its tokens beyond the prompt are its own branch: no one hits them
+        if upto <= r.cached_len or r.cached_len < min(start[rid], r.prompt_len):
+            continue  # nothing new of the prompt, or an earlier chunk was kept out: a tree path has no gaps
+        if design.tree_draft is TreeDraft.NOT_INSERTED_WITHOUT_DRAFT and not draft_prefills:
+            continue  # req.skip_radix_cache_insert: computed without the draft
+        duplicate = max(0, min(upto, len(tree)) - r.cached_len)
+        added = max(0, upto - len(tree))
+        tree = tree + (draft_prefills,) * added
+        free += duplicate
+        requests[rid] = r.replace(kv_held=r.kv_held - duplicate - added, cached_len=upto)
+    changed = {rid: requests[rid] for rid in order}
+    launched, pending = _prefill_batches(state, design, changed, completed, extended, draft_prefills)
     return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
-                        kv_free=state.kv_free - extended)
+                        kv_free=free, prefix_cache=tree)
 
 
 def _batch_spec_algorithm(state: State, design: Design) -> bool:
@@ -447,7 +549,7 @@ def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> 
 def _finish(state: State, action: Action, design: Design, scope: Scope) -> State:
     r = state.req(action.args[0])
     freed = r.kv_held + (r.kv_reserved if design.free_reserved_on_finish else 0)
-    new = r.replace(status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    new = r.replace(status=Status.FINISHED, kv_held=0, kv_reserved=0, cached_len=0)  # unlocks its tree prefix
     return state.replace(requests=state.with_requests({r.rid: new}), kv_free=state.kv_free + freed,
                         launched=None)
 
@@ -476,7 +578,7 @@ def _release_to_waiting(state: State, rids: tuple[int, ...]) -> State:
     for rid in rids:
         r = state.req(rid)
         changed[rid] = r.replace(status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
-                                 draft_kv_len=0, draft_hidden_ready=False)
+                                 draft_kv_len=0, draft_hidden_ready=False, cached_len=0)
         freed += r.kv_held + r.kv_reserved
     running = _shrink(state.running, tuple(rid for rid in state.running.rids if rid not in changed))
     pending = state.pending
@@ -516,6 +618,11 @@ def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> Stat
         in_batch = state.running.rids + (state.pending.rids if state.pending is not None else ())
         state = _release_to_waiting(state, tuple(
             rid for rid in in_batch if state.req(rid).status is Status.RUNNING and not state.req(rid).done))
+    if design.tree_draft is TreeDraft.EVICT_AT_FLIP_ON and False in state.prefix_cache:
+        # every unlocked tree token from the first one without draft KV on (a radix subtree goes with its root)
+        tree = state.prefix_cache
+        cut = max(tree.index(False), len(tree) - evictable(state))
+        state = state.replace(prefix_cache=tree[:cut], kv_free=state.kv_free + len(tree) - cut)
     running = state.running
     if design.clear_spec_on is ClearSpecOn.BATCH_AT_FLIP and running.size:
         running = running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, running.size, 1),
@@ -570,6 +677,10 @@ def _prepare_for_decode(state: State, action: Action, design: Design, scope: Sco
             r = requests[rid]
             changed[rid] = r.replace(kv_held=r.kv_held + 1)
         running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
+    if allocated > state.kv_free and state.prefix_cache:  # alloc evicts unlocked tree tokens first
+        tree, free = _evict_for(state.prefix_cache, state.kv_free, allocated)
+        return state.replace(requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
+                            kv_free=free - allocated, launched=None, prefix_cache=tree)
     return state.replace(requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
                         kv_free=state.kv_free - allocated, launched=None)
 

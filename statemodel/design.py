@@ -68,6 +68,20 @@ class PlainStepGraphs(enum.Enum):
     EAGER = "eager"  # graphs disabled for plain steps
 
 
+class TreeDraft(enum.Enum):
+    """What SGLang's radix cache does about the draft KV at the slots it caches (`Design.radix_cache` only). The
+    draft pool shares the target's slot indices, so a prefix hit reuses whatever the draft pool holds there."""
+
+    IGNORED = "ignored"  # SGLang: the tree knows nothing of the draft; tokens computed while off are cached as any
+    # each cached token carries whether its draft KV was written; a match that the draft will extend (speculation
+    # on) stops at the first token without, so the prefill recomputes target and draft from there
+    MATCH_STOPS_AT_MISSING = "match_stops_at_missing"
+    # tokens whose prefill ran without the draft are never inserted (req.skip_radix_cache_insert while off)
+    NOT_INSERTED_WITHOUT_DRAFT = "not_inserted_without_draft"
+    # each cached token carries the mark; flip-on evicts every unlocked token from the first unmarked one on
+    EVICT_AT_FLIP_ON = "evict_at_flip_on"
+
+
 class MergeSpecInfo(enum.Enum):
     CHECKED = "checked"  # rows for every request, a draft catch-up for rows that had none
     CONCAT_UNCHECKED = "concat_unchecked"  # concatenates whatever the two batches hold (PR #10090)
@@ -166,6 +180,11 @@ class Design:
     # overlap schedule only: the policy flips only when no launched step's result is unprocessed (a flip that
     # releases the reserve while a verify is in flight frees the slots that verify writes)
     flip_waits_for_results: bool = False
+    # the server runs with SGLang's radix cache (its default; off with --disable-radix-cache): every prompt of the
+    # scope is read as a prefix of one token sequence, so requests share cached prefixes and a re-prefill after a
+    # release hits its own prompt; tree_draft is what the cache does about the draft KV at its slots
+    radix_cache: bool = False
+    tree_draft: TreeDraft = TreeDraft.IGNORED
     expected_invariant: str | None = None  # known-bad: the invariant its shortest counterexample breaks
 
     @property

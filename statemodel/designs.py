@@ -22,6 +22,7 @@ from statemodel.design import (
     PlainStepGraphs,
     Scope,
     ThresholdPolicy,
+    TreeDraft,
 )
 
 # Threshold pairs the checker explores for every threshold design: off at 1..4, on below it. t_on = 3
@@ -129,9 +130,27 @@ AUTO_RETRACT_CATCH_UP = attrs.evolve(
 
 SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP)
 
+# SGLang's radix cache on (its default), every prompt a prefix of one token sequence: the same switch keeps out of
+# the tree every token computed without the draft (issue 24; docs/prefix-cache.md). A candidate until the guard
+# follows the tree (tests/test_guard_sglang.py drives every shipped design's guard on real objects); the switch does
+# it already (tests/test_switch_retract.py, radix cache on)
+RETRACT_CATCH_UP_RADIX = attrs.evolve(
+    RETRACT_CATCH_UP,
+    name="plain_off_retract_catch_up_radix",
+    kind=DesignKind.CANDIDATE,
+    summary="plain_off_retract_catch_up on a server with SGLang's radix cache on, as shim/switch/v2.py implements it: "
+    "every request of a batch run while off gets req.skip_radix_cache_insert, so tokens computed without the draft "
+    "never go into the tree, and the flip-on retraction gives the flag back (the re-prefill runs the draft); a "
+    "prefix hit, a retracted request's own re-prefill included, only ever reuses slots whose draft KV was written.",
+    source="issue 24; docs/prefix-cache.md; shim/switch/v2.py; sglang 0.5.23 mem_cache/common.py checkpoint_kv_cache, "
+    "release_kv_cache",
+    radix_cache=True,
+    tree_draft=TreeDraft.NOT_INSERTED_WITHOUT_DRAFT,
+)
+
 # Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
 # plain_off_catch_up is the guard's reference design on a server without a switch (no flip ever happens there).
-CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2)
+CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2, RETRACT_CATCH_UP_RADIX)
 
 
 def _known_bad(base: Design, *, name: str, summary: str, source: str, expected_invariant: str,
@@ -236,7 +255,42 @@ KNOWN_BAD_BASES: dict[str, Design] = {
     "seq_lens_advanced_twice": CATCH_UP,
 }
 
-ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD
+# The radix cache's known-bad designs (issue 24): refuted by the checker and shown on real 0.5.23 objects
+# (tests/test_switch_retract.py, the tree without the switch's skip_radix_cache_insert), but not injected into the
+# guard, which does not follow the tree's draft coverage yet (docs/prefix-cache.md); KNOWN_BAD holds the injected ones
+RADIX_KNOWN_BAD: tuple[Design, ...] = (
+    _known_bad(
+        RETRACT_CATCH_UP_RADIX, name="retract_catch_up_radix_unmarked",
+        tree_draft=TreeDraft.IGNORED,
+        summary="plain_off_retract_catch_up with SGLang's radix cache as it is: prompts prefilled while off are "
+        "checkpointed into the tree with target KV and no draft KV; after flip-on a request hitting them (a retracted "
+        "request's own re-prefill too) drafts over slots the draft never wrote.",
+        source="issue 24; docs/throughput-plan.md (catch-up by retraction); sglang 0.5.23 mem_cache/common.py "
+        "checkpoint_kv_cache, mem_cache/radix_cache.py RadixCache.checkpoint",
+        expected_invariant="draft_kv_covers_prefix",
+    ),
+    _known_bad(
+        RETRACT_CATCH_UP_RADIX, name="retract_catch_up_radix_match_stops",
+        tree_draft=TreeDraft.MATCH_STOPS_AT_MISSING,
+        summary="The radix cache marks each token with whether its draft KV was written and a match with speculation "
+        "on stops at the first unmarked one, but the checkpoint after the prefill finds the recomputed tokens already "
+        "in the tree and repoints the request at the tree's unmarked slots (freeing its own).",
+        source="issue 24; sglang 0.5.23 mem_cache/radix_cache.py RadixCache.checkpoint (req_to_token rewritten to the "
+        "tree's indices)",
+        expected_invariant="draft_kv_covers_prefix",
+    ),
+    _known_bad(
+        RETRACT_CATCH_UP_RADIX, name="retract_catch_up_radix_evict_at_flip_on",
+        tree_draft=TreeDraft.EVICT_AT_FLIP_ON,
+        summary="The radix cache marks each token with whether its draft KV was written and flip-on evicts the "
+        "unmarked ones, but a request already done at flip-on (left to finish) still locks its unmarked prompt: it "
+        "cannot be evicted and the next request hits it.",
+        source="issue 24; sglang 0.5.23 mem_cache/radix_cache.py (locked nodes are not evictable)",
+        expected_invariant="draft_kv_covers_prefix",
+    ),
+)
+
+ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD + RADIX_KNOWN_BAD
 
 
 def _with_v2_reserve(design: Design) -> Design:

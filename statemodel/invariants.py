@@ -146,6 +146,14 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
                 f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
                 (r.rid,), expected="0", actual=str(r.kv_held + r.kv_reserved),
             ))
+    if state.prefix_cache:  # radix cache: only a request holding KV locks tree tokens, and only cached ones
+        problems.extend(Violation(
+            "kv_conservation",
+            f"request {r.rid} is {r.status.value} and locks {r.cached_len} tree tokens of {len(state.prefix_cache)}",
+            (r.rid,), expected="0" if r.status in _HOLD_NO_KV else f"<= {len(state.prefix_cache)}",
+            actual=str(r.cached_len),
+        ) for r in state.requests if r.cached_len and (
+            r.status in _HOLD_NO_KV or r.cached_len > len(state.prefix_cache)))
     return problems
 
 
@@ -244,7 +252,7 @@ def _expected_growth(before: State, action: Action, design: Design, scope: Scope
 def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: Scope,
                            design: Design) -> list[Violation]:
     """Before any draft step, the draft model's KV covers every committed token and the hidden
-    state it starts from exists."""
+    state it starts from exists, the prefix a request took from the radix cache included."""
     if action.name != "draft" or action.args[0] == 0:
         return []
     spec = before.running.spec_info
@@ -257,7 +265,7 @@ def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: S
         )]
     stale = [r for r in map(before.requests.__getitem__, before.running.rids) if not r.draft_current]
     if not stale:
-        return []
+        return _tree_prefix_without_draft(before, action) if before.prefix_cache else []
     r = stale[0]
     hidden = "present" if r.draft_hidden_ready else "missing"
     return [Violation(
@@ -266,6 +274,26 @@ def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: S
         f"committed tokens of request {r.rid}, hidden state {hidden}",
         tuple(x.rid for x in stale), expected=f"{r.seq_len} tokens, hidden state present",
         actual=f"{r.draft_kv_len} tokens, hidden state {hidden}",
+    )]
+
+
+def tree_draft_missing(state: State, rid: int) -> int:
+    """Positions of request `rid`'s prefix that are radix-tree slots whose draft KV was never written."""
+    return state.prefix_cache[:state.requests[rid].cached_len].count(False)
+
+
+def _tree_prefix_without_draft(before: State, action: Action) -> list[Violation]:
+    missing = {rid: n for rid in before.running.rids if (n := tree_draft_missing(before, rid))}
+    if not missing:
+        return []
+    rid = next(iter(missing))
+    cached = before.requests[rid].cached_len
+    return [Violation(
+        "draft_kv_covers_prefix",
+        f"draft step {action.args[0]} starts with request {rid}'s first {cached} tokens from the radix cache, "
+        f"{missing[rid]} of them without draft KV (cached while the draft did not run)",
+        tuple(missing), expected=f"{cached} cached tokens with draft KV",
+        actual=f"{missing[rid]} positions without draft KV",
     )]
 
 

@@ -11,7 +11,7 @@ import attrs
 
 from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
-from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy
+from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy, TreeDraft
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
 from statemodel.state import SpecMode, Stage, State, Status, forget_finished
 
@@ -116,6 +116,35 @@ def _reprefill_with_draft(before: State, action: Action, after: State) -> bool:
         for a, b in zip(before.requests, after.requests, strict=True))
 
 
+def _prefix_hit(before: State, action: Action, after: State) -> bool:
+    """Radix cache: a prefill takes part of a prompt from the tree (it computes fewer tokens than it fills)."""
+    if action.name != "prefill" or after.launched is None:
+        return False
+    filled = sum(b.prefilled_len - a.prefilled_len for a, b in zip(before.requests, after.requests, strict=True)
+                 if b.prefilled_len > a.prefilled_len)
+    return filled > after.launched.extend_tokens
+
+
+def _prompt_cached_without_draft(before: State, action: Action, after: State) -> bool:
+    """Radix cache: a request starts a prefill with speculation on while part of its prompt is cached without
+    draft KV (the case the tree's draft coverage is for)."""
+    tree = before.prefix_cache
+    return action.name == "prefill" and before.spec_mode is SpecMode.ON and any(
+        a.status is Status.WAITING and b.status is not Status.WAITING
+        and False in tree[:min(a.prompt_len, a.prefill_target - 1)]
+        for a, b in zip(before.requests, after.requests, strict=True))
+
+
+def _kept_out_of_tree(before: State, action: Action, after: State) -> bool:
+    """Radix cache: a prefill without the draft leaves prompt tokens it computed out of the tree."""
+    return action.name == "prefill" and after.spec_mode is SpecMode.OFF and any(
+        b.cached_len < min(b.prefilled_len, b.prompt_len) for b in after.requests if b.status is not Status.WAITING)
+
+
+def _tree_evicts(before: State, action: Action, after: State) -> bool:
+    return len(after.prefix_cache) < len(before.prefix_cache)
+
+
 def _steps_switched(before: State, action: Action, after: State) -> bool:
     return action.name == "draft" and action.args[0] != before.num_steps
 
@@ -179,6 +208,19 @@ class Model:
                 Sometimes("released_before_launch", "a step launches with a request released after the step was "
                           "prepared", _released_before_launch),
             ]
+        if self.design.radix_cache:
+            out.append(Sometimes("prefix_hit", "a prefill takes part of a prompt from the radix cache", _prefix_hit))
+            if self.design.tree_draft is TreeDraft.NOT_INSERTED_WITHOUT_DRAFT:
+                # nothing without draft KV is ever cached; the tree holds few enough tokens in this scope that no
+                # allocation has to evict them (docs/prefix-cache.md)
+                out.append(Sometimes("kept_out_of_tree", "a prefill without the draft leaves the prompt tokens it "
+                                     "computed out of the radix cache", _kept_out_of_tree))
+            else:
+                out += [
+                    Sometimes("prompt_cached_without_draft", "a request starts a prefill with speculation on while "
+                              "part of its prompt is cached without draft KV", _prompt_cached_without_draft),
+                    Sometimes("tree_evicts", "tokens are evicted from the radix cache", _tree_evicts),
+                ]
         largest = self.design.largest_steps()
         out += [Sometimes(f"verify_accepts_{n}", f"a verify where some request accepts {n} draft tokens",
                           _verify_accepting(n)) for n in range(largest + 1)]

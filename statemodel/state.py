@@ -154,7 +154,9 @@ class Request:
     request has (`len(req.output_ids)`); `kv_held` KV slots holding committed tokens, `kv_reserved`
     slots over-allocated for draft tokens; `draft_kv_len` how far the draft model's KV covers the
     committed prefix, `draft_hidden_ready` whether the hidden state / bonus token the next draft
-    step starts from exists.
+    step starts from exists. `cached_len` (radix cache only): the leading tokens of the request that
+    are the radix tree's slots (matched or checkpointed), locked by it and not in `kv_held`; the draft
+    KV there is whatever the tree's slots hold (`State.prefix_cache`), which `draft_kv_len` does not see.
     """
 
     rid: int
@@ -168,6 +170,7 @@ class Request:
     kv_reserved: int = 0
     draft_kv_len: int = 0
     draft_hidden_ready: bool = False
+    cached_len: int = 0
 
     @property
     def prefill_target(self) -> int:
@@ -184,7 +187,8 @@ class Request:
 
     def replace(self, *, status: Status | None = None, prefilled_len: int | None = None, seq_len: int | None = None,
                 committed: int | None = None, kv_held: int | None = None, kv_reserved: int | None = None,
-                draft_kv_len: int | None = None, draft_hidden_ready: bool | None = None) -> Request:
+                draft_kv_len: int | None = None, draft_hidden_ready: bool | None = None,
+                cached_len: int | None = None) -> Request:
         """`attrs.evolve(self, ...)` for the fields a step moves, at a third of its cost: the actions rebuild
         every request of the batch at every step (the checker's and the guard's hot loop). No field is
         optional, so None means "keep"."""
@@ -200,6 +204,7 @@ class Request:
         _set_kv_reserved(new, self.kv_reserved if kv_reserved is None else kv_reserved)
         _set_draft_kv_len(new, self.draft_kv_len if draft_kv_len is None else draft_kv_len)
         _set_draft_hidden_ready(new, self.draft_hidden_ready if draft_hidden_ready is None else draft_hidden_ready)
+        _set_cached_len(new, self.cached_len if cached_len is None else cached_len)
         _set_cached_hash(new, None)
         return new
 
@@ -208,10 +213,10 @@ class Request:
 # every field, and the hash cache attrs.frozen(cache_hash=True) keeps, exactly as __init__ sets them.
 _new_object = object.__new__
 (_set_rid, _set_prompt_len, _set_max_new_tokens, _set_status, _set_prefilled_len, _set_seq_len, _set_committed,
- _set_kv_held, _set_kv_reserved, _set_draft_kv_len, _set_draft_hidden_ready, _set_cached_hash) = (
+ _set_kv_held, _set_kv_reserved, _set_draft_kv_len, _set_draft_hidden_ready, _set_cached_len, _set_cached_hash) = (
     Request.__dict__[name].__set__ for name in (
         "rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed", "kv_held",
-        "kv_reserved", "draft_kv_len", "draft_hidden_ready", "_attrs_cached_hash"))
+        "kv_reserved", "draft_kv_len", "draft_hidden_ready", "cached_len", "_attrs_cached_hash"))
 
 
 def _check_request_replace() -> None:
@@ -219,14 +224,15 @@ def _check_request_replace() -> None:
     Request, or a change in attrs' hash cache, fails here at import."""
     fields = attrs.fields(Request)
     if tuple(a.name for a in fields) != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len",
-                                         "committed", "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready"):
+                                         "committed", "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready",
+                                         "cached_len"):
         raise ImportError("statemodel.state: Request's fields changed; update Request.replace")
     if any(a.validator is not None or a.converter is not None for a in fields):
         raise ImportError("statemodel.state: Request has a validator or converter; Request.replace skips __init__")
-    base = Request(7, 5, 9, Status.RUNNING, 5, 6, 2, 6, 3, 6, True)
-    built = Request(7, 5, 9, Status.WAITING, 4, 3, 2, 1, 0, 3, False)
+    base = Request(7, 5, 9, Status.RUNNING, 5, 6, 2, 6, 3, 6, True, 2)
+    built = Request(7, 5, 9, Status.WAITING, 4, 3, 2, 1, 0, 3, False, 1)
     fast = base.replace(status=Status.WAITING, prefilled_len=4, seq_len=3, kv_held=1, kv_reserved=0, draft_kv_len=3,
-                        draft_hidden_ready=False)
+                        draft_hidden_ready=False, cached_len=1)
     if fast != built or hash(fast) != hash(built) or fast.__getstate__() != built.__getstate__():
         raise ImportError("statemodel.state: Request.replace no longer builds what Request() builds")
 
@@ -283,6 +289,9 @@ class State:
     thresholds: Thresholds | None = None
     # overlap schedule only (Scope.overlap): launched steps whose results wait, oldest first; always () without
     unprocessed: tuple[Unprocessed, ...] = ()
+    # radix cache only (Design.radix_cache): the tree's cached tokens of the scope's shared token sequence (every
+    # prompt is a prefix of it), in order, each True where the draft KV of its slot was written; always () without
+    prefix_cache: tuple[bool, ...] = ()
 
     def req(self, rid: int) -> Request:
         return self.requests[rid]
@@ -307,7 +316,9 @@ class State:
         return len(statuses) - statuses.count(Status.NOT_ARRIVED) - statuses.count(Status.FINISHED)
 
     def kv_accounted(self) -> int:
-        return self.kv_free + sum([r.kv_held + r.kv_reserved for r in self.requests])  # a list sums faster
+        """Slots free, held, reserved, or the radix tree's."""
+        held = sum([r.kv_held + r.kv_reserved for r in self.requests])  # a list sums faster
+        return self.kv_free + held + len(self.prefix_cache)
 
     def all_finished(self) -> bool:
         return all(r.status is Status.FINISHED for r in self.requests)
@@ -315,7 +326,8 @@ class State:
     def replace(self, *, requests: tuple[Request, ...] = _KEEP, running: Batch = _KEEP, pending: Batch | None = _KEEP,
                 launched: Batch | None = _KEEP, stage: Stage = _KEEP, spec_mode: SpecMode = _KEEP,
                 num_steps: int = _KEEP, kv_free: int = _KEEP, kv_pool_size: int = _KEEP,
-                thresholds: Thresholds | None = _KEEP, unprocessed: tuple[Unprocessed, ...] = _KEEP) -> State:
+                thresholds: Thresholds | None = _KEEP, unprocessed: tuple[Unprocessed, ...] = _KEEP,
+                prefix_cache: tuple[bool, ...] = _KEEP) -> State:
         """`attrs.evolve(self, ...)` at half its cost: every action and every guard overlay makes a new State."""
         return State(
             self.requests if requests is _KEEP else requests,
@@ -329,6 +341,7 @@ class State:
             self.kv_pool_size if kv_pool_size is _KEEP else kv_pool_size,
             self.thresholds if thresholds is _KEEP else thresholds,
             self.unprocessed if unprocessed is _KEEP else unprocessed,
+            self.prefix_cache if prefix_cache is _KEEP else prefix_cache,
         )
 
 
@@ -380,4 +393,5 @@ def _check_replace(cls: type, sample: Any) -> None:
 
 _check_replace(Batch, Batch((1,), ForwardMode.DECODE, SpecInfo(SpecInfoKind.DRAFT_INPUT, 1, 1), True, 1,
                             GraphShape(1, 1), 0))
-_check_replace(State, State((), Batch(), None, None, Stage.SCHEDULE, SpecMode.ON, 2, 4, 4, Thresholds(2, 1), ()))
+_check_replace(State, State((), Batch(), None, None, Stage.SCHEDULE, SpecMode.ON, 2, 4, 4, Thresholds(2, 1), (),
+                            (True, False)))

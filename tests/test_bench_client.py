@@ -31,6 +31,7 @@ class CounterServerCpuStandIn:
     def __init__(self, name: str, log: list[tuple[str, str]], delay_s: float, wrong: bool = False) -> None:
         outer = self
         self.name, self.log, self.delay_s, self.wrong, self.freezes = name, log, delay_s, wrong, 0
+        self.prompts: list[list[int]] = []
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
@@ -45,8 +46,11 @@ class CounterServerCpuStandIn:
                 outer.log.append((outer.name, "generate"))
                 time.sleep(outer.delay_s)
                 ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+                outer.prompts.append(ids)
                 out = [(ids[-1] + 1 + k + int(outer.wrong)) % VOCAB for k in range(n)]
-                self._reply(json.dumps({"output_ids": out, "meta_info": {}}).encode())
+                # the slow stand-in plays a speculative server: it reports an accept length
+                meta = {"spec_accept_length": 2.0 if outer.name == "slow" else None}
+                self._reply(json.dumps({"output_ids": out, "meta_info": meta}).encode())
 
             def _reply(self, data: bytes) -> None:
                 self.send_response(200)
@@ -161,6 +165,28 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     assert float(table["plain decoding"][7]) == 1.0  # plain is the better static setting in each round
     assert float(table["EAGLE-3 always on"][7]) < 1.0
     assert table["specflip switch, calibrated thresholds"][6] == "0/44"
+
+
+def test_bursty_shared_prefix_spans_a_burst_and_the_quiet_phase_after_it(
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24's load: a new shared prefix per burst, which the next quiet phase starts with too; the accept length
+    is averaged per phase kind (None where the server reports none)."""
+    import bursty_client
+    (fast, slow, _), _ = servers
+    out = tmp_path / "bursty.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", f"plain={fast.url},spec={slow.url}",
+                                      "--cycles", "2", "--low-conc", "1", "--low-requests", "2", "--burst-conc", "1",
+                                      "--burst-requests", "3", "--rounds", "1", "--new-tokens", "2",
+                                      "--shared-prefix", "5", "--out", str(out)])
+    bursty_client.main()
+    rows = {r["cfg"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["spec"]["quiet_accept"] == rows["spec"]["burst_accept"] == 2.0
+    assert rows["plain"]["quiet_accept"] is None and rows["plain"]["exact"] == 10
+    prompts = fast.prompts  # quiet 2, burst 3, quiet 2, burst 3, in order (one request in flight)
+    assert slow.prompts == prompts and len(prompts) == 10 and all(len(p) == 5 + 32 for p in prompts)
+    heads = [tuple(p[:5]) for p in prompts]
+    assert heads[2:7] == [heads[2]] * 5 and heads[7:] == [heads[7]] * 3  # a burst and the quiet phase after it
+    assert len({heads[0], heads[2], heads[7]}) == 3
 
 
 def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

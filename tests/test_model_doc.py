@@ -54,6 +54,7 @@ ENUM_CLASSES = (
     design_module.KvReserve,
     design_module.PlainStepGraphs,
     design_module.MergeSpecInfo,
+    design_module.TreeDraft,
 )
 
 

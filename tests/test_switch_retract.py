@@ -149,6 +149,62 @@ def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, rad
     assert not drv.switch.spec_side
 
 
+@pytest.mark.parametrize("keep_out", [True, False], ids=["switch", "without_skip_insert"])
+def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any, model_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   keep_out: bool) -> None:
+    """Issue 24 (design plain_off_retract_catch_up_radix): with the radix cache on, every slot the tree holds after
+    an iteration was last written by a forward with the draft (a prefill with speculation, or a request's own
+    tokens while it speculates). The switch sets `skip_radix_cache_insert` on every request of a batch run while
+    off and gives it back at the flip-on retraction. Without it, the prompts prefilled while off are checkpointed
+    into the tree with no draft KV, and the re-prefills after flip-on hit them."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    if not keep_out:  # the flag reads False and ignores the switch's writes
+        monkeypatch.setattr(Req, "skip_radix_cache_insert", property(lambda self: False, lambda self, value: None),
+                            raising=False)
+    configure(runtime)
+    drv = driver(model_dir, radix=True)
+    with_draft: dict[int, bool] = {}  # slot -> whether the forward that last wrote it ran the draft
+    stale: list[tuple[int, int]] = []  # (iteration, tree slots without draft KV)
+    reprefilled: list[bool] = []  # a retracted request's skip_radix_cache_insert at its prefill with speculation
+    run_batch, iteration = drv.run_batch, drv.iteration
+
+    def recording_run_batch(batch: Any) -> Any:
+        nonlocal reprefilled
+        spec = not batch.spec_algorithm.is_none()
+        if batch.forward_mode.is_extend() or not spec:  # a speculative decode's out_cache_loc is the worker's
+            with_draft.update(dict.fromkeys(batch.out_cache_loc.tolist(), spec))
+        if batch.forward_mode.is_extend() and spec:
+            reprefilled += [r.skip_radix_cache_insert for r in batch.reqs if r.retraction_count]
+        return run_batch(batch)
+
+    def checked_iteration(**kwargs: Any) -> Any:
+        out = iteration(**kwargs)
+        if drv.spec_on:  # a speculating request's own tokens (past its tree prefix) are the draft's
+            for req in drv.running.reqs:
+                row = drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+                with_draft.update(dict.fromkeys(row[req.kv.cache_protected_len:req.kv.kv_allocated_len].tolist(),
+                                                True))
+        tree = drv.pools.tree_cache.all_values_flatten().tolist()
+        missing = [slot for slot in tree if with_draft.get(slot) is False]
+        if missing:
+            stale.append((drv.iteration_no, len(missing)))
+        return out
+
+    drv.run_batch, drv.iteration = recording_run_batch, checked_iteration
+    reqs = run_waves(drv)
+    assert not_greedy(reqs) == [] and [a for _, a in drv.flips] == ["flip_off", "flip_on"] * 3
+    assert any(not spec for _, spec, _ in drv.prefilled)  # prompts were prefilled while off
+    if not keep_out:
+        assert stale, "the tree never cached a token computed without the draft"
+        return
+    assert stale == [] and runtime.guard.found == []
+    assert len(drv.pools.tree_cache.all_values_flatten()) > 0  # the tree still caches what the draft computed
+    assert reprefilled and not any(reprefilled)  # the flag given back at the flip-on retraction
+    assert free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)
+
+
 def test_flip_off_with_the_verify_in_flight_is_caught(runtime: Any, model_dir: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch without `drain_in_flight` at flip-off: the reserve it releases is the one the launched verify

@@ -9,7 +9,13 @@ wins 1.5x, and a burst the rest, where it loses 3x.
 
 One JSON row per configuration and round on stdout (prefix BURSTY) and in --out: total seconds, output tok/s,
 p50 / p99 request latency (all requests, and the quiet phases' alone), each phase's seconds, exact outputs (the
-counter check), errors.
+counter check), errors, and the mean speculative accept length per phase kind (meta_info spec_accept_length; None
+where the server reports none).
+
+--shared-prefix N (issue 24, docs/prefix-cache.md): each burst draws a new N-token prefix that all its prompts and
+those of the quiet phase after it start with. The radix cache caches it during the burst, with speculation off,
+and the quiet phase hits it with speculation on: without the switch's fix its drafts read draft KV never written
+there, and quiet_accept falls. Without the flag the prompts are the same as before it existed.
 """
 import argparse
 import json
@@ -39,6 +45,12 @@ def run_schedule(url, phases, new_tokens, vocab, timeout):
     return time.time() - t_start, phase_s, results
 
 
+def mean_accept(results, label):
+    """Mean spec_accept_length of a phase kind's requests, None when the server reported none."""
+    got = [r[3] for lab, r in results if lab == label and r[3] is not None]
+    return round(statistics.fmean(got), 3) if got else None
+
+
 def row(name, k, total, phase_s, results):
     lats = [r[0] for _, r in results]
     quiet = [r[0] for label, r in results if label == "quiet"]
@@ -46,7 +58,8 @@ def row(name, k, total, phase_s, results):
                 lat_p50=round(statistics.median(lats), 4), lat_p99=round(percentile(lats, 99), 4),
                 quiet_lat_p50=round(statistics.median(quiet), 4), quiet_lat_p99=round(percentile(quiet, 99), 4),
                 phase_s=phase_s, requests=len(results), exact=sum(r[2] for _, r in results),
-                errors=sum(1 for _, r in results if r[4]))
+                errors=sum(1 for _, r in results if r[4]), quiet_accept=mean_accept(results, "quiet"),
+                burst_accept=mean_accept(results, "burst"))
 
 
 def main():
@@ -58,6 +71,8 @@ def main():
     p.add_argument("--burst-conc", type=int, default=128, help="requests in flight in a burst")
     p.add_argument("--burst-requests", type=int, default=384, help="requests in a burst")
     p.add_argument("--rounds", type=int, default=2, help="schedules per server (paired, order rotated)")
+    p.add_argument("--shared-prefix", type=int, default=0,
+                   help="tokens a burst's prompts and the next quiet phase's share (a new prefix per burst)")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--timeout", type=float, default=120, help="seconds a request may take")
@@ -67,6 +82,8 @@ def main():
     for flag in ("cycles", "low_conc", "low_requests", "burst_conc", "burst_requests", "rounds"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if a.shared_prefix < 0:
+        p.error("--shared-prefix must be at least 0")
     servers = parse_servers(a.servers)
     random.seed(2)
     t_start = time.time()
@@ -75,9 +92,12 @@ def main():
             print(f"BURSTY_SKIP round={k}: deadline", flush=True)
             break
         phases = []
+        prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
         for _ in range(a.cycles):
             for label, conc, n in (("quiet", a.low_conc, a.low_requests), ("burst", a.burst_conc, a.burst_requests)):
-                prompts = [[random.randrange(3, a.vocab) for _ in range(31)] + [random.randrange(0, 300)]
+                if label == "burst":  # computed while the switch has speculation off; the next quiet phase hits it
+                    prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
+                prompts = [prefix + [random.randrange(3, a.vocab) for _ in range(31)] + [random.randrange(0, 300)]
                            for _ in range(n)]
                 phases.append((label, conc, prompts))
         for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:

@@ -53,9 +53,9 @@ RECORD_KINDS = ("header", "step", "refine", "compact")
 # of fresh dicts and lists, so the circular-reference check has nothing to find
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _TOP_FIELDS = ("running", "pending", "launched", "stage", "spec_mode", "num_steps", "kv_free", "kv_pool_size",
-               "thresholds", "unprocessed")
+               "thresholds", "unprocessed", "prefix_cache")
 # fields a trace written before they existed leaves out: their value then
-_TOP_DEFAULTS: dict[str, Any] = {"unprocessed": []}
+_TOP_DEFAULTS: dict[str, Any] = {"unprocessed": [], "prefix_cache": []}
 
 
 class TraceFormatError(ValueError):
@@ -116,9 +116,10 @@ def request_to_json(r: Request) -> dict[str, Any]:
 # request_to_json's JSON text, formatted directly (a third of the cost of building the dict and
 # encoding it). Every field is an int except status (an enum value: a plain word) and the one bool.
 _REQUEST_JSON = ('{"rid":%d,"prompt_len":%d,"max_new_tokens":%d,"status":"%s","prefilled_len":%d,"seq_len":%d,'
-                 '"committed":%d,"kv_held":%d,"kv_reserved":%d,"draft_kv_len":%d,"draft_hidden_ready":%s}')
+                 '"committed":%d,"kv_held":%d,"kv_reserved":%d,"draft_kv_len":%d,"draft_hidden_ready":%s,'
+                 '"cached_len":%d}')
 if _REQUEST_NAMES != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed",
-                      "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready"):
+                      "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready", "cached_len"):
     raise ImportError("shim.guard.trace: statemodel.state.Request's fields changed; update _REQUEST_JSON")
 
 
@@ -126,7 +127,7 @@ def request_json_text(r: Request) -> str:
     """The JSON text of `request_to_json(r)`."""
     return _REQUEST_JSON % (r.rid, r.prompt_len, r.max_new_tokens, r.status.value, r.prefilled_len, r.seq_len,
                             r.committed, r.kv_held, r.kv_reserved, r.draft_kv_len,
-                            "true" if r.draft_hidden_ready else "false")
+                            "true" if r.draft_hidden_ready else "false", r.cached_len)
 
 
 def request_from_json(data: dict[str, Any]) -> Request:
@@ -145,6 +146,8 @@ def _top_to_json(state: State, name: str) -> Any:
         return None if value is None else [value.t_off, value.t_on]
     if name == "unprocessed":  # overlap schedule: [rids, steps (null: plain), draft_extended] per queued result
         return [[list(u.rids), u.steps, u.draft_extended] for u in value]
+    if name == "prefix_cache":  # radix cache: per cached token, whether its draft KV was written
+        return list(value)
     return value
 
 
@@ -160,6 +163,8 @@ def _top_from_json(name: str, value: Any) -> Any:
     if name == "unprocessed":
         return tuple(Unprocessed(tuple(int(r) for r in rids), None if steps is None else int(steps), bool(extended))
                      for rids, steps, extended in value)
+    if name == "prefix_cache":
+        return tuple(bool(x) for x in value)
     return int(value)
 
 

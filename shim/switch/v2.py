@@ -66,6 +66,8 @@ T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_req
 T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"  # the plain path's step trace; auto's step times
 T_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"  # auto: accept lengths on the host
+# a request's own skip_radix_cache_insert before the switch kept its while-off tokens out of the radix tree (issue 24)
+SKIP_INSERT_WAS = "specflip_skip_radix_cache_insert_was"
 
 # The model actions (statemodel.actions.ACTION_CATALOGUE) one decode step performs, in order.
 SPEC_STEP_ACTIONS = ("prepare_for_decode", "draft", "verify", "draft_extend")
@@ -337,6 +339,9 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
             retract_all_running(scheduler, in_batch)
             retracted = len(in_batch)
         running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
+        for req in scheduler.waiting_queue:  # re-prefilled with the draft: the tree may cache them again
+            if SKIP_INSERT_WAS in req.__dict__:
+                req.skip_radix_cache_insert = req.__dict__.pop(SKIP_INSERT_WAS)
         enter_spec_path(rt, scheduler)
         _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
     rt.policy.performed(action)
@@ -369,6 +374,13 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     batch = orig(self, running_batch=running_batch, last_batch=last_batch)
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
+    if batch is not None and not rt.policy.spec_on:
+        # issue 24 (docs/prefix-cache.md): a forward without the draft writes no draft KV at its slots, so the radix
+        # tree must not cache them (a later hit would draft over garbage): SGLang's own flag, which checkpoint_kv_cache
+        # and release_kv_cache read, keeps this request's tokens out; flip-on gives it back to the retracted ones
+        for req in batch.reqs:
+            req.__dict__.setdefault(SKIP_INSERT_WAS, getattr(req, "skip_radix_cache_insert", False))
+            req.skip_radix_cache_insert = True
     return batch
 
 
