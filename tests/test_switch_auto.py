@@ -186,66 +186,23 @@ def spec_on_at(drv: Any, iteration: int) -> bool:
 # --- two ranks ----------------------------------------------------------------------------------------------
 
 
-def _rank_main(rank: int, init_file: str, agree: bool, trace_dir: str, out: Any) -> None:
-    """One 'rank': the same decode batches (real ScheduleBatch objects), its own clock (rank 1's steps jitter
-    differently), the learner fed through AutoSwitch; returns its decisions per scheduling point."""
-    import random
-
-    import torch.distributed as dist
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    group = dist.new_group(backend="gloo")
-
-    class SchedulerFields:  # the three Scheduler fields AutoSwitch reads
-        tp_size = 2 if agree else 1
-        tp_rank = rank
-        tp_cpu_group = group
-
-    from shim.timing.jsonl import JsonlTrace
-
-    trace = JsonlTrace(trace_dir, prefix=f"switch-rank{rank}")
-    rng = random.Random(100 + rank)
-    now = [0.0]
-    auto = auto_switch.AutoSwitch(spec_cap=48, window=8, clock=lambda: now[0])
-    spec_on, decisions = True, []
-    demands = [d for d in (2, 6, 40, 64, 3, 30, 20, 100, 2) for _ in range(150)]
-    for step, demand in enumerate(demands):
-        running = min(demand, 48) if spec_on else demand
-        d = auto.decide(spec_on, running, demand - running)
-        if d.action is not None:
-            spec_on = d.action == ap.FLIP_ON
-            trace.event(d.action, running=running, waiting=demand - running, **auto.trace_fields())
-        auto.commit(d)
-        decisions.append((step, d.action, d.reason, auto.state.digest()))
-        batch = ScheduleBatch(reqs=[object()] * running, batch_is_full=False)
-        batch.forward_mode = ForwardMode.DECODE
-        batch.spec_algorithm = SpeculativeAlgorithm.EAGLE3 if spec_on else SpeculativeAlgorithm.NONE
-        auto.on_run_batch(SchedulerFields, batch, auto.state.flips, trace)
-        base = (3e-3 + 0.2e-3 * running) if spec_on else (1e-3 + 0.12e-3 * running)
-        now[0] += base * (1 + 0.08 * rng.random())
-    dist.destroy_process_group()
-    trace.drain(force=True)
-    out.put((rank, decisions))
-
-
 def run_two_ranks(tmp_path: Path, agree: bool) -> dict[int, list[Any]]:
-    import multiprocessing as mp
+    """Two rank processes (tests/auto_rank_worker.py, a fresh interpreter each, the repo on its path: the suite's
+    own sys.path edits do not leak into them), a gloo group between them through a file store."""
+    import json
+    import os
+    import subprocess
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    init = str(tmp_path / f"init-{agree}")
+    init = tmp_path / f"init-{agree}"
     traces = tmp_path / f"traces-{agree}"
-    procs = [ctx.Process(target=_rank_main, args=(r, init, agree, str(traces), queue)) for r in range(2)]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "stand_ins" / "cpu"), str(root)])}
+    procs = [subprocess.Popen([sys.executable, str(root / "tests" / "auto_rank_worker.py"), str(r), str(init),
+                               "1" if agree else "0", str(traces), str(tmp_path / f"out-{agree}-{r}.json")], env=env)
+             for r in range(2)]
     for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return results
+        assert p.wait(timeout=300) == 0
+    return {r: [tuple(x) for x in json.loads((tmp_path / f"out-{agree}-{r}.json").read_text())] for r in range(2)}
 
 
 def test_two_ranks_agree_on_every_decision(tmp_path: Path) -> None:
