@@ -170,13 +170,9 @@ def _cmd_ranks(args: argparse.Namespace) -> int:
     except RankTraceError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
-        d = result.divergence
-        print(json.dumps({"ranks": list(result.ranks), "agree": result.agree, "compared": result.steps_compared,
-                          "first_divergence": None if d is None else {"record": d.step, "rank": d.rank,
-                                                                      "path": d.path, "line": d.line,
-                                                                      "message": d.describe()}}, indent=2))
+        print(json.dumps(result.as_json(), indent=2))
     else:
-        print(f"auto switch decisions: {result.describe()}".replace("transitions", "records (windows and flips)"))
+        print("\n".join(result.report_lines()))
     return 0 if result.agree else 1
 
 
@@ -239,8 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="print the report as JSON")
     explain.set_defaults(func=_cmd_explain)
 
-    ranks = add("ranks", "do the auto switch's per-rank switch traces agree (windows and flips)?")
-    ranks.add_argument("traces", nargs="+", help="switch-<pid>.jsonl files (SPECFLIP_SWITCH_TRACE), one per rank")
+    ranks = add("ranks", "do the switch's per-rank traces of a TP > 1 server agree (steps, flips, auto windows)? "
+                "Lists each flip's scheduler step index, batch and decision on every rank")
+    ranks.add_argument("traces", nargs="+",
+                       help="switch-<pid>.jsonl files (SPECFLIP_SWITCH_TRACE), one per rank, or directories of them; "
+                            "ranks from the records' rank field (auto), else the order given")
     ranks.add_argument("--json", action="store_true", help="print the result as JSON")
     ranks.set_defaults(func=_cmd_ranks)
 

@@ -119,7 +119,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and out.startswith("specflip ")
 
 
-@pytest.mark.parametrize("command", ["check", "explain", "diagram", "replay", "calibrate"])
+@pytest.mark.parametrize("command", ["check", "explain", "ranks", "diagram", "replay", "calibrate"])
 def test_every_flag_has_help_and_the_exit_codes_are_listed(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     from specflip.cli import build_parser
 

@@ -26,11 +26,10 @@ from shim.guard.rank_check import (
     rids_hash,
 )
 from shim.guard.runtime import ConfigError, GuardRuntime
+from specflip.cli import main as cli_main
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-sys.path.insert(0, str(ROOT / "bench" / "gpu"))
-import switch_ranks  # noqa: E402 - bench/gpu/switch_ranks.py, a script
 
 WORKER = TESTS / "tp_rank_process.py"
 FLIP_AT = 21  # tests/tp_rank_process.py: rank 1 flips at step 22, rank 0 at 21
@@ -166,10 +165,10 @@ def test_guard_adapter_on_real_objects_two_ranks(tmp_path: Path, model_dir: Path
         assert r["outcome"] == "RankDisagreement", r.get("traceback", r)
         assert "ranks [0] hold" in r["message"] and "ranks [1] hold" in r["message"]
         assert "spec_algorithm_on" in r["message"] and "spec_mode_on" in r["message"]
-    # the per-rank switch traces, compared as on the GPU host (bench/gpu/switch_ranks.py): the same flips at the
-    # same points on both ranks in the clean run; the fault run's diverge
-    assert switch_ranks.main([str(tmp_path / "switch_driver")]) == 0
-    assert switch_ranks.main([str(tmp_path / "switch_driver_late_flip")]) == 1
+    # the per-rank switch traces, compared as on the GPU host (`specflip ranks DIR`): the same flips at the same
+    # scheduler steps on both ranks in the clean run; the fault run's diverge at rank 1's late flip
+    assert cli_main(["ranks", str(tmp_path / "switch_driver")]) == 0
+    assert cli_main(["ranks", str(tmp_path / "switch_driver_late_flip")]) == 1
     # at the scheduler step where the clean run flipped back on (its second flip), with requests decoding
     assert steps == {clean[0]["flip_iterations"][1]}
     assert "forward_mode 2" in late[0]["message"] and "batch spec on" in late[0]["message"]

@@ -119,3 +119,76 @@ def test_replay_counts_a_rank_divergence_as_unexplained(tmp_path: Path) -> None:
     split = explain_guard_traces(same)
     assert not split["ranks_agree"] and split["unexplained"] == 1
     assert split["result"]["rank_agreement"]["first_divergence"]["rank"] == 1
+
+
+# --- the switch's per-rank traces (`specflip ranks`, check_switch_agreement), threshold policy: no rank field ---
+
+RECORDED_SWITCH = Path(__file__).parent / "regressions" / "recorded" / "switch_trace_h200_replay.jsonl"
+
+
+def flip_one_step_late(lines: list[str], which: int) -> list[str]:
+    """The trace with its `which`-th flip (0-based) moved after the scheduler step that followed it."""
+    at = [n for n, line in enumerate(lines) if '"flip_' in line][which]
+    return [*lines[:at], lines[at + 1], lines[at], *lines[at + 2:]]
+
+
+def test_switch_traces_of_a_threshold_server_agree_and_diverge(tmp_path: Path, capsys) -> None:
+    """A recorded H200 switch trace (thresholds) as every rank's: they agree, and the per-flip listing shows each
+    flip's scheduler step index, batch and decision on each rank; with rank 2's second flip one step late, the
+    ranks diverge at that flip, and the message names the record, the step index and the ranks."""
+    import json
+
+    from shim.guard.ranks import RANKS_FROM_ORDER, check_switch_agreement
+    from specflip.cli import main
+
+    lines = RECORDED_SWITCH.read_text().splitlines()
+    for rank in range(3):
+        (tmp_path / f"switch-{100 + rank}.jsonl").write_text("\n".join(lines) + "\n")
+    same = check_switch_agreement([tmp_path])
+    assert same.agree and same.ranks == (0, 1, 2) and same.ranks_from == RANKS_FROM_ORDER
+    assert same.records_compared == len(lines)
+    flips = same.traces[0].flips
+    assert [f.decision for f in flips] == ["flip_off", "flip_on", "flip_off", "flip_on", "flip_off"]
+    # the step index: decode steps and prefills traced before the flip, counted from the file itself
+    first = next(n for n, line in enumerate(lines) if '"flip_' in line)
+    assert flips[0].step == sum(1 for line in lines[:first] if json.loads(line)["action"] in ("step", "prefill"))
+    assert main(["ranks", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"rank 0 = {tmp_path / 'switch-100.jsonl'}" in out and "no rank field" in out
+    assert f"flip 1: {flips[0].describe()} | {flips[0].describe()} | {flips[0].describe()}" in out
+    assert out.strip().splitlines()[-1].startswith("OK: all 3 ranks [0, 1, 2]")
+
+    (tmp_path / "switch-102.jsonl").write_text("\n".join(flip_one_step_late(lines, 1)) + "\n")
+    split = check_switch_agreement(sorted(tmp_path.glob("*.jsonl")))
+    assert not split.agree
+    d = split.result.divergence
+    assert d is not None and d.rank == 2 and d.agreeing_ranks == (0, 1)
+    assert split.traces[2].flips[1].step == flips[1].step + 1
+    message = split.describe()
+    assert f"rank 2 diverged first, at switch record {d.step} (scheduler step index {flips[1].step}, after flip 1)" \
+        in message and "where ranks [0, 1] have flip_on" in message
+    assert main(["ranks", "--json", str(tmp_path)]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["first_divergence"]["rank"] == 2 and data["first_divergence"]["step_index"] == flips[1].step
+    assert data["flips"]["2"][1]["step"] == flips[1].step + 1
+    # a rank whose trace ends early diverges at the first record it lacks
+    (tmp_path / "switch-102.jsonl").write_text("\n".join(lines[:first]) + "\n")
+    cut = check_switch_agreement([tmp_path])
+    assert not cut.agree and "rank 2" in cut.describe() and "stopped before" in cut.describe()
+
+
+def test_switch_traces_bad_input_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    from specflip.cli import main
+
+    assert main(["ranks", str(tmp_path)]) == 2
+    assert "no switch-*.jsonl in this directory" in capsys.readouterr().err
+    (tmp_path / "switch-1.jsonl").write_text(RECORDED_SWITCH.read_text())
+    (tmp_path / "switch-2.jsonl").write_text('["a list"]\n')
+    assert main(["ranks", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "switch-2.jsonl:1: not a JSON object" in err
+    assert main(["ranks", str(tmp_path), str(tmp_path / "switch-1.jsonl")]) == 2
+    assert "given twice" in capsys.readouterr().err
+    (tmp_path / "switch-2.jsonl").write_text('{"action": "auto_observe", "rank": 0}\n{"action": "step", "rank": 1}\n')
+    assert main(["ranks", str(tmp_path)]) == 2
+    assert "records of ranks [0, 1] in one trace" in capsys.readouterr().err

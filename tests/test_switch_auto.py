@@ -29,7 +29,7 @@ gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
-from shim.guard.ranks import check_switch_agreement  # noqa: E402
+from shim.guard.ranks import RANKS_FROM_FIELD, check_switch_agreement  # noqa: E402
 from shim.switch import auto as auto_switch  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
 from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402
@@ -216,7 +216,7 @@ def test_two_ranks_agree_on_every_decision(tmp_path: Path) -> None:
     assert apart[0] != apart[1]
     # the per-rank switch traces say the same: `specflip ranks` (shim.guard.ranks.check_switch_agreement)
     same = check_switch_agreement(sorted((tmp_path / "traces-True").glob("*.jsonl")))
-    assert same.agree and same.ranks == (0, 1) and same.steps_compared > 100
+    assert same.agree and same.ranks == (0, 1) and same.ranks_from == RANKS_FROM_FIELD and same.records_compared > 100
     split = sorted((tmp_path / "traces-False").glob("*.jsonl"))
     diverged = check_switch_agreement(split)
     assert not diverged.agree and "diverged first" in diverged.describe()
@@ -227,13 +227,21 @@ def test_two_ranks_agree_on_every_decision(tmp_path: Path) -> None:
 def test_ranks_bad_input_is_one_line(tmp_path: Path, capsys: Any) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    assert cli_main(["ranks", str(bad)]) == 2
+    good = tmp_path / "switch-1.jsonl"
+    good.write_text('{"t": 1, "action": "flip_off", "running": 5, "waiting": 0, "chunked": 0}\n')
+    assert cli_main(["ranks", str(bad), str(good)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("specflip ranks:") and "not JSON" in err and "\n" not in err
-    empty = tmp_path / "thresholds.jsonl"
-    empty.write_text('{"t": 1, "action": "flip_off", "running": 5}\n')
-    assert cli_main(["ranks", str(empty)]) == 2
-    assert "no auto switch records" in capsys.readouterr().err
+    assert cli_main(["ranks", str(good)]) == 2  # one rank: nothing to compare
+    assert "need at least two switch traces" in capsys.readouterr().err
+    guard = tmp_path / "guard.jsonl"
+    guard.write_text('{"kind": "header", "rank": 0}\n')
+    assert cli_main(["ranks", str(good), str(guard)]) == 2
+    assert "not a switch trace" in capsys.readouterr().err
+    auto = tmp_path / "auto.jsonl"  # an auto trace (rank field) with a threshold one (none): not one run
+    auto.write_text('{"t": 1, "action": "auto_observe", "rank": 1, "n": 8}\n')
+    assert cli_main(["ranks", str(good), str(auto)]) == 2
+    assert "has a rank field" in capsys.readouterr().err
 
 
 def _batch(mode: str, bs: int) -> Any:

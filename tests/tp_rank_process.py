@@ -92,7 +92,7 @@ def driver_run(rank: int, scenario: str, group: Any, model_dir: str, out_dir: Pa
             drv.iteration()
         drv.run_until_idle()
     finally:
-        # this rank's switch trace, one file per scheduler process as a server writes it (bench/gpu/switch_ranks.py)
+        # this rank's switch trace, one file per scheduler process as a server writes it (`specflip ranks`)
         trace_dir = out_dir / f"switch_{scenario}"
         trace_dir.mkdir(exist_ok=True)
         (trace_dir / f"switch-rank{rank}.jsonl").write_text("".join(json.dumps(e) + "\n"
