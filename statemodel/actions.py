@@ -10,6 +10,7 @@ ACTION_CATALOGUE documents each action once; the diagrams, docs and the guard re
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import attrs
 
@@ -56,6 +57,9 @@ class Action:
             return f"{self.name}(accepts={list(self.args)})"
         if self.name == "draft":
             return f"draft(steps={self.args[0]})"
+        if self.name == "prefill":
+            picks = ", ".join(f"{rid}: {tokens}" for rid, tokens in zip(self.args[::2], self.args[1::2], strict=True))
+            return f"prefill(tokens={{{picks}}})"
         return f"{self.name}({', '.join(map(str, self.args))})"
 
 
@@ -356,23 +360,25 @@ def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State
     return state.replace(requests=state.with_requests({rid: req}), launched=None)
 
 
+def prefill_action(picks: Iterable[tuple[int, int]]) -> Action:
+    """A `prefill` of the requests the real scheduler picked: (request id, tokens its chunk extends) each,
+    in batch order. The checker's `prefill` has no arguments: the model's own PrefillAdder picks."""
+    return Action("prefill", tuple(x for pick in picks for x in pick))
+
+
 def _prefill(state: State, action: Action, design: Design, scope: Scope) -> State:
-    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
-    budget = min(scope.chunk_size, state.kv_free)
-    room = running_cap(state, scope) - state.in_flight_count()
+    """An EXTEND batch: the picked requests extend by their chunk; a request whose chunk reaches its
+    prefill target runs (and the draft prefills with it, unless speculation is off and the draft catches
+    up later)."""
+    args = action.args
+    picks = zip(args[::2], args[1::2], strict=True) if args else _prefill_adder_picks(state, scope)
     changed: dict[int, Request] = {}
     completed: list[int] = []
     extended = 0
     draft_prefills = state.spec_mode is SpecMode.ON or design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
-    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
-        if budget == 0:
-            break
-        if r.status is Status.WAITING:
-            if room == 0:
-                continue
-            room -= 1
-        tokens = min(r.prefill_target - r.prefilled_len, budget)
-        budget -= tokens
+    requests = state.requests
+    for rid, tokens in picks:
+        r = requests[rid]
         extended += tokens
         new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
         if new.prefilled_len == new.prefill_target:
@@ -380,8 +386,8 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
                 status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
                 draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
             )
-            completed.append(r.rid)
-        changed[r.rid] = new
+            completed.append(rid)
+        changed[rid] = new
     launched = Batch(rids=tuple(changed), forward_mode=ForwardMode.EXTEND, out_cache_loc_width=extended,
                      extend_tokens=extended)
     pending = None
@@ -392,6 +398,24 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
                         spec_algorithm_on=on_batch)
     return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
                         kv_free=state.kv_free - extended)
+
+
+def _prefill_adder_picks(state: State, scope: Scope) -> list[tuple[int, int]]:
+    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
+    budget = min(scope.chunk_size, state.kv_free)
+    room = running_cap(state, scope) - state.in_flight_count()
+    picks: list[tuple[int, int]] = []
+    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
+        if budget == 0:
+            break
+        if r.status is Status.WAITING:
+            if room == 0:
+                continue
+            room -= 1
+        tokens = min(r.prefill_target - r.prefilled_len, budget)
+        budget -= tokens
+        picks.append((r.rid, tokens))
+    return picks
 
 
 def _batch_spec_algorithm(state: State, design: Design) -> bool:
@@ -730,6 +754,7 @@ __all__ = [
     "apply",
     "enabled",
     "initial_states",
+    "prefill_action",
     "result_growth",
     "result_rows",
     "verify_growth",

@@ -36,13 +36,12 @@ from shim.guard.trace import (
     state_to_json,
     violation_to_json,
 )
-from statemodel.actions import Action, apply, result_rows
+from statemodel.actions import Action, apply, prefill_action, result_rows
 from statemodel.design import Design, Scope
 from statemodel.invariants import Violation
 from statemodel.state import (
     EMPTY_BATCH,
     Batch,
-    ForwardMode,
     GraphShape,
     Request,
     SpecInfo,
@@ -138,34 +137,22 @@ class Guard:
 
     def prefill(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                 *, draft_prefills: bool, where: str = "prepare_for_extend") -> None:
-        """An EXTEND batch was prepared: its requests arrive (if new) and prefill. The draft prefills
-        with them when the batch carries the speculative algorithm (the v2 worker's prefill branch)."""
+        """An EXTEND batch was prepared: its requests arrive (if new) and prefill: the model's `prefill` of the
+        requests and chunks the real PrefillAdder picked (`prefill_action`). The draft prefills with them when
+        the batch carries the speculative algorithm (the v2 worker's prefill branch), as observed."""
         self.settle_round()
         self._merge_pending_implicitly(None)
         for r in reqs:
             if r.rid not in self.index:
                 self._arrive(r, where)
         before = self.state
-        changed: dict[int, Request] = {}
-        completed: list[int] = []
-        for obs in reqs:
-            r = before.req(self.index[obs.rid])
-            done = not obs.chunked
-            new = attrs.evolve(r, status=Status.RUNNING if done else Status.PREFILLING,
-                               prefilled_len=obs.prefilled_len, **_kv_fields(obs))
-            if done:
-                new = attrs.evolve(new, seq_len=obs.prefilled_len, committed=r.committed + 1,
-                                   draft_kv_len=obs.prefilled_len if draft_prefills else 0,
-                                   draft_hidden_ready=draft_prefills)
-                completed.append(r.rid)
-            changed[r.rid] = new
-        spec = (SpecInfo(SpecInfoKind.DRAFT_INPUT, len(completed), 1)
-                if draft_prefills and launched.spec_algorithm_on else SpecInfo.none())
-        pending = (Batch(rids=tuple(completed), forward_mode=ForwardMode.DECODE, spec_info=spec,
-                         spec_algorithm_on=launched.spec_algorithm_on) if completed else None)
-        after = attrs.evolve(before, requests=before.with_requests(changed), pending=pending,
-                             launched=self._batch(launched), kv_free=pool.free, kv_pool_size=pool.size)
-        self._record(before, Action("prefill"), after, where)
+        requests, index = before.requests, self.index
+        action = prefill_action((index[obs.rid], obs.prefilled_len - requests[index[obs.rid]].prefilled_len)
+                                for obs in reqs)
+        after = self._overlay(apply(before, action, self.config.design, self.config.scope),
+                              launched=launched, reqs=reqs, pool=pool)
+        after = _draft_prefilled_as_observed(after, draft_prefills, launched.spec_algorithm_on)
+        self._record(before, action, after, where)
 
     def merge(self, merged: ObservedBatch, pending: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
               *, where: str = "ScheduleBatch.merge_batch") -> None:
@@ -565,7 +552,22 @@ def _with_observed(r: Request, seq_len: int, kv_held: int, kv_reserved: int) -> 
     return r.replace(seq_len=seq_len, kv_held=kv_held, kv_reserved=kv_reserved)
 
 
-def _kv_fields(obs: ObservedRequest) -> dict[str, int]:
-    if not obs.holds_kv:
-        return {"kv_held": 0, "kv_reserved": 0}
-    return {"kv_held": obs.kv_committed, "kv_reserved": obs.kv_allocated - obs.kv_committed}
+def _draft_prefilled_as_observed(state: State, draft_prefills: bool, spec_algorithm_on: bool) -> State:
+    """The prefill's outcome for the draft as the live batch shows it: the draft prefilled with the requests whose
+    prefill completed iff the batch carried the speculative algorithm (the worker's prefill branch), and the
+    prefilled batch carries that algorithm and a draft input row per request then."""
+    pending = state.pending
+    if pending is None:
+        return state
+    changed = {}
+    for rid in pending.rids:
+        r = state.req(rid)
+        want_len = r.prefilled_len if draft_prefills else 0
+        if r.draft_kv_len != want_len or r.draft_hidden_ready is not draft_prefills:
+            changed[rid] = r.replace(draft_kv_len=want_len, draft_hidden_ready=draft_prefills)
+    spec = (SpecInfo(SpecInfoKind.DRAFT_INPUT, pending.size, 1) if draft_prefills and spec_algorithm_on
+            else SpecInfo.none())
+    if not changed and pending.spec_info == spec and pending.spec_algorithm_on is spec_algorithm_on:
+        return state
+    return state.replace(requests=state.with_requests(changed),
+                         pending=pending.replace(spec_info=spec, spec_algorithm_on=spec_algorithm_on))
