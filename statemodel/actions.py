@@ -179,13 +179,27 @@ def running_cap(state: State, scope: Scope) -> int:
     return scope.spec_cap if state.spec_mode is SpecMode.ON else scope.plain_cap
 
 
+def decode_write_slots(steps: int, topk: int = 1, draft_tokens: int | None = None) -> int:
+    """KV slots one speculative decode step writes per request: SGLang's get_alloc_len_per_decode,
+    max(steps * topk, draft tokens) (the model: topk 1, steps + 1 draft tokens)."""
+    return max(steps * topk, steps + 1 if draft_tokens is None else draft_tokens)
+
+
+def reserve_slots(kv_reserve: KvReserve, current_write_slots: int, largest_write_slots: int) -> int:
+    """Draft-token KV slots the speculative prepare_for_decode reserves per request, from the slots a step writes
+    (`decode_write_slots`) in the state published at the top-up and in the largest state. The one reserve rule:
+    the model's prepare_for_decode and `specflip lint` both read it."""
+    if kv_reserve is KvReserve.CURRENT_STATE:
+        return current_write_slots
+    if kv_reserve is KvReserve.TWICE_LARGEST:
+        return 2 * largest_write_slots
+    return largest_write_slots
+
+
 def reserve_per_request(state: State, design: Design) -> int:
     """Draft-token KV slots a speculative decode step reserves per request (topk 1: steps + 1)."""
-    if design.kv_reserve is KvReserve.CURRENT_STATE:
-        return state.num_steps + 1
-    if design.kv_reserve is KvReserve.TWICE_LARGEST:
-        return 2 * (design.largest_steps() + 1)
-    return design.largest_steps() + 1
+    return reserve_slots(design.kv_reserve, decode_write_slots(state.num_steps),
+                         decode_write_slots(design.largest_steps()))
 
 
 def _spec_prepare_path(state: State, design: Design) -> bool:
@@ -752,9 +766,11 @@ __all__ = [
     "Action",
     "ActionInfo",
     "apply",
+    "decode_write_slots",
     "enabled",
     "initial_states",
     "prefill_action",
+    "reserve_slots",
     "result_growth",
     "result_rows",
     "verify_growth",
