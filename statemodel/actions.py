@@ -9,6 +9,7 @@ ACTION_CATALOGUE documents each action once; the diagrams, docs and the guard re
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Iterable
 
@@ -63,12 +64,27 @@ class Action:
         return f"{self.name}({', '.join(map(str, self.args))})"
 
 
+class ActionMode(enum.Enum):
+    """The runtime mode an action belongs to: speculation on, off, or either."""
+
+    ON = "on"
+    OFF = "off"
+    ANY = "any"
+
+    def modes(self) -> tuple[SpecMode, ...]:
+        """The runtime modes the action runs in."""
+        return (SpecMode.ON, SpecMode.OFF) if self is ActionMode.ANY else (SpecMode(self.value),)
+
+    def allows(self, mode: SpecMode) -> bool:
+        return self is ActionMode.ANY or self.value == mode.value
+
+
 @attrs.frozen
 class ActionInfo:
     name: str
     stage_from: tuple[Stage, ...]
     stage_to: Stage
-    spec_mode: str  # "on", "off" or "any": the runtime mode the action belongs to
+    spec_mode: ActionMode  # the runtime mode the action belongs to
     summary: str
     guard: str  # when the action is enabled, in words (diagram edge labels read it)
     overlap_only: bool = False  # exists only under Scope.overlap (the diagrams draw the scope without it)
@@ -83,53 +99,53 @@ class ActionInfo:
 
 
 ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
-    ActionInfo("arrive", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("arrive", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "a request reaches the waiting queue", "requests left to arrive"),
-    ActionInfo("prefill", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("prefill", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "an EXTEND batch of waiting requests (chunked: at most chunk_size tokens); the draft "
                "prefills too unless speculation is off and the draft catches up later",
                "waiting requests, room under the running cap and in KV"),
-    ActionInfo("merge_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("merge_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "the prefilled batch joins the running batch, spec_info rows with it", "a prefilled batch"),
-    ActionInfo("finish", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("finish", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "a request that reached max_new_tokens frees its KV (held and reserved)",
                "a running request is done", overlap_stage_from=(Stage.PREPARED,)),
-    ActionInfo("filter_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("filter_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "finished requests leave the running batch and its spec_info", "finished requests in the batch"),
-    ActionInfo("retract", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("retract", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "under KV pressure a running request frees its KV and waits; its output is kept",
                "KV too small for the next decode step"),
-    ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
+    ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ON,
                "the policy switches speculation off", "demand >= t_off"),
-    ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, "off",
+    ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.OFF,
                "the policy switches speculation back on; a design that catches up by retraction first "
                "retracts every running request (it re-prefills with the draft)",
                "demand <= t_on (and running <= spec cap)"),
-    ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
+    ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ON,
                "one draft-extend over every token committed while speculation was off",
                "speculation on, some request's draft KV behind"),
-    ActionInfo("prepare_for_decode", (Stage.SCHEDULE,), Stage.PREPARED, "any",
+    ActionInfo("prepare_for_decode", (Stage.SCHEDULE,), Stage.PREPARED, ActionMode.ANY,
                "plain path: one KV slot per request, out_cache_loc set; speculative path: top the "
                "draft-token reserve up, out_cache_loc left to the worker",
                "a running batch, nothing to finish, merge or flip"),
-    ActionInfo("draft", (Stage.PREPARED,), Stage.DRAFTED, "on",
+    ActionInfo("draft", (Stage.PREPARED,), Stage.DRAFTED, ActionMode.ON,
                "the worker picks its step count (adaptive: activate_step_by_batch) and drafts k tokens; "
                "k = 0 builds the trivial one-token verify input", "speculative path prepared"),
-    ActionInfo("verify", (Stage.DRAFTED,), Stage.VERIFIED, "on",
+    ActionInfo("verify", (Stage.DRAFTED,), Stage.VERIFIED, ActionMode.ON,
                "TARGET_VERIFY forward; each request accepts 0..k draft tokens plus the bonus token",
                "verify input built"),
-    ActionInfo("draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, "on",
+    ActionInfo("draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, ActionMode.ON,
                "DRAFT_EXTEND forward over the accepted tokens; the next draft input is built",
                "verify done"),
-    ActionInfo("skip_draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, "on",
+    ActionInfo("skip_draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, ActionMode.ON,
                "steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND: the draft KV is not updated",
                "steps = 0 and the design skips it"),
-    ActionInfo("plain_decode", (Stage.PREPARED,), Stage.SCHEDULE, "off",
+    ActionInfo("plain_decode", (Stage.PREPARED,), Stage.SCHEDULE, ActionMode.OFF,
                "the target runs a plain DECODE forward, one token per request, on the decode graphs",
                "speculation off"),
-    ActionInfo("draft_sync", (Stage.DECODED,), Stage.SCHEDULE, "off",
+    ActionInfo("draft_sync", (Stage.DECODED,), Stage.SCHEDULE, ActionMode.OFF,
                "draft-extend over the one token the plain step committed", "the design syncs every step"),
-    ActionInfo("process_result", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("process_result", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "overlap schedule: the oldest launched step's result is processed (process_batch_result_decode); "
                "a verify's requests accept 0..k draft tokens plus the bonus token, seq_len / output / KV move "
                "then; a plain step's token is committed; requests finished or retracted since are skipped; "
@@ -765,6 +781,7 @@ __all__ = [
     "ACTIONS_BY_NAME",
     "Action",
     "ActionInfo",
+    "ActionMode",
     "apply",
     "decode_write_slots",
     "enabled",
