@@ -397,10 +397,11 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
 
     mr = worker.target_worker.model_runner
     hidden_mode = CaptureHiddenMode.FULL if rt.config.draft_while_off == "sync" else CaptureHiddenMode.NULL
-    saved_algo, saved_ws = mr.spec_algorithm, getattr(mr, "init_new_workspace", None)
     tic = time.perf_counter()
-    mr.spec_algorithm = SpeculativeAlgorithm.NONE  # the runner picks DECODE, width 1, no verify spec_info
-    try:
+    # the runner picks DECODE, width 1, no verify spec_info
+    with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)) as swap:
+        if hasattr(mr, "init_new_workspace"):
+            swap.set(mr, "init_new_workspace", mr.init_new_workspace)  # the new backend may change it: put back
         rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
         if rt.config.plain_graphs == "decode" and mr.decode_cuda_graph_runner is not None:
             from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
@@ -413,10 +414,6 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
                     return super().capture(*a, **k)
 
             rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
-    finally:
-        mr.spec_algorithm = saved_algo
-        if saved_ws is not None:
-            mr.init_new_workspace = saved_ws
     if rt.plain_path and rt.config.plain_prefill == "graphs":
         rt.plain_prefill_runner = plain_prefill_view(getattr(mr, "prefill_cuda_graph_runner", None))
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
