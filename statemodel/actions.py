@@ -401,7 +401,7 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
     prefill target runs (and the draft prefills with it, unless speculation is off and the draft catches
     up later)."""
     args = action.args
-    picks = zip(args[::2], args[1::2], strict=True) if args else _prefill_adder_picks(state, scope)
+    picks = zip(args[::2], args[1::2], strict=True) if args else prefill_adder_picks(state, scope)
     changed: dict[int, Request] = {}
     completed: list[int] = []
     extended = 0
@@ -430,7 +430,7 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
                         kv_free=state.kv_free - extended)
 
 
-def _prefill_adder_picks(state: State, scope: Scope) -> list[tuple[int, int]]:
+def prefill_adder_picks(state: State, scope: Scope) -> list[tuple[int, int]]:
     """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
     budget = min(scope.chunk_size, state.kv_free)
     room = running_cap(state, scope) - state.in_flight_count()
@@ -787,6 +787,7 @@ __all__ = [
     "enabled",
     "initial_states",
     "prefill_action",
+    "prefill_adder_picks",
     "reserve_slots",
     "result_growth",
     "result_rows",
