@@ -173,7 +173,7 @@ def conformance(events: Sequence[dict[str, Any]], design_name: str) -> dict[str,
     from statemodel.actions import ACTIONS_BY_NAME
     from statemodel.design import DraftWhileOff
     from statemodel.designs import get_design
-    from statemodel.state import Stage
+    from statemodel.state import SpecMode, Stage
 
     design = get_design(design_name)
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
@@ -191,8 +191,8 @@ def conformance(events: Sequence[dict[str, Any]], design_name: str) -> dict[str,
             problem = "not a model action"
         elif stage not in info.stage_from:
             problem = f"stage {stage.name} not in {[s.name for s in info.stage_from]}"
-        elif info.spec_mode != "any" and (info.spec_mode == "on") != spec_on:
-            problem = f"needs speculation {info.spec_mode}, trace is {'on' if spec_on else 'off'}"
+        elif not info.spec_mode.allows(SpecMode.ON if spec_on else SpecMode.OFF):
+            problem = f"needs speculation {info.spec_mode.value}, trace is {'on' if spec_on else 'off'}"
         if problem is not None:
             unexplained.append({"action": name, "problem": problem, "file": ev.get("_file"), "t": ev.get("t")})
             continue

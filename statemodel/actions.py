@@ -9,7 +9,9 @@ ACTION_CATALOGUE documents each action once; the diagrams, docs and the guard re
 
 from __future__ import annotations
 
+import enum
 import itertools
+from collections.abc import Iterable
 
 import attrs
 
@@ -58,7 +60,25 @@ class Action:
             return f"{self.name}(accepts={list(self.args)})"
         if self.name == "draft":
             return f"draft(steps={self.args[0]})"
+        if self.name == "prefill":
+            picks = ", ".join(f"{rid}: {tokens}" for rid, tokens in zip(self.args[::2], self.args[1::2], strict=True))
+            return f"prefill(tokens={{{picks}}})"
         return f"{self.name}({', '.join(map(str, self.args))})"
+
+
+class ActionMode(enum.Enum):
+    """The runtime mode an action belongs to: speculation on, off, or either."""
+
+    ON = "on"
+    OFF = "off"
+    ANY = "any"
+
+    def modes(self) -> tuple[SpecMode, ...]:
+        """The runtime modes the action runs in."""
+        return (SpecMode.ON, SpecMode.OFF) if self is ActionMode.ANY else (SpecMode(self.value),)
+
+    def allows(self, mode: SpecMode) -> bool:
+        return self is ActionMode.ANY or self.value == mode.value
 
 
 @attrs.frozen
@@ -66,7 +86,7 @@ class ActionInfo:
     name: str
     stage_from: tuple[Stage, ...]
     stage_to: Stage
-    spec_mode: str  # "on", "off" or "any": the runtime mode the action belongs to
+    spec_mode: ActionMode  # the runtime mode the action belongs to
     summary: str
     guard: str  # when the action is enabled, in words (diagram edge labels read it)
     overlap_only: bool = False  # exists only under Scope.overlap (the diagrams draw the scope without it)
@@ -81,53 +101,53 @@ class ActionInfo:
 
 
 ACTION_CATALOGUE: tuple[ActionInfo, ...] = (
-    ActionInfo("arrive", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("arrive", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "a request reaches the waiting queue", "requests left to arrive"),
-    ActionInfo("prefill", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("prefill", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "an EXTEND batch of waiting requests (chunked: at most chunk_size tokens); the draft "
                "prefills too unless speculation is off and the draft catches up later",
                "waiting requests, room under the running cap and in KV"),
-    ActionInfo("merge_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("merge_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "the prefilled batch joins the running batch, spec_info rows with it", "a prefilled batch"),
-    ActionInfo("finish", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("finish", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "a request that reached max_new_tokens frees its KV (held and reserved)",
                "a running request is done", overlap_stage_from=(Stage.PREPARED,)),
-    ActionInfo("filter_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("filter_batch", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "finished requests leave the running batch and its spec_info", "finished requests in the batch"),
-    ActionInfo("retract", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("retract", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "under KV pressure a running request frees its KV and waits; its output is kept",
                "KV too small for the next decode step"),
-    ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
+    ActionInfo("flip_off", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ON,
                "the policy switches speculation off", "demand >= t_off; free flips: any demand"),
-    ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, "off",
+    ActionInfo("flip_on", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.OFF,
                "the policy switches speculation back on; a design that catches up by retraction first "
                "retracts every running request (it re-prefills with the draft)",
                "demand <= t_on (and running <= spec cap); free flips: running <= spec cap"),
-    ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, "on",
+    ActionInfo("draft_catch_up", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ON,
                "one draft-extend over every token committed while speculation was off",
                "speculation on, some request's draft KV behind"),
-    ActionInfo("prepare_for_decode", (Stage.SCHEDULE,), Stage.PREPARED, "any",
+    ActionInfo("prepare_for_decode", (Stage.SCHEDULE,), Stage.PREPARED, ActionMode.ANY,
                "plain path: one KV slot per request, out_cache_loc set; speculative path: top the "
                "draft-token reserve up, out_cache_loc left to the worker",
                "a running batch, nothing to finish, merge or flip"),
-    ActionInfo("draft", (Stage.PREPARED,), Stage.DRAFTED, "on",
+    ActionInfo("draft", (Stage.PREPARED,), Stage.DRAFTED, ActionMode.ON,
                "the worker picks its step count (adaptive: activate_step_by_batch) and drafts k tokens; "
                "k = 0 builds the trivial one-token verify input", "speculative path prepared"),
-    ActionInfo("verify", (Stage.DRAFTED,), Stage.VERIFIED, "on",
+    ActionInfo("verify", (Stage.DRAFTED,), Stage.VERIFIED, ActionMode.ON,
                "TARGET_VERIFY forward; each request accepts 0..k draft tokens plus the bonus token",
                "verify input built"),
-    ActionInfo("draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, "on",
+    ActionInfo("draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, ActionMode.ON,
                "DRAFT_EXTEND forward over the accepted tokens; the next draft input is built",
                "verify done"),
-    ActionInfo("skip_draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, "on",
+    ActionInfo("skip_draft_extend", (Stage.VERIFIED,), Stage.SCHEDULE, ActionMode.ON,
                "steps=0 with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND: the draft KV is not updated",
                "steps = 0 and the design skips it"),
-    ActionInfo("plain_decode", (Stage.PREPARED,), Stage.SCHEDULE, "off",
+    ActionInfo("plain_decode", (Stage.PREPARED,), Stage.SCHEDULE, ActionMode.OFF,
                "the target runs a plain DECODE forward, one token per request, on the decode graphs",
                "speculation off"),
-    ActionInfo("draft_sync", (Stage.DECODED,), Stage.SCHEDULE, "off",
+    ActionInfo("draft_sync", (Stage.DECODED,), Stage.SCHEDULE, ActionMode.OFF,
                "draft-extend over the one token the plain step committed", "the design syncs every step"),
-    ActionInfo("process_result", (Stage.SCHEDULE,), Stage.SCHEDULE, "any",
+    ActionInfo("process_result", (Stage.SCHEDULE,), Stage.SCHEDULE, ActionMode.ANY,
                "overlap schedule: the oldest launched step's result is processed (process_batch_result_decode); "
                "a verify's requests accept 0..k draft tokens plus the bonus token, seq_len / output / KV move "
                "then; a plain step's token is committed; requests finished or retracted since are skipped; "
@@ -192,13 +212,27 @@ def running_cap(state: State, scope: Scope) -> int:
     return scope.spec_cap if state.spec_mode is SpecMode.ON else scope.plain_cap
 
 
+def decode_write_slots(steps: int, topk: int = 1, draft_tokens: int | None = None) -> int:
+    """KV slots one speculative decode step writes per request: SGLang's get_alloc_len_per_decode,
+    max(steps * topk, draft tokens) (the model: topk 1, steps + 1 draft tokens)."""
+    return max(steps * topk, steps + 1 if draft_tokens is None else draft_tokens)
+
+
+def reserve_slots(kv_reserve: KvReserve, current_write_slots: int, largest_write_slots: int) -> int:
+    """Draft-token KV slots the speculative prepare_for_decode reserves per request, from the slots a step writes
+    (`decode_write_slots`) in the state published at the top-up and in the largest state. The one reserve rule:
+    the model's prepare_for_decode and `specflip lint` both read it."""
+    if kv_reserve is KvReserve.CURRENT_STATE:
+        return current_write_slots
+    if kv_reserve is KvReserve.TWICE_LARGEST:
+        return 2 * largest_write_slots
+    return largest_write_slots
+
+
 def reserve_per_request(state: State, design: Design) -> int:
     """Draft-token KV slots a speculative decode step reserves per request (topk 1: steps + 1)."""
-    if design.kv_reserve is KvReserve.CURRENT_STATE:
-        return state.num_steps + 1
-    if design.kv_reserve is KvReserve.TWICE_LARGEST:
-        return 2 * (design.largest_steps() + 1)
-    return design.largest_steps() + 1
+    return reserve_slots(design.kv_reserve, decode_write_slots(state.num_steps),
+                         decode_write_slots(design.largest_steps()))
 
 
 def _spec_prepare_path(state: State, design: Design) -> bool:
@@ -396,25 +430,27 @@ def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State
     return state.replace(requests=state.with_requests({rid: req}), launched=None)
 
 
+def prefill_action(picks: Iterable[tuple[int, int]]) -> Action:
+    """A `prefill` of the requests the real scheduler picked: (request id, tokens its chunk extends) each,
+    in batch order. The checker's `prefill` has no arguments: the model's own PrefillAdder picks."""
+    return Action("prefill", tuple(x for pick in picks for x in pick))
+
+
 def _prefill(state: State, action: Action, design: Design, scope: Scope) -> State:
-    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
+    """An EXTEND batch: the picked requests extend by their chunk; a request whose chunk reaches its
+    prefill target runs (and the draft prefills with it, unless speculation is off and the draft catches
+    up later). With the radix cache on, the model's own PrefillAdder picks (the guard does not follow the tree)."""
     if design.radix_cache:
         return _prefill_radix(state, design, scope)
-    budget = min(scope.chunk_size, state.kv_free)
-    room = running_cap(state, scope) - state.in_flight_count()
+    args = action.args
+    picks = zip(args[::2], args[1::2], strict=True) if args else prefill_adder_picks(state, scope)
     changed: dict[int, Request] = {}
     completed: list[int] = []
     extended = 0
     draft_prefills = state.spec_mode is SpecMode.ON or design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
-    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
-        if budget == 0:
-            break
-        if r.status is Status.WAITING:
-            if room == 0:
-                continue
-            room -= 1
-        tokens = min(r.prefill_target - r.prefilled_len, budget)
-        budget -= tokens
+    requests = state.requests
+    for rid, tokens in picks:
+        r = requests[rid]
         extended += tokens
         new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
         if new.prefilled_len == new.prefill_target:
@@ -422,8 +458,8 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
                 status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
                 draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
             )
-            completed.append(r.rid)
-        changed[r.rid] = new
+            completed.append(rid)
+        changed[rid] = new
     launched, pending = _prefill_batches(state, design, changed, completed, extended, draft_prefills)
     return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
                         kv_free=state.kv_free - extended)
@@ -514,6 +550,24 @@ def _prefill_radix(state: State, design: Design, scope: Scope) -> State:
     launched, pending = _prefill_batches(state, design, changed, completed, extended, draft_prefills)
     return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
                         kv_free=free, prefix_cache=tree)
+
+
+def prefill_adder_picks(state: State, scope: Scope) -> list[tuple[int, int]]:
+    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
+    budget = min(scope.chunk_size, state.kv_free)
+    room = running_cap(state, scope) - state.in_flight_count()
+    picks: list[tuple[int, int]] = []
+    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
+        if budget == 0:
+            break
+        if r.status is Status.WAITING:
+            if room == 0:
+                continue
+            room -= 1
+        tokens = min(r.prefill_target - r.prefilled_len, budget)
+        budget -= tokens
+        picks.append((r.rid, tokens))
+    return picks
 
 
 def _batch_spec_algorithm(state: State, design: Design) -> bool:
@@ -858,9 +912,14 @@ __all__ = [
     "ACTIONS_BY_NAME",
     "Action",
     "ActionInfo",
+    "ActionMode",
     "apply",
+    "decode_write_slots",
     "enabled",
     "initial_states",
+    "prefill_action",
+    "prefill_adder_picks",
+    "reserve_slots",
     "result_growth",
     "result_rows",
     "verify_growth",

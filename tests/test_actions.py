@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled
+from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled, prefill_action
 from statemodel.design import Design, RequestSpec, Scope
 from statemodel.designs import (
     ADAPTIVE_WARM,
@@ -32,6 +32,25 @@ def test_chunked_prefill_takes_two_steps_and_commits_the_first_token() -> None:
     r0 = s.req(0)
     assert r0.status is Status.RUNNING and r0.seq_len == 3 and r0.committed == 1 and r0.draft_current
     assert s.pending is not None and s.pending.spec_info.kind is SpecInfoKind.DRAFT_INPUT
+
+
+def test_prefill_of_the_scheduler_picks_is_the_model_prefill() -> None:
+    """The guard's prefill (the requests and chunks SGLang picked) moves the state as the model's own does
+    for the same picks, and a pick the model would not make (a smaller chunk) is followed as given."""
+    m = model_for(SEEDS_FINAL)
+    s = walk(m, initial_with(m, 4, 3), ["arrive", "arrive"])
+    own = walk(m, s, ["prefill"])
+    assert s.launched is None
+    assert own.launched is not None
+    picks = [(rid, own.req(rid).prefilled_len) for rid in own.launched.rids]
+    assert apply(s, prefill_action(picks), m.design, m.scope) == own
+    assert s.req(0).prefill_target == 3
+    smaller = apply(s, prefill_action([(0, 1)]), m.design, m.scope)
+    assert smaller.req(0).prefilled_len == 1 and smaller.req(0).status is Status.PREFILLING
+    assert smaller.req(1).status is Status.WAITING and smaller.kv_free == s.kv_free - 1 and smaller.pending is None
+    assert prefill_action([(0, 1)]).describe() == "prefill(tokens={0: 1})"
+    whole = apply(s, prefill_action([(1, s.req(1).prefill_target)]), m.design, m.scope)
+    assert whole.req(1).status is Status.RUNNING and whole.pending is not None and whole.pending.rids == (1,)
 
 
 def test_speculative_round_grows_seq_len_by_accepted_plus_one() -> None:

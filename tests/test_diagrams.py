@@ -14,7 +14,7 @@ from specflip.diagrams import graph as model_graph
 from specflip.diagrams import render_texts, stale_files
 from specflip.diagrams.dot import to_dot, to_svg
 from specflip.diagrams.mermaid import to_mermaid
-from statemodel.actions import ACTION_CATALOGUE, ActionInfo
+from statemodel.actions import ACTION_CATALOGUE, ActionInfo, ActionMode
 from statemodel.designs import CANDIDATES, KNOWN_BAD, SHIPPED
 from statemodel.state import Stage
 
@@ -72,7 +72,8 @@ def test_flips_change_mode_in_the_mode_level_diagram(graphs):
 
 
 def test_an_action_the_exploration_never_takes_still_gets_its_catalogue_edge(observations):
-    phantom = ActionInfo("phantom_step", (Stage.SCHEDULE,), Stage.PREPARED, "off", "a test-only action", "never")
+    phantom = ActionInfo("phantom_step", (Stage.SCHEDULE,), Stage.PREPARED, ActionMode.OFF, "a test-only action",
+                         "never")
     catalogue = ACTION_CATALOGUE + (phantom,)
     by_name = {a.name: a for a in catalogue}
     with pytest.MonkeyPatch.context() as mp:

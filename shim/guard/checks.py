@@ -31,11 +31,11 @@ def transition_violations(before: State, action: Action, *, overlap: bool = Fals
             f"{action.name} ran at stage {before.stage.value}; the model runs it only from {want}",
             expected=want, actual=before.stage.value,
         ))
-    if info.spec_mode != "any" and info.spec_mode != before.spec_mode.value:
+    if not info.spec_mode.allows(before.spec_mode):
         problems.append(Violation(
             LEGAL_TRANSITION,
-            f"{action.name} belongs to speculation {info.spec_mode} but speculation is {before.spec_mode.value}",
-            expected=info.spec_mode, actual=before.spec_mode.value,
+            f"{action.name} belongs to speculation {info.spec_mode.value} but speculation is {before.spec_mode.value}",
+            expected=info.spec_mode.value, actual=before.spec_mode.value,
         ))
     return problems
 

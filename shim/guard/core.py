@@ -12,85 +12,45 @@ methods here, one per model action. Each call
    stage/mode rules);
 4. records it (history; trace file) and, in assert mode, raises `SpecFlipViolation`; in warn and trace
    mode logs, rate-limited.
+
+`Guard` is the steps and their bookkeeping (the speculative round, the transition record); its state-sync with
+the observed objects (step 2) is `shim.guard.sync.ObservedStateSync`, its reporting (step 4) is
+`shim.guard.report.GuardReporting`, its settings `shim.guard.config` (Mode, GuardConfig, SpecFlipViolation and
+GuardDesync stay importable from here).
 """
 
 from __future__ import annotations
 
-import enum
-import logging
-import re
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
 import attrs
 
 from shim.guard.checks import state_violations, step_violations
+from shim.guard.config import GuardConfig as GuardConfig  # re-exported, as the names below: shim.guard.core's API
+from shim.guard.config import Mode as Mode
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.report import GuardReporting
+from shim.guard.report import SpecFlipViolation as SpecFlipViolation
+from shim.guard.sync import GuardDesync as GuardDesync
+from shim.guard.sync import ObservedStateSync, _draft_prefilled_as_observed
 from shim.guard.trace import (
     TraceWriter,
-    compact_state,
-    rid_name,
     scope_to_json,
     state_delta_json,
     state_to_json,
     violation_to_json,
 )
-from statemodel.actions import Action, apply, result_rows
-from statemodel.design import Design, Scope
+from statemodel.actions import Action, apply, prefill_action, result_rows
 from statemodel.invariants import Violation
 from statemodel.state import (
     EMPTY_BATCH,
-    Batch,
-    ForwardMode,
-    GraphShape,
     Request,
-    SpecInfo,
-    SpecInfoKind,
     SpecMode,
     Stage,
     State,
     Status,
 )
-
-logger = logging.getLogger("specflip.guard")
-
-
-class Mode(enum.Enum):
-    OFF = "off"
-    WARN = "warn"
-    ASSERT = "assert"
-    TRACE = "trace"
-
-
-class SpecFlipViolation(AssertionError):
-    """A step the model forbids, raised in assert mode before the forward that would run it.
-
-    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, or
-    `legal_transition`), `action` the model action, `rank` the TP rank, `rids` the SGLang request ids,
-    `violations` all of them.
-    """
-
-    def __init__(self, message: str, *, invariant: str, action: str, rank: int, rids: tuple[str, ...],
-                 violations: tuple[Violation, ...]) -> None:
-        super().__init__(message)
-        self.invariant = invariant
-        self.action = action
-        self.rank = rank
-        self.rids = rids
-        self.violations = violations
-
-
-@attrs.define
-class GuardConfig:
-    mode: Mode
-    design: Design  # the reference design apply() moves the ghost state with
-    scope: Scope  # kv_pool_size, spec_cap / plain_cap (running_within_cap), chunk_size
-    rank: int = 0
-    release: str = "unknown"
-    trace_path: str | None = None
-    history: int = 6
-    warn_interval_s: float = 30.0
 
 
 @attrs.define
@@ -101,11 +61,7 @@ class _Round:
     extend: str | None = None  # "draft_extend" or "skip_draft_extend" once the worker chose
 
 
-_REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
-_NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on one request, described by its SGLang name
-
-
-class Guard:
+class Guard(ObservedStateSync, GuardReporting):
     """Model state + checks for one TP rank. Not thread-safe: one scheduler thread drives it."""
 
     def __init__(self, config: GuardConfig) -> None:
@@ -138,34 +94,22 @@ class Guard:
 
     def prefill(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                 *, draft_prefills: bool, where: str = "prepare_for_extend") -> None:
-        """An EXTEND batch was prepared: its requests arrive (if new) and prefill. The draft prefills
-        with them when the batch carries the speculative algorithm (the v2 worker's prefill branch)."""
+        """An EXTEND batch was prepared: its requests arrive (if new) and prefill: the model's `prefill` of the
+        requests and chunks the real PrefillAdder picked (`prefill_action`). The draft prefills with them when
+        the batch carries the speculative algorithm (the v2 worker's prefill branch), as observed."""
         self.settle_round()
         self._merge_pending_implicitly(None)
         for r in reqs:
             if r.rid not in self.index:
                 self._arrive(r, where)
         before = self.state
-        changed: dict[int, Request] = {}
-        completed: list[int] = []
-        for obs in reqs:
-            r = before.req(self.index[obs.rid])
-            done = not obs.chunked
-            new = attrs.evolve(r, status=Status.RUNNING if done else Status.PREFILLING,
-                               prefilled_len=obs.prefilled_len, **_kv_fields(obs))
-            if done:
-                new = attrs.evolve(new, seq_len=obs.prefilled_len, committed=r.committed + 1,
-                                   draft_kv_len=obs.prefilled_len if draft_prefills else 0,
-                                   draft_hidden_ready=draft_prefills)
-                completed.append(r.rid)
-            changed[r.rid] = new
-        spec = (SpecInfo(SpecInfoKind.DRAFT_INPUT, len(completed), 1)
-                if draft_prefills and launched.spec_algorithm_on else SpecInfo.none())
-        pending = (Batch(rids=tuple(completed), forward_mode=ForwardMode.DECODE, spec_info=spec,
-                         spec_algorithm_on=launched.spec_algorithm_on) if completed else None)
-        after = attrs.evolve(before, requests=before.with_requests(changed), pending=pending,
-                             launched=self._batch(launched), kv_free=pool.free, kv_pool_size=pool.size)
-        self._record(before, Action("prefill"), after, where)
+        requests, index = before.requests, self.index
+        action = prefill_action((index[obs.rid], obs.prefilled_len - requests[index[obs.rid]].prefilled_len)
+                                for obs in reqs)
+        after = self._overlay(apply(before, action, self.config.design, self.config.scope),
+                              launched=launched, reqs=reqs, pool=pool)
+        after = _draft_prefilled_as_observed(after, draft_prefills, launched.spec_algorithm_on)
+        self._record(before, action, after, where)
 
     def merge(self, merged: ObservedBatch, pending: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
               *, where: str = "ScheduleBatch.merge_batch") -> None:
@@ -355,9 +299,6 @@ class Guard:
         extend = current.extend or "draft_extend"
         self._transition(Action(extend), where, running=batch, reqs=reqs, pool=pool)
 
-    def note(self, text: str) -> None:
-        """Something worth seeing in the last transitions that is not a model action."""
-        self.history.append(f"({text})")
 
     # --- machinery -----------------------------------------------------------------------------------
 
@@ -381,78 +322,6 @@ class Guard:
             return
         self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)
 
-    def _live(self, batch: Batch) -> set[int]:
-        return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
-
-    def _compact(self) -> None:
-        live = set(self.state.running.rids) | set(self.state.pending.rids if self.state.pending else ())
-        live.update(rid for u in self.state.unprocessed for rid in u.rids)  # a queued result still names them
-        keep = [r.rid for r in self.state.requests if r.status is not Status.FINISHED or r.rid in live]
-        if len(keep) == len(self.state.requests):
-            return
-        self.state = compact_state(self.state, keep)
-        self.names = [self.names[i] for i in keep]
-        self.index = {name: i for i, name in enumerate(self.names)}
-        if self.trace is not None:
-            self.trace.write({"kind": "compact", "rank": self.config.rank, "keep": keep})
-
-    def _batch(self, obs: ObservedBatch) -> Batch:
-        index = self.index
-        try:
-            rids = tuple([index[r] for r in obs.rids])
-        except KeyError:
-            rids = tuple(self._known(r) for r in obs.rids)  # raises GuardDesync naming the request
-        return Batch(
-            rids=rids, forward_mode=obs.forward_mode,
-            spec_info=SpecInfo(obs.spec_kind, obs.spec_rows, obs.spec_tokens_per_row)
-            if obs.spec_kind is not SpecInfoKind.NONE else SpecInfo.none(),
-            spec_algorithm_on=obs.spec_algorithm_on, out_cache_loc_width=obs.out_cache_loc_width,
-            graph=None if obs.graph is None else GraphShape(*obs.graph), extend_tokens=obs.extend_tokens,
-        )
-
-    def _known(self, rid: str) -> int:
-        index = self.index.get(rid)
-        if index is None:
-            raise GuardDesync(f"request {rid!r} is in a batch but the guard never saw it prefilled")
-        return index
-
-    def _running_from(self, predicted: Batch, obs: ObservedBatch) -> Batch:
-        real = self._batch(obs)
-        return predicted.replace(rids=real.rids, spec_info=real.spec_info, spec_algorithm_on=real.spec_algorithm_on)
-
-    def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
-                 reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
-                 seq_rids: Iterable[str] = ()) -> State:
-        seq_rids = seq_rids if isinstance(seq_rids, set | frozenset) else set(seq_rids)
-        requests = state.requests
-        updated: list[Request] | None = None  # copied on the first request that differs
-        index_of = self.index
-        for obs in reqs:
-            index = index_of.get(obs.rid)
-            if index is None:
-                continue
-            r = requests[index]
-            if obs.holds_kv:
-                held, reserved = obs.kv_committed, obs.kv_allocated - obs.kv_committed
-            else:
-                held = reserved = 0
-            # seq_len is observed where the step that moves it is seen
-            seq_len = obs.seq_len if obs.rid in seq_rids else r.seq_len
-            if held != r.kv_held or reserved != r.kv_reserved or seq_len != r.seq_len:
-                if updated is None:
-                    updated = list(requests)
-                updated[index] = _with_observed(r, seq_len, held, reserved)
-        changes: dict[str, object] = {}
-        if updated is not None:
-            changes["requests"] = tuple(updated)
-        if running is not None:
-            changes["running"] = self._running_from(state.running, running)
-        if launched is not None:
-            changes["launched"] = self._batch(launched)
-        if pool is not None:
-            changes["kv_free"] = pool.free
-            changes["kv_pool_size"] = pool.size
-        return state.replace(**changes) if changes else state  # type: ignore[arg-type]
 
     def _transition(self, action: Action, where: str, *, running: ObservedBatch | None = None,
                     launched: ObservedBatch | None = None, reqs: Iterable[ObservedRequest] = (),
@@ -493,60 +362,6 @@ class Guard:
         if found:
             self._report(self.last_action or Action("refine"), found, where=where)
 
-    def _request_name(self, action: Action) -> str | None:
-        """The SGLang name of the one request an arrive/finish/retract acts on (None for other actions)."""
-        return rid_name(self.names, action.args[0]) if action.name in _NAMED_ACTIONS and action.args else None
-
-    def _describe(self, action: Action, name: str | None = None) -> str:
-        """`name`: the request's name captured when the step was recorded (default: looked up now)."""
-        name = name if name is not None else self._request_name(action)
-        return f"{action.name}({name!r})" if name is not None else action.describe()
-
-    def _history_lines(self) -> list[str]:
-        lines = []
-        for entry in self.history:
-            if isinstance(entry, str):
-                lines.append(entry)
-                continue
-            step, action, where, name = entry
-            lines.append(f"#{step} {self._describe(action, name)} [{where}]")
-        return lines
-
-    def _report(self, action: Action, found: tuple[Violation, ...], where: str | None = None) -> None:
-        message = self.format(action, found, where=where)
-        first = found[0]
-        rids = tuple(dict.fromkeys(rid_name(self.names, r) for v in found for r in v.rids))
-        if not rids and action.name in ("finish", "retract", "arrive") and action.args:
-            rids = (rid_name(self.names, action.args[0]),)  # a pool-wide violation seen at this request's step
-        if self.config.mode is Mode.ASSERT:
-            raise SpecFlipViolation(message, invariant=first.invariant, action=action.name, rank=self.config.rank,
-                                    rids=rids, violations=found)
-        self.found.append((action.name, found))
-        now = time.monotonic()
-        key = first.invariant
-        if now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
-            skipped = self._suppressed.pop(key, 0)
-            extra = f" ({skipped} more like it since the last report)" if skipped else ""
-            logger.warning("%s%s", message, extra)
-            self._last_warned[key] = now
-        else:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-
-    def format(self, action: Action, found: tuple[Violation, ...], *, where: str | None = None) -> str:
-        """The violation message: invariant, action, rank, request ids, numbers, last transitions."""
-        lines = []
-        for i, v in enumerate(found):
-            names = ", ".join(repr(rid_name(self.names, r)) for r in v.rids)
-            who = f" requests [{names}]" if names else ""
-            text = _REQUEST_NUMBER.sub(lambda m: f"request {rid_name(self.names, int(m.group(1)))!r}", v.message)
-            numbers = f" (expected {v.expected}, actual {v.actual})" if v.expected or v.actual else ""
-            head = "specflip: " if i == 0 else "  also: "
-            lines.append(f"{head}{v.invariant} broken by {self._describe(action)} on TP rank {self.config.rank}"
-                         f"{who}: {text}{numbers}")
-        if where:
-            lines.append(f"  seen at: {where}")
-        lines.append("  last transitions: " + "; ".join(self._history_lines()))
-        return "\n".join(lines)
 
     def close(self) -> None:
         if self.trace is not None:
@@ -554,18 +369,3 @@ class Guard:
             self.trace = None
 
 
-class GuardDesync(RuntimeError):
-    """The guard's picture lost track of SGLang's (a step it did not see): an error in the guard, not a
-    violation of the model."""
-
-
-def _with_observed(r: Request, seq_len: int, kv_held: int, kv_reserved: int) -> Request:
-    """`r` with the fields the live objects carry replaced by what was observed. `Request.replace`, not
-    attrs.evolve (a third of the cost): the overlay runs for every request of the batch at every step."""
-    return r.replace(seq_len=seq_len, kv_held=kv_held, kv_reserved=kv_reserved)
-
-
-def _kv_fields(obs: ObservedRequest) -> dict[str, int]:
-    if not obs.holds_kv:
-        return {"kv_held": 0, "kv_reserved": 0}
-    return {"kv_held": obs.kv_committed, "kv_reserved": obs.kv_allocated - obs.kv_committed}

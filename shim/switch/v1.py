@@ -178,10 +178,9 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = worker.target_worker.model_runner
-    saved_algo = mr.spec_algorithm
     tic = time.perf_counter()
-    mr.spec_algorithm = SpeculativeAlgorithm.NONE  # the runner captures DECODE, 1 token per request
-    try:
+    # the runner captures DECODE, 1 token per request
+    with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)):
         rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
         if rt.config.plain_graphs == "decode" and mr.graph_runner is not None:
             from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
@@ -194,8 +193,6 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
                     return super().capture(*a, **k)
 
             rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
-    finally:
-        mr.spec_algorithm = saved_algo
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
                    graphs=rt.plain_runner is not None,
                    capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))

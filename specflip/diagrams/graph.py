@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 import attrs
 
 from proofs.bfs import Search, check, model_successors
-from statemodel.actions import ACTION_CATALOGUE, ACTIONS_BY_NAME, Action
+from statemodel.actions import ACTION_CATALOGUE, ACTIONS_BY_NAME, Action, ActionMode
 from statemodel.design import AdaptiveTiers, Design, Scope
 from statemodel.designs import CANDIDATES, KNOWN_BAD, SHIPPED
 from statemodel.invariants import Violation
@@ -254,8 +254,8 @@ def edge_label(action: str) -> str:
     return f"{action} [{ACTIONS_BY_NAME[action].guard}]"
 
 
-def _modes(spec_mode: str) -> tuple[str, ...]:
-    return (ON, OFF) if spec_mode == "any" else (spec_mode,)
+def _modes(spec_mode: ActionMode) -> tuple[str, ...]:
+    return tuple(mode.value for mode in spec_mode.modes())
 
 
 def _action_edges(obs: Observations) -> list[tuple[str, str, str, str, str, bool]]:
@@ -312,7 +312,7 @@ def mode_level(obs: Observations) -> Graph:
         nodes.append(Node(mode, _mode_title(mode), mode, tuple(lines)))
     out: list[Edge] = []
     for mode, stage, action, mode_to, stage_to, from_cat in edges:
-        mode_specific = ACTIONS_BY_NAME[action].spec_mode != "any"
+        mode_specific = ACTIONS_BY_NAME[action].spec_mode is not ActionMode.ANY
         if stage == stage_to == Stage.SCHEDULE.value and (mode != mode_to or mode_specific):
             out.append(Edge(mode, mode_to, action, edge_label(action), mode, from_catalogue=from_cat))
     for mode in (ON, OFF):

@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 
+from statemodel.actions import decode_write_slots, reserve_slots
+from statemodel.design import KvReserve
 from statemodel.invariants import INVARIANT_NAMES
 from statemodel.policy import decide_flip
 
@@ -225,18 +227,21 @@ def _shapes(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Findin
 def _kv_reserve(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Finding]:
     """The reserve is topped up in prepare_for_decode under the state published then; the adaptive switch
     happens after it (inside the worker forward), so every state's writes must fit every state's reserve.
-    Reserve per request is 2 x alloc_len; under the overlap schedule up to one in-flight verify's tokens of it
-    are still uncommitted (the documented reason for the 2x)."""
+    The reserve is the model's (`statemodel.actions.reserve_slots`, KvReserve.TWICE_LARGEST: SGLang's
+    get_alloc_reserve_per_decode); its "largest" is the alloc_len the release computes with that state published
+    (0.5.16+: the largest state), so a release that sizes it by the current state shows as a smaller reserve in
+    some state. Under the overlap schedule up to one in-flight verify's tokens of it are still uncommitted (the
+    documented reason for the 2x)."""
     found = []
     if not states:
         return found
     usable = []
     for st, _ in states:
         lag = st.draft_tokens if sizing.overlap else 0
-        usable.append((2 * st.alloc_len - lag, st))
+        usable.append((reserve_slots(KvReserve.TWICE_LARGEST, st.alloc_len, st.alloc_len) - lag, st))
     sized, at = min(usable, key=lambda x: x[0])
     for st, where in states:
-        needed = max(st.steps * sizing.topk, st.draft_tokens)
+        needed = decode_write_slots(st.steps, sizing.topk, st.draft_tokens)
         if needed > sized:
             found.append(Finding(
                 KV_RESERVE, state_label(st.steps, st.draft_tokens, where), f"{needed} KV slots per request",

@@ -1,0 +1,111 @@
+"""The guard's reporting: the last transitions it keeps, the violation message (invariant, action, TP rank, SGLang
+request ids, numbers, last transitions), and what a violation does per mode: raise `SpecFlipViolation` (assert) or
+log, rate-limited per invariant (warn, trace)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import deque
+
+from shim.guard.config import GuardConfig, Mode
+from shim.guard.trace import rid_name
+from statemodel.actions import Action
+from statemodel.invariants import Violation
+
+logger = logging.getLogger("specflip.guard")
+
+
+class SpecFlipViolation(AssertionError):
+    """A step the model forbids, raised in assert mode before the forward that would run it.
+
+    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, or
+    `legal_transition`), `action` the model action, `rank` the TP rank, `rids` the SGLang request ids,
+    `violations` all of them.
+    """
+
+    def __init__(self, message: str, *, invariant: str, action: str, rank: int, rids: tuple[str, ...],
+                 violations: tuple[Violation, ...]) -> None:
+        super().__init__(message)
+        self.invariant = invariant
+        self.action = action
+        self.rank = rank
+        self.rids = rids
+        self.violations = violations
+
+
+_REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
+_NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on one request, described by its SGLang name
+
+
+class GuardReporting:
+    """The reporting half of `shim.guard.core.Guard` (a mixin: it reads the guard's names and settings)."""
+
+    config: GuardConfig
+    names: list[str]
+    step_number: int
+    # (step, action, where, request name) per transition, or a note; formatted only when a message is built
+    history: deque[tuple[int, Action, str, str | None] | str]
+    found: list[tuple[str, tuple[Violation, ...]]]  # (action, violations), warn/trace mode
+    _last_warned: dict[str, float]
+    _suppressed: dict[str, int]
+
+    def note(self, text: str) -> None:
+        """Something worth seeing in the last transitions that is not a model action."""
+        self.history.append(f"({text})")
+
+    def _request_name(self, action: Action) -> str | None:
+        """The SGLang name of the one request an arrive/finish/retract acts on (None for other actions)."""
+        return rid_name(self.names, action.args[0]) if action.name in _NAMED_ACTIONS and action.args else None
+
+    def _describe(self, action: Action, name: str | None = None) -> str:
+        """`name`: the request's name captured when the step was recorded (default: looked up now)."""
+        name = name if name is not None else self._request_name(action)
+        return f"{action.name}({name!r})" if name is not None else action.describe()
+
+    def _history_lines(self) -> list[str]:
+        lines = []
+        for entry in self.history:
+            if isinstance(entry, str):
+                lines.append(entry)
+                continue
+            step, action, where, name = entry
+            lines.append(f"#{step} {self._describe(action, name)} [{where}]")
+        return lines
+
+    def _report(self, action: Action, found: tuple[Violation, ...], where: str | None = None) -> None:
+        message = self.format(action, found, where=where)
+        first = found[0]
+        rids = tuple(dict.fromkeys(rid_name(self.names, r) for v in found for r in v.rids))
+        if not rids and action.name in ("finish", "retract", "arrive") and action.args:
+            rids = (rid_name(self.names, action.args[0]),)  # a pool-wide violation seen at this request's step
+        if self.config.mode is Mode.ASSERT:
+            raise SpecFlipViolation(message, invariant=first.invariant, action=action.name, rank=self.config.rank,
+                                    rids=rids, violations=found)
+        self.found.append((action.name, found))
+        now = time.monotonic()
+        key = first.invariant
+        if now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
+            skipped = self._suppressed.pop(key, 0)
+            extra = f" ({skipped} more like it since the last report)" if skipped else ""
+            logger.warning("%s%s", message, extra)
+            self._last_warned[key] = now
+        else:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+
+    def format(self, action: Action, found: tuple[Violation, ...], *, where: str | None = None) -> str:
+        """The violation message: invariant, action, rank, request ids, numbers, last transitions."""
+        lines = []
+        for i, v in enumerate(found):
+            names = ", ".join(repr(rid_name(self.names, r)) for r in v.rids)
+            who = f" requests [{names}]" if names else ""
+            text = _REQUEST_NUMBER.sub(lambda m: f"request {rid_name(self.names, int(m.group(1)))!r}", v.message)
+            numbers = f" (expected {v.expected}, actual {v.actual})" if v.expected or v.actual else ""
+            head = "specflip: " if i == 0 else "  also: "
+            lines.append(f"{head}{v.invariant} broken by {self._describe(action)} on TP rank {self.config.rank}"
+                         f"{who}: {text}{numbers}")
+        if where:
+            lines.append(f"  seen at: {where}")
+        lines.append("  last transitions: " + "; ".join(self._history_lines()))
+        return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""The guard's state-sync with the observed SGLang objects: SGLang's request ids numbered as the model's, observed
+batches as model batches, and a model state with every field the live objects carry replaced by what was observed
+(the ghost fields SGLang does not carry stay as the model's transition function moved them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shim.guard.config import GuardConfig
+from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.guard.trace import TraceWriter, compact_state
+from statemodel.state import (
+    Batch,
+    GraphShape,
+    Request,
+    SpecInfo,
+    SpecInfoKind,
+    State,
+    Status,
+)
+
+
+class GuardDesync(RuntimeError):
+    """The guard's picture lost track of SGLang's (a step it did not see): an error in the guard, not a
+    violation of the model."""
+
+
+class ObservedStateSync:
+    """The state-sync half of `shim.guard.core.Guard` (a mixin: it reads and renumbers the guard's requests)."""
+
+    config: GuardConfig
+    names: list[str]  # SGLang's rid per model request id
+    index: dict[str, int]  # model request id per SGLang rid
+    state: State
+    trace: TraceWriter | None
+
+    def _live(self, batch: Batch) -> set[int]:
+        return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
+
+    def _compact(self) -> None:
+        live = set(self.state.running.rids) | set(self.state.pending.rids if self.state.pending else ())
+        live.update(rid for u in self.state.unprocessed for rid in u.rids)  # a queued result still names them
+        keep = [r.rid for r in self.state.requests if r.status is not Status.FINISHED or r.rid in live]
+        if len(keep) == len(self.state.requests):
+            return
+        self.state = compact_state(self.state, keep)
+        self.names = [self.names[i] for i in keep]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        if self.trace is not None:
+            self.trace.write({"kind": "compact", "rank": self.config.rank, "keep": keep})
+
+    def _batch(self, obs: ObservedBatch) -> Batch:
+        index = self.index
+        try:
+            rids = tuple([index[r] for r in obs.rids])
+        except KeyError:
+            rids = tuple(self._known(r) for r in obs.rids)  # raises GuardDesync naming the request
+        return Batch(
+            rids=rids, forward_mode=obs.forward_mode,
+            spec_info=SpecInfo(obs.spec_kind, obs.spec_rows, obs.spec_tokens_per_row)
+            if obs.spec_kind is not SpecInfoKind.NONE else SpecInfo.none(),
+            spec_algorithm_on=obs.spec_algorithm_on, out_cache_loc_width=obs.out_cache_loc_width,
+            graph=None if obs.graph is None else GraphShape(*obs.graph), extend_tokens=obs.extend_tokens,
+        )
+
+    def _known(self, rid: str) -> int:
+        index = self.index.get(rid)
+        if index is None:
+            raise GuardDesync(f"request {rid!r} is in a batch but the guard never saw it prefilled")
+        return index
+
+    def _running_from(self, predicted: Batch, obs: ObservedBatch) -> Batch:
+        real = self._batch(obs)
+        return predicted.replace(rids=real.rids, spec_info=real.spec_info, spec_algorithm_on=real.spec_algorithm_on)
+
+    def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
+                 reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
+                 seq_rids: Iterable[str] = ()) -> State:
+        seq_rids = seq_rids if isinstance(seq_rids, set | frozenset) else set(seq_rids)
+        requests = state.requests
+        updated: list[Request] | None = None  # copied on the first request that differs
+        index_of = self.index
+        for obs in reqs:
+            index = index_of.get(obs.rid)
+            if index is None:
+                continue
+            r = requests[index]
+            if obs.holds_kv:
+                held, reserved = obs.kv_committed, obs.kv_allocated - obs.kv_committed
+            else:
+                held = reserved = 0
+            # seq_len is observed where the step that moves it is seen
+            seq_len = obs.seq_len if obs.rid in seq_rids else r.seq_len
+            if held != r.kv_held or reserved != r.kv_reserved or seq_len != r.seq_len:
+                if updated is None:
+                    updated = list(requests)
+                updated[index] = _with_observed(r, seq_len, held, reserved)
+        changes: dict[str, object] = {}
+        if updated is not None:
+            changes["requests"] = tuple(updated)
+        if running is not None:
+            changes["running"] = self._running_from(state.running, running)
+        if launched is not None:
+            changes["launched"] = self._batch(launched)
+        if pool is not None:
+            changes["kv_free"] = pool.free
+            changes["kv_pool_size"] = pool.size
+        return state.replace(**changes) if changes else state  # type: ignore[arg-type]
+
+
+def _with_observed(r: Request, seq_len: int, kv_held: int, kv_reserved: int) -> Request:
+    """`r` with the fields the live objects carry replaced by what was observed. `Request.replace`, not
+    attrs.evolve (a third of the cost): the overlay runs for every request of the batch at every step."""
+    return r.replace(seq_len=seq_len, kv_held=kv_held, kv_reserved=kv_reserved)
+
+
+def _draft_prefilled_as_observed(state: State, draft_prefills: bool, spec_algorithm_on: bool) -> State:
+    """The prefill's outcome for the draft as the live batch shows it: the draft prefilled with the requests whose
+    prefill completed iff the batch carried the speculative algorithm (the worker's prefill branch), and the
+    prefilled batch carries that algorithm and a draft input row per request then."""
+    pending = state.pending
+    if pending is None:
+        return state
+    changed = {}
+    for rid in pending.rids:
+        r = state.req(rid)
+        want_len = r.prefilled_len if draft_prefills else 0
+        if r.draft_kv_len != want_len or r.draft_hidden_ready is not draft_prefills:
+            changed[rid] = r.replace(draft_kv_len=want_len, draft_hidden_ready=draft_prefills)
+    spec = (SpecInfo(SpecInfoKind.DRAFT_INPUT, pending.size, 1) if draft_prefills and spec_algorithm_on
+            else SpecInfo.none())
+    if not changed and pending.spec_info == spec and pending.spec_algorithm_on is spec_algorithm_on:
+        return state
+    return state.replace(requests=state.with_requests(changed),
+                         pending=pending.replace(spec_info=spec, spec_algorithm_on=spec_algorithm_on))

@@ -1,0 +1,85 @@
+"""The v2 switch's plain side, made at start-up: a plain DECODE graph runner (and attention backend) for the
+target beside its verify graphs, and the view that lets the plain path's prefills replay the target's prefill
+graphs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shim.switch.swap import AttributeSwap
+from shim.switch.v2_runtime import SwitchRuntime
+
+
+def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
+    """Capture a plain DECODE graph runner (1 token per request) for the target, beside its verify graphs.
+
+    A speculative target captures TARGET_VERIFY graphs only and `can_run_graph` ignores forward_mode, so a
+    plain batch would replay a verify graph: plain steps must run on their own runner (or eager).
+    """
+    import torch  # noqa: F401 - CUDA must be initialised here already
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mr = worker.target_worker.model_runner
+    hidden_mode = CaptureHiddenMode.FULL if rt.config.draft_while_off == "sync" else CaptureHiddenMode.NULL
+    tic = time.perf_counter()
+    # the runner picks DECODE, width 1, no verify spec_info
+    with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)) as swap:
+        if hasattr(mr, "init_new_workspace"):
+            swap.set(mr, "init_new_workspace", mr.init_new_workspace)  # the new backend may change it: put back
+        rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
+        if rt.config.plain_graphs == "decode" and mr.decode_cuda_graph_runner is not None:
+            from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+            class PlainDecodeCudaGraphRunner(DecodeCudaGraphRunner):  # type: ignore[misc, valid-type]
+                """Captures with the hidden-state mode the draft sync needs (a mismatch falls back to eager)."""
+
+                def capture(self, *a: Any, **k: Any) -> Any:
+                    self.capture_hidden_mode = hidden_mode
+                    return super().capture(*a, **k)
+
+            rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
+    if rt.plain_path and rt.config.plain_prefill == "graphs":
+        rt.plain_prefill_runner = plain_prefill_view(getattr(mr, "prefill_cuda_graph_runner", None))
+    rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
+                   graphs=rt.plain_runner is not None, prefill_graphs=rt.plain_prefill_runner is not None,
+                   capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))
+
+
+class PlainPrefillOnTargetGraphs:
+    """The target's prefill CUDA graphs, offered to the plain path's prefills.
+
+    An EAGLE-3 target captures its prefill graphs (breakable: the transformer body only) with hidden-state capture
+    FULL, and `PrefillCudaGraphRunner.can_run_graph` turns away any batch whose mode differs: every prefill on the
+    plain path (mode NULL) ran eager, many kernel launches of host time per prefill, which a plain server does not
+    pay. The captured body is the same in both modes (the EAGLE-3 auxiliary hidden states are a model attribute, not
+    the mode); the mode only steers the logits processor, which runs eagerly on the live batch after the body. So a
+    NULL-mode batch is checked as if the graphs had been captured for it, and everything else goes to the runner.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        runner = self.runner
+        if forward_batch.capture_hidden_mode != CaptureHiddenMode.NULL:
+            return bool(runner.can_run_graph(forward_batch))
+        captured = runner.capture_hidden_mode
+        runner.capture_hidden_mode = CaptureHiddenMode.NULL
+        try:
+            return bool(runner.can_run_graph(forward_batch))
+        finally:
+            runner.capture_hidden_mode = captured
+
+    def __getattr__(self, name: str) -> Any:  # execute(), and whatever else the model runner reads
+        return getattr(self.runner, name)
+
+
+def plain_prefill_view(runner: Any) -> PlainPrefillOnTargetGraphs | None:
+    """The view over the target's prefill graph runner, or None where there are no graphs to offer."""
+    if runner is None or not hasattr(runner, "can_run_graph") or not hasattr(runner, "capture_hidden_mode"):
+        return None  # None or SGLang's EagerRunner (prefill graphs off): the plain path runs eager anyway
+    return PlainPrefillOnTargetGraphs(runner)

@@ -1,0 +1,138 @@
+"""The v2 switch's flip actions on the scheduler, draft mode "retract" (design plain_off_retract_catch_up):
+speculation off is SGLang's own plain scheduler path. flip_off frees the speculative reserve and points the
+scheduler, its future map and the target's model runner at the plain side; flip_on retracts the running requests
+(their re-prefill with speculation is the draft's catch-up) and points everything back. shim/switch/v2.py's
+`plain_path_flip` decides and sequences them."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from shim.switch.v2_runtime import SwitchRuntime
+
+
+def _kv_row(req: Any) -> tuple[int | None, int, int]:
+    """(req_to_token row, committed, allocated) of a request; row None when it holds none. 0.5.16 keeps the
+    row and the committed length on the Req and `kv` is None without a row; 0.5.23 keeps all in req.kv."""
+    kv = getattr(req, "kv", None)
+    if kv is None:
+        return None, int(getattr(req, "kv_committed_len", 0)), 0
+    if hasattr(req, "kv_committed_len"):
+        return req.req_pool_idx, int(req.kv_committed_len), int(kv.kv_allocated_len)
+    return kv.req_pool_idx, int(kv.kv_committed_len), int(kv.kv_allocated_len)
+
+
+def drain_in_flight(scheduler: Any) -> bool:
+    """Process the launched step's result now, as SGLang's own pause_generation does before it retracts.
+    True when one was processed; the loop then has nothing to pop (`last_batch` is cleared)."""
+    queue = getattr(scheduler, "result_queue", None)
+    if not getattr(scheduler, "enable_overlap", False) or scheduler.last_batch is None or not queue:
+        return False
+    done_batch, result = queue.popleft()
+    scheduler.process_batch_result(done_batch, result)
+    scheduler.last_batch = None
+    return True
+
+
+def release_reserve(scheduler: Any, reqs: list[Any]) -> int:
+    """Free each request's speculative reserve [kv_committed_len, kv_allocated_len), as release_kv_cache
+    frees an over-allocation at finish; returns the number of slots freed."""
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    allocator = scheduler.token_to_kv_pool_allocator
+    freed = 0
+    for req in reqs:
+        row, start, end = _kv_row(req)
+        if req.finished() or row is None:
+            continue
+        if end > start:
+            allocator.free(req_to_token[row, start:end])
+            req.kv.kv_allocated_len = start
+            freed += end - start
+    return freed
+
+
+def reseat_seq_lens(batch: Any) -> None:
+    """A plain decode reads seq_lens on the batch; the speculative loop leaves them to the future map (the
+    verify's accepts). After the result is processed each request's committed length is the truth."""
+    import torch
+
+    lens = [_kv_row(req)[1] for req in batch.reqs]
+    device = batch.seq_lens.device
+    batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
+    batch.seq_lens = batch.seq_lens_cpu.to(device)
+    orig_dtype = batch.orig_seq_lens.dtype if batch.orig_seq_lens is not None else torch.int32
+    batch.orig_seq_lens = torch.tensor(lens, dtype=orig_dtype).to(device)
+    batch.seq_lens_sum = sum(lens)
+
+
+def _set_batch_algorithm(batch: Any, algorithm: Any) -> None:
+    batch.spec_algorithm = algorithm
+    batch.spec_info = None  # flip_off: no draft input on a plain batch; flip_on: its requests re-prefill
+    batch.input_ids = None  # resolved at launch from the future map's last-token relay, in both modes
+
+
+def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
+    """Point the scheduler, its future map and the target's model runner at the plain side."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    none = SpeculativeAlgorithm.NONE
+    fm = scheduler.future_map
+    mr = scheduler.tp_worker.model_runner
+    side = rt.spec_side
+    rt.fm_was_initialized = getattr(fm, "_forward_buf_initialized", False)
+    side.set(scheduler, "spec_algorithm", none)  # the prefill batches formed while off (ScheduleBatch.init_new)
+    side.set(scheduler, "model_worker", scheduler.tp_worker)
+    # the plain relay: input ids gathered from output_tokens_buf, a stash carries the bonus token only
+    side.set(fm, "spec_algo", none)
+    side.set(fm, "need_topk", False)
+    side.set(fm, "need_hidden_states", False)
+    side.set(mr, "decode_cuda_graph_runner", rt.plain_runner)  # None: eager
+    if rt.plain_attn_backend is not None:
+        side.set(mr, "attn_backend", rt.plain_attn_backend)
+    side.set(mr, "spec_algorithm", none)
+    if rt.plain_prefill_runner is not None:
+        side.set(mr, "prefill_cuda_graph_runner", rt.plain_prefill_runner)
+
+
+def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
+    """Undo enter_plain_path."""
+    if not rt.spec_side:
+        return
+    fm = scheduler.future_map
+    if rt.fm_was_initialized or not hasattr(fm, "_forward_buf_initialized"):  # 0.5.23: no lazy sizing flag
+        rt.spec_side.restore()
+    else:  # 0.5.16, first stashed while off: sized for the plain payload, so size it again at the next spec stash
+        rt.spec_side.restore(keep=((fm, "need_topk"), (fm, "need_hidden_states")))
+        fm._forward_buf_initialized = False
+
+
+def _pending_prefill(scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
+    """The prefilled batch get_next_batch_to_run will merge (SGLang's `last_batch`), or None."""
+    if last_batch is None or last_batch is running_batch or not last_batch.forward_mode.is_extend():
+        return None
+    return last_batch
+
+
+def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
+    """ScheduleBatch.release_req for each request without tree insertion (SGLang's retract_all, as its
+    pause_generation(mode="retract") calls it), then back to the waiting queue with its output kept."""
+    from sglang.srt.managers import schedule_batch
+
+    kwargs = dict(reqs=reqs, req_to_token_pool=scheduler.req_to_token_pool,
+                  token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator, tree_cache=scheduler.tree_cache,
+                  hisparse_coordinator=getattr(scheduler, "hisparse_coordinator", None))
+    params = inspect.signature(schedule_batch.retract_all).parameters
+    if "server_args" in params:  # 0.5.16
+        kwargs["server_args"] = scheduler.server_args
+    if "offload_kv" in params:
+        kwargs["offload_kv"] = False  # re-prefilled, never restored from host
+    schedule_batch.retract_all(**kwargs)
+    for req in reqs:
+        scheduler._add_request_to_queue(req, is_retracted=True)
+
+
+def flip_on_waits(running_batch: Any, pending: Any) -> bool:
+    """Whether flip-on must wait an iteration: a prefilled batch is not merged yet, or the running batch still
+    holds finished requests (update_running_batch filters them, merge_batch merges it, the guard sees both)."""
+    return pending is not None or any(r.finished() for r in running_batch.reqs)

@@ -1,0 +1,46 @@
+"""What the v2 switch's hooks share inside one scheduler process (shim/switch/v2.py holds the one instance)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim.switch.config import SwitchConfig
+from shim.switch.fault import LateFlipFault
+from shim.switch.policy import SwitchPolicy
+from shim.switch.swap import AttributeSwap
+from shim.timing.jsonl import JsonlTrace
+
+
+@dataclass
+class SwitchRuntime:
+    """What the hooks share inside one scheduler process."""
+
+    config: SwitchConfig
+    policy: SwitchPolicy
+    trace: JsonlTrace
+    steps_since_flip: int = 0
+    flips: int = 0
+    plain_runner: Any = None
+    plain_attn_backend: Any = None
+    plain_prefill_runner: Any = None  # PlainPrefillOnTargetGraphs, or None: the plain path keeps the target's
+    counters: dict[str, int] = field(default_factory=dict)
+    # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
+    spec_side: AttributeSwap = field(default_factory=AttributeSwap)
+    fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
+    late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
+
+    @property
+    def plain_path(self) -> bool:
+        """Whether speculation off runs SGLang's own plain scheduler path (draft mode "retract")."""
+        return self.config.draft_while_off == "retract"
+
+    def count(self, key: str) -> None:
+        self.counters[key] = self.counters.get(key, 0) + 1
+
+    def trace_this_step(self) -> bool:
+        """Whether the decode step about to run goes into the trace (SPECFLIP_SWITCH_TRACE_EVERY)."""
+        if not self.trace.enabled:
+            return False
+        every = self.config.trace_every
+        return every == 1 or self.steps_since_flip < 2 or sum(self.counters.values()) % every == 0
