@@ -287,7 +287,9 @@ def test_cli_json_keeps_stdout_for_the_json_and_progress_on_stderr(capsys) -> No
 def test_cli_check_reports_needs_every_design(capsys) -> None:
     assert main(["check", "--check-reports", "--design", "draft_kv_never_freed"]) == 2
     assert "--check-reports" in capsys.readouterr().err
-    assert main(["check", "--jobs", "0", "--design", "draft_kv_never_freed"]) == 2
+    with pytest.raises(SystemExit) as exc:  # an argparse type check: one line, exit 2
+        main(["check", "--jobs", "0", "--design", "draft_kv_never_freed"])
+    assert exc.value.code == 2 and "--jobs" in capsys.readouterr().err
 
 
 def test_cli_unknown_design_is_a_clear_error(capsys) -> None:

@@ -65,15 +65,20 @@ def test_decide_flip_reads_only_its_arguments() -> None:
     params = {a.arg for a in node.args.args}
     assert params == {"spec_on", "demand", "in_flight", "t_off", "t_on", "spec_cap"}
     body_names = set().union(*(names_read(s) for s in node.body))
-    assert body_names <= params | {"Flip", "OFF", "ON"}, body_names - params
+    # within_spec_cap: the one cap rule (statemodel/policy.py), a pure function of the arguments passed to it
+    assert body_names <= params | {"Flip", "OFF", "ON", "within_spec_cap"}, body_names - params
 
 
 def test_switch_policy_reads_counts_and_configuration_only() -> None:
     for fn in (switch_policy.SwitchPolicy.wants, switch_policy.SwitchPolicy.decide):
         node = function_ast(fn)
         read = set().union(*(names_read(s) for s in node.body))
+        # the auto learner (SPECFLIP_SWITCH=auto): its state is fed only observations agreed across the ranks
+        # (shim/switch/auto.py: a MAX all-reduce per 8-step window over tp_cpu_group), and the model's check of
+        # its decision (model_free_flips, refused) reads the same counts
+        auto = {"auto", "decide", "decision", "commit", "design_name", "model_free_flips", "refused", "performed"}
         allowed = {a.arg for a in node.args.args} | {"c", "config", "t_off", "t_on", "spec_cap", "spec_on", "clamp",
-                                                    "decide_flip", "wants", "action", "Flip", "ON", "None"}
+                                                    "decide_flip", "wants", "action", "Flip", "ON", "None"} | auto
         assert read <= allowed, (fn.__qualname__, read - allowed)
 
 
