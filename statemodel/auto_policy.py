@@ -5,10 +5,14 @@ observations and the same questions give the same decisions, on every rank (docs
 What it learns. Each decode step the switch reports an `Observation`: the mode, the batch size, the tokens the step
 committed (speculative: the verify's accept lengths summed; plain: one per request) and its seconds. Per mode and
 per batch-size bucket (half octaves: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...) the learner keeps an estimate of
-the tokens per request-second (tokens / (batch x seconds)): a running mean over the first `min_samples` steps, an
-EWMA after (weight `alpha`), each step's rate clipped to [1/2, 2] x the estimate once it is known, so one stalled
-step does not move it far. The first `settle` steps after each mode change are not used (the flip-on's re-prefill
-and the first steps of a mode are not its steady state).
+the steps per second each request makes (1 / seconds; plain: tokens / (batch x seconds), the same): a running mean over
+the first `min_samples` steps, an EWMA after (weight `alpha`), each step's rate clipped to [1/2, 2] x the estimate
+once it is known, so one stalled step does not move it far. Speculation's tokens per step, the mean accept length,
+is learned apart, over every speculative step at any batch (the same running mean, then EWMA): it is a property of
+the traffic, not of the batch, and a bucket visited only when the traffic drafted badly (session 7: warm-up requests
+at accept 1.0) would otherwise keep that accept length until the bucket is probed again, thousands of steps later.
+The first `settle` steps after each mode change are not used (the flip-on's re-prefill and the first steps of a
+mode are not its steady state).
 
 What it decides. At demand d (running + waiting requests) a mode's throughput is its estimate at the batch it would
 run, times that batch: speculation runs min(d, spec cap) requests, plain decoding d. Then:
@@ -81,7 +85,8 @@ class Observation:
 
     spec_on: bool
     batch: int
-    tokens: float  # tokens committed: the accept lengths summed (speculative), the batch size (plain)
+    tokens: float | None  # tokens committed: the accept lengths summed (speculative), the batch size (plain);
+    # None: a speculative step whose verify results were not processed yet (its seconds count, no accept length)
     seconds: float
 
 
@@ -110,7 +115,10 @@ class Decision:
 @attrs.frozen
 class AutoState:
     params: AutoParams = AutoParams()
-    estimates: tuple[tuple[tuple[bool, int], Estimate], ...] = ()  # ((spec_on, bucket), estimate), sorted
+    # ((spec_on, bucket), estimate), sorted: plain, tokens per request-second; speculation, verify steps per
+    # second (its tokens per request and step are `accept`, learned over every bucket)
+    estimates: tuple[tuple[tuple[bool, int], Estimate], ...] = ()
+    accept: Estimate | None = None  # mean accept length (tokens per request per verify), EWMA over speculative steps
     step: int = 0  # observations seen
     run_mode: bool | None = None  # the mode of the last observation
     run_length: int = 0  # observations in that mode in a row
@@ -160,9 +168,12 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     step = state.step + 1
     credit = min(float(p.probe_credit * p.probe_steps), state.credit + p.explore_fraction)
     base = attrs.evolve(state, step=step, run_mode=obs.spec_on, run_length=run, credit=credit)
-    if run <= p.settle or obs.batch <= 0 or not obs.seconds > 0 or not obs.tokens > 0:
+    if run <= p.settle or obs.batch <= 0 or not obs.seconds > 0:
         return base
-    rate = obs.tokens / (obs.batch * obs.seconds)
+    if not obs.spec_on and not (obs.tokens is not None and obs.tokens > 0):
+        return base
+    # speculation: the bucket keeps its verify steps per second, the accept length is learned apart (below)
+    rate = 1.0 / obs.seconds if obs.spec_on else obs.tokens / (obs.batch * obs.seconds)
     key = (obs.spec_on, bucket_of(obs.batch))
     old = state.estimate(*key)
     if old is None:
@@ -174,7 +185,17 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         weight = max(1.0 / n, p.alpha)
         new = Estimate(rate=old.rate + weight * (rate - old.rate), samples=n, updated=step)
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key] + [(key, new)]))
-    return attrs.evolve(base, estimates=estimates)
+    accept = state.accept
+    if obs.spec_on and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
+        # of the traffic, the same at every batch size
+        length = obs.tokens / obs.batch
+        if accept is None:
+            accept = Estimate(rate=length, samples=1, updated=step)
+        else:
+            n = accept.samples + 1
+            accept = Estimate(rate=accept.rate + max(1.0 / n, p.alpha) * (length - accept.rate), samples=n,
+                              updated=step)
+    return attrs.evolve(base, estimates=estimates, accept=accept)
 
 
 def _known(state: AutoState, spec_on: bool, batch: int) -> Estimate | None:
@@ -186,7 +207,11 @@ def value(state: AutoState, spec_on: bool, demand: int, spec_cap: int) -> float 
     """A mode's estimated throughput (tokens/s) at this demand, None when its estimate is not known yet."""
     batch = min(demand, spec_cap) if spec_on else demand
     est = _known(state, spec_on, batch)
-    return None if est is None else est.rate * batch
+    if est is None:
+        return None
+    if spec_on:  # the bucket's step rate times the accept length learned last, at whatever batch it was seen
+        return None if state.accept is None else est.rate * state.accept.rate * batch
+    return est.rate * batch
 
 
 def _stale(state: AutoState, spec_on: bool, demand: int, spec_cap: int) -> bool:

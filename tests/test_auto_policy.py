@@ -5,7 +5,10 @@ table (GPU-HOST.md, "The anchor that decides") through specflip.auto_sim."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -213,3 +216,62 @@ def test_params_are_checked() -> None:
         ap.AutoParams(margin=1.5)
     with pytest.raises(ValueError):
         ap.AutoParams(min_samples=0)
+
+
+RECORDED = Path(__file__).parent / "regressions" / "recorded" / "auto_s7_call2_windows.json"
+
+
+def replay_windows(windows: list[dict[str, Any]]) -> ap.AutoState:
+    """Each recorded window as `n` equal steps at its batch (the trace keeps windows, not steps)."""
+    state = ap.initial_state()
+    for w in windows:
+        for _ in range(w["n"]):
+            tokens = w["batch"] * (w["accept_mean"] if w["spec"] else 1.0)
+            state = ap.observe(state, ap.Observation(spec_on=w["spec"], batch=w["batch"], tokens=tokens,
+                                                     seconds=w["seconds"] / w["n"]))
+    return state
+
+
+def test_recorded_session7_windows_value_speculation_at_its_rate() -> None:
+    """The H200 8B run of session 7 (call 2, bursty; tests/regressions/recorded/auto_s7_call2_windows.json, from
+    traces_s7_call2.tar.gz): at batch 1 speculation was seen only in warm-up windows whose requests drafted at
+    accept 1.0 (SGLang's own log there: accept len 1.4-1.7), at 5.3-5.8 ms a step; the quiet phase later ran at
+    batch 2 with accept 2.0. Learned per bucket (before the fix), batch 1 kept accept 1.0 and valued speculation at
+    about 181 tok/s against plain's 223 here (the trace's flips: 181 against 183), half its rate (call 1: 327 tok/s
+    end to end at concurrency 1). With the accept length learned over every bucket, batch 1 is valued at its step
+    rate times 2.0, and the learner at demand 1 takes speculation, on the numbers and by a clear win."""
+    windows = json.loads(RECORDED.read_text())["windows"]
+    batch1_spec = [w for w in windows if w["spec"] and w["batch"] == 1]
+    # what a per-bucket tokens rate holds for batch 1: the warm-up's accept 1.0 over its step time
+    per_bucket = sum(w["n"] * w["accept_mean"] / w["seconds"] for w in batch1_spec) / len(batch1_spec)
+    assert 170 < per_bucket < 195
+    state = replay_windows(windows)
+    v_spec, v_plain = ap.value(state, True, 1, 48), ap.value(state, False, 1, 48)
+    assert v_plain is not None and 200 < v_plain < 240  # 4.5 ms a plain step
+    assert v_spec is not None and 320 < v_spec < 380  # 2 tokens per 5.3-5.8 ms step (call 1: 5.9 ms, 327 tok/s)
+    plain_incumbent = attrs.evolve(state, incumbent=False, flip_step=-1000)
+    decision = ap.decide(plain_incumbent, False, 1, 0, 48)
+    assert decision.action == ap.FLIP_ON and decision.reason == "measured"
+
+
+def test_the_accept_length_is_shared_by_every_bucket() -> None:
+    """Speculation's step rate is per bucket, its accept length is not: a later accept length measured at batch 8
+    revalues batch 1 (same step time: same value there), and plain's rate is untouched by it."""
+    def steps(spec_on: bool, batch: int, tokens_per_req: float, seconds: float, count: int = 12) -> ap.AutoState:
+        nonlocal state
+        for _ in range(count):
+            state = ap.observe(state, ap.Observation(spec_on, batch, batch * tokens_per_req, seconds))
+        return state
+
+    state = ap.initial_state()
+    steps(True, 1, 1.0, 0.006)
+    assert ap.value(state, True, 1, 48) == pytest.approx(1 / 0.006)
+    steps(False, 1, 1.0, 0.0045)
+    steps(True, 8, 3.0, 0.007, count=40)
+    assert state.accept is not None and state.accept.rate == pytest.approx(3.0, rel=0.01)
+    assert ap.value(state, True, 1, 48) == pytest.approx(3.0 / 0.006, rel=0.01)
+    assert ap.value(state, False, 1, 48) == pytest.approx(1 / 0.0045)
+    # a step whose verify results were not processed yet gives its seconds, no accept length
+    before = state.accept
+    state = ap.observe(state, ap.Observation(True, 8, None, 0.007))
+    assert state.accept == before and state.step > 0

@@ -278,3 +278,31 @@ def test_which_intervals_are_observed() -> None:
     assert (auto.accept_tokens, auto.accept_rows) == (6, 3)
     auto.agree(sched)
     assert auto.accept_mean == 2.0 and auto.state.step == 3 and auto.pending == [] and auto.agreements == 1
+
+
+def test_accept_lengths_across_the_overlap_schedule() -> None:
+    """Under the overlap schedule a step's verify result is processed after the next step launched, so a window can
+    close before any of its speculative steps' results are in (here: a window of 2 right after a flip on). Its
+    steps then give their seconds only, not the last agreed accept length (1.0 before any, or the previous
+    mode's): the learner's accept length is the verify results' own mean, 2.0, and speculation's value at batch 1
+    is 2 tokens per 6 ms step. Before the fix the first window fed 1.0 (the default) as these steps' accept."""
+    import torch
+
+    t = [0.0]
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=2, clock=lambda: t[0])
+    sched = object()
+    result = type("Result", (), {"accept_lens": torch.tensor([2])})()
+    windows: list[dict[str, Any]] = []
+    trace = type("TraceRecorder", (), {"event": lambda self, action, **kw: windows.append(kw)})()
+    prev: Any = None
+    for _ in range(20):  # the overlap loop: launch step N, then process step N-1's result
+        batch = _batch("spec", 1)
+        auto.on_run_batch(sched, batch, 0, trace)
+        if prev is not None:
+            auto.on_result(prev, result)
+        prev = batch
+        t[0] += 0.006
+    # the first window closed before any result: no accept length; every later one: the results' own, 2.0
+    assert [w["accept_mean"] for w in windows] == [None] + [2.0] * 9
+    assert auto.state.accept is not None and auto.state.accept.rate == 2.0
+    assert ap.value(auto.state, True, 1, 48) == pytest.approx(2 / 0.006)

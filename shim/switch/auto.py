@@ -9,8 +9,9 @@ What it observes, on the host, with no host-device sync:
   (and at high concurrency a prefill runs between most decode steps, so leaving those out would leave little);
 - the batch size of that step;
 - the tokens it committed: plain, one per request; speculative, the batch size times the mean accept length of the
-  verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host
-  and checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU).
+  verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host and
+  checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU). A window that processed
+  no verify result gives its speculative steps their seconds only (the learner keeps the accept length apart).
 
 Rank agreement (issue 16): every rank runs the same batches, so the decode-step count, the modes and the batch
 sizes are the same on every rank; the seconds are not (per-rank clocks). Every `window` decode steps, counted
@@ -112,16 +113,20 @@ class AutoSwitch:
         values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows)]
         values = all_reduce_max(scheduler, values)
         seconds, (tokens, rows) = values[:-2], values[-2:]
-        if rows > 0:
-            self.accept_mean = tokens / rows
+        # the verify results processed in this window: under the overlap schedule, those of the steps launched from
+        # one before the window to one before its end. A window with none (its steps' results come after the
+        # agreement) gives its steps no accept length: the last agreed one (1.0 before any) is not theirs
+        mean = tokens / rows if rows > 0 else None
+        if mean is not None:
+            self.accept_mean = mean
         for (spec_on, bs), sec in zip(self.pending, seconds, strict=True):
-            tok = bs * self.accept_mean if spec_on else float(bs)
+            tok = (None if mean is None else bs * mean) if spec_on else float(bs)
             self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec))
         self.agreements += 1
         if trace is not None:
             trace.event("auto_observe", rank=self.rank, decode_step=self.decode_steps, n=len(self.pending),
                         spec=sum(1 for s, _ in self.pending if s), seconds=round(sum(seconds), 6),
-                        accept_mean=round(self.accept_mean, 4), learner_step=self.state.step,
+                        accept_mean=None if mean is None else round(mean, 4), learner_step=self.state.step,
                         digest=self.state.digest())
         self.pending, self.seconds = [], []
         self.accept_tokens = self.accept_rows = 0
