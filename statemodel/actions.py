@@ -450,19 +450,24 @@ def _prefill(state: State, action: Action, design: Design, scope: Scope) -> Stat
     draft_prefills = state.spec_mode is SpecMode.ON or design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     requests = state.requests
     for rid, tokens in picks:
-        r = requests[rid]
         extended += tokens
-        new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
-        if new.prefilled_len == new.prefill_target:
-            new = new.replace(
-                status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
-                draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
-            )
+        new = _extend_chunk(requests[rid], tokens, draft_prefills)
+        if new.status is Status.RUNNING:
             completed.append(rid)
         changed[rid] = new
     launched, pending = _prefill_batches(state, design, changed, completed, extended, draft_prefills)
     return state.replace(requests=state.with_requests(changed), pending=pending, launched=launched,
                         kv_free=state.kv_free - extended)
+
+
+def _extend_chunk(r: Request, tokens: int, draft_prefills: bool) -> Request:
+    """One prefill chunk of `tokens` for request `r`; the chunk that reaches its prefill target makes it run (its
+    first output token committed; the draft prefilled with it when `draft_prefills`)."""
+    new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
+    if new.prefilled_len != new.prefill_target:
+        return new
+    return new.replace(status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
+                       draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills)
 
 
 def _prefill_batches(state: State, design: Design, changed: dict[int, Request], completed: list[int],
@@ -525,12 +530,8 @@ def _prefill_radix(state: State, design: Design, scope: Scope) -> State:
         free -= tokens
         budget -= tokens
         extended += tokens
-        new = r.replace(prefilled_len=r.prefilled_len + tokens, kv_held=r.kv_held + tokens, status=Status.PREFILLING)
-        if new.prefilled_len == new.prefill_target:
-            new = new.replace(
-                status=Status.RUNNING, seq_len=new.prefilled_len, committed=new.committed + 1,
-                draft_kv_len=new.prefilled_len if draft_prefills else 0, draft_hidden_ready=draft_prefills,
-            )
+        new = _extend_chunk(r, tokens, draft_prefills)
+        if new.status is Status.RUNNING:
             completed.append(r.rid)
         requests[r.rid] = new
         order.append(r.rid)
