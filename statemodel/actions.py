@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import attrs
 
@@ -501,7 +501,6 @@ def _prefill_radix(state: State, design: Design, scope: Scope) -> State:
     tokens the tree holds already are freed and the request's row repointed at the tree's slots (their draft KV
     with them), new ones are added, marked with whether the draft ran over them."""
     budget = scope.chunk_size
-    room = running_cap(state, scope) - state.in_flight_count()
     draft_prefills = state.spec_mode is SpecMode.ON or design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     requests = list(state.requests)
     tree = state.prefix_cache
@@ -510,13 +509,9 @@ def _prefill_radix(state: State, design: Design, scope: Scope) -> State:
     order: list[int] = []
     start: dict[int, int] = {}  # prefilled_len before this chunk
     extended = 0
-    for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
+    for r in _admission_order(state, scope):
         if budget == 0:
             break
-        if r.status is Status.WAITING:
-            if room == 0:
-                continue
-            room -= 1
         matched = match_len(tree, r, draft_prefills, design) if r.prefilled_len == 0 else 0
         locked = max([x.cached_len for x in requests] + [matched])
         tokens = min(r.prefill_target - r.prefilled_len - matched, budget, free + len(tree) - locked)
@@ -553,18 +548,25 @@ def _prefill_radix(state: State, design: Design, scope: Scope) -> State:
                         kv_free=free, prefix_cache=tree)
 
 
-def prefill_adder_picks(state: State, scope: Scope) -> list[tuple[int, int]]:
-    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
-    budget = min(scope.chunk_size, state.kv_free)
+def _admission_order(state: State, scope: Scope) -> Iterator[Request]:
+    """PrefillAdder's order: a chunked request first, then waiting ones by id, a new one only while the running cap
+    has room (the one admission rule of the plain and the radix prefill)."""
     room = running_cap(state, scope) - state.in_flight_count()
-    picks: list[tuple[int, int]] = []
     for r in sorted(state.waiting(), key=lambda r: (r.status is not Status.PREFILLING, r.rid)):
-        if budget == 0:
-            break
         if r.status is Status.WAITING:
             if room == 0:
                 continue
             room -= 1
+        yield r
+
+
+def prefill_adder_picks(state: State, scope: Scope) -> list[tuple[int, int]]:
+    """PrefillAdder in FCFS order: a chunked request first, then waiting ones under cap and KV."""
+    budget = min(scope.chunk_size, state.kv_free)
+    picks: list[tuple[int, int]] = []
+    for r in _admission_order(state, scope):
+        if budget == 0:
+            break
         tokens = min(r.prefill_target - r.prefilled_len, budget)
         budget -= tokens
         picks.append((r.rid, tokens))
