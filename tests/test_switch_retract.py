@@ -28,6 +28,7 @@ ol = importlib.import_module("overlap_loop")
 
 from shim.guard import api as guard_api  # noqa: E402
 from shim.guard.core import SpecFlipViolation  # noqa: E402
+from shim.switch import fault as switch_fault  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
 from shim.switch.v2 import SwitchConfig  # noqa: E402
 from statemodel.designs import DESIGNS_BY_NAME, get_design  # noqa: E402
@@ -149,10 +150,10 @@ def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, rad
     assert not drv.switch.spec_side
 
 
-@pytest.mark.parametrize("keep_out", [True, False], ids=["switch", "without_skip_insert"])
+@pytest.mark.parametrize("keep_out", [True, False, "fault"], ids=["switch", "without_skip_insert", "fault_env"])
 def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any, model_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch,
-                                                                   keep_out: bool) -> None:
+                                                                   keep_out: bool | str) -> None:
     """Issue 24 (design plain_off_retract_catch_up_radix): with the radix cache on, every slot the tree holds after
     an iteration was last written by a forward with the draft (a prefill with speculation, or a request's own
     tokens while it speculates). The switch sets `skip_radix_cache_insert` on every request of a batch run while
@@ -160,11 +161,13 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
     into the tree with no draft KV, and the re-prefills after flip-on hit them."""
     from sglang.srt.managers.schedule_batch import Req
 
-    if not keep_out:  # the flag reads False and ignores the switch's writes
+    if keep_out is False:  # the flag reads False and ignores the switch's writes
         monkeypatch.setattr(Req, "skip_radix_cache_insert", property(lambda self: False, lambda self, value: None),
                             raising=False)
     configure(runtime)
     drv = driver(model_dir, radix=True)
+    if keep_out == "fault":  # the GPU's "before" server: SPECFLIP_FAULT_RADIX_INSERT=1, read as the plugin reads it
+        drv.switch.radix_insert_fault = switch_fault.radix_insert_fault_from_env({"SPECFLIP_FAULT_RADIX_INSERT": "1"})
     with_draft: dict[int, bool] = {}  # slot -> whether the forward that last wrote it ran the draft
     stale: list[tuple[int, int]] = []  # (iteration, tree slots without draft KV)
     reprefilled: list[bool] = []  # a retracted request's skip_radix_cache_insert at its prefill with speculation
@@ -196,7 +199,7 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
     reqs = run_waves(drv)
     assert not_greedy(reqs) == [] and [a for _, a in drv.flips] == ["flip_off", "flip_on"] * 3
     assert any(not spec for _, spec, _ in drv.prefilled)  # prompts were prefilled while off
-    if not keep_out:
+    if keep_out is not True:
         assert stale, "the tree never cached a token computed without the draft"
         return
     assert stale == [] and runtime.guard.found == []

@@ -28,6 +28,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
                           late (shim/switch/fault.py; docs/tp.md)
+  SPECFLIP_FAULT_RADIX_INSERT  1: FAULT INJECTION, tests only: the issue-24 fix undone (while-off tokens go into the
+                          radix tree without draft KV; docs/prefix-cache.md)
   SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
                           (flips always). For throughput runs: a traced step costs JSON and CUDA events on the
                           host. `specflip replay` needs every step (its conformance reads them all).
@@ -51,7 +53,7 @@ from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
 )
-from shim.switch.fault import LateFlipFault
+from shim.switch.fault import LateFlipFault, radix_insert_fault_from_env
 from shim.switch.policy import SwitchPolicy
 
 # re-exported (`X as X`): the names this module held before the split into v2_*.py stay importable from it
@@ -233,7 +235,7 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     batch = orig(self, running_batch=running_batch, last_batch=last_batch)
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
-    if batch is not None and not rt.policy.spec_on:
+    if batch is not None and not rt.policy.spec_on and not rt.radix_insert_fault:
         # issue 24 (docs/prefix-cache.md): a forward without the draft writes no draft KV at its slots, so the radix
         # tree must not cache them (a later hit would draft over garbage): SGLang's own flag, which checkpoint_kv_cache
         # and release_kv_cache read, keeps this request's tokens out; flip-on gives it back to the retracted ones
@@ -332,9 +334,11 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
 # Installation
 
 
-def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFlipFault | None = None) -> bool:
+def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFlipFault | None = None,
+                   radix_insert_fault: bool = False) -> bool:
     """Register the switch's hooks on `registry` (SGLang's HookRegistry class); False when config is None.
-    `late_flip`: a fault injection for tests (SPECFLIP_FAULT_LATE_FLIP), never on by default.
+    `late_flip`, `radix_insert_fault`: fault injections for tests (SPECFLIP_FAULT_LATE_FLIP,
+    SPECFLIP_FAULT_RADIX_INSERT; shim/switch/fault.py), never on by default.
 
     Call from the plugin entry point before `HookRegistry.apply_hooks()` runs, e.g.
         install_switch(HookRegistry, SwitchConfig.from_env())
@@ -346,7 +350,7 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
 
     auto = AutoSwitch(spec_cap=config.spec_cap) if config.auto else None
     _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir),
-                             late_flip=late_flip)
+                             late_flip=late_flip, radix_insert_fault=radix_insert_fault)
     _RUNTIME.trace.event("config", design=config.design_name, policy="auto" if config.auto else "thresholds",
                          auto_params=None if auto is None else repr(auto.state.params), t_off=config.t_off,
                          t_on=config.t_on,
@@ -394,6 +398,7 @@ def install_from_env() -> bool:
     try:
         config = SwitchConfig.from_env()
         late_flip = LateFlipFault.from_env() if config is not None else None
+        radix_insert_fault = radix_insert_fault_from_env() if config is not None else False
     except SwitchConfigError as exc:
         logging.getLogger("specflip.switch").error("specflip switch off: %s", exc)
         return False
@@ -401,4 +406,4 @@ def install_from_env() -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    return install_switch(HookRegistry, config, late_flip)
+    return install_switch(HookRegistry, config, late_flip, radix_insert_fault)

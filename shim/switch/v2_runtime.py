@@ -29,6 +29,7 @@ class SwitchRuntime:
     spec_side: AttributeSwap = field(default_factory=AttributeSwap)
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
     late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
+    radix_insert_fault: bool = False  # FAULT INJECTION for tests only (SPECFLIP_FAULT_RADIX_INSERT): no issue-24 fix
 
     @property
     def plain_path(self) -> bool:
