@@ -195,3 +195,20 @@ def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, cap
     with pytest.raises(SystemExit) as e:
         bursty_client.main()
     assert e.value.code == 2 and "--burst-conc must be at least 1" in capsys.readouterr().err
+
+
+def test_first_step_after_a_flip_is_compared_with_steady_and_after_idle_steps_of_its_batch() -> None:
+    """Issue 17's first-step figure: a flip-on follows the server emptying, so its first step is compared with
+    first steps after idle without a flip (gap_ms >= the idle gap), as well as with steady ones, batch-matched."""
+    def timing(ms: float, bs: int, first: bool = False, gap: float | None = 5.0) -> tuple[str, dict]:
+        return ("switch", {"action": "timing", "kind": "spec", "bs": bs, "ms": ms, "first_after_flip": first,
+                           "gap_ms": gap})
+
+    events = [timing(6.7, 1, first=True, gap=900.0), timing(5.9, 1), timing(6.0, 1), timing(6.9, 1, gap=400.0),
+              timing(7.0, 2, first=True), timing(1.0, 4)]
+    assert [summarize.step_class(ev) for _, ev in events[:4]] == [
+        "first after a flip", "steady", "steady", "first after idle, no flip"]
+    rows = summarize.first_step_table(events)
+    assert rows[-2] == "| switch | spec | 1 | 6.70 (1) | 5.95 (2) | 1.13 | 6.90 (1) | 0.97 |"
+    assert rows[-1] == "| switch | spec | 2 | 7.00 (1) | - | - | - | - |"  # no steady step at batch 2: no ratio
+    assert summarize.first_step_table(events[1:3]) == []  # no flip: no table

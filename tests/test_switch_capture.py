@@ -67,3 +67,26 @@ def test_capture_puts_the_model_runner_back(fail: bool) -> None:
     assert mr.seen == [SpeculativeAlgorithm.NONE]  # the plain backend is made for a plain runner
     assert mr.spec_algorithm == SpeculativeAlgorithm.EAGLE
     assert mr.init_new_workspace is False
+
+
+class CudaGraphCpuStandIn:
+    """A captured graph's replay(), counted (a CUDA graph cannot run on the CPU)."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def test_warm_replay_launches_every_graph_once_at_start_up() -> None:
+    """Issue 17: the first launch of a graph uploads it; warm_replay pays that at start-up for each graph the plain
+    path will replay (SGLang 0.5.16 keeps them in runner.backend._graphs), and leaves a runner without graphs."""
+    from shim.switch.v2_capture import warm_replay
+
+    graphs = {(bs, 0, None): CudaGraphCpuStandIn() for bs in (1, 2, 4, 8)}
+    runner = SimpleNamespace(backend=SimpleNamespace(_graphs=graphs))
+    assert warm_replay(runner) == 4
+    assert [g.replays for g in graphs.values()] == [1, 1, 1, 1]
+    assert warm_replay(SimpleNamespace(backend=SimpleNamespace(_graphs={}))) == 0
+    assert warm_replay(SimpleNamespace()) == 0

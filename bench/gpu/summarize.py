@@ -64,13 +64,53 @@ def trace_events(sources):
     return [(cfg, json.loads(line)) for cfg, text in out for line in text.splitlines()]
 
 
+IDLE_GAP_MS = 50.0  # shim/switch/v2_runtime.py IDLE_GAP_MS: a step launched this long after the previous one
+
+
+def step_class(ev):
+    """A timed decode step: the first after a flip, the first after an idle spell without a flip (its GPU clocked
+    down: the baseline a flip-on's first step, which follows the server emptying, is compared with), or steady."""
+    if ev["first_after_flip"]:
+        return "first after a flip"
+    gap = ev.get("gap_ms")
+    return "first after idle, no flip" if gap is not None and gap >= IDLE_GAP_MS else "steady"
+
+
+def first_step_table(events):
+    """Markdown: the first decode step after a flip against steady steps and first-after-idle steps of the same
+    kind and batch size (issue 17: <= 1.1x a steady step), per configuration, medians of the switch trace's CUDA
+    events; [] when no trace has both."""
+    by = {}
+    for cfg, ev in events:
+        if ev.get("action") == "timing" and not ev.get("timer"):
+            by.setdefault((cfg, ev["kind"], ev["bs"], step_class(ev)), []).append(ev["ms"])
+    rows = []
+    for (cfg, kind, bs, which), first in sorted(by.items()):
+        if which != "first after a flip":
+            continue
+        steady = by.get((cfg, kind, bs, "steady"), [])
+        idle = by.get((cfg, kind, bs, "first after idle, no flip"), [])
+        med = statistics.median
+        cells = [cfg, kind, str(bs), f"{med(first):.2f} ({len(first)})",
+                 f"{med(steady):.2f} ({len(steady)})" if steady else "-",
+                 f"{med(first) / med(steady):.2f}" if steady else "-",
+                 f"{med(idle):.2f} ({len(idle)})" if idle else "-",
+                 f"{med(first) / med(idle):.2f}" if idle else "-"]
+        rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["", "First decode step after a flip, same kind and batch size (median ms, n):", "",
+            "| configuration | step | batch | first after a flip | steady | ratio | first after idle, no flip | "
+            "ratio |", "|---|---|---|---|---|---|---|---|"] + rows
+
+
 def timings(events):
     by = {}
     for cfg, ev in events:
         act = ev.get("action")
         if act == "timing":
             kind = ev["kind"] + (" (step timer)" if ev.get("timer") else "")
-            key = (cfg, kind, "first after a flip" if ev["first_after_flip"] else "steady")
+            key = (cfg, kind, step_class(ev))
             by.setdefault(key, []).append((ev["bs"], ev["ms"]))
         elif act == "step_time":  # shim/timing/step_timer.py: one scheduler loop iteration, host clock
             key = (cfg, ev["kind"] + " loop iteration (host)", "steady")
@@ -218,6 +258,7 @@ def timing_lines(sources):
             what = kind if "loop iteration" in kind else f"{kind} step"
             md.append(f"- {cfg}, {what}, {which}: n={len(ms)}, median {statistics.median(ms):.2f} ms, "
                       f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
+    md += first_step_table(events)
     md += step_timer_lines(events)
     return md
 

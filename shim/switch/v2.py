@@ -258,7 +258,8 @@ def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: An
         if batch.forward_mode.is_extend():  # a plain prefill (the speculative ones: _forward_around)
             rt.trace.event("prefill", bs=batch.batch_size(), graph=bool(getattr(out, "can_run_cuda_graph", False)))
         return out
-    if not rt.trace_this_step():
+    gap = rt.decode_gap_ms()
+    if not rt.trace_this_step(gap):
         out = orig(self, batch, *args, **kwargs)
         rt.count("plain_step")
         rt.steps_since_flip += 1
@@ -274,13 +275,17 @@ def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: An
     end.record(stream)
     rt.count("plain_step")
     rt.trace.event("step", actions=PLAIN_STEP_ACTIONS["retract"], bs=bs, graph=bool(out.can_run_cuda_graph))
-    rt.trace.timed(start, end, {"kind": "plain", "bs": bs, "first_after_flip": first})
+    rt.trace.timed(start, end, {"kind": "plain", "bs": bs, "first_after_flip": first, "gap_ms": _ms(gap)})
     rt.steps_since_flip += 1
     return out
 
 
 # ------------------------------------------------------------------------------------------------
 # Worker side
+
+
+def _ms(gap: float | None) -> float | None:
+    return None if gap is None else round(gap, 2)
 
 
 def _init_cuda_graphs_after(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -304,7 +309,8 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
         on_publish, args = args[0], args[1:]
     else:
         on_publish = kwargs.pop("on_publish", None)
-    timing = rt.trace_this_step()
+    gap = rt.decode_gap_ms() if rt.trace.enabled else None
+    timing = rt.trace_this_step(gap)
     if timing:
         import torch
 
@@ -325,7 +331,7 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
         # one line per decode step (the model actions it performed, in order) keeps the trace cheap
         rt.trace.event("step", actions=actions, bs=bs, graph=bool(out.can_run_cuda_graph))
         end.record()
-        rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first})
+        rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first, "gap_ms": _ms(gap)})
     rt.steps_since_flip += 1
     return out
 

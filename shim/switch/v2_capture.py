@@ -24,6 +24,7 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
     mr = worker.target_worker.model_runner
     hidden_mode = CaptureHiddenMode.FULL if rt.config.draft_while_off == "sync" else CaptureHiddenMode.NULL
     tic = time.perf_counter()
+    warmed = 0
     # the runner picks DECODE, width 1, no verify spec_info
     with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)) as swap:
         if hasattr(mr, "init_new_workspace"):
@@ -40,11 +41,34 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
                     return super().capture(*a, **k)
 
             rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
+            warmed = warm_replay(rt.plain_runner)
     if rt.plain_path and rt.config.plain_prefill == "graphs":
         rt.plain_prefill_runner = plain_prefill_view(getattr(mr, "prefill_cuda_graph_runner", None))
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
                    graphs=rt.plain_runner is not None, prefill_graphs=rt.plain_prefill_runner is not None,
+                   warmed=warmed,
                    capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))
+
+
+def warm_replay(runner: Any) -> int:
+    """Replay each CUDA graph of `runner` once, now, at start-up; returns how many.
+
+    A graph's first launch uploads it to the device, which costs a large graph about a millisecond; without this the
+    first plain step at each batch size (after the server's first flip-off) paid it. The replay runs the captured
+    kernels over the static buffers as the capture left them, as the capture's own warm-up forwards did (padding
+    slot writes, in-range reads). SGLang's runners keep their graphs in `runner.backend._graphs` (0.5.16's full and
+    breakable backends); a runner without them is left as it is (0).
+    """
+    import torch
+
+    graphs = getattr(getattr(runner, "backend", None), "_graphs", None)
+    if not isinstance(graphs, dict) or not graphs:
+        return 0
+    for graph in graphs.values():
+        graph.replay()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return len(graphs)
 
 
 class PlainPrefillOnTargetGraphs:

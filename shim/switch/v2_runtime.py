@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,11 @@ from shim.switch.fault import LateFlipFault
 from shim.switch.policy import SwitchPolicy
 from shim.switch.swap import AttributeSwap
 from shim.timing.jsonl import JsonlTrace
+
+# A decode step launched this long after the previous one follows an idle spell: its GPU has clocked down, a flip or
+# not. Such steps are traced too, so a first step after a flip-on (which follows the server emptying) is compared
+# with first steps after idle without a flip (bench/gpu/summarize.py), not with steady ones.
+IDLE_GAP_MS = 50.0
 
 
 @dataclass
@@ -28,6 +34,7 @@ class SwitchRuntime:
     # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
     spec_side: AttributeSwap = field(default_factory=AttributeSwap)
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
+    last_decode_launch: float = 0.0  # perf_counter at the last decode step's launch (kept while the trace is on)
     late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
     radix_insert_fault: bool = False  # FAULT INJECTION for tests only (SPECFLIP_FAULT_RADIX_INSERT): no issue-24 fix
 
@@ -39,9 +46,18 @@ class SwitchRuntime:
     def count(self, key: str) -> None:
         self.counters[key] = self.counters.get(key, 0) + 1
 
-    def trace_this_step(self) -> bool:
-        """Whether the decode step about to run goes into the trace (SPECFLIP_SWITCH_TRACE_EVERY)."""
+    def trace_this_step(self, gap_ms: float | None = None) -> bool:
+        """Whether the decode step about to run goes into the trace (SPECFLIP_SWITCH_TRACE_EVERY): every Nth, the
+        two after each flip, and the first after an idle spell (`gap_ms` >= IDLE_GAP_MS)."""
         if not self.trace.enabled:
             return False
         every = self.config.trace_every
-        return every == 1 or self.steps_since_flip < 2 or sum(self.counters.values()) % every == 0
+        return (every == 1 or self.steps_since_flip < 2 or (gap_ms is not None and gap_ms >= IDLE_GAP_MS)
+                or sum(self.counters.values()) % every == 0)
+
+    def decode_gap_ms(self) -> float | None:
+        """Host milliseconds since the previous decode step was launched (None before the first), traced only."""
+        now = time.perf_counter()
+        gap = None if not self.last_decode_launch else (now - self.last_decode_launch) * 1000
+        self.last_decode_launch = now
+        return gap
