@@ -24,6 +24,10 @@ import summarize  # noqa: E402
 VOCAB = 2048
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 class CounterServerCpuStandIn:
     """/generate: output k = (last prompt token + 1 + k) mod vocab, after `delay_s`; /freeze_gc: counted. `log` is a
     shared list of (server name, request kind) in arrival order."""
@@ -48,8 +52,10 @@ class CounterServerCpuStandIn:
                 ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
                 outer.prompts.append(ids)
                 out = [(ids[-1] + 1 + k + int(outer.wrong)) % VOCAB for k in range(n)]
-                # the slow stand-in plays a speculative server: it reports an accept length
-                meta = {"spec_accept_length": 2.0 if outer.name == "slow" else None}
+                # the slow stand-in plays a speculative server: it reports an accept length; both report the prompt
+                # tokens a prefix cache holding every earlier prompt would serve
+                cached = max((common_prefix(ids, p) for p in outer.prompts[:-1]), default=0)
+                meta = {"spec_accept_length": 2.0 if outer.name == "slow" else None, "cached_tokens": cached}
                 self._reply(json.dumps({"output_ids": out, "meta_info": meta}).encode())
 
             def _reply(self, data: bytes) -> None:
@@ -187,6 +193,9 @@ def test_bursty_shared_prefix_spans_a_burst_and_the_quiet_phase_after_it(
     heads = [tuple(p[:5]) for p in prompts]
     assert heads[2:7] == [heads[2]] * 5 and heads[7:] == [heads[7]] * 3  # a burst and the quiet phase after it
     assert len({heads[0], heads[2], heads[7]}) == 3
+    # the quiet phases' prompt tokens the cache served: the shared prefix of 3 of their 4 prompts (the first prompt
+    # of all hits nothing; a burst: 2 of its 3), give or take a random token that happens to match past it
+    assert 15 / (4 * 37) <= rows["plain"]["quiet_hit"] < 0.2 and 20 / (6 * 37) <= rows["plain"]["burst_hit"] < 0.2
 
 
 def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

@@ -27,10 +27,13 @@ def gen(url, ids, n, v, timeout):
         with urllib.request.urlopen(req, timeout=timeout) as r:
             j = json.loads(r.read())
     except Exception as e:  # noqa: BLE001 - counted as an error row
-        return time.time() - t, 0, False, None, repr(e)
+        return time.time() - t, 0, False, None, repr(e), 0, len(ids)
     out = j.get("output_ids", [])
     exp = [(ids[-1] + 1 + k) % v for k in range(n)]
-    return time.time() - t, len(out), out == exp, (j.get("meta_info") or {}).get("spec_accept_length"), None
+    meta = j.get("meta_info") or {}
+    # (latency, tokens, exact, accept length, error, prompt tokens the prefix cache served, prompt tokens)
+    cached = meta.get("cached_tokens") or 0
+    return time.time() - t, len(out), out == exp, meta.get("spec_accept_length"), None, cached, len(ids)
 
 
 def run_round(url, c, prompts, new_tokens, vocab):

@@ -59,7 +59,15 @@ def row(name, k, total, phase_s, results):
                 quiet_lat_p50=round(statistics.median(quiet), 4), quiet_lat_p99=round(percentile(quiet, 99), 4),
                 phase_s=phase_s, requests=len(results), exact=sum(r[2] for _, r in results),
                 errors=sum(1 for _, r in results if r[4]), quiet_accept=mean_accept(results, "quiet"),
-                burst_accept=mean_accept(results, "burst"))
+                burst_accept=mean_accept(results, "burst"), quiet_hit=hit_rate(results, "quiet"),
+                burst_hit=hit_rate(results, "burst"))
+
+
+def hit_rate(results, label):
+    """The share of a phase kind's prompt tokens that the radix cache served (meta_info cached_tokens)."""
+    got = [(r[5], r[6]) for lab, r in results if lab == label and len(r) > 6]
+    prompt = sum(n for _, n in got)
+    return round(sum(c for c, _ in got) / prompt, 4) if prompt else None
 
 
 def main():

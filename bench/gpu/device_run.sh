@@ -13,6 +13,7 @@
 # /freeze_gc on every server (side by side only).
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
+# BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl
 # SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
 #   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
 #   (bench_client.py --servers), then each replay phase runs. Host noise then falls on every configuration alike.
@@ -119,6 +120,11 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty: $servers (t=$(el)s, ${rem}s)"
       timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY_ROUNDS" \
         ${BURSTY_ARGS:-} --out "$OUT/bursty.jsonl" --deadline $(( rem * 2 / 3 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty.log"
+    fi
+    if [ -n "${BURSTY2_ROUNDS:-}" ]; then   # a second bursty variant (e.g. BURSTY2_ARGS='--shared-prefix 1000')
+      rem=$(( BUDGET - $(el) - 20 )); echo "== bursty2: $servers (t=$(el)s, ${rem}s) ${BURSTY2_ARGS:-}"
+      timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY2_ROUNDS" \
+        ${BURSTY2_ARGS:-} --out "$OUT/bursty_2.jsonl" --deadline $(( rem - 30 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty_2.log"
     fi
   fi
   for s in "${specs[@]}"; do

@@ -394,15 +394,21 @@ def plot_svg(rows, cfgs, path):
 def bursty_table(paths):
     """The bursty load (bursty_client.py rows): per configuration the median schedule time, tok/s and p99 latency
     over its rounds, and its paired-round time against the better static setting (plain, always on) and SGLang's
-    adaptive switch in the same round (> 1: faster)."""
-    rows = []
+    adaptive switch in the same round (> 1: faster); with the quiet phases' mean accept length and prefix-cache hit
+    rate. One table per file (bursty.jsonl, bursty_prefix.jsonl: the --shared-prefix load)."""
+    md = []
     for p in paths:
         files = sorted(glob.glob(os.path.join(p, "bursty*.jsonl"))) if os.path.isdir(p) else [p]
         for f in files:
             with open(f) as fh:
-                rows += [json.loads(x) for x in fh if x.strip()]
-    if not rows:
-        return []
+                rows = [json.loads(x) for x in fh if x.strip()]
+            if rows:
+                md += [f"## Bursty load, {os.path.basename(f)} (bursty_client.py: quiet phases and bursts; paired "
+                       "rounds)", ""] + bursty_lines(rows) + [""]
+    return md
+
+
+def bursty_lines(rows):
     by = {}
     for r in rows:
         by.setdefault(r["cfg"], {})[r["round"]] = r
@@ -410,7 +416,7 @@ def bursty_table(paths):
     best_static = {k: min(by[b][k]["total_s"] for b in ("plain", "spec") if b in by and k in by[b])
                    for k in {k for b in ("plain", "spec") if b in by for k in by[b]}}
     head = ["configuration", "rounds", "total s (median)", "tok/s", "p99 latency s", "quiet p99 s", "exact",
-            "best static / this (paired median)", "adaptive / this (paired median)"]
+            "best static / this (paired median)", "adaptive / this (paired median)", "quiet accept", "quiet hit"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cfgs:
         rs = list(by[c].values())
@@ -418,10 +424,12 @@ def bursty_table(paths):
         vs_best = [best_static[k] / r["total_s"] for k, r in by[c].items() if k in best_static]
         vs_ad = [by["adaptive"][k]["total_s"] / r["total_s"] for k, r in by[c].items() if k in by.get("adaptive", {})]
         cell = lambda xs: f"{statistics.median(xs):.3f}" if xs else "-"
+        opt = lambda key, rs=rs: [r[key] for r in rs if r.get(key) is not None]
         lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | {med('total_s'):.2f} | {med('tok_s'):,.0f} | "
                      f"{med('lat_p99'):.2f} | {med('quiet_lat_p99'):.2f} | {sum(r['exact'] for r in rs)}/"
-                     f"{sum(r['requests'] for r in rs)} | {cell(vs_best)} | {cell(vs_ad)} |")
-    return ["## Bursty load (bursty_client.py: quiet phases and bursts; paired rounds)", ""] + lines + [""]
+                     f"{sum(r['requests'] for r in rs)} | {cell(vs_best)} | {cell(vs_ad)} | "
+                     f"{cell(opt('quiet_accept'))} | {cell(opt('quiet_hit'))} |")
+    return lines
 
 
 def main():
