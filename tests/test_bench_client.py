@@ -71,7 +71,7 @@ class CounterServerCpuStandIn:
 @pytest.fixture
 def servers() -> Any:
     log: list[tuple[str, str]] = []
-    made = [CounterServerCpuStandIn("fast", log, 0.001), CounterServerCpuStandIn("slow", log, 0.004),
+    made = [CounterServerCpuStandIn("fast", log, 0.001), CounterServerCpuStandIn("slow", log, 0.015),
             CounterServerCpuStandIn("wrong", log, 0.001, wrong=True)]
     yield made, log
     for s in made:
