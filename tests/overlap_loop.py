@@ -379,14 +379,14 @@ class OverlapDriver:
         flips = self.switch.flips
         saved, switch_v2._RUNTIME = switch_v2._RUNTIME, self.switch
         try:
-            batch = switch_v2._next_batch_around(OverlapDriver._plan_next_batch, self, running_batch=self.running,
+            plan = switch_v2._next_batch_around(OverlapDriver._plan_next_batch, self, running_batch=self.running,
                                                  last_batch=self.last_batch)
         finally:
             switch_v2._RUNTIME = saved
         if self.switch.flips != flips:
             self.flips.append((self.iteration_no, "flip_on" if self.switch.policy.spec_on else "flip_off"))
         self.spec_on = self.switch.policy.spec_on
-        return batch
+        return plan
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -425,13 +425,25 @@ class OverlapDriver:
         raise AssertionError("the loop did not drain")
 
     def get_next_batch_to_run(self) -> Any:
+        """The batch to launch, as the event loop takes it from SGLang's NextBatchPlan (and its running batch)."""
         if self.plain_path:
-            return self._next_batch_through_switch()
-        return self._plan_next_batch(running_batch=self.running, last_batch=self.last_batch)
+            plan = self._next_batch_through_switch()
+        else:
+            plan = self._plan_next_batch(running_batch=self.running, last_batch=self.last_batch)
+        self.running = plan.running_batch
+        return plan.batch_to_run
 
     def _plan_next_batch(self, running_batch: Any, last_batch: Any) -> Any:
-        """The body of `Scheduler.get_next_batch_to_run(running_batch, last_batch)`: `running_batch` is the
-        driver's running batch (kept in `self.running`), `last_batch` the prefilled batch to merge, if any."""
+        """`Scheduler.get_next_batch_to_run(running_batch, last_batch)`, returning SGLang's own NextBatchPlan as the
+        real one does (0.5.16, 0.5.23): `running_batch` is the driver's running batch (kept in `self.running`),
+        `last_batch` the prefilled batch to merge, if any."""
+        from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+        batch = self._plan_batch(running_batch, last_batch)
+        return NextBatchPlan(batch_to_run=batch, running_batch=self.running)
+
+    def _plan_batch(self, running_batch: Any, last_batch: Any) -> Any:
+        """The body of `_plan_next_batch`: the batch to run."""
         assert running_batch is self.running
         last = last_batch
         if last is not None and last.forward_mode.is_extend():

@@ -232,7 +232,8 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     running_batch = kwargs.pop("running_batch", None) if "running_batch" in kwargs else args[0]
     last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
     last_batch = plain_path_flip(rt, self, running_batch, last_batch)
-    batch = orig(self, running_batch=running_batch, last_batch=last_batch)
+    plan = orig(self, running_batch=running_batch, last_batch=last_batch)
+    batch = plan.batch_to_run  # a NextBatchPlan (0.5.16, 0.5.23): the batch to launch and the running batch
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
     if batch is not None and not rt.policy.spec_on and not rt.radix_insert_fault:
@@ -242,7 +243,7 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         for req in batch.reqs:
             req.__dict__.setdefault(SKIP_INSERT_WAS, getattr(req, "skip_radix_cache_insert", False))
             req.skip_radix_cache_insert = True
-    return batch
+    return plan
 
 
 def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
