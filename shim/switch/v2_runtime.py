@@ -29,6 +29,7 @@ class SwitchRuntime:
     spec_side: AttributeSwap = field(default_factory=AttributeSwap)
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
     late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
+    tiers_off: bool = False  # SPECFLIP_TIERS set but the server has no runtime state for a tier (v2_tiers.py)
 
     @property
     def plain_path(self) -> bool:
