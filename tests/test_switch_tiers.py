@@ -298,3 +298,54 @@ def test_each_tiers_known_bad_design_is_one_change_from_the_tiers_design() -> No
                    {"name", "kind", "summary", "source", "expected_invariant"}
                    and getattr(base, f.name) != getattr(design, f.name)}
         assert len(changed) == 1 and base is TIERS
+
+
+# --- lint: every tier's runtime state ----------------------------------------------------------------------------
+
+
+def _tiers_policy(text: str = "3,8:4,1", t_off: int = 40, t_on: int = 30) -> Any:
+    from specflip.lint.run import _own_parser, specflip_policy
+
+    own = _own_parser().parse_args(["--specflip-t-off", str(t_off), "--specflip-t-on", str(t_on),
+                                    "--specflip-tiers", text])
+    return specflip_policy(own)
+
+
+def test_lint_checks_each_tier_on_0_5_16_sizing() -> None:
+    """0.5.16 sizes the shared logits buffer for the launch width only (sglang #30549): the tiers server launches at
+    its largest tier (bench/gpu/tiers_8b.json, steps 3) and every tier fits; launched at steps 1, the steps-3 tier's
+    graphs outgrow the buffer. A tier the server builds no state for is a finding, as is a server without
+    --speculative-adaptive."""
+    from specflip.lint import sglang_0_5_16 as lint_0_5_16
+    from specflip.lint.rules import SHAPES, check, reachable_states, summary
+
+    policy = _tiers_policy()
+    assert policy.tiers == (3, 1) and policy.tier_bounds == ((8, 4),)
+    server = partial(lint_0_5_16.sizing_from_values, adaptive=True, tiers=((1, (1, 2, 3)),),
+                     max_running_requests=256, specflip=policy)
+    fits = server(steps=3)
+    assert check(fits) == []
+    assert [(st.steps, where) for st, where in reachable_states(fits)] == [
+        (3, "(specflip tier at demand 0-7)"), (1, "(specflip tier at demand 5-39)")]
+    assert "by tiers [3, 1]" in summary(fits)
+    narrow = check(server(steps=1))
+    assert {f.rule for f in narrow} == {SHAPES} and all("steps=3" in f.state for f in narrow)
+    missing = check(lint_0_5_16.sizing_from_values(adaptive=True, tiers=((1, (1, 3)),), steps=3,
+                                                   max_running_requests=256, specflip=_tiers_policy("3,8:4,2")))
+    assert [(f.rule, f.state) for f in missing] == [(SHAPES, "specflip tier steps=2")]
+    static = check(lint_0_5_16.sizing_from_values(steps=3, draft_tokens=4, max_running_requests=256,
+                                                  specflip=policy))
+    assert [f.state for f in static] == ["specflip tier steps=3", "specflip tier steps=1"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--specflip-tiers", "3,8:4,1"], "--specflip-tiers needs --specflip-t-off"),
+    (["--specflip-t-off", "40", "--specflip-t-on", "30", "--specflip-tiers", "3,8"], "a step count last"),
+    (["--specflip-t-off", "8", "--specflip-t-on", "4", "--specflip-tiers", "3,8:4,1"], "below t_off 8"),
+])
+def test_lint_refuses_bad_tiers_with_one_line(argv: list[str], message: str) -> None:
+    from specflip.lint.run import LintUsageError, _own_parser, specflip_policy
+
+    with pytest.raises(LintUsageError) as info:
+        specflip_policy(_own_parser().parse_args(argv))
+    assert message in str(info.value) and "\n" not in str(info.value)
