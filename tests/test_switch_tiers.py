@@ -349,3 +349,20 @@ def test_lint_refuses_bad_tiers_with_one_line(argv: list[str], message: str) -> 
     with pytest.raises(LintUsageError) as info:
         specflip_policy(_own_parser().parse_args(argv))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_tier_decision_reads_counts_and_configuration_only() -> None:
+    """TP > 1: every rank must pick the same tier. decide_tier reads only its arguments, and the switch's
+    follow_tier feeds it the mode, its own last tier and the ladder (the demand comes from plain_path_flip's shared
+    counts, tests/test_switch_rank_consistency.py)."""
+    from shim.switch.policy import SwitchPolicy
+    from tests.test_switch_rank_consistency import function_ast, names_read
+
+    node = function_ast(decide_tier)
+    params = {a.arg for a in node.args.args}
+    assert params == {"steps", "demand", "ladder", "bounds"}
+    assert set().union(*(names_read(s) for s in node.body)) <= params | {"i", "index", "len"}
+    follow = function_ast(SwitchPolicy.follow_tier)
+    read = set().union(*(names_read(s) for s in follow.body))
+    assert read <= {"self", "demand", "ladder", "config", "tiers", "tier", "spec_on", "steps", "decide_tier",
+                    "bounds", "None"}, read
