@@ -149,6 +149,19 @@ class FreeFlips:
         return f"free flips (off and on at any demand{clamp})"
 
 
+@attrs.frozen
+class TierFlips(FreeFlips):
+    """Free flips between plain decoding and speculation, and while speculation is on any of the tiers' step counts
+    at each decode step (the worker applies the tier at the top of its forward, after prepare_for_decode topped the
+    reserve up). This over-approximates every tier ladder (SPECFLIP_TIERS, statemodel.policy.decide_tier: any
+    boundaries, any hysteresis) with any t_off / t_on, and a learner that picks among them."""
+
+    steps: tuple[int, ...] = (1, 2)
+
+    def describe(self) -> str:
+        return f"tiers: steps {list(self.steps)} at any decode, " + super().describe()
+
+
 Policy = ThresholdPolicy | AdaptiveTiers | FreeFlips
 
 
@@ -195,11 +208,15 @@ class Design:
         """Step counts a spec-on worker forward may run with for this batch size."""
         if isinstance(self.policy, AdaptiveTiers):
             return self.policy.candidates(batch_size)
+        if isinstance(self.policy, TierFlips):
+            return self.policy.steps
         return (self.num_steps,)
 
     def largest_steps(self) -> int:
         if isinstance(self.policy, AdaptiveTiers):
             return max(self.policy.all_steps())
+        if isinstance(self.policy, TierFlips):
+            return max(self.policy.steps)
         return self.num_steps
 
 

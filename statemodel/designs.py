@@ -22,6 +22,7 @@ from statemodel.design import (
     PlainStepGraphs,
     Scope,
     ThresholdPolicy,
+    TierFlips,
     TreeDraft,
 )
 
@@ -128,7 +129,22 @@ AUTO_RETRACT_CATCH_UP = attrs.evolve(
     policy=FREE_FLIPS,
 )
 
-SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP)
+# Issue 23: the switch picks among plain decoding and EAGLE-3 at each step count the server has graphs for (scaled
+# to the scope: steps 1 and 2; the largest decides the reserve), on SGLang's own adaptive runtime states.
+TIERS_RETRACT_CATCH_UP = attrs.evolve(
+    RETRACT_CATCH_UP,
+    name="plain_off_retract_catch_up_tiers",
+    summary="plain_off_retract_catch_up with speculative tiers, as shim/switch/v2_tiers.py implements it "
+    "(SPECFLIP_TIERS): flips free between plain decoding and speculation, and while on each decode step runs any "
+    "tier's step count, applied at the top of the worker's forward after prepare_for_decode topped up a reserve "
+    "sized for the largest tier (SGLang's adaptive runtime states); a tier change needs no draft work (draft-extend "
+    "runs in every tier), flip-on retracts and re-prefills with the draft as before.",
+    source="issue 23; shim/switch/v2_tiers.py; sglang 0.5.16 speculative/adaptive_runtime_state.py, "
+    "eagle_worker_v2.py apply_runtime_state, mem_cache/allocation_sizing.py",
+    policy=TierFlips(steps=(1, 2)),
+)
+
+SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP, TIERS_RETRACT_CATCH_UP)
 
 # SGLang's radix cache on (its default), every prompt a prefix of one token sequence: the same switch keeps out of
 # the tree every token computed without the draft (issue 24; docs/prefix-cache.md). A candidate until the guard
@@ -240,6 +256,24 @@ KNOWN_BAD = (
         plain_step_advances_seq_lens_twice=True,
     ),
 )
+# The tier switch's known-bad designs (issue 23), kept apart from KNOWN_BAD (the ones injected into the guard)
+TIERS_KNOWN_BAD: tuple[Design, ...] = (
+    _known_bad(
+        TIERS_RETRACT_CATCH_UP, name="tiers_reserve_by_current_tier", expected_invariant="kv_reserve_covers_writes",
+        summary="The tier switch with the reserve sized for the tier in force at prepare_for_decode: the switch to a "
+        "larger tier applies at the top of the forward, after the top-up, and its verify writes past the reserve.",
+        source="issue 23; sglang PR #24055 (the same fault in SGLang's adaptive switch)",
+        kv_reserve=KvReserve.CURRENT_STATE,
+    ),
+    _known_bad(
+        TIERS_RETRACT_CATCH_UP, name="tiers_no_catch_up_at_flip_on", expected_invariant="draft_kv_covers_prefix",
+        summary="The tier switch with no draft work while off and no retraction at flip-on: the next tier drafts "
+        "over a draft KV that misses every token decoded plain.",
+        source="issue 23; vLLM PR #4592, TRT-LLM PR #16888",
+        draft_while_off=DraftWhileOff.NONE,
+    ),
+)
+
 # What each known-bad design changed one field of (tests check that exactly one model field differs).
 KNOWN_BAD_BASES: dict[str, Design] = {
     "seeds_final_verify_graphs_only": SEEDS_FINAL,
@@ -254,6 +288,7 @@ KNOWN_BAD_BASES: dict[str, Design] = {
     "no_draft_work_while_off": CATCH_UP,
     "seq_lens_advanced_twice": CATCH_UP,
 }
+TIERS_KNOWN_BAD_BASES: dict[str, Design] = {d.name: TIERS_RETRACT_CATCH_UP for d in TIERS_KNOWN_BAD}
 
 # The radix cache's known-bad designs (issue 24): refuted by the checker and shown on real 0.5.23 objects
 # (tests/test_switch_retract.py, the tree without the switch's skip_radix_cache_insert), but not injected into the
@@ -290,7 +325,7 @@ RADIX_KNOWN_BAD: tuple[Design, ...] = (
     ),
 )
 
-ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD + RADIX_KNOWN_BAD
+ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD + RADIX_KNOWN_BAD + TIERS_KNOWN_BAD
 
 
 def _with_v2_reserve(design: Design) -> Design:
@@ -308,7 +343,8 @@ def _with_v2_reserve(design: Design) -> Design:
 # Checked under Scope(overlap=True) (`specflip check --overlap`): the v2 designs (the overlap loop is a
 # v2 worker thing) with SGLang's double reserve, and the known-bad ones that only the overlap loop refutes.
 OVERLAP_SHIPPED: tuple[Design, ...] = tuple(
-    _with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP))
+    _with_v2_reserve(d) for d in (CATCH_UP, SYNC_V2, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP,
+                                  TIERS_RETRACT_CATCH_UP))
 OVERLAP_KNOWN_BAD: tuple[Design, ...] = (
     attrs.evolve(
         V2_SWITCH, name="reserve_1x_under_overlap", kind=DesignKind.KNOWN_BAD,

@@ -11,7 +11,7 @@ import attrs
 
 from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
-from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy, TreeDraft
+from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy, TierFlips, TreeDraft
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
 from statemodel.state import SpecMode, Stage, State, Status, forget_finished
 
@@ -236,6 +236,9 @@ class Model:
                 out.append(Sometimes("draft_sync", "the draft syncs after a plain step", _named("draft_sync")))
             if self.design.draft_while_off.value == "catch_up_on_enable":
                 out.append(Sometimes("draft_catch_up", "the draft catches up at flip-on", _named("draft_catch_up")))
+            if isinstance(self.design.policy, TierFlips):
+                out.append(Sometimes("steps_switch", "the switch changes the tier (step count) while on",
+                                     _steps_switched))
             if self.design.draft_while_off.value == "retract_on_enable":
                 out.append(Sometimes("flip_on_retracts", "flip-on retracts a running request; its re-prefill "
                                      "with speculation on catches the draft up", _flip_on_retracts))

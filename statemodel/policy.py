@@ -38,3 +38,19 @@ def within_spec_cap(in_flight: int, spec_cap: int) -> bool:
     fit under its running cap. The one copy of the rule: the threshold policy's clamp (decide_flip), the model's
     free flips (statemodel.actions.policy_may_flip) and the auto policy (statemodel.auto_policy) ask it."""
     return in_flight <= spec_cap
+
+
+def decide_tier(steps: int, demand: int, ladder: tuple[int, ...], bounds: tuple[tuple[int, int], ...]) -> int:
+    """The speculative tier (a step count) for `demand` while speculation is on, with hysteresis per boundary.
+
+    `ladder`: the step counts from low load to high load (e.g. (3, 1)); `bounds[i] = (up, down)` lies between
+    ladder[i] and ladder[i + 1]: demand at or above `up` moves to ladder[i + 1], at or below `down` back to
+    ladder[i] (down < up). `steps`: the tier now; one not on the ladder (start-up, the launch steps) starts from
+    the bottom. Plain decoding above the last tier is decide_flip's (t_off / t_on), not this function's.
+    """
+    i = ladder.index(steps) if steps in ladder else 0
+    while i + 1 < len(ladder) and demand >= bounds[i][0]:
+        i += 1
+    while i > 0 and demand <= bounds[i - 1][1]:
+        i -= 1
+    return ladder[i]

@@ -25,12 +25,64 @@ DESIGN_FOR_DRAFT_MODE = {DraftMode.SYNC: "v2_switch_reserve_sync", DraftMode.RET
                          DraftMode.NONE: "no_draft_work_while_off"}
 
 
+ENV_TIERS = "SPECFLIP_TIERS"
+TIERS_DESIGN = "plain_off_retract_catch_up_tiers"  # the design that over-approximates every tier ladder
+
 AUTO = "auto"  # SPECFLIP_SWITCH=auto: no thresholds, the learner decides (shim/switch/auto.py)
 AUTO_DESIGN = "plain_off_retract_catch_up_auto"  # the free-flip design that over-approximates it
 
 
 class SwitchConfigError(ValueError):
     """A bad SPECFLIP_* setting; the message is one line."""
+
+
+TIERS_SYNTAX = "'steps[,up:down,steps]...' from low load to high, e.g. '3,8:4,1'"
+
+
+@dataclass(frozen=True)
+class TierLadder:
+    """SPECFLIP_TIERS: the speculative tiers (EAGLE step counts) from low load to high, and the demand boundaries
+    between neighbours with hysteresis (statemodel.policy.decide_tier); plain decoding above the last tier is the
+    switch's t_off / t_on. `3,8:4,1`: steps 3 below demand 8, steps 1 from 8 (back to 3 at demand 4)."""
+
+    steps: tuple[int, ...]
+    bounds: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.steps or len(self.bounds) != len(self.steps) - 1:
+            raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX}, got steps {list(self.steps)} "
+                                    f"with {len(self.bounds)} boundaries")
+        if any(s < 1 for s in self.steps) or len(set(self.steps)) != len(self.steps):
+            raise SwitchConfigError(f"{ENV_TIERS}: step counts must be distinct and >= 1 (plain decoding is the "
+                                    f"switch's off mode, not steps 0), got {list(self.steps)}")
+        for i, (up, down) in enumerate(self.bounds):
+            if not 0 <= down < up:
+                raise SwitchConfigError(f"{ENV_TIERS}: boundary {up}:{down} needs 0 <= down < up")
+            if i and (up <= self.bounds[i - 1][0] or down <= self.bounds[i - 1][1]):
+                raise SwitchConfigError(f"{ENV_TIERS}: boundaries must rise from low load to high, got "
+                                        f"{self.bounds[i - 1][0]}:{self.bounds[i - 1][1]} then {up}:{down}")
+
+    @property
+    def largest(self) -> int:
+        return max(self.steps)
+
+    def describe(self) -> str:
+        parts = [str(self.steps[0])]
+        for (up, down), s in zip(self.bounds, self.steps[1:], strict=True):
+            parts += [f"{up}:{down}", str(s)]
+        return ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> TierLadder:
+        items = [x.strip() for x in text.split(",")]
+        if len(items) % 2 == 0:
+            raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX} (a step count last), got {text!r}")
+        try:
+            steps = tuple(int(x) for x in items[0::2])
+            bounds = tuple((int(u), int(d)) for u, d in (x.split(":") for x in items[1::2]))
+        except ValueError:
+            raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX}, got {text!r}") from None
+        return cls(steps=steps, bounds=bounds)
 
 
 @dataclass(frozen=True)
@@ -44,8 +96,15 @@ class SwitchConfig:
     trace_dir: str | None = None
     trace_every: int = 1
     auto: bool = False  # SPECFLIP_SWITCH=auto: the learner decides (t_off / t_on unused)
+    tiers: TierLadder | None = None  # SPECFLIP_TIERS: the step count follows the load while speculation is on
 
     def __post_init__(self) -> None:
+        if self.tiers is not None:
+            if self.auto or self.draft_while_off != DraftMode.RETRACT:
+                raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on and SPECFLIP_SWITCH_DRAFT=retract")
+            if self.tiers.bounds and self.tiers.bounds[-1][0] >= self.t_off:
+                raise SwitchConfigError(f"{ENV_TIERS}: the last boundary {self.tiers.bounds[-1][0]} must lie below "
+                                        f"t_off {self.t_off} (its tier would never run)")
         if self.auto and self.draft_while_off != DraftMode.RETRACT:
             raise SwitchConfigError(f"{ENV_SWITCH}=auto runs on SGLang's plain path: SPECFLIP_SWITCH_DRAFT=retract, "
                                     f"got {self.draft_while_off!r}")
@@ -69,6 +128,8 @@ class SwitchConfig:
         """The checker design (statemodel/designs.py) this configuration implements."""
         if self.auto:
             return AUTO_DESIGN
+        if self.tiers is not None:
+            return TIERS_DESIGN
         return DESIGN_FOR_DRAFT_MODE[self.draft_while_off]
 
     @classmethod
@@ -87,6 +148,8 @@ class SwitchConfig:
         env = dict(os.environ) if env is None else env
         text = env.get(ENV_SWITCH, "").strip()
         if not text:
+            if env.get(ENV_TIERS, "").strip():
+                raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on (plain above the last tier)")
             return None
         auto = text == AUTO
         off, on = (0, 0) if auto else cls.parse_thresholds(text)
@@ -99,7 +162,9 @@ class SwitchConfig:
         except ValueError:
             raise SwitchConfigError("SPECFLIP_SWITCH_TRACE_EVERY must be an integer, got "
                                     f"{env['SPECFLIP_SWITCH_TRACE_EVERY']!r}") from None
-        return cls(t_off=off, t_on=on, spec_cap=cap,
+        tiers_text = env.get(ENV_TIERS, "").strip()
+        tiers = TierLadder.parse(tiers_text) if tiers_text else None
+        return cls(t_off=off, t_on=on, spec_cap=cap, tiers=tiers,
                    draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from shim.switch.auto import AutoSwitch
 from shim.switch.config import SwitchConfig
 from statemodel.actions import policy_may_flip
-from statemodel.design import Scope, ThresholdPolicy
+from statemodel.design import Scope, ThresholdPolicy, TierFlips
 from statemodel.designs import get_design
-from statemodel.policy import Flip, decide_flip
+from statemodel.policy import Flip, decide_flip, decide_tier
 from statemodel.state import EMPTY_BATCH, Batch, Request, SpecMode, Stage, State, Status
 
 
@@ -26,10 +26,26 @@ class SwitchPolicy:
     auto: AutoSwitch | None = None  # SPECFLIP_SWITCH=auto: the learner decides, within the model's free flips
     refused: int = 0  # auto decisions the model did not allow (none expected: the learner keeps to the cap)
     clamp: bool = field(init=False)
+    # SPECFLIP_TIERS: the step count speculation runs with (statemodel.policy.decide_tier); None: no tiers
+    tier: int | None = None
 
     def __post_init__(self) -> None:
         policy = get_design(self.design_name or self.config.design_name).policy
-        self.clamp = isinstance(policy, ThresholdPolicy) and policy.clamp_to_spec_cap
+        self.clamp = isinstance(policy, ThresholdPolicy | TierFlips) and policy.clamp_to_spec_cap
+        if self.config.tiers is not None:
+            self.tier = self.config.tiers.steps[0]
+
+    def follow_tier(self, demand: int) -> int | None:
+        """While speculation is on, the tier for this demand (the ladder's hysteresis); the new step count when it
+        changed, else None. Off: the tier waits (flip-on starts from the demand then)."""
+        ladder = self.config.tiers
+        if ladder is None or self.tier is None or not self.spec_on:
+            return None
+        steps = decide_tier(self.tier, demand, ladder.steps, ladder.bounds)
+        if steps == self.tier:
+            return None
+        self.tier = steps
+        return steps
 
     def wants(self, running: int, waiting: int, chunked: int = 0) -> Flip | None:
         """The flip for these counts (`running` running, `chunked` prefilling, `waiting` waiting requests), or

@@ -21,6 +21,9 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
                           sync (design v2_switch_reserve_sync, draft-extend after every plain step, inside the
                           speculative scheduler path: slower, measured in docs/gpu-results.md) |
                           none (KNOWN BAD, measurement only: no draft work while off, zeroed draft input)
+  SPECFLIP_TIERS          'steps[,up:down,steps]...' (e.g. 3,8:4,1): while on, the EAGLE step count follows the
+                          demand (design plain_off_retract_catch_up_tiers, shim/switch/v2_tiers.py, docs/tiers.md);
+                          needs draft mode retract and --speculative-adaptive with a config holding every tier
   SPECFLIP_SPEC_CAP       running-request cap while speculation is on (default 48, SGLang's speculative default)
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
   SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
@@ -76,6 +79,7 @@ from shim.switch.v2_flip import (
 from shim.switch.v2_plain_step import draft_sync as draft_sync
 from shim.switch.v2_plain_step import plain_decode
 from shim.switch.v2_runtime import SwitchRuntime
+from shim.switch.v2_tiers import activate_tier, check_tier_states
 from shim.timing.jsonl import JsonlTrace
 
 # Hook targets (SGLang 0.5.16, docs/correspondence-research.md section 6).
@@ -87,6 +91,9 @@ T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_req
 T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"  # the plain path's step trace; auto's step times
 T_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"  # auto: accept lengths on the host
+# SPECFLIP_TIERS (shim/switch/v2_tiers.py): the worker applies the switch's tier; SGLang's accept-length controller out
+T_ACTIVATE_STEPS = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.activate_step_by_batch"
+T_VERIFY_DONE = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_verify_complete_cpu"
 # a request's own skip_radix_cache_insert before the switch kept its while-off tokens out of the radix tree (issue 24)
 SKIP_INSERT_WAS = "specflip_skip_radix_cache_insert_was"
 
@@ -174,6 +181,9 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     waiting = len(scheduler.waiting_queue)
     action = rt.policy.wants(len(in_batch), waiting, 0)
     if action is None:
+        steps = rt.policy.follow_tier(len(in_batch) + waiting)
+        if steps is not None:
+            rt.trace.event("tier", steps=steps, running=len(in_batch), waiting=waiting)
         return last_batch
     if action == "flip_on" and flip_on_waits(running_batch, pending):
         return last_batch
@@ -206,6 +216,8 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
         enter_spec_path(rt, scheduler)
         _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
     rt.policy.performed(action)
+    if action == "flip_on":  # the tier for the demand flip-on found (the re-prefilled requests decode with it)
+        rt.policy.follow_tier(len(in_batch) + waiting)
     running_batch.batch_is_full = False
     rt.flips += 1
     rt.steps_since_flip = 0
@@ -292,7 +304,25 @@ def _ms(gap: float | None) -> float | None:
 def _init_cuda_graphs_after(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     if _RUNTIME is not None:
         capture_plain_decode_runner(self, _RUNTIME)
+        if _RUNTIME.config.tiers is not None:
+            check_tier_states(_RUNTIME, self)
     return result
+
+
+def _activate_steps_around(orig: Any, self: Any, batch_size: int, *args: Any, **kwargs: Any) -> Any:
+    """SPECFLIP_TIERS: the step count is the switch's tier, not SGLang's batch-size routing."""
+    rt = _RUNTIME
+    if rt is not None and activate_tier(rt, self):
+        return None
+    return orig(self, batch_size, *args, **kwargs)
+
+
+def _verify_done_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """SPECFLIP_TIERS: SGLang's accept-length controller must not move the step count behind the switch."""
+    rt = _RUNTIME
+    if rt is not None and rt.config.tiers is not None and not rt.tiers_off:
+        return None
+    return orig(self, *args, **kwargs)
 
 
 def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -330,7 +360,8 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
         kind = "plain"
     if timing:
         # one line per decode step (the model actions it performed, in order) keeps the trace cheap
-        rt.trace.event("step", actions=actions, bs=bs, graph=bool(out.can_run_cuda_graph))
+        extra = {"steps": int(self.speculative_num_steps)} if kind == "spec" and rt.config.tiers is not None else {}
+        rt.trace.event("step", actions=actions, bs=bs, graph=bool(out.can_run_cuda_graph), **extra)
         end.record()
         rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first, "gap_ms": _ms(gap)})
     rt.steps_since_flip += 1
@@ -363,7 +394,8 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
                          t_on=config.t_on,
                          spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
                          plain_graphs=config.plain_graphs, plain_prefill=config.plain_prefill,
-                         trace_every=config.trace_every)
+                         trace_every=config.trace_every,
+                         tiers=None if config.tiers is None else config.tiers.describe())
     guard_api.announce_switch(config.design_name, config.spec_cap)  # the guard's reference design and scope
     if not _RUNTIME.plain_path:  # the plain path flips in get_next_batch_to_run: one wrapper less per step
         registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
@@ -376,6 +408,9 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
             registry.register(T_RUN_BATCH, _run_batch_around, HookType.AROUND)
         if auto is not None:
             registry.register(T_PROCESS_RESULT, _process_result_around, HookType.AROUND)
+    if config.tiers is not None:
+        registry.register(T_ACTIVATE_STEPS, _activate_steps_around, HookType.AROUND)
+        registry.register(T_VERIFY_DONE, _verify_done_around, HookType.AROUND)
     return True
 
 

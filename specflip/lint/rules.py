@@ -50,6 +50,10 @@ class SpecflipPolicy:
     spec_cap: int = 48
     plain_graphs: str = "decode"
     draft_while_off: str = "retract"
+    # SPECFLIP_TIERS: the step counts the switch runs while on, and the demand boundaries (up, down) between them
+    # (shim.switch.config.TierLadder validates them); empty: the launch step count (SGLang's adaptive routing)
+    tiers: tuple[int, ...] = ()
+    tier_bounds: tuple[tuple[int, int], ...] = ()
 
 
 @attrs.frozen
@@ -83,7 +87,11 @@ class Sizing:
         data["states"] = tuple(StepSizing(**{**s, "graph_bs": tuple(s["graph_bs"])}) for s in data["states"])
         data["tiers"] = tuple((bs, tuple(steps)) for bs, steps in data["tiers"])
         data["refusals"] = tuple(data["refusals"])
-        data["specflip"] = SpecflipPolicy(**data["specflip"]) if data["specflip"] else None
+        flip = data["specflip"]
+        if flip:
+            flip = {**flip, "tiers": tuple(flip.get("tiers", ())),
+                    "tier_bounds": tuple(tuple(b) for b in flip.get("tier_bounds", ()))}
+        data["specflip"] = SpecflipPolicy(**flip) if flip else None
         return cls(**data)
 
 
@@ -123,8 +131,29 @@ def state_label(steps: int, draft_tokens: int, where: str = "") -> str:
     return f"{what}{' ' + where if where else ''}"
 
 
+def tier_demand_ranges(flip: SpecflipPolicy) -> list[tuple[int, int, int]]:
+    """(steps, lowest demand, highest demand) each of the switch's tiers runs at: from the boundary below it (its
+    `down` + 1 once it was left, 0 for the first) to the boundary above it (its `up` - 1, t_off - 1 for the last)."""
+    lows = [0] + [down + 1 for _, down in flip.tier_bounds]
+    highs = [up - 1 for up, _ in flip.tier_bounds] + [flip.t_off - 1]
+    return [(s, min(lo, hi), hi) for s, lo, hi in zip(flip.tiers, lows, highs, strict=True)]
+
+
+def missing_tiers(sizing: Sizing) -> list[int]:
+    """The switch's tiers the server builds no runtime state for (the switch then turns its tiers off)."""
+    flip = sizing.specflip
+    if flip is None or not flip.tiers:
+        return []
+    built = {st.steps for st in sizing.states} if sizing.adaptive else set()
+    return [s for s in flip.tiers if s not in built]
+
+
 def reachable_states(sizing: Sizing) -> list[tuple[StepSizing, str]]:
-    """Every speculative runtime state the server can switch into, with where it is reached."""
+    """Every speculative runtime state the server can switch into, with where it is reached. Under the switch's
+    tiers (SPECFLIP_TIERS) the switch picks the state, by demand, among SGLang's adaptive runtime states."""
+    flip = sizing.specflip
+    if flip is not None and flip.tiers and not missing_tiers(sizing):
+        return [(sizing.state(s), f"(specflip tier at demand {lo}-{hi})") for s, lo, hi in tier_demand_ranges(flip)]
     if not sizing.adaptive:
         return [(sizing.state(sizing.launch_steps), "(launch)")]
     ranges = tier_batch_ranges(sizing)
@@ -147,6 +176,7 @@ def check(sizing: Sizing) -> list[Finding]:
     found += _refusals(sizing)
     found += _draft_kv(sizing)
     states = reachable_states(sizing)
+    found += _tier_states(sizing)
     found += _shapes(sizing, states)
     found += _kv_reserve(sizing, states)
     found += _running_cap(sizing)
@@ -224,6 +254,20 @@ def _shapes(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Findin
     return found
 
 
+def _tier_states(sizing: Sizing) -> list[Finding]:
+    """Each of the switch's tiers needs a runtime state SGLang built at start-up (its graphs, buffers, backends)."""
+    missing = missing_tiers(sizing)
+    if not missing:
+        return []
+    built = sorted(st.steps for st in sizing.states) if sizing.adaptive else []
+    fix = (f"launch with --speculative-adaptive --speculative-adaptive-config whose candidate_steps hold "
+           f"{sorted(sizing.specflip.tiers)} (e.g. bench/gpu/tiers_8b.json)")  # type: ignore[union-attr]
+    return [Finding(SHAPES, f"specflip tier steps={s}", "a runtime state (graphs, buffers) for this step count",
+                    f"states built for steps {built}" if built else "no adaptive runtime states", fix,
+                    "the switch has no graphs to run this tier with; it turns its tiers off at start-up")
+            for s in missing]
+
+
 def _kv_reserve(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Finding]:
     """The reserve is topped up in prepare_for_decode under the state published then; the adaptive switch
     happens after it (inside the worker forward), so every state's writes must fit every state's reserve.
@@ -280,6 +324,8 @@ def summary(sizing: Sizing) -> str:
     extra = ""
     if sizing.specflip is not None:
         extra = f" + specflip off/on (t_off={sizing.specflip.t_off}, t_on={sizing.specflip.t_on})"
+        if sizing.specflip.tiers:
+            extra += f" by tiers {list(sizing.specflip.tiers)}"
     dead = dead_tiers(sizing)
     dead_note = f"; tiers bs>={dead} never reached under the running cap {sizing.max_running_requests}" if dead else ""
     return (f"ok: sglang {sizing.release}, {sizing.algorithm}, {len(states)} speculative state(s) "

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shim.switch.config import SwitchConfig, SwitchConfigError
+from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
 from specflip.lint.rules import SGLANG_REFUSES, Finding, Sizing, SpecflipPolicy, check, summary
 
 SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16"}
@@ -43,7 +43,8 @@ class LintUsageError(Exception):
 
 
 USAGE = ("usage: specflip lint [--json] [--no-cache] [--verbose] [--specflip-t-off N --specflip-t-on N "
-         "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft retract|sync|none]] "
+         "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft retract|sync|none] "
+         "[--specflip-tiers T]] "
          "<python -m sglang.launch_server arguments>")
 
 
@@ -56,6 +57,8 @@ HELP = """specflip lint's own flags (every other argument goes to SGLang's launc
   --specflip-spec-cap N     the switch's running cap while speculating (default 48)
   --specflip-plain-graphs decode|eager   how the switch runs plain steps (default decode)
   --specflip-draft retract|sync|none     the draft's work while speculation is off (default retract)
+  --specflip-tiers 'steps[,up:down,steps]...'  the switch's speculative tiers (SPECFLIP_TIERS, docs/tiers.md):
+                            every tier's runtime state is checked (graphs, logits rows, KV reserve)
   --help, -h                this text
 
 exit codes:
@@ -77,6 +80,7 @@ def _own_parser() -> argparse.ArgumentParser:
     p.add_argument("--specflip-spec-cap", type=int, default=48)
     p.add_argument("--specflip-plain-graphs", default="decode")
     p.add_argument("--specflip-draft", default="retract")
+    p.add_argument("--specflip-tiers")
     return p
 
 
@@ -88,16 +92,20 @@ def split_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def specflip_policy(own: argparse.Namespace) -> SpecflipPolicy | None:
     if own.specflip_t_off is None and own.specflip_t_on is None:
+        if own.specflip_tiers:
+            raise LintUsageError("--specflip-tiers needs --specflip-t-off and --specflip-t-on (plain above the tiers)")
         return None
     if own.specflip_t_off is None or own.specflip_t_on is None:
         raise LintUsageError("--specflip-t-off and --specflip-t-on go together")
     try:  # the switch's own validation, so lint accepts exactly what the switch accepts
+        tiers = TierLadder.parse(own.specflip_tiers) if own.specflip_tiers else None
         cfg = SwitchConfig(t_off=own.specflip_t_off, t_on=own.specflip_t_on, spec_cap=own.specflip_spec_cap,
-                           draft_while_off=own.specflip_draft, plain_graphs=own.specflip_plain_graphs)
+                           draft_while_off=own.specflip_draft, plain_graphs=own.specflip_plain_graphs, tiers=tiers)
     except SwitchConfigError as exc:
         raise LintUsageError(str(exc)) from None
     return SpecflipPolicy(t_off=cfg.t_off, t_on=cfg.t_on, spec_cap=cfg.spec_cap, plain_graphs=cfg.plain_graphs,
-                          draft_while_off=cfg.draft_while_off)
+                          draft_while_off=cfg.draft_while_off, tiers=() if tiers is None else tiers.steps,
+                          tier_bounds=() if tiers is None else tiers.bounds)
 
 
 # launch values lint refuses before SGLang sees them (flag, least value). SGLang 0.5.23 takes each of these
@@ -207,7 +215,8 @@ def _cache_key(release: str, argv: Sequence[str], files: dict[str, str], policy:
     blob = json.dumps({"v": CACHE_VERSION, "release": release, "where": str(spec.origin if spec else ""),
                        "argv": list(argv), "env": env, "files": files,
                        "policy": None if policy is None else [policy.t_off, policy.t_on, policy.spec_cap,
-                                                              policy.plain_graphs, policy.draft_while_off],
+                                                              policy.plain_graphs, policy.draft_while_off,
+                                                              list(policy.tiers), list(policy.tier_bounds)],
                        "rules": _rules_fingerprint()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
