@@ -133,3 +133,17 @@ def _draft_prefilled_as_observed(state: State, draft_prefills: bool, spec_algori
         return state
     return state.replace(requests=state.with_requests(changed),
                          pending=pending.replace(spec_info=spec, spec_algorithm_on=spec_algorithm_on))
+
+
+def _draft_covered_as_observed(before: State, after: State, covered: set[int]) -> State:
+    """A draft-extend outside a round (a catch-up, a sync) as it really ran: the model's action brings every running
+    request's draft KV up to date, but the draft writes KV only for the rows of the batch it ran on. A running request
+    outside that batch keeps the draft coverage it had before (issue 18: a catch-up that skips the requests admitted
+    while speculation was off)."""
+    missed = {rid: before.requests[rid] for rid in after.running.rids if rid not in covered
+              and rid < len(before.requests)}
+    if not missed:
+        return after
+    changed = {rid: after.requests[rid].replace(draft_kv_len=r.draft_kv_len, draft_hidden_ready=r.draft_hidden_ready)
+               for rid, r in missed.items()}
+    return after.replace(requests=after.with_requests(changed))
