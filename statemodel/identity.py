@@ -87,7 +87,7 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
             parts.append(f"left {_spans(leaked)} out of its allocation without freeing them (leaked)")
         problems.append(Violation(
             SLOTS_FREED_OWNED,
-            f"{action} shrank request {o.rid}'s allocation from {o.allocated_before} to {o.allocated_after} "
+            f"{action} took request {o.rid}'s allocation from {o.allocated_before} to {o.allocated_after} "
             f"positions but " + "; ".join(parts), (o.rid,),
             expected=f"freed [{o.allocated_after}, {o.allocated_before})",
             actual=f"freed {_spans(sorted(got)) or 'nothing'}"))
