@@ -446,26 +446,29 @@ class V2Adapter:
                                 **kwargs: Any) -> Any:
         self._run(self._settle)
         finished = bool(req.finished())
-        g = self.runtime.guard if self.runtime is not None and self.runtime.active else None
-        owners = None
-        slot_findings: list[Any] = []
-        if g is not None:
+        window: dict[str, Any] = {}
+
+        def open_window(g: Guard) -> None:
             # the positions it frees are attributed to this request's row (record_free, inside the window)
             self.remember_pool(getattr(tree_cache, "req_to_token_pool", None))
-            owners = self.row_owners([req])
-            g.open_free_window(owners)
+            window["owners"] = self.row_owners([req])
+            g.open_free_window(window["owners"])
+
+        def close_window(g: Guard) -> None:
+            if "owners" in window and g.free_windows:
+                window["found"] = g.close_free_window(self.rows_allocated(window["owners"], [req]),
+                                                      "finish" if finished else "retract")
+        self._with_guard(open_window)
         try:
             result = original(req, tree_cache, *args, **kwargs)
         finally:
-            if owners is not None and g is not None and g.free_windows:
-                slot_findings = g.close_free_window(self.rows_allocated(owners, [req]),
-                                                    "finish" if finished else "retract")
+            self._with_guard(close_window)
 
         def after(g: Guard) -> None:
             pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
             g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
                       where="mem_cache.common.release_kv_cache", outputs=[(str(req.rid), req.output_ids)],
-                      extra=slot_findings)
+                      extra=window.get("found", ()))
         self._with_guard(after)
         return result
 
