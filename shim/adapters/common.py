@@ -385,7 +385,7 @@ class V2Adapter:
             reqs, pool = self.observe_requests(batch), self.batch_pool(batch)
             self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
             # each request's output_ids (a host list) against what the steps so far committed
-            outputs = list(zip([obs.rid for obs in reqs], [req.output_ids for req in batch.reqs], strict=True))
+            outputs = [(obs[0], req.output_ids) for obs, req in zip(reqs, batch.reqs, strict=True)]
             try:
                 g.prepare_for_decode(running, reqs, pool, outputs=outputs)
             finally:

@@ -90,15 +90,22 @@ class IdentityChecks:
                 continue
             n = len(tokens)
             last = seen.get(rid)
-            r = requests[i]
-            if last is not None and last[0] == n and (not n or tokens[-1] == last[1]) and n <= r.committed:
-                continue  # the common case: nothing new since the last look
-            seen_len, seen_token = last if last is not None else (0, None)
-            problems = committed_output_kept(i, output_bound(r, self.design_for_identity()), tokens, seen_len,
-                                             seen_token, action)
-            if problems:
-                found.extend(problems)
-            if n >= seen_len:
+            # the common case inline (every running request, every step): no fewer tokens than seen, the last one
+            # seen unchanged, no more than committed; the rule itself only where one of these fails
+            if last is None:
+                ok = n <= requests[i].committed
+            else:
+                m = last[0]
+                ok = m <= n <= requests[i].committed and (not m or tokens[m - 1] == last[1])
+            if not ok:
+                seen_len, seen_token = last if last is not None else (0, None)
+                problems = committed_output_kept(i, output_bound(requests[i], self.design_for_identity()), tokens,
+                                                 seen_len, seen_token, action)
+                if problems:
+                    found.extend(problems)
+                    if n < seen_len:
+                        continue  # keep the longer look: the drop stays visible
+            if last is None or last[0] != n:
                 seen[rid] = (n, tokens[-1] if n else -1)
         return found
 
