@@ -20,9 +20,9 @@ logger = logging.getLogger("specflip.guard")
 class SpecFlipViolation(AssertionError):
     """A step the model forbids, raised in assert mode before the forward that would run it.
 
-    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, or
-    `legal_transition`), `action` the model action, `rank` the TP rank, `rids` the SGLang request ids,
-    `violations` all of them.
+    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, a
+    `statemodel.identity.IDENTITY_INVARIANT_NAMES` name, or `legal_transition`), `action` the model action, `rank`
+    the TP rank, `rids` the SGLang request ids, `violations` all of them.
     """
 
     def __init__(self, message: str, *, invariant: str, action: str, rank: int, rids: tuple[str, ...],
