@@ -348,7 +348,8 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
     )
     if catch_up_due:
         out.append(Action("draft_catch_up"))
-    decode_ready = state.running.size > 0 and not done and not finished_in_batch and state.pending is None
+    decode_ready = state.running.size > 0 and not _done_blocks_decode(state, done, scope) and not finished_in_batch \
+        and state.pending is None
     if decode_ready and not flip_due and not catch_up_due:
         if decode_kv_need(state, design) <= state.kv_free + (evictable(state) if state.prefix_cache else 0):
             out.append(Action("prepare_for_decode"))
@@ -360,6 +361,24 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         # so N may stay unprocessed across it (a superset of SGLang's order)
         out.extend(_process_result_choices(state))
     return out
+
+
+def _done_blocks_decode(state: State, done: list[int], scope: Scope) -> bool:
+    """Whether requests done (every output token committed, not released yet) keep the next decode from being
+    prepared. The normal loop processes a step's result, and releases what it finished, before the next one is
+    prepared. Under the overlap schedule a request its (re-)prefill finished is merged and prepared for one decode
+    step before the prefill's result is processed (the model's prefill is atomic: the host learns the first token
+    one iteration later, 0.5.16's event_loop_overlap); it runs that step and its result skips it (`result_rows`)."""
+    if not done:
+        return False
+    if not scope.overlap:
+        return True
+    return any(not _done_at_prefill_not_decoded(state.requests[rid]) for rid in done)
+
+
+def _done_at_prefill_not_decoded(r: Request) -> bool:
+    """Done by its (re-)prefill, and no decode step prepared for it since (no reserve, no plain slot grown)."""
+    return r.seq_len == r.prefilled_len and r.kv_reserved == 0
 
 
 def _prepared_result_choices(state: State) -> list[Action]:
