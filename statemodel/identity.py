@@ -104,6 +104,16 @@ def output_bound(r: Request, design: Design) -> int:
     return r.committed
 
 
+def output_within_bound(rid: int, n: int, bound: int, action: str) -> list[Violation]:
+    """The length half of `committed_output_kept`: never more output tokens than the steps committed."""
+    if n <= bound:
+        return []
+    return [Violation(
+        COMMITTED_OUTPUT_KEPT,
+        f"request {rid} holds {n} output tokens at {action}; its steps committed {bound} (a token "
+        f"appended twice?)", (rid,), expected=f"<= {bound} tokens", actual=f"{n} tokens")]
+
+
 def committed_output_kept(rid: int, bound: int, tokens: Sequence[int], seen_len: int, seen_token: int | None,
                           action: str) -> list[Violation]:
     """A request's output is what its steps committed, token for token: never more tokens than the model's
@@ -111,10 +121,7 @@ def committed_output_kept(rid: int, bound: int, tokens: Sequence[int], seen_len:
     token dropped, a retraction included), and the token at the last position seen is still the one seen there."""
     n = len(tokens)
     if n > bound:
-        return [Violation(
-            COMMITTED_OUTPUT_KEPT,
-            f"request {rid} holds {n} output tokens after {action}; its steps committed {bound} (a token "
-            f"appended twice?)", (rid,), expected=f"<= {bound} tokens", actual=f"{n} tokens")]
+        return output_within_bound(rid, n, bound, action)
     if n < seen_len:
         return [Violation(
             COMMITTED_OUTPUT_KEPT,

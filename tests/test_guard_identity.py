@@ -55,6 +55,7 @@ def take_out_identity_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard as it was before issue 18: no position, token or per-request coverage check."""
     monkeypatch.setattr(shim.guard.identity, "slots_freed_owned", lambda *a, **k: [])
     monkeypatch.setattr(shim.guard.identity, "committed_output_kept", lambda *a, **k: [])
+    monkeypatch.setattr(shim.guard.identity, "output_within_bound", lambda *a, **k: [])
     monkeypatch.setattr(shim.guard.core, "_draft_covered_as_observed", lambda before, after, covered: after)
 
 

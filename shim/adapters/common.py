@@ -384,10 +384,8 @@ class V2Adapter:
             running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None)
             reqs, pool = self.observe_requests(batch), self.batch_pool(batch)
             self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
-            # each request's output_ids (a host list) against what the steps so far committed
-            outputs = [(obs[0], req.output_ids) for obs, req in zip(reqs, batch.reqs, strict=True)]
             try:
-                g.prepare_for_decode(running, reqs, pool, outputs=outputs)
+                g.prepare_for_decode(running, reqs, pool)
             finally:
                 self._read_now = None
         self._with_guard(step)

@@ -190,6 +190,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
         self.settle_round()
         self._merge_pending_implicitly(running)
         extra = self.output_violations(outputs, "prepare_for_decode") if outputs else []
+        # every request's output length is compared with committed in the overlay (outputs_over_committed)
         self._transition(Action("prepare_for_decode"), where, running=running, reqs=reqs, pool=pool, extra=extra)
 
     def draft(self, steps: int, reqs: list[ObservedRequest], pool: ObservedPool,
@@ -367,6 +368,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
                 new_rids: list[str] | None = None, trace_base: State | None = None,
                 extra: Sequence[Violation] = ()) -> None:
         found = tuple(step_violations(before, action, after, self.config.scope, self.config.design))
+        if self.outputs_over_committed:
+            extra = list(extra) + self.over_committed_violations(after, action.name)
         if extra:
             found = tuple(extra) + found  # an identity broken is the root cause of any count it unbalanced
         self.step_number += 1
@@ -388,6 +391,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
 
     def _refine(self, new: State, where: str) -> None:
         found = tuple(state_violations(new, self.config.scope))
+        if self.outputs_over_committed:
+            found = tuple(self.over_committed_violations(new, "refine")) + found
         if self.trace is not None:
             action = self.last_action.name if self.last_action else "refine"
             self.trace.write({"kind": "refine", "rank": self.config.rank, "step": self.step_number, "where": where,

@@ -17,7 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from statemodel.design import Design
-from statemodel.identity import RowOwner, RowRange, committed_output_kept, output_bound, slots_freed_owned
+from statemodel.identity import (
+    RowOwner,
+    RowRange,
+    committed_output_kept,
+    output_bound,
+    output_within_bound,
+    slots_freed_owned,
+)
 from statemodel.invariants import Violation
 from statemodel.state import State
 
@@ -41,6 +48,7 @@ class IdentityChecks:
     state: State
 
     def _init_identity(self) -> None:
+        self.outputs_over_committed: list[tuple[int, int]] = []
         self.free_windows: list[FreeWindow] = []
         self.unattributed_frees = 0
         # SGLang rid -> (output tokens seen, the last of them) at the guard's last look
@@ -107,6 +115,18 @@ class IdentityChecks:
                         continue  # keep the longer look: the drop stays visible
             if last is None or last[0] != n:
                 seen[rid] = (n, tokens[-1] if n else -1)
+        return found
+
+    def over_committed_violations(self, state: State, action: str) -> list[Violation]:
+        """The requests the overlays since the last call saw holding more output tokens than the model's `committed`
+        (`ObservedStateSync._overlay` notes them: every observation of a request compares its `len(req.output_ids)`,
+        at no other cost): a violation where that is more than `statemodel.identity.output_bound` allows in `state`."""
+        noted, self.outputs_over_committed = self.outputs_over_committed, []
+        found: list[Violation] = []
+        design = self.design_for_identity()
+        for i, n in noted:
+            if i < len(state.requests):
+                found.extend(output_within_bound(i, n, output_bound(state.requests[i], design), action))
         return found
 
     def design_for_identity(self) -> Design:

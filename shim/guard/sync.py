@@ -33,6 +33,9 @@ class ObservedStateSync:
     index: dict[str, int]  # model request id per SGLang rid
     state: State
     trace: TraceWriter | None
+    # (model request id, output tokens) of requests the last overlay saw holding more output tokens than the model's
+    # `committed`: judged by the step that records it (statemodel.identity.output_bound; issue 18, token content)
+    outputs_over_committed: list[tuple[int, int]]
 
     def _live(self, batch: Batch) -> set[int]:
         return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
@@ -85,6 +88,8 @@ class ObservedStateSync:
             if index is None:
                 continue
             r = requests[index]
+            if obs.output_len > r.committed:  # one comparison per request: the output check's common case
+                self.outputs_over_committed.append((index, obs.output_len))
             if obs.holds_kv:
                 held, reserved = obs.kv_committed, obs.kv_allocated - obs.kv_committed
             else:
