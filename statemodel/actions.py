@@ -354,12 +354,39 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
             out.append(Action("prepare_for_decode"))
         else:
             out.extend(Action("retract", (rid,)) for rid in state.running.rids)
+    elif done and _done_at_prefill_may_decode(state, done, design, scope) and not finished_in_batch \
+            and state.pending is None and not flip_due and not catch_up_due:
+        out.append(Action("prepare_for_decode"))
     if state.unprocessed and not any(a.name in ("prepare_for_decode", "prefill") for a in out):
         # overlap: the loop processes step N's result right after it launches the next batch (forced above
         # for a decode step), or at once when there is none to launch; a prefill launch is atomic here,
         # so N may stay unprocessed across it (a superset of SGLang's order)
         out.extend(_process_result_choices(state))
     return out
+
+
+def _done_at_prefill_may_decode(state: State, done: list[int], design: Design, scope: Scope) -> bool:
+    """Under the overlap schedule a request its (re-)prefill finished is merged and prepared for one decode step
+    before the prefill's result is processed (the model's prefill is atomic: the host learns the first token one
+    iteration later, 0.5.16's event_loop_overlap); it runs that step, whose result skips it (`result_rows`), and is
+    released after. The normal loop releases it first. Only when the step's KV fits: the retraction branch stays the
+    normal one's (a request done at its prefill is released before any retraction is considered). Not after a flip
+    since that prefill: a flip processes the results in flight first (Design.flip_waits_for_results), the prefill's
+    among them, so the request is released before the next decode; a request prefilled in the current mode is
+    draft-current when speculation is on."""
+    if not scope.overlap:
+        return False
+    spec_off = state.spec_mode is SpecMode.OFF
+    for rid in done:
+        r = state.requests[rid]
+        if not _done_at_prefill_not_decoded(r) or not (spec_off or r.draft_current):
+            return False
+    return decode_kv_need(state, design) <= state.kv_free + (evictable(state) if state.prefix_cache else 0)
+
+
+def _done_at_prefill_not_decoded(r: Request) -> bool:
+    """Done by its (re-)prefill, and no decode step prepared for it since (no reserve, no plain slot grown)."""
+    return r.seq_len == r.prefilled_len and r.kv_reserved == 0
 
 
 def _prepared_result_choices(state: State) -> list[Action]:

@@ -393,3 +393,29 @@ def test_without_overlap_nothing_but_the_launch_runs_at_prepared() -> None:
                 if nxt not in seen:
                     seen.add(nxt)
                     frontier.append(nxt)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal_loop", "overlap"])
+def test_a_request_done_at_its_prefill_is_prepared_once_under_overlap(overlap: bool) -> None:
+    """0.5.16's overlap order (issue 18): the prefilled batch is merged and the next decode prepared before the
+    prefill's result is processed, so a request its prefill finished runs that one decode step and is released
+    after (the result skips it). The checker explores it, as the guard accepts it on a live server; the normal
+    loop releases it first. Once prepared, no second decode step is prepared with it."""
+    from statemodel.designs import DESIGNS_BY_NAME, overlap_scope
+
+    health_check, runs = RequestSpec(1, 1), RequestSpec(1, 3)
+    base = DESIGNS_BY_NAME["plain_off_catch_up_overlap"] if overlap else CATCH_UP
+    scope = attrs.evolve(overlap_scope(base) if overlap else Scope(), requests=(runs, health_check), kv_pool_size=40)
+    m = model_for(base, scope)
+    s = walk(m, initial_with(m, 4, 0), ["arrive", "prefill", "merge_batch", "arrive", "prefill", "merge_batch"])
+    assert s.req(1).done and s.req(1).status is Status.RUNNING and 1 in s.running.rids
+    names = {a.name for a in m.actions(s)}
+    assert ("prepare_for_decode" in names) is overlap and "finish" in names
+    if not overlap:
+        return
+    prepared = take(m, s, Action("prepare_for_decode"))
+    assert prepared.req(1).kv_reserved > 0 and m.check_step(s, Action("prepare_for_decode"), prepared) == []
+    launched = walk(m, prepared, ["draft", "verify", "draft_extend"])
+    assert "prepare_for_decode" not in {a.name for a in m.actions(launched)}  # released first now
+    done = walk(m, launched, ["finish"])
+    assert done.req(1).status is Status.FINISHED

@@ -22,6 +22,7 @@ from shim.guard.rank_check import RankChecker, StepFingerprint, fingerprint, gro
 from shim.guard.runtime import GuardRuntime
 from statemodel.design import Design, Scope
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
+from statemodel.identity import RowRange
 from statemodel.state import ForwardMode, SpecInfoKind, SpecMode
 
 logger = logging.getLogger("specflip.guard")
@@ -56,6 +57,21 @@ def host_ints(tensor: Any) -> list[int]:
     if values and type(values[0]) is int:
         return values  # an integer tensor's tolist() is python ints already (one dtype for every entry)
     return [int(x) for x in values]
+
+
+def row_range(index: Any, req_to_token: Any) -> RowRange | None:
+    """The req_to_token row positions a 1-D index tensor views, from its metadata alone (`_base`, strides and the
+    storage offset: no value is read, so no sync); None when it is no contiguous view of one row of `req_to_token`
+    (a copy, a gather, a cat)."""
+    base = getattr(index, "_base", None)
+    if base is None or base is not req_to_token or index.dim() != 1 or index.stride(0) != 1:
+        return None
+    width = req_to_token.stride(0)
+    row, start = divmod(index.storage_offset() - req_to_token.storage_offset(), width)
+    end = start + int(index.numel())
+    if end > req_to_token.shape[1]:
+        return None
+    return RowRange(row, start, end)
 
 
 def pending_free_slots(allocator: Any) -> int:
@@ -100,12 +116,40 @@ class V2Adapter:
         self._read_now: tuple[Any, list[ObservedRequest], ObservedPool] | None = None
         # the per-step rank agreement check (TP > 1); False: decided off for this process
         self._rank_checker: RankChecker | bool | None = None
+        self._req_to_token: Any = None  # the req_to_token tensor frees are attributed to (ReqToTokenPool's)
+        # between a switch's notify_flip_starting and notify_flip: the rows it may free, and their requests
+        self._flip_owners: dict[int, tuple[str, int, int]] | None = None
+        self._flip_reqs: list[Any] = []
 
     # --- per-release field access (overridden) ------------------------------------------------------
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
         """(holds KV, kv_committed_len, kv_allocated_len, cache_protected_len)."""
         raise NotImplementedError
+
+    def req_row(self, req: Any) -> int | None:
+        """The request's req_to_token row (`req_pool_idx`), None while it holds none."""
+        raise NotImplementedError
+
+    def row_owners(self, reqs: list[Any]) -> dict[int, tuple[str, int, int]]:
+        """row -> (rid, cache_protected_len, kv_allocated_len) of each request holding a row (python ints)."""
+        owners = {}
+        for req in reqs:
+            holds, _, allocated, protected = self.req_kv_lens(req)
+            row = self.req_row(req) if holds else None
+            if row is not None:
+                owners[int(row)] = (str(req.rid), protected, allocated)
+        return owners
+
+    def rows_allocated(self, owners: dict[int, tuple[str, int, int]], reqs: list[Any]) -> dict[int, int | None]:
+        """row -> kv_allocated_len now for the rows in `owners` (None: the request no longer holds that row)."""
+        now: dict[int, int | None] = {}
+        for req in reqs:
+            holds, _, allocated, _ = self.req_kv_lens(req)
+            row = self.req_row(req) if holds else None
+            if row is not None and int(row) in owners and owners[int(row)][0] == str(req.rid):
+                now[int(row)] = allocated
+        return now
 
     def tp_rank(self) -> int:
         raise NotImplementedError
@@ -284,8 +328,13 @@ class V2Adapter:
             return None
         return fitting[0], width
 
+    def remember_pool(self, req_to_token_pool: Any) -> None:
+        if req_to_token_pool is not None:
+            self._req_to_token = req_to_token_pool.req_to_token
+
     def remember_running(self, batch: Any) -> None:
         self._running_ref = weakref.ref(batch)
+        self.remember_pool(getattr(batch, "req_to_token_pool", None))
 
     # --- hooks (signatures follow HookRegistry: BEFORE fn(*a, **k), AFTER fn(result, *a, **k),
     #     AROUND fn(original, *a, **k)) ----------------------------------------------------------------
@@ -318,8 +367,11 @@ class V2Adapter:
             if not batch.reqs:
                 return
             spec_on = not batch.spec_algorithm.is_none()
-            g.prefill(self.observe_batch(batch, spec_info=None), self.observe_requests(batch), self.batch_pool(batch),
-                      draft_prefills=spec_on, where="ScheduleBatch.prepare_for_extend")
+            reqs = self.observe_requests(batch)
+            # a re-prefill (after a retraction) carries the output it kept: checked token for token
+            outputs = [(obs.rid, req.output_ids) for obs, req in zip(reqs, batch.reqs, strict=True) if obs.output_len]
+            g.prefill(self.observe_batch(batch, spec_info=None), reqs, self.batch_pool(batch),
+                      draft_prefills=spec_on, where="ScheduleBatch.prepare_for_extend", outputs=outputs)
         self._with_guard(step)
 
     def after_prepare_for_decode(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -392,14 +444,41 @@ class V2Adapter:
                                 **kwargs: Any) -> Any:
         self._run(self._settle)
         finished = bool(req.finished())
-        result = original(req, tree_cache, *args, **kwargs)
+        window: dict[str, Any] = {}
+
+        def open_window(g: Guard) -> None:
+            # the positions it frees are attributed to this request's row (record_free, inside the window)
+            self.remember_pool(getattr(tree_cache, "req_to_token_pool", None))
+            window["owners"] = self.row_owners([req])
+            g.open_free_window(window["owners"])
+
+        def close_window(g: Guard) -> None:
+            if "owners" in window and g.free_windows:
+                window["found"] = g.close_free_window(self.rows_allocated(window["owners"], [req]),
+                                                      "finish" if finished else "retract")
+        self._with_guard(open_window)
+        try:
+            result = original(req, tree_cache, *args, **kwargs)
+        finally:
+            self._with_guard(close_window)
 
         def after(g: Guard) -> None:
             pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
             g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
-                      where="mem_cache.common.release_kv_cache")
+                      where="mem_cache.common.release_kv_cache", outputs=[(str(req.rid), req.output_ids)],
+                      extra=window.get("found", ()))
         self._with_guard(after)
         return result
+
+    def before_allocator_free(self, allocator: Any, free_index: Any, *args: Any, **kwargs: Any) -> None:
+        """`TokenToKVPoolAllocator.free(index)`: inside a window the guard opened (a release, a flip), the row
+        positions `index` views, from tensor metadata only."""
+        rt = self.runtime
+        g = rt.guard if rt is not None and rt.active else None
+        if g is None or not g.free_windows or self._req_to_token is None:
+            return None
+        g.record_free(row_range(free_index, self._req_to_token))
+        return None
 
     def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
                                **kwargs: Any) -> Any:
@@ -596,17 +675,38 @@ class V2Adapter:
 
     # --- called by a flip implementation (shim.guard.api.notify_flip) -----------------------------------------
 
+    def on_flip_starting(self, reqs: list[Any]) -> None:
+        """A switch is about to flip over `reqs` (the running and prefilled requests it may touch): a round in
+        flight settles now, and the positions the flip frees are recorded against these requests' rows."""
+        def step(g: Guard) -> None:
+            g.flip_starting()
+            if self._flip_owners is not None and g.free_windows:
+                g.free_windows.pop()  # a flip that never notified its end
+            self._flip_owners = self.row_owners(reqs)
+            self._flip_reqs = list(reqs)
+            g.open_free_window(self._flip_owners)
+        self._with_guard(step)
+
+    def _flip_slot_findings(self, g: Guard, on: bool) -> list[Any]:
+        owners, reqs = self._flip_owners, self._flip_reqs
+        self._flip_owners, self._flip_reqs = None, []
+        if owners is None or not g.free_windows:
+            return []
+        return g.close_free_window(self.rows_allocated(owners, reqs), "flip_on" if on else "flip_off")
+
     def on_flip(self, on: bool, batch: Any) -> None:
         def step(g: Guard) -> None:
+            extra = self._flip_slot_findings(g, on)
             if batch is None or not batch.reqs:
                 # an empty running batch still names the pool: a flip that released KV (flip-on by retraction)
                 # is checked against it; without one, the pool as last observed
                 real_pool = batch is not None and getattr(batch, "token_to_kv_pool_allocator", None) is not None
-                g.flip(on, None, [], self.batch_pool(batch) if real_pool else g_pool_or_none(g), where="switch")
+                g.flip(on, None, [], self.batch_pool(batch) if real_pool else g_pool_or_none(g), where="switch",
+                       extra=extra)
                 return
             self.remember_running(batch)
             g.flip(on, self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch),
-                   where="switch (shim.guard.api.notify_flip)")
+                   where="switch (shim.guard.api.notify_flip)", extra=extra)
         self._with_guard(step)
 
 

@@ -27,6 +27,9 @@ class Adapter(V2Adapter):
             return False, 0, 0, 0
         return True, int(req.kv_committed_len), int(kv.kv_allocated_len), int(req.cache_protected_len)
 
+    def req_row(self, req: Any) -> int | None:
+        return req.req_pool_idx
+
     def tp_rank(self) -> int:
         from sglang.srt.runtime_context import get_parallel
 

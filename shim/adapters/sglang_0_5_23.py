@@ -39,6 +39,8 @@ class Adapter(V2Adapter):
          "after_normalize_decode_outputs"),
         # TP > 1: the ranks agree on the planned step before it runs (shim/guard/rank_check.py; TP 1: a no-op)
         ("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "AFTER", "after_get_next_batch_to_run"),
+        # the row positions a release or a switch's flip frees (issue 18; recorded only inside those steps)
+        ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.free", "BEFORE", "before_allocator_free"),
     )
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
@@ -46,6 +48,10 @@ class Adapter(V2Adapter):
         if kv is None or kv.req_pool_idx is None:
             return False, 0, 0, 0
         return True, int(kv.kv_committed_len), int(kv.kv_allocated_len), int(kv.cache_protected_len)
+
+    def req_row(self, req: Any) -> int | None:
+        kv = req.kv
+        return None if kv is None else kv.req_pool_idx
 
     def tp_rank(self) -> int:
         from sglang.srt.runtime_context import get_parallel

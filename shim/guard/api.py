@@ -4,7 +4,8 @@
 * `announce_switch(design_name, spec_cap)` when the switch is installed (before the guard's adapter picks its
   reference design and scope; `None` when none is): which checker design the switch implements and the running
   cap it holds while speculation is on.
-* `notify_flip(on, running_batch)` after each flip, the step SGLang itself has no function for.
+* `notify_flip_starting(reqs)` before a flip acts (optional), and `notify_flip(on, running_batch)` after each flip,
+  the step SGLang itself has no function for.
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def announce_switch(design_name: str | None, spec_cap: int = 0) -> None:
 def announced_switch() -> SwitchAnnouncement | None:
     """What the installed switch announced, or None when no switch is installed."""
     return _SWITCH
+
+
+def notify_flip_starting(reqs: list[Any]) -> None:
+    """A flip is about to act on `reqs` (the running and prefilled requests it may touch; SGLang Reqs). Optional, and
+    before anything of the flip happens: the guard settles a round in flight on the objects as they are (so that the
+    flip's own effect is blamed on the flip) and attributes the KV positions the flip frees to these requests' rows
+    (statemodel.identity.slots_freed_owned), judged at the `notify_flip` that follows."""
+    runtime = current()
+    if runtime is None or runtime.adapter is None or not runtime.active:
+        return
+    starting = getattr(runtime.adapter, "on_flip_starting", None)
+    if starting is not None:
+        starting(reqs)
 
 
 def notify_flip(on: bool, running_batch: Any) -> None:

@@ -22,18 +22,19 @@ GuardDesync stay importable from here).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
 from shim.guard.checks import state_violations, step_violations
 from shim.guard.config import GuardConfig as GuardConfig  # re-exported, as the names below: shim.guard.core's API
 from shim.guard.config import Mode as Mode
+from shim.guard.identity import IdentityChecks
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.guard.report import GuardReporting
 from shim.guard.report import SpecFlipViolation as SpecFlipViolation
 from shim.guard.sync import GuardDesync as GuardDesync
-from shim.guard.sync import ObservedStateSync, _draft_prefilled_as_observed
+from shim.guard.sync import ObservedStateSync, _draft_covered_as_observed, _draft_prefilled_as_observed
 from shim.guard.trace import (
     TraceWriter,
     scope_to_json,
@@ -42,6 +43,7 @@ from shim.guard.trace import (
     violation_to_json,
 )
 from statemodel.actions import Action, apply, prefill_action, result_rows
+from statemodel.design import Design
 from statemodel.invariants import Violation
 from statemodel.state import (
     EMPTY_BATCH,
@@ -61,7 +63,7 @@ class _Round:
     extend: str | None = None  # "draft_extend" or "skip_draft_extend" once the worker chose
 
 
-class Guard(ObservedStateSync, GuardReporting):
+class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
     """Model state + checks for one TP rank. Not thread-safe: one scheduler thread drives it."""
 
     def __init__(self, config: GuardConfig) -> None:
@@ -78,11 +80,16 @@ class Guard(ObservedStateSync, GuardReporting):
         self.found: list[tuple[str, tuple[Violation, ...]]] = []  # (action, violations), warn/trace mode
         self._last_warned: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
+        self._latest_suppressed: dict[str, str] = {}
+        self._init_identity()
         self.trace: TraceWriter | None = TraceWriter(config.trace_path) if config.trace_path else None
         if self.trace is not None:
             self.trace.write({"kind": "header", "rank": config.rank, "release": config.release,
                               "design": config.design.name, "scope": scope_to_json(config.scope),
                               "rids": list(self.names), "state": state_to_json(self.state)})
+
+    def design_for_identity(self) -> Design:
+        return self.config.design
 
     def _initial_state(self) -> State:
         scope = self.config.scope
@@ -93,7 +100,8 @@ class Guard(ObservedStateSync, GuardReporting):
     # --- the public steps (one per model action) ----------------------------------------------------
 
     def prefill(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
-                *, draft_prefills: bool, where: str = "prepare_for_extend") -> None:
+                *, draft_prefills: bool, where: str = "prepare_for_extend",
+                outputs: Sequence[tuple[str, Sequence[int]]] = ()) -> None:
         """An EXTEND batch was prepared: its requests arrive (if new) and prefill: the model's `prefill` of the
         requests and chunks the real PrefillAdder picked (`prefill_action`). The draft prefills with them when
         the batch carries the speculative algorithm (the v2 worker's prefill branch), as observed."""
@@ -106,10 +114,12 @@ class Guard(ObservedStateSync, GuardReporting):
         requests, index = before.requests, self.index
         action = prefill_action((index[obs.rid], obs.prefilled_len - requests[index[obs.rid]].prefilled_len)
                                 for obs in reqs)
+        # a re-prefill after a retraction starts from the output the request kept: compared before the step
+        extra = self.output_violations(outputs, "prefill") if outputs else []
         after = self._overlay(apply(before, action, self.config.design, self.config.scope),
                               launched=launched, reqs=reqs, pool=pool)
         after = _draft_prefilled_as_observed(after, draft_prefills, launched.spec_algorithm_on)
-        self._record(before, action, after, where)
+        self._record(before, action, after, where, extra=extra)
 
     def merge(self, merged: ObservedBatch, pending: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
               *, where: str = "ScheduleBatch.merge_batch") -> None:
@@ -158,20 +168,30 @@ class Guard(ObservedStateSync, GuardReporting):
             self._refine(new, where)
 
     def release(self, rid: str, *, finished: bool, reqs: list[ObservedRequest], pool: ObservedPool,
-                where: str = "release_kv_cache") -> None:
-        """A request's KV was released: `finish` when it is done, `retract` otherwise."""
+                where: str = "release_kv_cache", outputs: Sequence[tuple[str, Sequence[int]]] = (),
+                extra: Sequence[Violation] = ()) -> None:
+        """A request's KV was released: `finish` when it is done, `retract` otherwise. `outputs`: its output
+        tokens; `extra`: what the identity checks found in the release (the positions it freed)."""
         self.settle_round()
         index = self.index.get(rid)
         if index is None or self.state.req(index).status not in (Status.RUNNING, Status.PREFILLING):
             return  # not a request the guard tracks as holding KV (e.g. aborted before prefill)
         name = "finish" if finished else "retract"
-        self._transition(Action(name, (index,)), where, reqs=reqs, pool=pool)
+        found = list(extra) + (self.output_violations(outputs, name) if outputs else [])
+        self._transition(Action(name, (index,)), where, reqs=reqs, pool=pool, extra=found)
+        if finished:
+            self.forget_output(rid)
 
     def prepare_for_decode(self, running: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
-                           *, where: str = "ScheduleBatch.prepare_for_decode") -> None:
+                           *, where: str = "ScheduleBatch.prepare_for_decode",
+                           outputs: Sequence[tuple[str, Sequence[int]]] = ()) -> None:
+        """`outputs`: each running request's output tokens (SGLang rid, `req.output_ids`), checked against what the
+        steps so far committed (statemodel.identity.committed_output_kept)."""
         self.settle_round()
         self._merge_pending_implicitly(running)
-        self._transition(Action("prepare_for_decode"), where, running=running, reqs=reqs, pool=pool)
+        extra = self.output_violations(outputs, "prepare_for_decode") if outputs else []
+        # every request's output length is compared with committed in the overlay (outputs_over_committed)
+        self._transition(Action("prepare_for_decode"), where, running=running, reqs=reqs, pool=pool, extra=extra)
 
     def draft(self, steps: int, reqs: list[ObservedRequest], pool: ObservedPool,
               observe_round: Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]],
@@ -212,8 +232,10 @@ class Guard(ObservedStateSync, GuardReporting):
             name = "draft_sync"
         else:
             name = "draft_catch_up"
-        _, reqs, pool = observe()
-        self._transition(Action(name), where, reqs=reqs, pool=pool)
+        batch, reqs, pool = observe()
+        # the draft KV it writes is the batch's it ran on: a running request outside that batch is not covered
+        covered = {self.index.get(r, -1) for r in batch.rids}
+        self._transition(Action(name), where, reqs=reqs, pool=pool, draft_covered=covered)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                      *, where: str, seq_observed: bool = True) -> None:
@@ -262,13 +284,20 @@ class Guard(ObservedStateSync, GuardReporting):
         self._transition(action, where, reqs=reqs, pool=pool,
                          seq_rids={self.names[rid] for rid in rows - later_plain})
 
+    def flip_starting(self) -> None:
+        """A switch is about to flip (`shim.guard.api.notify_flip_starting`): a round in flight settles now, on the
+        objects as its result left them, so that what the flip does is judged as the flip's."""
+        self.settle_round()
+
     def flip(self, on: bool, running: ObservedBatch | None, reqs: list[ObservedRequest], pool: ObservedPool,
-             *, where: str = "switch") -> None:
-        """The flip policy switched speculation on or off (called by the switch, after it acted)."""
+             *, where: str = "switch", extra: Sequence[Violation] = ()) -> None:
+        """The flip policy switched speculation on or off (called by the switch, after it acted). `extra`: what the
+        identity checks found in it (the positions it freed)."""
         self.settle_round()
         if running is not None:
             self._merge_pending_implicitly(running)
-        self._transition(Action("flip_on" if on else "flip_off"), where, running=running, reqs=reqs, pool=pool)
+        self._transition(Action("flip_on" if on else "flip_off"), where, running=running, reqs=reqs, pool=pool,
+                         extra=extra)
 
     def settle_round(self) -> None:
         """Close a speculative round once its result is on the host: verify with the accept counts the
@@ -326,15 +355,23 @@ class Guard(ObservedStateSync, GuardReporting):
     def _transition(self, action: Action, where: str, *, running: ObservedBatch | None = None,
                     launched: ObservedBatch | None = None, reqs: Iterable[ObservedRequest] = (),
                     pool: ObservedPool | None = None, seq_rids: Iterable[str] = (),
-                    new_rids: list[str] | None = None) -> None:
+                    new_rids: list[str] | None = None, extra: Sequence[Violation] = (),
+                    draft_covered: set[int] | None = None) -> None:
         before = self.state
         predicted = apply(before, action, self.config.design, self.config.scope)
+        if draft_covered is not None:
+            predicted = _draft_covered_as_observed(before, predicted, draft_covered)
         after = self._overlay(predicted, running=running, launched=launched, reqs=reqs, pool=pool, seq_rids=seq_rids)
-        self._record(before, action, after, where, new_rids=new_rids)
+        self._record(before, action, after, where, new_rids=new_rids, extra=extra)
 
     def _record(self, before: State, action: Action, after: State, where: str,
-                new_rids: list[str] | None = None, trace_base: State | None = None) -> None:
+                new_rids: list[str] | None = None, trace_base: State | None = None,
+                extra: Sequence[Violation] = ()) -> None:
         found = tuple(step_violations(before, action, after, self.config.scope, self.config.design))
+        if self.outputs_over_committed:
+            extra = list(extra) + self.over_committed_violations(after, action.name)
+        if extra:
+            found = tuple(extra) + found  # an identity broken is the root cause of any count it unbalanced
         self.step_number += 1
         self.covered[action.name] = self.covered.get(action.name, 0) + 1
         self.last_action = action
@@ -349,9 +386,13 @@ class Guard(ObservedStateSync, GuardReporting):
         self.state = after
         if found:
             self._report(action, found)
+        elif self._suppressed:
+            self._flush_suppressed()
 
     def _refine(self, new: State, where: str) -> None:
         found = tuple(state_violations(new, self.config.scope))
+        if self.outputs_over_committed:
+            found = tuple(self.over_committed_violations(new, "refine")) + found
         if self.trace is not None:
             action = self.last_action.name if self.last_action else "refine"
             self.trace.write({"kind": "refine", "rank": self.config.rank, "step": self.step_number, "where": where,
@@ -364,6 +405,8 @@ class Guard(ObservedStateSync, GuardReporting):
 
 
     def close(self) -> None:
+        if self._suppressed:
+            self._flush_suppressed(force=True)
         if self.trace is not None:
             self.trace.close()
             self.trace = None

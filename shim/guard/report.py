@@ -20,9 +20,9 @@ logger = logging.getLogger("specflip.guard")
 class SpecFlipViolation(AssertionError):
     """A step the model forbids, raised in assert mode before the forward that would run it.
 
-    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, or
-    `legal_transition`), `action` the model action, `rank` the TP rank, `rids` the SGLang request ids,
-    `violations` all of them.
+    `invariant` is the first broken invariant (a `statemodel.invariants.INVARIANT_NAMES` name, a
+    `statemodel.identity.IDENTITY_INVARIANT_NAMES` name, or `legal_transition`), `action` the model action, `rank`
+    the TP rank, `rids` the SGLang request ids, `violations` all of them.
     """
 
     def __init__(self, message: str, *, invariant: str, action: str, rank: int, rids: tuple[str, ...],
@@ -50,6 +50,7 @@ class GuardReporting:
     found: list[tuple[str, tuple[Violation, ...]]]  # (action, violations), warn/trace mode
     _last_warned: dict[str, float]
     _suppressed: dict[str, int]
+    _latest_suppressed: dict[str, str]  # invariant -> the first line of its latest finding not logged yet
 
     def note(self, text: str) -> None:
         """Something worth seeing in the last transitions that is not a model action."""
@@ -88,11 +89,28 @@ class GuardReporting:
         key = first.invariant
         if now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
             skipped = self._suppressed.pop(key, 0)
+            self._latest_suppressed.pop(key, None)
             extra = f" ({skipped} more like it since the last report)" if skipped else ""
             logger.warning("%s%s", message, extra)
             self._last_warned[key] = now
         else:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            self._latest_suppressed[key] = message.split("\n", 1)[0]
+        if self._suppressed:
+            self._flush_suppressed(now)  # another invariant's held-back findings whose interval has passed
+
+    def _flush_suppressed(self, now: float | None = None, *, force: bool = False) -> None:
+        """Warn mode never goes silent after a first report: once an invariant's interval has passed, the findings
+        held back since are logged as one line with their count and the latest of them, whether or not a new one
+        comes (called after every step while any is held back, and at close)."""
+        now = time.monotonic() if now is None else now
+        for key in list(self._suppressed):
+            if force or now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
+                count = self._suppressed.pop(key)
+                latest = self._latest_suppressed.pop(key, "")
+                logger.warning("specflip: %d more %s findings since the last report on TP rank %d; latest: %s",
+                               count, key, self.config.rank, latest)
+                self._last_warned[key] = now
 
     def format(self, action: Action, found: tuple[Violation, ...], *, where: str | None = None) -> str:
         """The violation message: invariant, action, rank, request ids, numbers, last transitions."""

@@ -33,6 +33,9 @@ class ObservedStateSync:
     index: dict[str, int]  # model request id per SGLang rid
     state: State
     trace: TraceWriter | None
+    # (model request id, output tokens) of requests the last overlay saw holding more output tokens than the model's
+    # `committed`: judged by the step that records it (statemodel.identity.output_bound; issue 18, token content)
+    outputs_over_committed: list[tuple[int, int]]
 
     def _live(self, batch: Batch) -> set[int]:
         return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
@@ -85,6 +88,8 @@ class ObservedStateSync:
             if index is None:
                 continue
             r = requests[index]
+            if obs.output_len > r.committed:  # one comparison per request: the output check's common case
+                self.outputs_over_committed.append((index, obs.output_len))
             if obs.holds_kv:
                 held, reserved = obs.kv_committed, obs.kv_allocated - obs.kv_committed
             else:
@@ -133,3 +138,17 @@ def _draft_prefilled_as_observed(state: State, draft_prefills: bool, spec_algori
         return state
     return state.replace(requests=state.with_requests(changed),
                          pending=pending.replace(spec_info=spec, spec_algorithm_on=spec_algorithm_on))
+
+
+def _draft_covered_as_observed(before: State, after: State, covered: set[int]) -> State:
+    """A draft-extend outside a round (a catch-up, a sync) as it really ran: the model's action brings every running
+    request's draft KV up to date, but the draft writes KV only for the rows of the batch it ran on. A running request
+    outside that batch keeps the draft coverage it had before (issue 18: a catch-up that skips the requests admitted
+    while speculation was off)."""
+    missed = {rid: before.requests[rid] for rid in after.running.rids if rid not in covered
+              and rid < len(before.requests)}
+    if not missed:
+        return after
+    changed = {rid: after.requests[rid].replace(draft_kv_len=r.draft_kv_len, draft_hidden_ready=r.draft_hidden_ready)
+               for rid, r in missed.items()}
+    return after.replace(requests=after.with_requests(changed))

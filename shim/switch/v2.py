@@ -33,6 +33,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
                           late (shim/switch/fault.py; docs/tp.md)
   SPECFLIP_FAULT_RADIX_INSERT  1: FAULT INJECTION, tests only: the issue-24 fix undone (while-off tokens go into the
                           radix tree without draft KV; docs/prefix-cache.md)
+  SPECFLIP_FAULT          FAULT INJECTION, tests only: switch bugs the guard's identity checks must catch
+                          (shim/switch/faults.py; docs/guard.md)
   SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
                           (flips always). For throughput runs: a traced step costs JSON and CUDA events on the
                           host. `specflip replay` needs every step (its conformance reads them all).
@@ -51,6 +53,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from shim.guard import api as guard_api
+from shim.switch import faults
 from shim.switch.auto import AutoSwitch
 from shim.switch.config import (
     SwitchConfig,
@@ -190,6 +193,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     if rt.late_flip is not None and rt.late_flip.delays(scheduler):
         return last_batch  # fault injection only (shim/switch/fault.py): this rank flips a step late
     tic = time.perf_counter()
+    guard_api.notify_flip_starting(in_batch)  # the guard settles what ran before and watches what the flip frees
     drained = drain_in_flight(scheduler)
     freed = retracted = 0
     if action == "flip_off":
@@ -218,6 +222,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     rt.policy.performed(action)
     if action == "flip_on":  # the tier for the demand flip-on found (the re-prefilled requests decode with it)
         rt.policy.follow_tier(len(in_batch) + waiting)
+    faults.flip_performed(action)
     running_batch.batch_is_full = False
     rt.flips += 1
     rt.steps_since_flip = 0
@@ -243,6 +248,7 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         return orig(self, *args, **kwargs)
     running_batch = kwargs.pop("running_batch", None) if "running_batch" in kwargs else args[0]
     last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
+    faults.before_next_batch(running_batch, rt.policy.spec_on)  # SPECFLIP_FAULT only (tests); else a no-op
     last_batch = plain_path_flip(rt, self, running_batch, last_batch)
     plan = orig(self, running_batch=running_batch, last_batch=last_batch)
     batch = plan.batch_to_run  # a NextBatchPlan (0.5.16, 0.5.23): the batch to launch and the running batch
@@ -441,6 +447,8 @@ def install_from_env() -> bool:
         config = SwitchConfig.from_env()
         late_flip = LateFlipFault.from_env() if config is not None else None
         radix_insert_fault = radix_insert_fault_from_env() if config is not None else False
+        if config is not None:
+            faults.install_from_env()
     except SwitchConfigError as exc:
         logging.getLogger("specflip.switch").error("specflip switch off: %s", exc)
         return False

@@ -1,0 +1,152 @@
+"""Identity rules: which KV positions a step frees, and which output tokens a request keeps.
+
+The model counts slots (`Request.kv_held`, `kv_reserved`, `State.kv_free`) and output tokens (`Request.committed`);
+a bug that keeps the counts balanced (a live slot freed and another leaked; a token dropped and another appended)
+passes every count invariant. These rules refine the counts with identities the runtime guard can observe on the
+host: the row positions (`req_to_token[row, start:end]`) a free hands the allocator, and the output token list.
+They are the one definition of these rules; the guard (`shim/guard/identity.py`) applies them to what it observed.
+The checker does not explore positions or token values (its states carry counts only), so these rules are not in
+`statemodel.invariants.INVARIANTS`; each one is stated in terms of the model's own counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from statemodel.design import Design
+from statemodel.invariants import Violation
+from statemodel.state import Request
+
+SLOTS_FREED_OWNED = "slots_freed_owned"
+COMMITTED_OUTPUT_KEPT = "committed_output_kept"
+IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT)
+
+
+@attrs.frozen
+class RowRange:
+    """Positions [start, end) of one req_to_token row that a free handed back to the allocator."""
+
+    row: int
+    start: int
+    end: int
+
+
+@attrs.frozen
+class RowOwner:
+    """A request's row in req_to_token and its own positions before and after the step: it owns
+    [own_start, allocated_before) before; `allocated_after` None when the step released the whole row."""
+
+    rid: int
+    row: int
+    own_start: int  # cache_protected_len: positions before it are the radix tree's
+    allocated_before: int
+    allocated_after: int | None
+
+
+def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], action: str) -> list[Violation]:
+    """A step frees only positions its requests own, and a request that keeps its row frees exactly the positions
+    that left its allocation, [allocated_after, allocated_before): a position freed outside that range is a live slot
+    (or another request's, or one already free: a double free); one that left the allocation unfreed is leaked.
+    A request released whole frees within [own_start, allocated_before) (the tree may keep some; counted by
+    kv_conservation)."""
+    by_row = {o.row: o for o in owners}
+    freed: dict[int, set[int]] = {}
+    problems: list[Violation] = []
+    for f in frees:
+        owner = by_row.get(f.row)
+        if owner is None:
+            problems.append(Violation(
+                SLOTS_FREED_OWNED,
+                f"{action} freed positions [{f.start}, {f.end}) of req_to_token row {f.row}, which no request of "
+                f"the step owns", expected="positions of the step's own requests",
+                actual=f"row {f.row} [{f.start}, {f.end})"))
+            continue
+        freed.setdefault(f.row, set()).update(range(f.start, f.end))
+    for o in owners:
+        got = freed.get(o.row, set())
+        if o.allocated_after is None:
+            outside = sorted(p for p in got if not o.own_start <= p < o.allocated_before)
+            if outside:
+                problems.append(Violation(
+                    SLOTS_FREED_OWNED,
+                    f"{action} of request {o.rid} freed {len(outside)} positions of its row outside its own "
+                    f"[{o.own_start}, {o.allocated_before}) (first: {outside[0]})", (o.rid,),
+                    expected=f"within [{o.own_start}, {o.allocated_before})", actual=f"{_spans(outside)}"))
+            continue
+        want = set(range(o.allocated_after, o.allocated_before))
+        if got == want:
+            continue
+        extra, leaked = sorted(got - want), sorted(want - got)
+        parts = []
+        if extra:
+            parts.append(f"freed {_spans(extra)}, which it still holds or never held (a live slot freed, or a "
+                         f"double free)")
+        if leaked:
+            parts.append(f"left {_spans(leaked)} out of its allocation without freeing them (leaked)")
+        problems.append(Violation(
+            SLOTS_FREED_OWNED,
+            f"{action} took request {o.rid}'s allocation from {o.allocated_before} to {o.allocated_after} "
+            f"positions but " + "; ".join(parts), (o.rid,),
+            expected=f"freed [{o.allocated_after}, {o.allocated_before})",
+            actual=f"freed {_spans(sorted(got)) or 'nothing'}"))
+    return problems
+
+
+def output_bound(r: Request, design: Design) -> int:
+    """The most output tokens request `r` may hold: what its steps committed; for a request done, the run a verify
+    committed past max_new_tokens too where the design's worker does (`Design.verify_advances_past_finish`: the v2
+    worker appends the whole accepted run), which seq_len took whole: every output token but the newest is in KV."""
+    if r.done and design.verify_advances_past_finish:
+        past = r.seq_len - r.prompt_len + 1
+        return past if past > r.committed else r.committed
+    return r.committed
+
+
+def output_within_bound(rid: int, n: int, bound: int, action: str) -> list[Violation]:
+    """The length half of `committed_output_kept`: never more output tokens than the steps committed."""
+    if n <= bound:
+        return []
+    return [Violation(
+        COMMITTED_OUTPUT_KEPT,
+        f"request {rid} holds {n} output tokens at {action}; its steps committed {bound} (a token "
+        f"appended twice?)", (rid,), expected=f"<= {bound} tokens", actual=f"{n} tokens")]
+
+
+def committed_output_kept(rid: int, bound: int, tokens: Sequence[int], seen_len: int, seen_token: int | None,
+                          action: str) -> list[Violation]:
+    """A request's output is what its steps committed, token for token: never more tokens than the model's
+    `committed` allows (`output_bound`: a token appended twice), never fewer than an earlier look saw (a committed
+    token dropped, a retraction included), and the token at the last position seen is still the one seen there."""
+    n = len(tokens)
+    if n > bound:
+        return output_within_bound(rid, n, bound, action)
+    if n < seen_len:
+        return [Violation(
+            COMMITTED_OUTPUT_KEPT,
+            f"request {rid} holds {n} output tokens at {action}; {seen_len} were committed before (dropped)",
+            (rid,), expected=f">= {seen_len} tokens", actual=f"{n} tokens")]
+    if seen_len and seen_token is not None and tokens[seen_len - 1] != seen_token:
+        return [Violation(
+            COMMITTED_OUTPUT_KEPT,
+            f"request {rid}'s committed output token {seen_len - 1} changed from {seen_token} to "
+            f"{tokens[seen_len - 1]} at {action}", (rid,), expected=str(seen_token), actual=str(tokens[seen_len - 1]))]
+    return []
+
+
+def _spans(positions: Sequence[int]) -> str:
+    """Sorted positions as half-open ranges: [3, 5) [9, 10)."""
+    out: list[str] = []
+    start = prev = None
+    for p in positions:
+        if start is None:
+            start = prev = p
+        elif p == prev + 1:  # type: ignore[operator]
+            prev = p
+        else:
+            out.append(f"[{start}, {prev + 1})")  # type: ignore[operator]
+            start = prev = p
+    if start is not None:
+        out.append(f"[{start}, {prev + 1})")  # type: ignore[operator]
+    return " ".join(out)

@@ -1,0 +1,264 @@
+"""Issue 18: the guard checks identities, not only counts, on real sglang 0.5.23 objects on CPU. Each class of bug
+keeps the model's counts balanced; each test injects one (the switch's own fault injection, shim/switch/faults.py,
+where the v2 switch can make it; a test-side bug otherwise), shows the guard names it, and shows that the same run
+with the new check taken out (`without`) goes through unreported while the damage is real.
+
+Classes: 1 slot identity (statemodel.identity.slots_freed_owned), 2 token content (committed_output_kept),
+3 per-request draft coverage (shim.guard.sync._draft_covered_as_observed), 5 blame (the flip named and listed);
+warn mode's held-back findings are logged, never silent."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import logging
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("torch")
+    pytest.importorskip("sglang.srt.managers.schedule_batch")
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+ol = importlib.import_module("overlap_loop")
+sr = importlib.import_module("test_switch_retract")
+
+import shim.guard.core  # noqa: E402
+import shim.guard.identity  # noqa: E402
+from shim.guard.core import Mode, SpecFlipViolation  # noqa: E402
+from shim.switch import faults  # noqa: E402
+from statemodel.designs import CATCH_UP, V2_SWITCH  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture
+def fault() -> Iterator[Any]:
+    """Turn on shim/switch/faults.py's injection by name, as SPECFLIP_FAULT does; off again after the test."""
+    def on(name: str) -> None:
+        faults.install_from_env({faults.ENV_FAULT: name})
+    yield on
+    faults.install_from_env({})
+
+
+def take_out_identity_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard as it was before issue 18: no position, token or per-request coverage check."""
+    monkeypatch.setattr(shim.guard.identity, "slots_freed_owned", lambda *a, **k: [])
+    monkeypatch.setattr(shim.guard.identity, "committed_output_kept", lambda *a, **k: [])
+    monkeypatch.setattr(shim.guard.identity, "output_within_bound", lambda *a, **k: [])
+    monkeypatch.setattr(shim.guard.core, "_draft_covered_as_observed", lambda before, after, covered: after)
+
+
+# --- class 1: slot identity ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_reserve_freed_off_by_one_at_flip_off(runtime: Any, model_dir: Path, fault: Any,
+                                              monkeypatch: pytest.MonkeyPatch, without: bool) -> None:
+    """SPECFLIP_FAULT=reserve_off_by_one: flip-off frees req_to_token[row, committed+1 : allocated+1]. The count
+    freed is right; the first reserved slot leaks and the stale entry past the allocation is freed. The guard stops it
+    at the flip, naming the positions; without the check the run goes on and the free list ends up wrong."""
+    fault("reserve_off_by_one")
+    if without:
+        take_out_identity_checks(monkeypatch)
+    sr.configure(runtime)
+    drv = sr.driver(model_dir)
+    if without:
+        try:
+            sr.run_waves(drv)
+        except SpecFlipViolation as exc:  # a count it unbalanced later, never at the flip, never the positions
+            assert exc.invariant != "slots_freed_owned" and exc.action != "flip_off", exc
+            return
+        assert not sr.free_list_exact(drv.pools)
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        sr.run_waves(drv)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "slots_freed_owned" and exc.action == "flip_off"
+    assert "(leaked)" in str(exc) and "double free" in str(exc) and len(exc.rids) == 1
+    assert "flip_off" in str(exc).split("last transitions:")[1]
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_flip_off_keeps_allocated_len_is_blamed_on_the_flip(runtime: Any, model_dir: Path, fault: Any,
+                                                            monkeypatch: pytest.MonkeyPatch, without: bool) -> None:
+    """SPECFLIP_FAULT=flip_keeps_allocated (class 5): the reserve is freed but kv_allocated_len kept. The guard blames
+    the flip (the positions it freed are still allocated) and lists it among the last transitions."""
+    fault("flip_keeps_allocated")
+    if without:
+        take_out_identity_checks(monkeypatch)
+    sr.configure(runtime)
+    drv = sr.driver(model_dir)
+    with pytest.raises(SpecFlipViolation) as caught:
+        sr.run_waves(drv)
+    exc = caught.value
+    print(exc)
+    listed = str(exc).split("last transitions:")[1]
+    if without:
+        assert exc.invariant != "slots_freed_owned"
+        return
+    assert exc.invariant == "slots_freed_owned" and exc.action == "flip_off" and "flip_off" in listed
+    assert "still holds or never held" in str(exc)
+
+
+# --- class 2: token content ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_plain_token_appended_twice(runtime: Any, model_dir: Path, fault: Any, monkeypatch: pytest.MonkeyPatch,
+                                    without: bool) -> None:
+    """SPECFLIP_FAULT=plain_token_twice: after the flip-off, one request's newest token goes into its output twice.
+    Every count the model keeps is untouched (KV, seq_lens); the output is one token longer than its steps
+    committed."""
+    fault("plain_token_twice")
+    if without:
+        take_out_identity_checks(monkeypatch)
+    sr.configure(runtime)
+    drv = sr.driver(model_dir)
+    if without:
+        reqs = sr.run_waves(drv)
+        assert runtime.guard.found == [] and sr.not_greedy(reqs) != []  # silent, and an output is wrong
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        sr.run_waves(drv)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "committed_output_kept" and "appended twice" in str(exc) and len(exc.rids) == 1
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_retraction_drops_a_committed_token(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                            without: bool) -> None:
+    """While speculation is off, a retraction that drops the request's newest output token, then re-prefills it
+    (a test-side bug: the v2 switch retracts only through SGLang's own retract). The guard finds the output shorter
+    than it was at the re-prefill."""
+    if without:
+        take_out_identity_checks(monkeypatch)
+    gf.configure_guard(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    drv.accepts = gf.accept_cycle([2, 4, 1, 3])
+    reqs = gf.make_reqs("r", 3, max_new_tokens=24, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.add(reqs)
+    for _ in range(3):
+        drv.iteration()
+    drv.iteration(flip="off")
+    drv.iteration()
+    drv.retract_next = True
+    drv.iteration()
+    victims = [r for r in reqs if str(r.rid) in {rid for _, rid in drv.retracted}]
+    assert victims
+    victims[0].output_ids.pop()  # the bug: the retraction lost a committed token
+    if without:
+        try:  # a later count may not fit (the re-prefill is a token short); the drop itself is never named
+            drv.iteration(flip="on")
+            drv.run_until_idle()
+        except SpecFlipViolation as exc:
+            assert exc.invariant != "committed_output_kept" and exc.action != "prefill", exc
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        drv.iteration(flip="on")
+        drv.run_until_idle()
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "committed_output_kept" and exc.action == "prefill" and "dropped" in str(exc)
+    assert exc.rids == (str(victims[0].rid),)
+
+
+# --- class 3: per-request draft coverage ---------------------------------------------------------------------------
+
+
+def catch_up_on(drv: Any, covered: list[Any]) -> None:
+    """flip_on of design plain_off_catch_up as DesignDriver.flip_on does it, except that the catch-up draft-extend
+    runs on `covered` only; the draft input it leaves has a row for every request (padded), so every shape agrees."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    import shim.guard.api
+
+    drv.spec_on = True
+    drv.batch.spec_algorithm = drv._spec_algorithm(True)
+    drv.batch.spec_info = h.make_eagle_draft_input(drv.batch)
+    shim.guard.api.notify_flip(True, drv.batch)
+    sub = copy.copy(drv.batch)
+    sub.reqs = [r for r in drv.batch.reqs if r in covered]
+    result = GenerationBatchResult(next_draft_input=h.make_eagle_draft_input(drv.batch))
+    drv.worker.draft_worker._draft_extend_for_decode(sub, result)
+    import torch
+
+    full = h.make_eagle_draft_input(drv.batch)  # the bug's padding: rows for the requests it skipped too
+    bs = len(drv.batch.reqs)
+    full.topk_p = torch.ones((bs, 1), dtype=torch.float32)
+    full.topk_index = torch.zeros((bs, 1), dtype=torch.int64)
+    full.hidden_states = torch.zeros((bs, h.HIDDEN_SIZE), dtype=torch.float32)
+    drv.batch.spec_info = full
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       without: bool) -> None:
+    """Design plain_off_catch_up: the catch-up at flip-on covers the requests running at flip-off, not the two
+    admitted while off. The guard takes the catch-up's coverage from the batch it ran on, per request, and stops the
+    next draft step naming the two and the positions their draft KV lacks."""
+    if without:
+        take_out_identity_checks(monkeypatch)
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    first = gf.make_reqs("a", 3, max_new_tokens=60)
+    drv.admit_all(first)
+    drv.decode()
+    drv.flip_off()
+    drv.decode()
+    late = gf.make_reqs("b", 2, max_new_tokens=30)
+    drv.admit_all(late)
+    drv.decode()
+    catch_up_on(drv, first)
+    if without:
+        drv.decode()
+        assert runtime.guard.found == []
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        drv.decode()
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "draft_kv_covers_prefix" and exc.action == "draft"
+    assert set(exc.rids) == {str(r.rid) for r in late}
+    assert "draft_catch_up" in str(exc).split("last transitions:")[1]
+
+
+# --- warn mode: every finding reported --------------------------------------------------------------------------------
+
+
+def test_warn_mode_logs_held_back_findings(runtime: Any, model_dir: Path, fault: Any,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """Flip-offs that each free off by one, in warn mode with a 30 s interval: the first is logged in full, those
+    held back are logged with their count when the guard closes (or once the interval passes), never lost."""
+    fault("reserve_off_by_one")
+    gf.configure_guard(runtime, sr.RETRACT, mode=Mode.WARN)
+    drv = sr.driver(model_dir)
+    waves = {0: [6, 9, 14, 20, 50], 30: [5, 8, 12, 17], 50: [3, 7, 11, 16, 40], 70: [4, 6, 9, 12, 30]}
+    monkeypatch_waves = pytest.MonkeyPatch()
+    monkeypatch_waves.setattr(sr, "WAVES", waves)
+    try:
+        with caplog.at_level(logging.WARNING, logger="specflip.guard"):
+            sr.run_waves(drv, iterations=100)
+            guard = runtime.guard
+            found = [v for _, vs in guard.found for v in vs if v.invariant == "slots_freed_owned"]
+            runtime.reset()  # closes the guard: what is still held back is logged
+    finally:
+        monkeypatch_waves.undo()
+    assert len(found) >= 2
+    full = [r for r in caplog.records if r.getMessage().startswith("specflip: slots_freed_owned broken by flip_off")]
+    held = [r for r in caplog.records if "more slots_freed_owned findings" in r.getMessage()]
+    assert len(full) == 1 and held
+    logged = len(full) + sum(int(r.getMessage().split("specflip: ")[1].split()[0]) for r in held)
+    assert logged == len(found)
