@@ -28,7 +28,6 @@ ol = importlib.import_module("overlap_loop")
 
 from shim.guard import api as guard_api  # noqa: E402
 from shim.guard.core import SpecFlipViolation  # noqa: E402
-from shim.switch import fault as switch_fault  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
 from shim.switch.v2 import SwitchConfig  # noqa: E402
 from statemodel.designs import DESIGNS_BY_NAME, get_design  # noqa: E402
@@ -53,9 +52,9 @@ def configure(rt: Any) -> None:
 cycle = gf.accept_cycle
 
 
-def driver(model_dir: Path, *, t_on: int = 1, radix: bool = False) -> Any:
+def driver(model_dir: Path, *, t_on: int = 1, radix: bool = False, radix_mode: str = "insert") -> Any:
     drv = ol.OverlapDriver(ol.overlap_pools(model_dir, radix_cache=radix), RETRACT,
-                           switch_config=SwitchConfig(t_off=4, t_on=t_on, draft_while_off="retract"))
+                           switch_config=SwitchConfig(t_off=4, t_on=t_on, draft_while_off="retract", radix=radix_mode))
     drv.accepts = cycle([4, 1, 3, 2])
     return drv
 
@@ -150,7 +149,7 @@ def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, rad
     assert not drv.switch.spec_side
 
 
-@pytest.mark.parametrize("keep_out", [True, False, "fault"], ids=["switch", "without_skip_insert", "fault_env"])
+@pytest.mark.parametrize("keep_out", [True, False, "default"], ids=["keep_out", "without_skip_insert", "insert"])
 def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any, model_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch,
                                                                    keep_out: bool | str) -> None:
@@ -165,9 +164,9 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
         monkeypatch.setattr(Req, "skip_radix_cache_insert", property(lambda self: False, lambda self, value: None),
                             raising=False)
     configure(runtime)
-    drv = driver(model_dir, radix=True)
-    if keep_out == "fault":  # the GPU's "before" server: SPECFLIP_FAULT_RADIX_INSERT=1, read as the plugin reads it
-        drv.switch.radix_insert_fault = switch_fault.radix_insert_fault_from_env({"SPECFLIP_FAULT_RADIX_INSERT": "1"})
+    # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (insert: SGLang's own tree behaviour)
+    default_mode = SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"}).radix  # type: ignore[union-attr]
+    drv = driver(model_dir, radix=True, radix_mode=default_mode if keep_out == "default" else "keep_out")
     with_draft: dict[int, bool] = {}  # slot -> whether the forward that last wrote it ran the draft
     stale: list[tuple[int, int]] = []  # (iteration, tree slots without draft KV)
     reprefilled: list[bool] = []  # a retracted request's skip_radix_cache_insert at its prefill with speculation

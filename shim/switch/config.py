@@ -32,6 +32,9 @@ AUTO = "auto"  # SPECFLIP_SWITCH=auto: no thresholds, the learner decides (shim/
 AUTO_DESIGN = "plain_off_retract_catch_up_auto"  # the free-flip design that over-approximates it
 
 
+RADIX_MODES = ("insert", "keep_out")
+
+
 class SwitchConfigError(ValueError):
     """A bad SPECFLIP_* setting; the message is one line."""
 
@@ -97,6 +100,10 @@ class SwitchConfig:
     trace_every: int = 1
     auto: bool = False  # SPECFLIP_SWITCH=auto: the learner decides (t_off / t_on unused)
     tiers: TierLadder | None = None  # SPECFLIP_TIERS: the step count follows the load while speculation is on
+    # SPECFLIP_SWITCH_RADIX: "insert" (SGLang's own: the radix tree caches tokens computed while off, whose draft KV a
+    # later hit reads stale; outputs stay exact) or "keep_out" (issue 24: SGLang's skip_radix_cache_insert on every
+    # request run while off). keep_out leaked KV slots on 0.5.16 under decode retraction (H200, session 8): opt-in only
+    radix: str = "insert"
 
     def __post_init__(self) -> None:
         if self.tiers is not None:
@@ -122,6 +129,8 @@ class SwitchConfig:
         if self.plain_prefill not in PREFILL_MODES:
             raise SwitchConfigError(f"SPECFLIP_PLAIN_PREFILL must be one of {PREFILL_MODES}, "
                                     f"got {self.plain_prefill!r}")
+        if self.radix not in RADIX_MODES:
+            raise SwitchConfigError(f"SPECFLIP_SWITCH_RADIX must be one of {RADIX_MODES}, got {self.radix!r}")
 
     @property
     def design_name(self) -> str:
@@ -168,4 +177,5 @@ class SwitchConfig:
                    draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
-                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto)
+                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto,
+                   radix=env.get("SPECFLIP_SWITCH_RADIX", "insert").strip() or "insert")

@@ -5,13 +5,6 @@
                                        the flip taken at the top of get_next_batch_to_run is skipped once there), so
                                        that the guard's rank agreement check (shim/guard/rank_check.py) can be shown
                                        to stop it on a TP > 1 server
-  SPECFLIP_FAULT_RADIX_INSERT=1              the switch's issue-24 fix undone: requests run while speculation is off
-                                       keep their own skip_radix_cache_insert, so the radix tree caches tokens that
-                                       have no draft KV (design retract_catch_up_radix_unmarked, refuted by
-                                       `specflip check`): the "before" server of the live prefix-cache check
-
-The switch itself cannot diverge across ranks (docs/tp.md): its decision reads only counts every rank holds alike.
-This module breaks that on purpose, by reading the one per-rank value the switch must never read: the rank.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ from typing import Any
 from shim.switch.config import SwitchConfigError
 
 ENV_LATE_FLIP = "SPECFLIP_FAULT_LATE_FLIP"
-ENV_RADIX_INSERT = "SPECFLIP_FAULT_RADIX_INSERT"
 logger = logging.getLogger("specflip.switch")
 
 
@@ -76,15 +68,3 @@ class LateFlipFault:
         logger.warning("specflip FAULT INJECTION: flip held back one scheduler step on TP rank %d", self.rank)
         return True
 
-
-def radix_insert_fault_from_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether SPECFLIP_FAULT_RADIX_INSERT asks for the switch without its radix-tree fix (fault injection)."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_RADIX_INSERT, "").strip().lower()
-    if raw in ("", "0"):
-        return False
-    if raw != "1":
-        raise SwitchConfigError(f"{ENV_RADIX_INSERT} must be 1 (on) or 0 (off), got {raw!r}")
-    logger.warning("specflip FAULT INJECTION on: tokens computed while speculation is off go into the radix tree "
-                   "without draft KV (%s); testing only", ENV_RADIX_INSERT)
-    return True

@@ -29,10 +29,12 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
                           PlainPrefillOnTargetGraphs) | eager (as SGLang would run them: a mode mismatch)
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
+  SPECFLIP_SWITCH_RADIX   insert (default: SGLang's radix tree caches tokens computed while off; a later hit drafts
+                          over stale draft KV, outputs exact) | keep_out (issue 24's fix through SGLang's
+                          skip_radix_cache_insert: OPT-IN, it leaked KV slots on 0.5.16 under decode retraction;
+                          docs/prefix-cache.md)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
                           late (shim/switch/fault.py; docs/tp.md)
-  SPECFLIP_FAULT_RADIX_INSERT  1: FAULT INJECTION, tests only: the issue-24 fix undone (while-off tokens go into the
-                          radix tree without draft KV; docs/prefix-cache.md)
   SPECFLIP_FAULT          FAULT INJECTION, tests only: switch bugs the guard's identity checks must catch
                           (shim/switch/faults.py; docs/guard.md)
   SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
@@ -59,7 +61,7 @@ from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
 )
-from shim.switch.fault import LateFlipFault, radix_insert_fault_from_env
+from shim.switch.fault import LateFlipFault
 from shim.switch.policy import SwitchPolicy
 
 # re-exported (`X as X`): the names this module held before the split into v2_*.py stay importable from it
@@ -254,10 +256,11 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     batch = plan.batch_to_run  # a NextBatchPlan (0.5.16, 0.5.23): the batch to launch and the running batch
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
-    if batch is not None and not rt.policy.spec_on and not rt.radix_insert_fault:
-        # issue 24 (docs/prefix-cache.md): a forward without the draft writes no draft KV at its slots, so the radix
-        # tree must not cache them (a later hit would draft over garbage): SGLang's own flag, which checkpoint_kv_cache
-        # and release_kv_cache read, keeps this request's tokens out; flip-on gives it back to the retracted ones
+    if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":
+        # issue 24 (docs/prefix-cache.md; opt-in: SPECFLIP_SWITCH_RADIX=keep_out): a forward without the draft writes no
+        # draft KV at its slots, so the radix tree must not cache them (a later hit would draft over garbage): SGLang's
+        # own flag, which checkpoint_kv_cache and release_kv_cache read, keeps this request's tokens out; flip-on gives
+        # it back to the retracted ones
         for req in batch.reqs:
             req.__dict__.setdefault(SKIP_INSERT_WAS, getattr(req, "skip_radix_cache_insert", False))
             req.skip_radix_cache_insert = True
@@ -378,11 +381,9 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
 # Installation
 
 
-def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFlipFault | None = None,
-                   radix_insert_fault: bool = False) -> bool:
+def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFlipFault | None = None) -> bool:
     """Register the switch's hooks on `registry` (SGLang's HookRegistry class); False when config is None.
-    `late_flip`, `radix_insert_fault`: fault injections for tests (SPECFLIP_FAULT_LATE_FLIP,
-    SPECFLIP_FAULT_RADIX_INSERT; shim/switch/fault.py), never on by default.
+    `late_flip`: a fault injection for tests (SPECFLIP_FAULT_LATE_FLIP), never on by default.
 
     Call from the plugin entry point before `HookRegistry.apply_hooks()` runs, e.g.
         install_switch(HookRegistry, SwitchConfig.from_env())
@@ -394,7 +395,7 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
 
     auto = AutoSwitch(spec_cap=config.spec_cap) if config.auto else None
     _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir),
-                             late_flip=late_flip, radix_insert_fault=radix_insert_fault)
+                             late_flip=late_flip)
     _RUNTIME.trace.event("config", design=config.design_name, policy="auto" if config.auto else "thresholds",
                          auto_params=None if auto is None else repr(auto.state.params), t_off=config.t_off,
                          t_on=config.t_on,
@@ -446,7 +447,6 @@ def install_from_env() -> bool:
     try:
         config = SwitchConfig.from_env()
         late_flip = LateFlipFault.from_env() if config is not None else None
-        radix_insert_fault = radix_insert_fault_from_env() if config is not None else False
         if config is not None:
             faults.install_from_env()
     except SwitchConfigError as exc:
@@ -456,4 +456,4 @@ def install_from_env() -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    return install_switch(HookRegistry, config, late_flip, radix_insert_fault)
+    return install_switch(HookRegistry, config, late_flip)

@@ -36,7 +36,6 @@ class SwitchRuntime:
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
     last_decode_launch: float = 0.0  # perf_counter at the last decode step's launch (kept while the trace is on)
     late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
-    radix_insert_fault: bool = False  # FAULT INJECTION for tests only (SPECFLIP_FAULT_RADIX_INSERT): no issue-24 fix
     tiers_off: bool = False  # SPECFLIP_TIERS set but the server has no runtime state for a tier (v2_tiers.py)
 
     @property
