@@ -420,6 +420,11 @@ def bursty_lines(rows):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cfgs:
         rs = list(by[c].values())
+        if any(r["errors"] for r in rs):  # a server that failed requests (died): its times mean nothing
+            lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | failed: {sum(r['errors'] for r in rs)} requests "
+                         f"with errors, {sum(r['exact'] for r in rs)}/{sum(r['requests'] for r in rs)} exact |"
+                         + " - |" * (len(head) - 3))
+            continue
         med = lambda key, rs=rs: statistics.median(r[key] for r in rs)
         vs_best = [best_static[k] / r["total_s"] for k, r in by[c].items() if k in best_static]
         vs_ad = [by["adaptive"][k]["total_s"] / r["total_s"] for k, r in by[c].items() if k in by.get("adaptive", {})]
