@@ -32,9 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig, SwitchConfigError
-from specflip.lint.rules import SGLANG_REFUSES, Finding, Sizing, SpecflipPolicy, check, summary
+from specflip.lint.rules import (
+    SGLANG_REFUSES,
+    STARTUP,
+    Finding,
+    Sizing,
+    SpecflipPolicy,
+    check,
+    predicted_outcome,
+    summary,
+)
 
-SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16"}
+SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16",
+                                      "0.5.12": "specflip.lint.sglang_0_5_12"}
 CACHE_VERSION = 1
 
 
@@ -48,7 +58,8 @@ USAGE = ("usage: specflip lint [--json] [--no-cache] [--verbose] [--specflip-t-o
 
 
 HELP = """specflip lint's own flags (every other argument goes to SGLang's launch_server parser):
-  --json                    print {ok, release, notes, summary, findings, sizing} as JSON
+  --json                    print {ok, release, notes, summary, predicts, lines, findings, sizing} as JSON
+                            (predicts: serves, dies-at-startup or dies-at-first-request, for one request)
   --no-cache                resolve afresh instead of reading the cached sizing (~/.cache/specflip/lint)
   --verbose                 show SGLang's own log lines and warnings (on stderr; resolves afresh)
   --specflip-t-off N        specflip's switch: speculation off at N running requests (with --specflip-t-on)
@@ -279,7 +290,7 @@ def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *, use_
     result = sizing_for(argv, policy, use_cache=use_cache, verbose=verbose)
     if isinstance(result, str):
         return None, [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused at start-up",
-                              "change the flag SGLang names", result)]
+                              "change the flag SGLang names", result, STARTUP)]
     return result, check(result)
 
 
@@ -337,18 +348,17 @@ def _run(args: argparse.Namespace) -> int:
         print(f"specflip lint: {exc}", file=sys.stderr)
         return 2
     notes = rewrite_notes(rest, sizing) if sizing is not None else []
+    lines = [*notes, *(f.describe() for f in findings)]
+    if not findings:
+        assert sizing is not None
+        lines.append(summary(sizing))
     if own.json:
         print(json.dumps({"ok": not findings, "release": sizing.release if sizing else None, "notes": notes,
                           "summary": summary(sizing) if sizing and not findings else None,
+                          "predicts": predicted_outcome(findings), "lines": lines,
                           "findings": [f.to_json() for f in findings],
                           "sizing": sizing.to_json() if sizing else None}, indent=2))
         return 1 if findings else 0
-    for note in notes:
-        print(note)
-    if findings:
-        for f in findings:
-            print(f.describe())
-    else:
-        assert sizing is not None
-        print(summary(sizing))
+    for line in lines:
+        print(line)
     return 1 if findings else 0
