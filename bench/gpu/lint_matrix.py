@@ -11,8 +11,9 @@ How the lead runs it (device `run`, from the repo root; each line about 7 minute
   attrs wheel in .whl12/ when the host has no attrs, as docs/v1.md builds it):
       BUDGET_S=540 bash bench/gpu/lint_matrix.sh 0.5.12 2>&1 | tail -n 80
   lint_matrix.sh unpacks the bundle, writes the counter models (gen_models.py), installs specflip's plugin entry
-  point and runs this file with a global deadline (MATRIX_S, default BUDGET_S - setup - 30 s): whatever has not
-  finished by then is written as `not-run`, never lost to a kill.
+  point and runs this file, 12 servers at a time (PARALLEL), with a global deadline (MATRIX_S, default 420 s):
+  whatever has not finished by then is written as `not-run`, never lost to a kill. The matrix files list the
+  configurations that decide the most first. Setup (unpack, models) takes about 30 s before the matrix.
 On this CPU machine (predictions only, no servers):
   .venv/bin/python bench/gpu/lint_matrix.py bench/gpu/lint_matrix_0516.json --dry-run --cpu-0516
   PYTHONPATH=$PWD .venv12/bin/python bench/gpu/lint_matrix.py bench/gpu/lint_matrix_0512.json --dry-run \
@@ -28,11 +29,11 @@ serves. Outcomes: `serves` (the request came back; `exact` says whether it is th
 no death either: not counted), `not-run` (the global deadline came first: not counted). Control rows (plain
 decoding, which lint does not judge) check the harness, not lint.
 
-Servers run PARALLEL at a time on one GPU, each on its own port with its KV pool capped (--max-total-tokens) and
---mem-fraction-static 0.3. Why not a small fraction: 0.5.16 sizes the KV pool as the memory free now minus
+Servers run --parallel at a time on one GPU, each on its own port with its KV pool capped (--max-total-tokens) and
+--mem-fraction-static 0.5. Why not a small fraction: 0.5.16 sizes the KV pool as the memory free now minus
 (1 - fraction) x the memory free when the process started (`kv_cache_configurator._profile_available_bytes`), so
 with a small fraction a neighbour's allocation between those two moments makes rest_memory <= 0 and the server
-dies at start-up for a reason that has nothing to do with the configuration. With 0.3 a neighbour may take 30 %
+dies at start-up for a reason that has nothing to do with the configuration. With 0.5 the neighbours may take half
 of the free memory in that window, and the cap keeps each pool small (8 layers x 256 hidden: 32k tokens ~ 256 MB).
 """
 
@@ -94,7 +95,7 @@ def expand(config: dict[str, Any], *, models: str, tiers_dir: Path, port: int, l
         flags = flags.replace("@TIERS", str(tiers_path))
     flags = flags.replace("@EAGLE3", f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {models}/draft")
     launch = ["--model-path", f"{models}/target", "--attention-backend", "triton", "--sampling-backend", "pytorch",
-              "--skip-tokenizer-init", "--mem-fraction-static", "0.3", "--max-total-tokens", "32768",
+              "--skip-tokenizer-init", "--mem-fraction-static", "0.5", "--max-total-tokens", "32768",
               *shlex.split(flags)]
     env = {k: str(v) for k, v in config.get("env", {}).items()}
     lint_flags: list[str] = []
@@ -368,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--models", default="/tmp/models", help="gen_models.py's output (target/, draft/)")
     ap.add_argument("--dry-run", action="store_true", help="lint predictions only, no servers (CPU)")
-    ap.add_argument("--parallel", type=int, default=8, help="servers at a time")
+    ap.add_argument("--parallel", type=int, default=12, help="servers at a time")
     ap.add_argument("--lint-jobs", type=int, default=4, help="lint processes at a time")
     ap.add_argument("--timeout", type=float, default=170, help="seconds a server may take to become healthy")
     ap.add_argument("--deadline", type=float, default=float(os.environ.get("MATRIX_S", "420")),

@@ -3,8 +3,8 @@
 # Run from the repo root on the GPU host. usage: BUDGET_S=540 bash bench/gpu/lint_matrix.sh 0.5.16|0.5.12
 #   0.5.16: carry [".whl"]   (site.tar.xz, gen_models.py, jitcache.tar.gz: ../shared/gpu-host/build-bundle.sh)
 #   0.5.12: carry [".whl12"] (../shared/gpu-host/v1-0.5.12/build-bundle.sh; SGLANG_ENABLE_SPEC_V2=0: the v1 worker)
-# PARALLEL (default 10) servers at a time; MATRIX_S: seconds for the matrix itself (default: what BUDGET_S leaves
-# after the set-up, less 30 s). Writes $OUT/lint_matrix_<line>.{jsonl,md}, the server logs, the JIT cache.
+# PARALLEL (default 12) servers at a time; MATRIX_S: seconds for the matrix itself (default 420, or less when
+# BUDGET_S leaves less after the set-up; what has not finished then is written as not-run). Writes $OUT/lint_matrix_<line>.{jsonl,md}, the server logs, the JIT cache.
 set -u
 T0=$(date +%s); REPO=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LINE=${1:-}; BUDGET=${BUDGET_S:-540}
@@ -36,9 +36,9 @@ python3 -c "import attrs, specflip.lint.run, shim.plugin; from importlib.metadat
 python3 "$K/gen_models.py" /tmp/models > /dev/null || exit 4
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 echo "== models ready (t=$(el)s)"
-MATRIX_S=${MATRIX_S:-$(( BUDGET - $(el) - 30 ))}
+LEFT=$(( BUDGET - $(el) - 30 )); MATRIX_S=${MATRIX_S:-$(( LEFT < 420 ? LEFT : 420 ))}   # issue 21: <= 420 s a line
 timeout $(( MATRIX_S + 25 )) python3 bench/gpu/lint_matrix.py "$MATRIX" --out "$OUT" --models /tmp/models \
-  --parallel "${PARALLEL:-10}" --lint-jobs "${LINT_JOBS:-4}" --deadline "$MATRIX_S" --lint-python python3 \
+  --parallel "${PARALLEL:-12}" --lint-jobs "${LINT_JOBS:-4}" --deadline "$MATRIX_S" --lint-python python3 \
   --server-python python3 ${ONLY:+--only "$ONLY"} 2>&1 | tee "$OUT/lint_matrix.log" | grep -v '^   lint '
 tar czf "$OUT/$JIT" -C /tmp/jitcache . 2>/dev/null
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
