@@ -67,8 +67,8 @@ PROMPT = [11, 402, 77, 903, 5, 1200, 64, 300]
 NEW_TOKENS = 24
 # the CPU stand-ins under which 0.5.16's source (.cache/sglang-src/0.5.16) imports in .venv: its xgrammar
 # import and the transformers config registration that .venv's newer transformers already has (see the package)
-CPU_0516_PATHS = (REPO / ".cache" / "sglang-src" / "0.5.16", REPO / "stand_ins" / "cpu_sglang_0_5_16",
-                  REPO / "stand_ins" / "cpu")
+CPU_0516_PATHS = (Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16")),
+                  REPO / "stand_ins" / "cpu_sglang_0_5_16", REPO / "stand_ins" / "cpu")
 
 
 def load_matrix(path: Path) -> dict[str, Any]:

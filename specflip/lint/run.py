@@ -135,12 +135,36 @@ def _given_int(argv: Sequence[str], flag: str) -> int | None:
         return None
 
 
-def check_values(argv: Sequence[str]) -> None:
-    """LintUsageError (exit 2) for a launch value below what a speculative server can run with."""
+def check_values(argv: Sequence[str], release: str | None = None) -> None:
+    """LintUsageError (exit 2) for a launch value below what a speculative server can run with. With `release`,
+    the line also says what that SGLang release does with the value (replaces it silently, runs with it, or fails)."""
     for flag, least in LEAST_VALUES:
         value = _given_int(argv, flag)
         if value is not None and value < least:
-            raise LintUsageError(f"{flag} {value}: must be at least {least} (docs/lint.md, \"Bad values\")")
+            what = _what_sglang_does(argv, release, flag, value) if release else ""
+            raise LintUsageError(f"{flag} {value}: must be at least {least}{what} (docs/lint.md, \"Bad values\")")
+
+
+# the ServerArgs attribute each floored flag resolves into
+_ATTRIBUTE = {"--speculative-num-steps": "speculative_num_steps",
+              "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+              "--speculative-eagle-topk": "speculative_eagle_topk", "--max-running-requests": "max_running_requests"}
+
+
+def _what_sglang_does(argv: Sequence[str], release: str, flag: str, value: int) -> str:
+    """What SGLang's own resolution makes of a bad value: '; SGLang <release> would silently run 4' (or run with
+    it, or fail on it). Best effort: anything else SGLang objects to first leaves the line without it."""
+    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    try:
+        server_args = adapter.build_server_args(_with_default_device(list(argv)))
+        kept = adapter.launch_value(server_args, _ATTRIBUTE[flag])
+    except adapter.SGLangRefused:
+        return f"; SGLang {release}'s resolution fails on it"
+    except Exception:  # noqa: BLE001 - another problem of the arguments: the floor alone is the message
+        return ""
+    if kept == value:
+        return f"; SGLang {release} would run with {value} as given"
+    return f"; SGLang {release} would silently run {kept}"
 
 
 def rewrite_notes(argv: Sequence[str], sizing: Sizing) -> list[str]:
@@ -255,7 +279,7 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
     """The Sizing of a launch configuration, or SGLang's refusal as one line. `verbose`: SGLang's own log lines
     and warnings go to stderr (so it resolves afresh: a cached answer has none to show)."""
     release = installed_release()
-    check_values(argv)
+    check_values(argv, release)
     files = _read_inputs(argv)
     cache_file = _cache_dir() / f"{_cache_key(release, argv, files, policy)}.json"
     if use_cache and not verbose and cache_file.is_file():

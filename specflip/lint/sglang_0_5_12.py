@@ -39,7 +39,7 @@ from specflip.lint.sglang_common import (
     silence_again,
 )
 
-__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "read_sizing", "sizing_from_values"]
+__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "launch_value", "read_sizing", "sizing_from_values"]
 
 RELEASE = "0.5.12"
 DEFAULT_CANDIDATE_STEPS: tuple[int, ...] = (1, 3, 7)
@@ -157,3 +157,8 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
         draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive),
         adaptive_config=config, max_running_requests=sa.max_running_requests, cuda_graph_bs=graphs,
         overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip)
+
+
+def launch_value(server_args: Any, attribute: str) -> Any:
+    """A launch attribute as resolution left it (0.5.12 resolves into the plain attributes)."""
+    return getattr(server_args, attribute)

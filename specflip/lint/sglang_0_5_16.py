@@ -43,7 +43,7 @@ from specflip.lint.sglang_common import (
     silence_again,
 )
 
-__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "read_sizing", "sizing_from_values"]
+__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "launch_value", "read_sizing", "sizing_from_values"]
 
 RELEASE = "0.5.16"
 DEFAULT_ADAPTIVE_TIERS: tuple[tuple[int, tuple[int, ...]], ...] = (
@@ -159,3 +159,8 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *,
         max_running_requests=sa.max_running_requests, capture_bs=capture_bs,
         overlap=not sa.disable_overlap_schedule, refusals=refusals,
         skip_zero_step_draft_extend=bool(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get()), specflip=specflip)
+
+
+def launch_value(server_args: Any, attribute: str) -> Any:
+    """A launch attribute as resolution left it (0.5.16 resolves into the plain attributes)."""
+    return getattr(server_args, attribute)

@@ -31,7 +31,7 @@ from specflip.lint.sglang_common import (
     silence_again,
 )
 
-__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "read_sizing"]
+__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "launch_value", "read_sizing"]
 
 RELEASE = "0.5.23"
 
@@ -182,3 +182,10 @@ def _logits_rows(cfg: Any, algo: Any, capture_bs: list[int], tier_draft_tokens: 
     counts = [max_draft or 1, *tier_draft_tokens]
     return max(max(capture_bs) * int(resolve_num_tokens_per_req(phase="target_verify", spec_algorithm=algo,
                                                                 num_draft_tokens=d)) for d in counts)
+
+
+def launch_value(server_args: Any, attribute: str) -> Any:
+    """A launch attribute as resolution left it (the resolved view: 0.5.23 keeps resolved values in its bags)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return getattr(resolving_view(server_args), attribute)
