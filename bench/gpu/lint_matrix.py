@@ -275,7 +275,8 @@ def run_server(name: str, spec: dict[str, Any], out_dir: Path, timeout: float, d
             row["exit_code"] = proc.poll()
             row["log_tail"] = tail(log_path)
             return row
-        answered, detail, exact = one_request(spec["port"])
+        request_s = max(5.0, min(60.0, deadline + 30 - time.monotonic()))  # never far past the deadline
+        answered, detail, exact = one_request(spec["port"], timeout=request_s)
         time.sleep(1)  # a server that dies under the request: give its exit a moment to show
         alive = proc.poll() is None
         row["request"] = detail
@@ -405,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock = threading.Lock()
 
     def lint_one(name: str) -> None:
+        if time.monotonic() > deadline - 20:
+            with lock:
+                rows[name]["lint"] = {"exit": None, "predicts": "lint-timeout", "lines": ["deadline before lint ran"]}
+            return
         spec = specs[name]
         res = run_lint(shlex.split(args.lint_python), spec["launch"], spec["lint_flags"], spec["env"], extra_path,
                        timeout=max(30.0, min(240.0, deadline - time.monotonic())))

@@ -37,7 +37,7 @@ python3 "$K/gen_models.py" /tmp/models > /dev/null || exit 4
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 echo "== models ready (t=$(el)s)"
 LEFT=$(( BUDGET - $(el) - 30 )); MATRIX_S=${MATRIX_S:-$(( LEFT < 420 ? LEFT : 420 ))}   # issue 21: <= 420 s a line
-timeout $(( MATRIX_S + 25 )) python3 bench/gpu/lint_matrix.py "$MATRIX" --out "$OUT" --models /tmp/models \
+timeout $(( MATRIX_S + 90 )) python3 bench/gpu/lint_matrix.py "$MATRIX" --out "$OUT" --models /tmp/models \
   --parallel "${PARALLEL:-12}" --lint-jobs "${LINT_JOBS:-4}" --deadline "$MATRIX_S" --lint-python python3 \
   --server-python python3 ${ONLY:+--only "$ONLY"} 2>&1 | tee "$OUT/lint_matrix.log" | grep -v '^   lint '
 tar czf "$OUT/$JIT" -C /tmp/jitcache . 2>/dev/null
