@@ -327,6 +327,13 @@ def summarize(line: str, rows: list[dict[str, Any]]) -> str:
     match = sum(r["verdict"] == "match" for r in counted)
     parts = [f"LINT_MATRIX {line}: {len(rows)} configs, {len(counted)} counted, {match} match, "
              f"{len(counted) - match} mismatch"]
+    other_phase = [r["name"] for r in counted if r["verdict"] == "match" and r.get("outcome", "").startswith("dies")
+                   and r["lint"].get("predicts") != r.get("outcome")]
+    if other_phase:  # a death lint predicted, in another phase than it said: a match, listed for the record
+        parts.append(f"{len(other_phase)} died in another phase than predicted ({', '.join(other_phase)})")
+    not_exact = [r["name"] for r in rows if r.get("outcome") == "serves" and r.get("exact") is False]
+    if not_exact:
+        parts.append(f"served a wrong output: {', '.join(not_exact)}")
     for key in ("stricter", "control", "uncounted"):
         n = sum(r.get("verdict") == key for r in rows)
         if n:
