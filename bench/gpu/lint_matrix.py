@@ -14,10 +14,11 @@ How the lead runs it (device `run`, from the repo root; each line about 7 minute
   point and runs this file, 12 servers at a time (PARALLEL), with a global deadline (MATRIX_S, default 420 s):
   whatever has not finished by then is written as `not-run`, never lost to a kill. The matrix files list the
   configurations that decide the most first. Setup (unpack, models) takes about 30 s before the matrix.
-On this CPU machine (predictions only, no servers):
-  .venv/bin/python bench/gpu/lint_matrix.py bench/gpu/lint_matrix_0516.json --dry-run --cpu-0516
+On this CPU machine (predictions only, no servers; about 35 s a line; lint reads the models' config.json):
+  .venv/bin/python .whl/gen_models.py /tmp/models    # once (or ../shared/gpu-host/gen_models.py; or --models DIR)
+  .venv/bin/python bench/gpu/lint_matrix.py bench/gpu/lint_matrix_0516.json --dry-run --cpu-0516 --lint-one-process
   PYTHONPATH=$PWD .venv12/bin/python bench/gpu/lint_matrix.py bench/gpu/lint_matrix_0512.json --dry-run \
-      --lint-python .venv12/bin/python
+      --lint-one-process --lint-python .venv12/bin/python
 
 Verdicts. lint exit 0: it predicts the server serves. Exit 1: every finding carries its effect (docs/lint.md,
 "Effects"), and the prediction for one request is the worst of them: `dies-at-startup`, `dies-at-first-request`,
