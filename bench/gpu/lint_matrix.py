@@ -402,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = [c for c in configs if c["name"] in keep]
     args.out.mkdir(parents=True, exist_ok=True)
     tiers_dir = Path(tempfile.mkdtemp(prefix="lint_matrix_tiers_"))
+    # HTTP ports below Linux's ephemeral range (32768+), where 0.5.12/0.5.16 take their NCCL port (get_free_port):
+    # a neighbour cannot take a port another server binds only at the end of its start-up
     specs = {c["name"]: expand(c, models=args.models, tiers_dir=tiers_dir, port=31000 + 3 * i, line=line)
              for i, c in enumerate(configs)}
     extra_path = CPU_0516_PATHS if args.cpu_0516 else ()
