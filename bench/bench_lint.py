@@ -11,7 +11,8 @@ Floors, for scale: an empty interpreter, `import sglang.srt.server_args` alone, 
 imports (server_args, the resolution pipeline, spec_utils), these two with GC off and no teardown, as lint
 runs. Reported: the median of --reps runs and the ratios, and lint's own time against issue 21's targets:
 cold minus the `import sglang.srt.server_args` floor (target <= 0.5 s), cached minus the empty interpreter
-(target <= 0.2 s). The machine is shared: compare within one run.
+(target <= 0.2 s). Last, one process split into SGLang's imports and lint's own work once they are loaded
+(without the cache, on an empty cache, cached). The machine is shared: compare within one run.
 
     .venv/bin/python bench/bench_lint.py [--reps 3]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import statistics
 import subprocess
@@ -54,6 +56,32 @@ FLOORS: list[tuple[str, str]] = [
     ("+ arg_groups.pipeline + spec_utils", _FAST_EXIT.format(
         body="import sglang.srt.server_args, sglang.srt.arg_groups.pipeline, sglang.srt.speculative.spec_utils")),
 ]
+
+
+# One fresh process, collector off: SGLang's modules imported first (server_args, then what the resolution and the
+# sizing import), then lint itself run three times on the first configuration: without the cache (resolution,
+# every state's sizing, the rules), on an empty cache, and cached. Splits a cold run into SGLang's imports and
+# lint's own work, which the whole-process timings above cannot.
+_SPLIT = """
+import argparse, contextlib, gc, io, json, sys, time
+gc.disable()
+t0 = time.perf_counter()
+import sglang.srt.server_args
+t1 = time.perf_counter()
+import sglang.srt.arg_groups.pipeline, sglang.srt.speculative.spec_utils, sglang.srt.arg_groups.expert_pack_hook
+t2 = time.perf_counter()
+from specflip.lint.run import main
+t3 = time.perf_counter()
+out = {"import sglang.srt.server_args": t1 - t0, "+ the resolution and sizing modules": t2 - t1,
+       "+ specflip.lint": t3 - t2}
+for label, extra in (("lint, no cache (resolve, size every state, rules)", ["--no-cache"]),
+                     ("lint, empty cache (the same, and the entry written)", []), ("lint, cached", [])):
+    s = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(argparse.Namespace(argv=extra + sys.argv[1:]))
+    out[label] = time.perf_counter() - s
+print(json.dumps(out))
+"""
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
@@ -117,6 +145,19 @@ def main() -> None:
     for label, own, target in (("cold, beyond import server_args", own_cold, 0.5),
                                ("cached, beyond python -c pass", own_cached, 0.2)):
         print(f"lint's own time, {label}: {own:.2f}s (target <= {target} s: {'met' if own <= target else 'NOT met'})")
+
+    print("\none process, split (median of --reps): SGLang's imports, then lint's own work")
+    label, flags, _ = CONFIGS[0]
+    lint_args = ["--model-path", str(tiny), "--speculative-draft-model-path", str(tiny), "--speculative-algorithm",
+                 "EAGLE", *flags]
+    splits = []
+    for _ in range(args.reps):
+        with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
+            done = subprocess.run([PY, "-c", _SPLIT, *lint_args], env={**floor_env, "XDG_CACHE_HOME": cache}, cwd=REPO,
+                                  capture_output=True, text=True)
+        splits.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for key in splits[0]:
+        print(f"  {key:55s} {statistics.median(s[key] for s in splits):6.3f}s")
 
 
 if __name__ == "__main__":

@@ -364,7 +364,21 @@ def test_lint_zero_or_negative_value(lint_base: list[str], capsys: pytest.Captur
     argv = [*lint_base, flag, value, *(x for kv in others.items() for x in kv)]
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
-    one_line(err, f"{flag} {value}: must be at least 1")
+    one_line(err, f"{flag} {value}: must be at least 1; SGLang 0.5.23 ")
+
+
+@needs_sglang
+def test_lint_zero_value_names_what_sglang_does_with_it(lint_base: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Draft tokens 0 under topk 1 is replaced by steps + 1 without a word; topk 0 is kept as given."""
+    code, _, err = run(capsys, *lint_base, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                       "--speculative-num-draft-tokens", "0")
+    assert code == 2
+    one_line(err, "--speculative-num-draft-tokens 0: must be at least 1; SGLang 0.5.23 would silently run 4")
+    code, _, err = run(capsys, *lint_base, "--speculative-num-steps", "3", "--speculative-eagle-topk", "0",
+                       "--speculative-num-draft-tokens", "4")
+    assert code == 2
+    one_line(err, "--speculative-eagle-topk 0: must be at least 1; SGLang 0.5.23 would run with 0 as given")
 
 
 @needs_sglang

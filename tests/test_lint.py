@@ -13,16 +13,20 @@ from pathlib import Path
 import attrs
 import pytest
 
+from specflip.lint import sglang_0_5_12 as lint_0_5_12
 from specflip.lint import sglang_0_5_16 as lint_0_5_16
 from specflip.lint.rules import (
     DRAFT_KV,
     KV_RESERVE,
+    LATER,
     RULE_NAMES,
     RUNNING_CAP,
     SGLANG_REFUSES,
     SHAPES,
+    STARTUP,
     SpecflipPolicy,
     check,
+    predicted_outcome,
 )
 from statemodel.invariants import INVARIANT_NAMES
 
@@ -163,12 +167,72 @@ def test_small_cap_default_tiers_fit_on_0_5_23(model_dir):
     assert check(s) == []  # 0.5.23 sizes the logits buffer for every tier
 
 
-def test_small_cap_default_tiers_break_shapes_on_0_5_16():
-    """0.5.16 sizes the shared logits buffer for the launch width only (sglang #30549)."""
-    assert check(lint_0_5_16.sizing_from_values(adaptive=True, max_running_requests=48)) == []
-    found = check(lint_0_5_16.sizing_from_values(adaptive=True, max_running_requests=4))
+def test_0_5_16_default_tiers_at_launch_3_die_at_startup():
+    """The start-up death seen on the H200 that lint had called fit: 0.5.16 captures every adaptive candidate at the
+    whole capture list (its tier pruning never reaches the capture) into a logits buffer sized for the launch
+    width, so steps 7 (8 tokens) at 48 requests needs 384 rows of 192; SGLang asserts during capture."""
+    found = check(lint_0_5_16.sizing_from_values(adaptive=True, max_running_requests=48))
     assert rules(found) == {SHAPES}
-    assert found[0].needed.startswith("32 logits rows") and found[0].sized == "16 rows"
+    assert found[0].needed.startswith("384 logits rows") and found[0].sized == "192 rows"
+    assert found[0].effect == STARTUP and predicted_outcome(found) == "dies-at-startup"
+    assert "dies at start-up" in found[0].describe()
+    # the same at a cap of 4, and for a candidate only a tier above the cap offers: it is built all the same
+    small = check(lint_0_5_16.sizing_from_values(adaptive=True, max_running_requests=4))
+    assert small[0].needed.startswith("32 logits rows") and small[0].sized == "16 rows"
+    unreachable = lint_0_5_16.sizing_from_values(adaptive=True, steps=3, tiers=((1, (1, 3)), (8, (0, 7))),
+                                                 max_running_requests=4)
+    assert predicted_outcome(check(unreachable)) == "dies-at-startup"
+
+
+def test_0_5_16_adaptive_fits_at_the_widest_launch_or_without_graphs():
+    """What the H200 served: default tiers launched at steps 7 / 8 draft tokens; candidates all <= 3 at launch 3
+    (adaptive_le3.json); and any tiers with CUDA graphs off."""
+    assert check(lint_0_5_16.sizing_from_values(adaptive=True, steps=7, draft_tokens=8)) == []
+    le3 = ((1, (1, 3)), (8, (0, 1, 3)), (32, (0, 1)))
+    assert check(lint_0_5_16.sizing_from_values(adaptive=True, steps=3, tiers=le3)) == []
+    assert check(lint_0_5_16.sizing_from_values(adaptive=True, capture_bs=[])) == []
+
+
+def test_effects_decide_the_prediction_for_one_request():
+    assert predicted_outcome([]) == "serves"
+    later = check(lint_0_5_16.sizing_from_values(steps=3, draft_tokens=4, max_running_requests=16,
+                                                 specflip=SpecflipPolicy(t_off=8, t_on=4, spec_cap=48)))
+    assert rules(later) == {RUNNING_CAP} and predicted_outcome(later) == "serves"
+    assert all(f.effect == LATER for f in later) and "serves; the fault comes later" in later[0].describe()
+    both = later + check(lint_0_5_16.sizing_from_values(adaptive=True))
+    assert predicted_outcome(both) == "dies-at-startup"
+
+
+# ---- 0.5.12 (the v1 line) from resolved values; tests/test_lint_v1.py runs its CLI on real 0.5.12 --------------
+
+def test_0_5_12_default_candidates_fit_each_runner_sized_for_its_state():
+    s = lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True, cuda_graph_bs=[1, 2, 4, 8, 16, 64])
+    assert [st.steps for st in s.states] == [1, 3, 7] and s.tiers == ((1, (1, 3, 7)),)
+    assert s.states[0].graph_bs == (1, 2, 4, 8, 16, 48)  # clamped to the request pool, the pool size added
+    assert check(s) == []
+
+
+def test_0_5_12_v1_reserves_for_the_state_that_runs():
+    """The v1 worker switches after a forward, so each prepare reserves for the state that then runs; the same
+    sizing with the switch inside the forward (the v2 worker) has steps 7 write past a steps-1 reserve."""
+    s = lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True, cuda_graph_bs=[1, 2, 4])
+    assert not s.switch_after_reserve and check(s) == []
+    found = check(attrs.evolve(s, switch_after_reserve=True))
+    assert rules(found) == {KV_RESERVE} and {f.effect for f in found} == {LATER}
+
+
+def test_0_5_12_single_candidate_dies_at_startup_and_tier_keys_are_ignored():
+    single = check(lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True,
+                                                  adaptive_config={"candidate_steps": [3]}))
+    assert rules(single) == {SGLANG_REFUSES} and predicted_outcome(single) == "dies-at-startup"
+    tiered = lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True,
+                                            adaptive_config={"1": {"candidate_steps": [1, 3]}})
+    found = check(tiered)
+    assert rules(found) == {SGLANG_REFUSES} and predicted_outcome(found) == "serves"
+    assert "ignores the tier keys ['1']" in found[0].message and [st.steps for st in tiered.states] == [1, 3, 7]
+    for bad in ([1, 2], {"candidate_steps": "1,3"}, {"candidate_steps": [1, -1]}):
+        with pytest.raises(lint_0_5_12.LintInputError):
+            lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True, adaptive_config=bad)
 
 
 # ---- the guard's entry point and the command line --------------------------------------------------------

@@ -27,6 +27,15 @@ DRAFT_KV = _NAMES["draft_kv_covers_prefix"]
 SGLANG_REFUSES = "sglang_refuses"
 RULE_NAMES: tuple[str, ...] = (SGLANG_REFUSES, DRAFT_KV, SHAPES, KV_RESERVE, RUNNING_CAP)
 
+# What a finding does to a server given one request (the start-up matrix, bench/gpu/lint_matrix.py, checks these
+# against real start-ups): it stops the start-up, it kills the first decode, or the server serves the request and
+# the fault waits for load, a flip or a later state (LATER).
+STARTUP = "startup"
+FIRST_REQUEST = "first-request"
+LATER = "later"
+EFFECTS: tuple[str, ...] = (STARTUP, FIRST_REQUEST, LATER)
+_OUTCOME = {STARTUP: "dies-at-startup", FIRST_REQUEST: "dies-at-first-request", LATER: "serves"}
+
 
 @attrs.frozen
 class StepSizing:
@@ -71,9 +80,13 @@ class Sizing:
     states: tuple[StepSizing, ...]
     adaptive: bool = False
     tiers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # ((min_batch_size, candidate_steps), ...)
-    refusals: tuple[str, ...] = ()  # what SGLang refused or dropped, one line each
+    refusals: tuple[str, ...] = ()  # what SGLang dropped (the server starts without it), one line each
+    fatal_refusals: tuple[str, ...] = ()  # what SGLang refuses when it builds the workers: start-up stops
     skip_zero_step_draft_extend: bool = False
     specflip: SpecflipPolicy | None = None
+    # the adaptive switch happens inside the forward, after prepare_for_decode reserved KV under the previous
+    # state (the v2 worker); False: the next prepare already reserves for the state that runs (0.5.12's v1 worker)
+    switch_after_reserve: bool = True
 
     def state(self, steps: int) -> StepSizing:
         return next(s for s in self.states if s.steps == steps)
@@ -87,6 +100,7 @@ class Sizing:
         data["states"] = tuple(StepSizing(**{**s, "graph_bs": tuple(s["graph_bs"])}) for s in data["states"])
         data["tiers"] = tuple((bs, tuple(steps)) for bs, steps in data["tiers"])
         data["refusals"] = tuple(data["refusals"])
+        data["fatal_refusals"] = tuple(data.get("fatal_refusals", ()))
         flip = data["specflip"]
         if flip:
             flip = {**flip, "tiers": tuple(flip.get("tiers", ())),
@@ -103,12 +117,26 @@ class Finding:
     sized: str
     fix: str
     message: str
+    effect: str = LATER  # STARTUP, FIRST_REQUEST or LATER
 
     def describe(self) -> str:
-        return f"{self.rule}: {self.state}: {self.message} (needs {self.needed}, sized {self.sized}); fix: {self.fix}"
+        return (f"{self.rule}: {self.state}: {self.message} (needs {self.needed}, sized {self.sized}); "
+                f"fix: {self.fix}; {_EFFECT_TEXT[self.effect]}")
 
     def to_json(self) -> dict[str, str]:
         return attrs.asdict(self)
+
+
+_EFFECT_TEXT = {STARTUP: "the server dies at start-up", FIRST_REQUEST: "the server dies at the first decode",
+                LATER: "the server starts and serves; the fault comes later"}
+
+
+def predicted_outcome(findings: list[Finding]) -> str:
+    """What one request meets: dies-at-startup, dies-at-first-request or serves (the worst finding decides)."""
+    for effect in (STARTUP, FIRST_REQUEST):
+        if any(f.effect == effect for f in findings):
+            return _OUTCOME[effect]
+    return "serves"
 
 
 def tier_batch_ranges(sizing: Sizing) -> dict[int, list[tuple[int, int]]]:
@@ -185,8 +213,10 @@ def check(sizing: Sizing) -> list[Finding]:
 
 
 def _refusals(sizing: Sizing) -> list[Finding]:
-    return [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused", _refusal_fix(r), r)
-            for r in sizing.refusals]
+    found = [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused", _refusal_fix(r), r, STARTUP)
+             for r in sizing.fatal_refusals]
+    return found + [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "dropped", _refusal_fix(r), r)
+                    for r in sizing.refusals]
 
 
 def _refusal_fix(reason: str) -> str:
@@ -227,7 +257,7 @@ def _shapes(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Findin
                 SHAPES, label, f"{fed} tokens per request", f"graph captured at {st.verify_width}",
                 f"--speculative-num-draft-tokens {fed} or --disable-cuda-graph",
                 f"the target-verify graph replayed in this state was captured for {st.verify_width} tokens per "
-                f"request; the verify feeds {fed}"))
+                f"request; the verify feeds {fed}", FIRST_REQUEST))
         # draft-extend runs over the accepted drafts + the bonus token: at most steps + 1, and never more than
         # the verify's draft tokens (topk > 1 trees)
         extend_fed = min(st.steps + 1, st.draft_tokens)
@@ -235,17 +265,23 @@ def _shapes(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Findin
             found.append(Finding(
                 SHAPES, label, f"{extend_fed} tokens per request", f"{st.draft_extend_width}",
                 f"--speculative-num-draft-tokens >= {extend_fed}",
-                "the draft-extend after verify is sized for fewer tokens per request than it extends"))
-        if st.graph_bs:
-            rows = max(st.graph_bs) * st.verify_width
-            if rows > sizing.logits_rows:
-                fix = (f"drop steps {st.steps} from the adaptive tiers, or launch with --speculative-num-steps "
-                       f"{st.steps} (the buffer follows the launch width on this release)")
-                found.append(Finding(
-                    SHAPES, label, f"{rows} logits rows ({max(st.graph_bs)} requests x {st.verify_width})",
-                    f"{sizing.logits_rows} rows", fix,
-                    "the shared logits buffer the graph runners write into is smaller than this state's largest "
-                    "captured graph"))
+                "the draft-extend after verify is sized for fewer tokens per request than it extends", FIRST_REQUEST))
+    # every state's graphs are captured at start-up, reachable under the running cap or not (init_states builds
+    # each candidate), and each capture takes its rows of the shared logits buffer (an assert when it is short)
+    for st in sizing.states:
+        if not st.graph_bs:
+            continue
+        rows = max(st.graph_bs) * st.verify_width
+        if rows > sizing.logits_rows:
+            fix = (f"launch with --speculative-num-steps {max(s.steps for s in sizing.states)} (the buffer follows "
+                   f"the launch width on this release), drop steps {st.steps} from the adaptive tiers, or "
+                   "--disable-cuda-graph")
+            found.append(Finding(
+                SHAPES, state_label(st.steps, st.draft_tokens, "(graphs captured at start-up)"),
+                f"{rows} logits rows ({max(st.graph_bs)} requests x {st.verify_width})",
+                f"{sizing.logits_rows} rows", fix,
+                "the shared logits buffer the graph runners write into is smaller than this state's largest "
+                "captured graph (SGLang asserts during CUDA graph capture)", STARTUP))
     flip = sizing.specflip
     if flip is not None and flip.plain_graphs not in ("decode", "eager"):
         found.append(Finding(
@@ -283,8 +319,8 @@ def _kv_reserve(sizing: Sizing, states: list[tuple[StepSizing, str]]) -> list[Fi
     for st, _ in states:
         lag = st.draft_tokens if sizing.overlap else 0
         usable.append((reserve_slots(KvReserve.TWICE_LARGEST, st.alloc_len, st.alloc_len) - lag, st))
-    sized, at = min(usable, key=lambda x: x[0])
-    for st, where in states:
+    for (own, own_at), (st, where) in zip(usable, states, strict=True):
+        sized, at = min(usable, key=lambda x: x[0]) if sizing.switch_after_reserve else (own, own_at)
         needed = decode_write_slots(st.steps, sizing.topk, st.draft_tokens)
         if needed > sized:
             found.append(Finding(

@@ -32,9 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
-from specflip.lint.rules import SGLANG_REFUSES, Finding, Sizing, SpecflipPolicy, check, summary
+from specflip.lint.rules import (
+    SGLANG_REFUSES,
+    STARTUP,
+    Finding,
+    Sizing,
+    SpecflipPolicy,
+    check,
+    predicted_outcome,
+    summary,
+)
 
-SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16"}
+SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16",
+                                      "0.5.12": "specflip.lint.sglang_0_5_12"}
 CACHE_VERSION = 1
 
 
@@ -49,7 +59,8 @@ USAGE = ("usage: specflip lint [--json] [--no-cache] [--verbose] [--specflip-t-o
 
 
 HELP = """specflip lint's own flags (every other argument goes to SGLang's launch_server parser):
-  --json                    print {ok, release, notes, summary, findings, sizing} as JSON
+  --json                    print {ok, release, notes, summary, predicts, lines, findings, sizing} as JSON
+                            (predicts: serves, dies-at-startup or dies-at-first-request, for one request)
   --no-cache                resolve afresh instead of reading the cached sizing (~/.cache/specflip/lint)
   --verbose                 show SGLang's own log lines and warnings (on stderr; resolves afresh)
   --specflip-t-off N        specflip's switch: speculation off at N running requests (with --specflip-t-on)
@@ -132,12 +143,36 @@ def _given_int(argv: Sequence[str], flag: str) -> int | None:
         return None
 
 
-def check_values(argv: Sequence[str]) -> None:
-    """LintUsageError (exit 2) for a launch value below what a speculative server can run with."""
+def check_values(argv: Sequence[str], release: str | None = None) -> None:
+    """LintUsageError (exit 2) for a launch value below what a speculative server can run with. With `release`,
+    the line also says what that SGLang release does with the value (replaces it silently, runs with it, or fails)."""
     for flag, least in LEAST_VALUES:
         value = _given_int(argv, flag)
         if value is not None and value < least:
-            raise LintUsageError(f"{flag} {value}: must be at least {least} (docs/lint.md, \"Bad values\")")
+            what = _what_sglang_does(argv, release, flag, value) if release else ""
+            raise LintUsageError(f"{flag} {value}: must be at least {least}{what} (docs/lint.md, \"Bad values\")")
+
+
+# the ServerArgs attribute each floored flag resolves into
+_ATTRIBUTE = {"--speculative-num-steps": "speculative_num_steps",
+              "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+              "--speculative-eagle-topk": "speculative_eagle_topk", "--max-running-requests": "max_running_requests"}
+
+
+def _what_sglang_does(argv: Sequence[str], release: str, flag: str, value: int) -> str:
+    """What SGLang's own resolution makes of a bad value: '; SGLang <release> would silently run 4' (or run with
+    it, or fail on it). Best effort: anything else SGLang objects to first leaves the line without it."""
+    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    try:
+        server_args = adapter.build_server_args(_with_default_device(list(argv)))
+        kept = adapter.launch_value(server_args, _ATTRIBUTE[flag])
+    except adapter.SGLangRefused:
+        return f"; SGLang {release}'s resolution fails on it"
+    except Exception:  # noqa: BLE001 - another problem of the arguments: the floor alone is the message
+        return ""
+    if kept == value:
+        return f"; SGLang {release} would run with {value} as given"
+    return f"; SGLang {release} would silently run {kept}"
 
 
 def rewrite_notes(argv: Sequence[str], sizing: Sizing) -> list[str]:
@@ -253,7 +288,7 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
     """The Sizing of a launch configuration, or SGLang's refusal as one line. `verbose`: SGLang's own log lines
     and warnings go to stderr (so it resolves afresh: a cached answer has none to show)."""
     release = installed_release()
-    check_values(argv)
+    check_values(argv, release)
     files = _read_inputs(argv)
     cache_file = _cache_dir() / f"{_cache_key(release, argv, files, policy)}.json"
     if use_cache and not verbose and cache_file.is_file():
@@ -288,7 +323,7 @@ def lint_argv(argv: Sequence[str], policy: SpecflipPolicy | None = None, *, use_
     result = sizing_for(argv, policy, use_cache=use_cache, verbose=verbose)
     if isinstance(result, str):
         return None, [Finding(SGLANG_REFUSES, "launch", "the configuration as given", "refused at start-up",
-                              "change the flag SGLang names", result)]
+                              "change the flag SGLang names", result, STARTUP)]
     return result, check(result)
 
 
@@ -346,18 +381,17 @@ def _run(args: argparse.Namespace) -> int:
         print(f"specflip lint: {exc}", file=sys.stderr)
         return 2
     notes = rewrite_notes(rest, sizing) if sizing is not None else []
+    lines = [*notes, *(f.describe() for f in findings)]
+    if not findings:
+        assert sizing is not None
+        lines.append(summary(sizing))
     if own.json:
         print(json.dumps({"ok": not findings, "release": sizing.release if sizing else None, "notes": notes,
                           "summary": summary(sizing) if sizing and not findings else None,
+                          "predicts": predicted_outcome(findings), "lines": lines,
                           "findings": [f.to_json() for f in findings],
                           "sizing": sizing.to_json() if sizing else None}, indent=2))
         return 1 if findings else 0
-    for note in notes:
-        print(note)
-    if findings:
-        for f in findings:
-            print(f.describe())
-    else:
-        assert sizing is not None
-        print(summary(sizing))
+    for line in lines:
+        print(line)
     return 1 if findings else 0

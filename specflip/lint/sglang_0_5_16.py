@@ -10,33 +10,44 @@ pure function of those attributes. What 0.5.16 sizes (paths relative to `sglang/
     max(capture_bs) x decode_num_tokens_per_req() of the LAUNCH draft-token count only (0.5.23 takes the max
     over every adaptive tier); `model_executor/graph_shared_output.GraphSharedOutput.get_logits_buffer` asserts
     rows <= max_rows (sglang #30549).
-  - Graphs per adaptive state: `speculative/adaptive_spec_params.AdaptiveSpeculativeParams.cuda_graph_bs_for_step`
-    (same routing as 0.5.23); default tiers `DEFAULT_ADAPTIVE_CONFIG` = bs1 [1,3,7], bs8 [0,1,3], bs32 [0,1],
-    bs64 [0]; launch steps candidate_steps[len // 2] (`arg_groups/speculative_hook.py` ~L750).
+  - Graphs per adaptive state: EVERY candidate state is captured at start-up at the whole decode capture list.
+    `speculative/adaptive_runtime_state.AdaptiveController.init_states` builds each candidate, passing
+    `AdaptiveSpeculativeParams.cuda_graph_bs_for_step(steps)`, but that is None unless `--cuda-graph-bs` was given
+    (`eagle_worker_v2` passes `server_args.cuda_graph_bs_decode`, unset by default), and when given,
+    `EAGLEWorkerV2._override_worker_state` overrides `cuda_graph_bs_decode` while the runners read
+    `cuda_graph_config.decode.bs`, resolved once in `__post_init__` (`model_executor/runner/
+    base_cuda_graph_runner.get_batch_sizes_to_capture`). So the tier routing prunes nothing: a candidate wider
+    than the launch width asserts in `GraphSharedOutput.get_logits_buffer` during capture (seen on the H200:
+    default tiers, launch steps 3, died at start-up; launch steps 7 / 8 draft tokens started). Default tiers
+    `DEFAULT_ADAPTIVE_CONFIG` = bs1 [1,3,7], bs8 [0,1,3], bs32 [0,1], bs64 [0]; launch steps
+    candidate_steps[len // 2] (`arg_groups/speculative_hook.py` ~L750).
   - Refusals: `adaptive_unsupported_reason` (topk != 1, dp attention, multi-layer EAGLE, TBO, PD-mux).
 This module is not exercised against an installed 0.5.16 in CI; `sizing_from_values` is, on CPU.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from specflip.lint.rules import Sizing, SpecflipPolicy, StepSizing
+from specflip.lint.sglang_common import (
+    NEEDS_DRAFT_MODEL,
+    LintInputError,
+    RaisingParser,
+    SGLangRefused,
+    ensure_torchvision_importable,
+    given_flag,
+    quiet,
+    sglang_failure,
+    silence_again,
+)
+
+__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "launch_value", "read_sizing", "sizing_from_values"]
 
 RELEASE = "0.5.16"
 DEFAULT_ADAPTIVE_TIERS: tuple[tuple[int, tuple[int, ...]], ...] = (
     (1, (1, 3, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
-
-
-class LintInputError(Exception):
-    """Bad launch arguments: one line, exit 2."""
-
-
-class SGLangRefused(Exception):
-    """SGLang's own resolution rejected the configuration."""
 
 
 def spec_decode_capture_bs(max_bs: int) -> list[int]:
@@ -47,22 +58,12 @@ def spec_decode_capture_bs(max_bs: int) -> list[int]:
     return bs if max_bs in bs else [*bs, max_bs]
 
 
-def _graph_bs_for_step(tiers: Sequence[tuple[int, Sequence[int]]], capture_bs: Sequence[int], step: int) -> list[int]:
-    """`AdaptiveSpeculativeParams.cuda_graph_bs_for_step`: capture sizes whose tier offers `step`."""
-    bs_list = [bs for bs, _ in tiers]
-    out = []
-    for v in capture_bs:
-        idx = max(0, bisect.bisect_right(bs_list, v) - 1)
-        if step in tiers[idx][1]:
-            out.append(v)
-    return out
-
-
 def sizing_from_values(*, algorithm: str = "EAGLE", topk: int = 1, steps: int | None = None,
                        draft_tokens: int | None = None, adaptive: bool = False,
                        tiers: Sequence[tuple[int, Sequence[int]]] = DEFAULT_ADAPTIVE_TIERS,
                        max_running_requests: int = 48, capture_bs: Sequence[int] | None = None,
                        overlap: bool = True, refusals: Sequence[str] = (),
+                       skip_zero_step_draft_extend: bool = False,
                        specflip: SpecflipPolicy | None = None) -> Sizing:
     """0.5.16's start-up sizing from resolved values (what its ServerArgs attributes hold)."""
     tiers = tuple((bs, tuple(sorted(set(s)))) for bs, s in sorted(tiers))
@@ -83,56 +84,83 @@ def sizing_from_values(*, algorithm: str = "EAGLE", topk: int = 1, steps: int | 
     for s in (candidates if adaptive else [steps]):
         d = s + 1 if adaptive else draft_tokens
         alloc_len = max(s * topk if s else topk, max_draft)  # `speculative_num_steps or 1`
-        graph_bs = tuple(_graph_bs_for_step(tiers, capture_bs, s)) if adaptive else tuple(capture_bs)
+        graph_bs = tuple(capture_bs)  # every state at the whole list: the tier pruning never reaches the capture
         states.append(StepSizing(steps=s, draft_tokens=d, alloc_len=alloc_len, verify_width=d,
                                  draft_extend_width=d, graph_bs=graph_bs))
     logits_rows = max(capture_bs) * draft_tokens if capture_bs else 0  # launch width only
     return Sizing(release=RELEASE, algorithm=algorithm, topk=topk, launch_steps=steps, launch_draft_tokens=draft_tokens,
                   overlap=overlap, max_running_requests=max_running_requests, logits_rows=logits_rows,
                   states=tuple(states), adaptive=adaptive, tiers=tiers if adaptive else (),
-                  refusals=tuple(refusals), specflip=specflip)
+                  refusals=tuple(refusals), skip_zero_step_draft_extend=skip_zero_step_draft_extend,
+                  specflip=specflip)
 
 
-def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:  # pragma: no cover - needs 0.5.16
-    """`prepare_server_args(argv)`; 0.5.16 resolves in ServerArgs.__post_init__. `verbose`: accepted for the
-    adapter interface; this adapter does not silence SGLang's logging."""
-    import argparse
+def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:
+    """`prepare_server_args(argv)`, as launch_server runs it; 0.5.16 resolves in ServerArgs.__post_init__.
+    `verbose`: SGLang's log lines and warnings are shown (on stderr) instead of silenced."""
+    ensure_torchvision_importable()
+    with quiet(verbose):
+        from sglang.srt.server_args import ServerArgs, prepare_server_args
 
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
+        parser = RaisingParser(prog="sglang serve", add_help=False)
+        ServerArgs.add_cli_args(parser)
+        parsed = parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
+        if parsed.speculative_adaptive and parsed.speculative_adaptive_config:
+            _check_adaptive_config(parsed.speculative_adaptive_config)
+        try:
+            server_args = prepare_server_args(list(argv))
+        except (ValueError, NotImplementedError, AssertionError, TypeError, AttributeError, KeyError) as exc:
+            # SGLang's own refusal, or its resolution failing on these arguments: the server would not start
+            raise SGLangRefused(sglang_failure(exc, argv, RELEASE)) from None
+        except OSError as exc:
+            raise LintInputError(f"SGLang could not read the model configuration: {exc}") from None
+        silence_again(verbose)
+        if server_args.speculative_algorithm in NEEDS_DRAFT_MODEL and not server_args.speculative_draft_model_path:
+            raise LintInputError(f"--speculative-algorithm {server_args.speculative_algorithm} needs "
+                                 "--speculative-draft-model-path (the draft model's directory or id)")
+    # resolution turns an unsupported --speculative-adaptive off (with a warning lint silences): keep what was given
+    object.__setattr__(server_args, "_specflip_given_adaptive", given_flag(argv, "--speculative-adaptive"))
+    return server_args
 
-    class _Raising(argparse.ArgumentParser):
-        def error(self, message: str) -> Any:
-            raise LintInputError(message)
 
-    parser = _Raising(prog="sglang serve", add_help=False)
-    ServerArgs.add_cli_args(parser)
-    parser.parse_args(list(argv))
+def _check_adaptive_config(path: str) -> None:
+    """SGLang's own validation of the adaptive tiers (`_load_adaptive_config`), its refusal as bad input."""
+    from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config
+
     try:
-        return prepare_server_args(list(argv))
-    except (ValueError, NotImplementedError, AssertionError) as exc:
-        raise SGLangRefused(str(exc).strip().splitlines()[0]) from None
+        _load_adaptive_config(path)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise LintInputError(f"the adaptive config {path}: {str(exc).strip().splitlines()[0]}") from None
 
 
 def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *,
                 republish: bool = True) -> Sizing:  # pragma: no cover - needs sglang 0.5.16 installed
-    from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG, adaptive_unsupported_reason
+    from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config, adaptive_unsupported_reason
 
     sa = server_args
     if sa.speculative_algorithm is None:
         raise LintInputError("no --speculative-algorithm: nothing switches, nothing to lint")
     refusals = []
-    reason = adaptive_unsupported_reason(sa) if sa.speculative_adaptive else None
-    if reason:
-        refusals.append(f"SGLang drops --speculative-adaptive: {reason}")
-    cfg = DEFAULT_ADAPTIVE_CONFIG
-    if sa.speculative_adaptive_config:
-        with open(sa.speculative_adaptive_config) as f:
-            cfg = json.load(f)
-    tiers = [(int(k), v["candidate_steps"]) for k, v in cfg.items() if k.isdigit()]
+    if getattr(sa, "_specflip_given_adaptive", False) and not sa.speculative_adaptive:
+        reason = adaptive_unsupported_reason(sa)
+        refusals.append(f"SGLang drops --speculative-adaptive: {reason or 'disabled during resolution'}; "
+                        "the server runs the static launch parameters")
+    _, entries = _load_adaptive_config(sa.speculative_adaptive_config or None)
+    tiers = [(bs, entry["candidate_steps"]) for bs, entry in entries.items()]
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
     decode = sa.cuda_graph_config.decode if getattr(sa, "cuda_graph_config", None) else None
-    capture_bs = [] if sa.disable_cuda_graph or decode is None else list(decode.bs or [])
+    graphs_off = sa.disable_cuda_graph or decode is None or decode.backend == Backend.DISABLED
+    capture_bs = [] if graphs_off else list(decode.bs or [])
     return sizing_from_values(
         algorithm=sa.speculative_algorithm, topk=sa.speculative_eagle_topk or 1, steps=sa.speculative_num_steps,
         draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive), tiers=tiers,
         max_running_requests=sa.max_running_requests, capture_bs=capture_bs,
-        overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip)
+        overlap=not sa.disable_overlap_schedule, refusals=refusals,
+        skip_zero_step_draft_extend=bool(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get()), specflip=specflip)
+
+
+def launch_value(server_args: Any, attribute: str) -> Any:
+    """A launch attribute as resolution left it (0.5.16 resolves into the plain attributes)."""
+    return getattr(server_args, attribute)

@@ -16,88 +16,50 @@ pool, which is max_running_requests // dp_size; attention-TP alignment is not ap
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import importlib.util
-import logging
-import sys
-import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from specflip.lint.rules import Sizing, SpecflipPolicy, StepSizing
+from specflip.lint.sglang_common import (
+    NEEDS_DRAFT_MODEL,
+    LintInputError,
+    RaisingParser,
+    SGLangRefused,
+    ensure_torchvision_importable,
+    quiet,
+    sglang_failure,
+    silence_again,
+)
+
+__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "launch_value", "read_sizing"]
 
 RELEASE = "0.5.23"
-_STAND_INS = Path(__file__).resolve().parents[2] / "stand_ins" / "cpu"
-
-
-class LintInputError(Exception):
-    """Bad launch arguments: one line, exit 2."""
-
-
-class SGLangRefused(Exception):
-    """SGLang's own resolution rejected the configuration (a finding, not an input error)."""
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse would print usage and exit
-        raise LintInputError(message)
-
-
-def _ensure_torchvision_importable() -> None:
-    # sglang.srt.configs imports torchvision at module level; lint never calls it. Where it is not installed
-    # (the CPU CI image), the repo's import-only stand-in satisfies the import.
-    if importlib.util.find_spec("torchvision") is None and _STAND_INS.is_dir():
-        sys.path.insert(0, str(_STAND_INS))
-
-
-@contextlib.contextmanager
-def _quiet(verbose: bool = False) -> Iterator[None]:
-    """SGLang's resolution logs its decisions (48-request cap, ...) as warnings; lint reports them itself
-    (`verbose`: let them through)."""
-    if verbose:
-        yield
-        return
-    logging.disable(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logging.disable(logging.NOTSET)
-
-
-# algorithms whose draft is a separate model: without --speculative-draft-model-path (which SGLang fills in
-# itself only for targets that carry their draft layers, e.g. DeepSeek's MTP) the draft worker has nothing to load
-_NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
 def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:
     """`ServerArgs` exactly as `python -m sglang.launch_server argv` builds it (`prepare_server_args`), resolved.
     `verbose`: SGLang's log lines and warnings are shown (on stderr) instead of silenced."""
-    _ensure_torchvision_importable()
-    with _quiet(verbose):
+    ensure_torchvision_importable()
+    with quiet(verbose):
         from sglang.srt.arg_groups.overrides import resolving_view
         from sglang.srt.server_args import ServerArgs, prepare_server_args
 
-        parser = _RaisingParser(prog="sglang serve", add_help=False)
+        parser = RaisingParser(prog="sglang serve", add_help=False)
         ServerArgs.add_cli_args(parser)
         parsed = parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
         if parsed.speculative_adaptive and parsed.speculative_adaptive_config:
             _check_adaptive_config(parsed.speculative_adaptive_config)
         server_args = prepare_server_args(list(argv))
-        if not verbose:
-            logging.disable(logging.WARNING)  # prepare_server_args re-configured logging
+        silence_again(verbose)  # prepare_server_args re-configured logging
         try:
             server_args.resolve_once()
         except (ValueError, NotImplementedError, AssertionError, TypeError, AttributeError, KeyError) as exc:
             # SGLang's own refusal, or its resolution failing on these arguments: the server would not start
-            raise SGLangRefused(_sglang_failure(exc, argv)) from None
+            raise SGLangRefused(sglang_failure(exc, argv, RELEASE)) from None
         except OSError as exc:
             raise LintInputError(f"SGLang could not read the model configuration: {exc}") from None
         cfg = resolving_view(server_args)
-        if cfg.speculative_algorithm in _NEEDS_DRAFT_MODEL and not cfg.speculative_draft_model_path:
+        if cfg.speculative_algorithm in NEEDS_DRAFT_MODEL and not cfg.speculative_draft_model_path:
             raise LintInputError(f"--speculative-algorithm {cfg.speculative_algorithm} needs "
                                  "--speculative-draft-model-path (the draft model's directory or id)")
     return server_args
@@ -111,33 +73,6 @@ def _check_adaptive_config(path: str) -> None:
         _load_adaptive_config(path)
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         raise LintInputError(f"the adaptive config {path}: {str(exc).strip().splitlines()[0]}") from None
-
-
-# the launch flags SGLang resolves together: given partly, SGLang 0.5.23's resolution fails (an assert, or
-# comparing None with an int)
-_SPEC_TRIPLE = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
-
-
-def _sglang_failure(exc: BaseException, argv: Sequence[str]) -> str:
-    """One line for an exception out of SGLang's resolution: its message, and where in SGLang when the message
-    alone does not say (a bare assert, a TypeError)."""
-    import traceback
-
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, (ValueError, NotImplementedError)) and text:
-        return text
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "sglang" in f.filename]
-    where = ""
-    if frames:
-        last = frames[-1]
-        where = f" at sglang/{last.filename.split('/sglang/', 1)[-1]}:{last.lineno} ({last.name})"
-    line = f"SGLang {RELEASE}'s resolution fails on these arguments: {type(exc).__name__}"
-    line += f": {text}" if text else ""
-    line += where + "; the server would not start either"
-    given = [f for f in _SPEC_TRIPLE if any(a == f or a.startswith(f + "=") for a in argv)]
-    if given and len(given) < len(_SPEC_TRIPLE):
-        line += f". Give {', '.join(_SPEC_TRIPLE)} together (or none of them); only {', '.join(given)} given"
-    return line
 
 
 def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, republish: bool = True) -> Sizing:
@@ -179,7 +114,7 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
     if adaptive:
         _, entries = _load_adaptive_config(cfg.speculative_adaptive_config)
         tiers = tuple((bs, tuple(sorted(set(e["candidate_steps"])))) for bs, e in sorted(entries.items()))
-        with _quiet():
+        with quiet():
             policy = AdaptiveSpeculativeParams(launch_steps, cfg.speculative_adaptive_config)
             policy.set_cuda_graph_bs(capture_bs or None)
         state_steps = sorted({s for _, steps in tiers for s in steps})
@@ -187,7 +122,7 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
         state_steps = [launch_steps]
 
     if republish:
-        with _quiet():  # publish logs the overrides a previous lint left behind
+        with quiet():  # publish logs the overrides a previous lint left behind
             runtime_context.publish(server_args, role="scheduler")
     ctx = runtime_context.get_context()
     spec = runtime_context.get_spec()
@@ -247,3 +182,10 @@ def _logits_rows(cfg: Any, algo: Any, capture_bs: list[int], tier_draft_tokens: 
     counts = [max_draft or 1, *tier_draft_tokens]
     return max(max(capture_bs) * int(resolve_num_tokens_per_req(phase="target_verify", spec_algorithm=algo,
                                                                 num_draft_tokens=d)) for d in counts)
+
+
+def launch_value(server_args: Any, attribute: str) -> Any:
+    """A launch attribute as resolution left it (the resolved view: 0.5.23 keeps resolved values in its bags)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return getattr(resolving_view(server_args), attribute)
