@@ -329,7 +329,9 @@ def test_lint_checks_each_tier_on_0_5_16_sizing() -> None:
         (3, "(specflip tier at demand 0-7)"), (1, "(specflip tier at demand 5-39)")]
     assert "by tiers [3, 1]" in summary(fits)
     narrow = check(server(steps=1))
-    assert {f.rule for f in narrow} == {SHAPES} and all("steps=3" in f.state for f in narrow)
+    # every state 0.5.16 builds at start-up is captured (docs/lint.md): steps 2 and 3 both outgrow a steps-1 buffer
+    assert {f.rule for f in narrow} == {SHAPES}
+    assert sorted(f.state.split()[0] for f in narrow) == ["steps=2", "steps=3"]
     missing = check(lint_0_5_16.sizing_from_values(adaptive=True, tiers=((1, (1, 3)),), steps=3,
                                                    max_running_requests=256, specflip=_tiers_policy("3,8:4,2")))
     assert [(f.rule, f.state) for f in missing] == [(SHAPES, "specflip tier steps=2")]
