@@ -167,7 +167,7 @@ def prepare_for_decode(rt: SwitchRuntime, orig: Any, batch: Any, *args: Any, **k
 
 def _prepare_for_decode_around(orig: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if rt is None or not batch.reqs or batch.spec_algorithm.is_none() or batch.is_spec_v2:
+    if rt is None or rt.plain_path or not batch.reqs or batch.spec_algorithm.is_none() or batch.is_spec_v2:
         return orig(batch, *args, **kwargs)
     decide_flip(rt, batch)
     if rt.policy.spec_on:
@@ -177,7 +177,7 @@ def _prepare_for_decode_around(orig: Any, batch: Any, *args: Any, **kwargs: Any)
 
 def _update_running_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if rt is None:
+    if rt is None or rt.plain_path:
         return orig(scheduler, batch, *args, **kwargs)
     # demand for the policy: requests waiting (and one being chunk-prefilled) besides the running batch
     rt.demand = (len(getattr(scheduler, "waiting_queue", ()) or ()),
@@ -315,7 +315,7 @@ def draft_sync(rt: SwitchRuntime, worker: Any, batch: Any, target_result: Any, t
 
 def _forward_around(orig: Any, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if (rt is None or rt.policy.spec_on or batch.forward_mode.is_extend() or batch.is_extend_in_batch
+    if (rt is None or rt.plain_path or rt.policy.spec_on or batch.forward_mode.is_extend() or batch.is_extend_in_batch
             or batch.forward_mode.is_idle() or not batch.reqs):
         return orig(worker, batch, *args, **kwargs)
     from sglang.srt.managers.utils import GenerationBatchResult
@@ -333,7 +333,7 @@ def _forward_around(orig: Any, worker: Any, batch: Any, *args: Any, **kwargs: An
 
 def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if rt is None:
+    if rt is None or not rt.plain_path:
         return orig(scheduler, *args, **kwargs)
     v1_plain_path.plain_path_flip(rt, scheduler)
     batch = orig(scheduler, *args, **kwargs)
@@ -346,7 +346,7 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
     time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
     rt = _RUNTIME
-    if rt is None or not rt.trace.enabled or not batch.forward_mode.is_decode():
+    if rt is None or not rt.plain_path or not rt.trace.enabled or not batch.forward_mode.is_decode():
         return orig(scheduler, batch, *args, **kwargs)
     kind = "plain" if batch.spec_algorithm.is_none() else "spec"
     every = rt.config.trace_every  # SPECFLIP_SWITCH_TRACE_EVERY: the two steps after a flip and every Nth other one
