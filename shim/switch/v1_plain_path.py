@@ -40,14 +40,13 @@ def enter_plain_path(rt: Any, scheduler: Any) -> None:
 
 def to_plain_batch(batch: Any) -> None:
     """A speculative batch made plain: the next plain prepare_for_decode reads its input ids from output_ids,
-    which v1 leaves holding the last verify's flat accepted tokens: the draft input's bonus tokens (one per
-    request) take their place. A prefilled batch's output_ids already hold one token per request."""
+    which v1 leaves holding the last verify's flat accepted tokens (several per request). Each request's last
+    committed token takes their place (the draft input's bonus token; for a prefilled batch, its sampled one)."""
     import torch
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    bonus = getattr(batch.spec_info, "bonus_tokens", None)
-    if batch.forward_mode.is_decode() and bonus is not None and bonus.shape[0] == len(batch.reqs):
-        batch.output_ids = bonus.to(torch.int64)
+    last = [req.output_ids[-1] if req.output_ids else req.origin_input_ids[-1] for req in batch.reqs]
+    batch.output_ids = torch.tensor(last, dtype=torch.int64).to(batch.seq_lens.device, non_blocking=True)
     batch.spec_algorithm = SpeculativeAlgorithm.NONE
     batch.spec_info = None
     batch.batch_is_full = False
