@@ -60,4 +60,5 @@ def test_the_v1_retract_design_fails_without_its_catch_up_or_its_tree_marks() ->
     for design in (attrs.evolve(V1_RETRACT_CATCH_UP, name="v1_no_catch_up", draft_while_off=DraftWhileOff.NONE),
                    attrs.evolve(V1_RETRACT_CATCH_UP_RADIX, name="v1_radix_unmarked", tree_draft=TreeDraft.IGNORED)):
         verdict = run_design(design)
-        assert verdict.verdict == "fail" and verdict.invariant == "draft_kv_covers_prefix", (design.name, verdict.reason)
+        assert verdict.verdict == "fail", (design.name, verdict.reason)
+        assert verdict.invariant == "draft_kv_covers_prefix", (design.name, verdict.reason)
