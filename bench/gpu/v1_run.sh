@@ -8,12 +8,14 @@
 #   command: set -o pipefail; BUDGET_S=540 bash bench/gpu/v1_run.sh 2>&1 | tee $OUT/run.log
 #   carry:   [".whl12"]
 #
-# usage: BUDGET_S=540 [ROUNDS=6] [CONCS=1,5,10,32] [MODELS=8b|small] [MAX_TOKENS=40000] bash bench/gpu/v1_run.sh [CONFIG...]
-#   CONFIG (default: off on switch sync), each its own server on its own port:
+# usage: BUDGET_S=540 [ROUNDS=6] [CONCS=1,5,10,32] [MODELS=8b|small] [MAX_TOKENS=30000] bash bench/gpu/v1_run.sh [CONFIG...]
+#   CONFIG (default: off on switch bare sync), each its own server on its own port:
 #   off:    the target without speculation (a plain server), no plugin
 #   on:     EAGLE-3, speculation always on, guard assert (ON_GUARD=warn: warn mode)
 #   switch: EAGLE-3 + SPECFLIP_SWITCH=5:4, the new design (SPECFLIP_SWITCH_DRAFT=retract: v1_plain_off_retract_catch_up)
 #           + guard assert
+#   bare:   the switch without the guard (the guard's Python per request per step is its own cost: bare / off is
+#           the switch against a plain server, like for like)
 #   sync:   EAGLE-3 + SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=sync: the old design (seeds_final) + guard assert
 # Sequence: start all, wait until every one is up; the first-flip probe on the fresh servers (v1_client.py probe:
 # 1 long request, then 5 short ones: a 5:4 switch flips off, then on); the sweep (v1_client.py sweep: for each
@@ -25,8 +27,8 @@
 # The run passes when it ends with FAILED=0: every output exact, every server up, no guard finding ('broken by').
 set -u
 T0=$(date +%s); REPO=$(pwd); K=$REPO/.whl12; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/tr"
-BUDGET=${BUDGET_S:-540}; CONFIGS=("$@"); [ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(off on switch sync)
-MODELS=${MODELS:-8b}; MAX_TOKENS=${MAX_TOKENS:-40000}
+BUDGET=${BUDGET_S:-540}; CONFIGS=("$@"); [ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(off on switch bare sync)
+MODELS=${MODELS:-8b}; MAX_TOKENS=${MAX_TOKENS:-30000}
 el() { echo $(( $(date +%s) - T0 )); }
 PIDS=()
 stop_all() { for p in "${PIDS[@]}"; do kill -TERM -- -"$p" 2>/dev/null; done; [ ${#PIDS[@]} -gt 0 ] && sleep 3
@@ -66,6 +68,7 @@ for cfg in "${CONFIGS[@]}"; do
     off)    envs=""; flags="" ;;
     on)     envs="SPECFLIP_MODE=${ON_GUARD:-assert}"; flags="$SPEC" ;;
     switch) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
+    bare)   envs="SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;
     *) echo "unknown config $cfg"; exit 2 ;;
   esac

@@ -15,8 +15,9 @@ import os
 import statistics
 import sys
 
-ORDER = ("off", "on", "switch", "sync")
-RATIOS = (("switch", "off"), ("switch", "on"), ("sync", "off"), ("on", "off"))
+ORDER = ("off", "on", "switch", "bare", "sync")
+# switch, on and sync run the guard (assert mode); off and bare do not: bare / off and switch / on are like for like
+RATIOS = (("bare", "off"), ("switch", "off"), ("switch", "on"), ("bare", "on"), ("sync", "off"), ("on", "off"))
 
 
 def load(path: str) -> dict | None:
