@@ -1,8 +1,11 @@
 """specflip's speculation switch for SGLang's v1 EAGLE worker (0.5.12, SGLANG_ENABLE_SPEC_V2=0 or
 --disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
 
-The steps are the model's shipped design `seeds_final` (statemodel/designs.py), and every function below that
-changes SGLang state is named after the model action it performs (statemodel.actions.ACTION_CATALOGUE):
+Two designs (statemodel/designs.py), chosen by SPECFLIP_SWITCH_DRAFT (below). The default since issue 22,
+`v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py: speculation off is SGLang's own plain
+scheduler path, as a plain server runs it. The seeds' design `seeds_final` (`sync`) is the rest of this module:
+every function below that changes SGLang state is named after the model action it performs
+(statemodel.actions.ACTION_CATALOGUE):
 
 * `flip_off` / `flip_on`: the threshold policy with hysteresis, decided by the model's own
   `statemodel.policy.decide_flip`, as the model's `policy_wants_off` / `policy_wants_on` (clamped to
