@@ -518,3 +518,17 @@ def test_the_guard_catches_a_flip_off_that_leaves_the_draft_input(loop: Any, mon
             loop.iteration()
     assert rt.counters.get("flip_off") == 1
     assert caught.value.invariant in ("spec_info_matches_mode", "spec_info_matches_batch"), caught.value
+
+
+def test_retract_mode_flips_off_on_an_idle_server_at_a_burst(loop: Any) -> None:
+    """A burst of requests at an idle server (each concurrency phase of the GPU run starts so): flip-off with nothing
+    running, every request prefilled and decoded plain, flip-on at the idle iteration after them."""
+    rt = retract_switch(5, 2)
+    loop.add(h.make_reqs("b", 6, max_new_tokens=7))
+    loop.run_until_idle()  # its last iteration filters the finished requests: flip-on waits for that
+    loop.iteration()
+    assert rt.recorded == ["flip_off", "flip_on"]
+    assert "spec" not in loop.kinds and loop.kinds.count("prefill") == 1
+    assert all(req.output_ids == h.expected_output(req) for req in loop.finished) and len(loop.finished) == 6
+    assert loop.scheduler.spec_algorithm.is_eagle() and loop.scheduler.model_worker is loop.worker
+    assert not rt.spec_side  # everything the plain path swapped is back
