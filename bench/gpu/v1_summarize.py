@@ -113,8 +113,8 @@ def trace_lines(out: str) -> list[str]:
             lines.append(f"  - {kind} steps timed: {len(timings)} ({sum(bool(e.get('graph')) for e in timings)} on "
                          f"graphs); the first after the first flip: {f0['ms']:.2f} ms device, "
                          f"{f0.get('host_ms', 0):.2f} ms host (bs {f0['bs']}); steady median {med:.2f} ms device, "
-                         f"{host:.2f} ms host; the first after any flip: max {max(e['ms'] for e in first):.2f} ms device, "
-                         f"{max(e.get('host_ms', 0) for e in first):.2f} ms host")
+                         f"{host:.2f} ms host; the first after any flip: max {max(e['ms'] for e in first):.2f} ms "
+                         f"device, {max(e.get('host_ms', 0) for e in first):.2f} ms host")
     return lines or ["(no switch trace)"]
 
 
