@@ -10,8 +10,8 @@ usage:
       side by side (issue 22): for each round and concurrency, every server in turn (the order rotates each round,
       so host noise and drift fall on every configuration alike); stops starting rounds past --deadline-s
   python3 bench/gpu/v1_client.py probe OUT.json --servers switch=URL,... [--tag fresh]
-      the first-flip probe: one long request, then 5 short ones at once while it runs (demand 6: a 5:4 switch
-      flips off), they finish (demand 1: it flips on, retracting the long one); per-request latencies. Run on a
+      the first-flip probe: one long request, then 5 short ones at once while it runs (demand 6: a 5:2 or 5:4
+      switch flips off), they finish (demand 1: it flips on, retracting the long one); per-request latencies. Run on a
       freshly started server and again after the sweep: the difference is what the first flip costs.
 Each phase runs max(2c, 8) requests. Prints one line per phase and a last line `V1_REPLAY_OK` or `V1_REPLAY_BAD`.
 """
