@@ -10,9 +10,9 @@
 #
 # usage: BUDGET_S=540 [ROUNDS=6] [CONCS=1,5,10,32] [MODELS=8b|small] [MAX_TOKENS=30000] [SWITCH_T=5:4]
 #        bash bench/gpu/v1_run.sh [CONFIG...]
-#   SWITCH_T: the switches' thresholds, 5:2 by default (issue 22 measured 5:4). At concurrency 5 with 5:4, the
-#   iteration right after a request finishes sees demand 4 before the client's next request can arrive: flip-on,
-#   and at the next arrival flip-off, after every finish. A flip-on of this design retracts the running requests
+#   SWITCH_T: the switches' thresholds, 5:2 by default (issue 22 measured 5:4). At concurrency 5 with 5:4, demand
+#   is 4 after each finish until the client's next request arrives: a flip-on when it arrives late, and at the
+#   arrival a flip-off. A flip-on of this design retracts the running requests
 #   (their re-prefill is the catch-up), so that costs a prefill each time; 5:2 holds speculation off through the
 #   gap. The config switch54 (below) runs the new design at 5:4 for the comparison
 #   CONFIG (default: off on switch bare sync), each its own server on its own port:
