@@ -47,7 +47,8 @@ def register_switch() -> None:
 
 
 def register_switch_v1() -> None:
-    """The v1 switch (seeds_final on SGLang's v1 EAGLEWorker): a no-op unless SPECFLIP_SWITCH is set."""
+    """The v1 switch on SGLang's v1 EAGLEWorker (design v1_plain_off_retract_catch_up; with
+    SPECFLIP_SWITCH_DRAFT=sync, seeds_final): a no-op unless SPECFLIP_SWITCH is set."""
     switch_v1.install_from_env()
 
 

@@ -164,9 +164,42 @@ RETRACT_CATCH_UP_RADIX = attrs.evolve(
     tree_draft=TreeDraft.NOT_INSERTED_WITHOUT_DRAFT,
 )
 
+# Issue 22: the v1 switch (SGLang 0.5.12's EAGLEWorker, non-overlap) on SGLang's plain path. seeds_final's worker-side
+# plain step (the speculative scheduler path, a draft sync after every plain step) cost 0.53-0.62x of a plain server on
+# the H200's 8B pair; this is plain_off_retract_catch_up with the v1 worker's verify (it cuts the accepted run at a
+# finish) and the radix cache handled as the v2 switch does (skip_radix_cache_insert while off). A candidate: its
+# real-object run is on 0.5.12 (tests/test_v1_switch.py), not among the 0.5.23 guard runs every shipped design has.
+V1_RETRACT_CATCH_UP = attrs.evolve(
+    RETRACT_CATCH_UP,
+    name="v1_plain_off_retract_catch_up",
+    kind=DesignKind.CANDIDATE,
+    summary="specflip's v1 switch (SGLang 0.5.12's EAGLEWorker, non-overlap schedule) on SGLang's plain path, as "
+    "shim/switch/v1.py implements it with SPECFLIP_SWITCH_DRAFT=retract (its default since issue 22): flip-off takes "
+    "spec_info and spec_algorithm off the running and the prefilled batch (the input ids are the last draft input's "
+    "bonus tokens; v1 holds no reserve between steps) and points the scheduler at the target worker, so a spec-off "
+    "step is SGLang's own plain decode; no draft work while off, and every request run while off keeps its tokens "
+    "out of the radix tree; flip-on retracts every running request (ScheduleBatch.retract_all: release_req without "
+    "tree insertion) and its prefill with speculation on runs the target and the draft over prompt + output.",
+    source="shim/switch/v1.py (draft mode retract); docs/v1.md; issue 22",
+    sglang_line="0.5.12",
+    verify_advances_past_finish=False,  # the v1 worker cuts the accepted run at the finish
+)
+# the same with the radix cache on (the server default), as plain_off_retract_catch_up_radix is for v2: the guard's
+# reference is the design above (the guard does not follow the tree), this one proves the tree stays draft-covered
+V1_RETRACT_CATCH_UP_RADIX = attrs.evolve(
+    V1_RETRACT_CATCH_UP,
+    name="v1_plain_off_retract_catch_up_radix",
+    summary="v1_plain_off_retract_catch_up on a server with SGLang's radix cache on: every request of a batch run "
+    "while off gets req.skip_radix_cache_insert and the flip-on retraction gives it back, so a prefix hit only ever "
+    "reuses slots whose draft KV was written.",
+    radix_cache=True,
+    tree_draft=TreeDraft.NOT_INSERTED_WITHOUT_DRAFT,
+)
+
 # Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
 # plain_off_catch_up is the guard's reference design on a server without a switch (no flip ever happens there).
-CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2, RETRACT_CATCH_UP_RADIX)
+CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2, RETRACT_CATCH_UP_RADIX, V1_RETRACT_CATCH_UP,
+                                  V1_RETRACT_CATCH_UP_RADIX)
 
 
 def _known_bad(base: Design, *, name: str, summary: str, source: str, expected_invariant: str,

@@ -465,3 +465,150 @@ def expected_output(req: Any) -> list[int]:
         out.append(stand_in_token(probe))
         probe.output_ids.append(out[-1])
     return out
+
+
+# --- the non-overlap scheduler loop, for the v1 switch's plain path (draft mode retract) ---------------------------
+
+
+def get_next_batch_to_run_cpu_stand_in(self: Any) -> Any:
+    """Scheduler.get_next_batch_to_run, its steps for this harness (the real one needs a fully built scheduler):
+    the prefilled batch (`last_batch`) filtered and merged into the running batch; then a prefill of every waiting
+    request the real `get_num_allocatable_reqs` (hooked by the switch's admission cap) admits, each first matched
+    against the tree (`init_next_round_input`, as PrefillAdder does); else the real `update_running_batch`."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    last = self.last_batch
+    if last is not None and last.forward_mode.is_extend():
+        last.filter_batch()
+        if not last.is_empty():
+            if self.running_batch.is_empty():
+                self.running_batch = last
+            else:
+                self.running_batch.merge_batch(last)
+    if self.waiting_queue:
+        room = self.get_num_allocatable_reqs(len(self.running_batch.reqs))
+        reqs = self.waiting_queue[:max(room, 0)]
+        if reqs:
+            del self.waiting_queue[:len(reqs)]
+            for req in reqs:
+                req.init_next_round_input(self.tree_cache)
+            batch = ScheduleBatch.init_new(reqs, self.req_to_token_pool, self.token_to_kv_pool_allocator,
+                                           self.tree_cache, self.model_config, False, self.spec_algorithm)
+            batch.prepare_for_extend()
+            return batch
+    if not self.running_batch.is_empty():
+        self.running_batch = self.update_running_batch(self.running_batch)
+        return None if self.running_batch.is_empty() else self.running_batch
+    return None
+
+
+def install_scheduler_loop_stand_in() -> None:
+    """Before load_plugins(): the switch's and the guard's hooks wrap it as they wrap the real method."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    Scheduler.get_next_batch_to_run = get_next_batch_to_run_cpu_stand_in
+
+
+class V1LoopServer:
+    """Scheduler.event_loop_normal on a real Scheduler object (no __init__): get_next_batch_to_run (hooked), then
+    run_batch's two branches as 0.5.12 has them (spec v1: the EAGLEWorker gets the ScheduleBatch; spec_algorithm
+    NONE: `scheduler.model_worker` gets `get_model_worker_batch()`), then the result's processing (the prefill's,
+    the plain decode's, or spec v1's), then `last_batch = batch`. A scheduler-level spec_algorithm NONE (the
+    switch's plain path) makes new batches plain, as ScheduleBatch.init_new does on the GPU host."""
+
+    def __init__(self, pools: CpuPools, *, num_steps: int = 3, max_running: int = 48) -> None:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        self.pools = pools
+        self.worker = make_worker(pools, num_steps=num_steps)
+        s = make_scheduler(pools)
+        pools.server_args.pp_max_micro_batch_size = max_running
+        empty = ScheduleBatch.init_new([], pools.req_to_token_pool, pools.allocator, pools.tree_cache,
+                                       pools.model_config, False, pools.spec_algorithm)
+        s.__dict__.update(running_batch=empty, last_batch=None, spec_algorithm=pools.spec_algorithm,
+                          tp_worker=self.worker.target_worker, model_worker=self.worker,
+                          model_config=pools.model_config,
+                          req_to_token_pool=pools.req_to_token_pool, enable_priority_scheduling=False,
+                          disaggregation_mode=DisaggregationMode.NULL, max_queued_requests=None,
+                          enable_hicache_storage=False)
+        self.scheduler = s
+        self.finished: list[Any] = []
+        self.kinds: list[str] = []  # per iteration: prefill / spec / plain
+
+    def add(self, reqs: list[Any]) -> None:
+        self.scheduler.waiting_queue.extend(reqs)
+
+    def iteration(self) -> Any:
+        s = self.scheduler
+        batch = s.get_next_batch_to_run()
+        if batch is not None:
+            if batch.forward_mode.is_extend():
+                self._prefill(batch)
+            elif batch.spec_algorithm.is_none():
+                self._plain_decode(batch)
+            else:
+                self._spec_decode(batch)
+        s.last_batch = batch
+        return batch
+
+    def _release_finished(self, batch: Any) -> None:
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        self.pools.allocator.free_group_begin()
+        for req in batch.reqs:
+            if req.finished() and req not in self.finished:
+                release_kv_cache(req, self.pools.tree_cache)
+                self.finished.append(req)
+        self.pools.allocator.free_group_end()
+
+    def _prefill(self, batch: Any) -> None:
+        """run_batch + process_batch_result_prefill: the target's token for each request (a retracted request's
+        next one), the draft prefill's EagleDraftInput when the batch speculates."""
+        from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        self.kinds.append("prefill")
+        _count("prefill" if batch.spec_algorithm.is_none() else "spec_prefill")
+        tokens = [stand_in_token(req) for req in batch.reqs]
+        for req, token in zip(batch.reqs, tokens, strict=True):
+            req.output_ids.append(token)
+            req.check_finished()
+            if req.finished():
+                release_kv_cache(req, self.pools.tree_cache)
+                self.finished.append(req)
+            else:
+                maybe_cache_unfinished_req(req, self.pools.tree_cache)
+        batch.output_ids = torch.tensor(tokens, dtype=torch.int64)
+        if not batch.spec_algorithm.is_none():
+            bs = len(batch.reqs)
+            batch.spec_info = EagleDraftInput(bonus_tokens=torch.tensor(tokens, dtype=torch.int32),
+                                              hidden_states=torch.zeros((bs, HIDDEN_SIZE)),
+                                              topk_p=torch.ones((bs, 1)),
+                                              topk_index=torch.zeros((bs, 1), dtype=torch.int64))
+
+    def _plain_decode(self, batch: Any) -> None:
+        """run_batch's worker-batch branch and process_batch_result_decode's non-spec path."""
+        self.kinds.append("plain")
+        result = self.scheduler.model_worker.forward_batch_generation(batch.get_model_worker_batch())
+        batch.output_ids = result.next_token_ids
+        for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
+            req.output_ids.append(token)
+            req.check_finished()
+        self._release_finished(batch)
+
+    def _spec_decode(self, batch: Any) -> None:
+        self.kinds.append("spec")
+        result = self.scheduler.model_worker.forward_batch_generation(batch)
+        batch.output_ids = result.next_token_ids
+        self._release_finished(batch)
+
+    def run_until_idle(self, limit: int = 600) -> None:
+        for _ in range(limit):
+            s = self.scheduler
+            if not s.waiting_queue and all(r.finished() for r in s.running_batch.reqs) and (
+                    s.last_batch is None or not s.last_batch.forward_mode.is_extend()):
+                self.iteration()  # the idle iteration (filter, flips at no demand)
+                return
+            self.iteration()
+        raise AssertionError("requests did not finish")

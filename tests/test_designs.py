@@ -30,7 +30,8 @@ def test_a_known_bad_design_with_two_changes_is_refused() -> None:
 
 
 def test_shipped_and_candidate_labels() -> None:
-    assert {d.name for d in CANDIDATES} == {"plain_off_catch_up", "plain_off_sync", "plain_off_retract_catch_up_radix"}
+    assert {d.name for d in CANDIDATES} == {"plain_off_catch_up", "plain_off_sync", "plain_off_retract_catch_up_radix",
+                                            "v1_plain_off_retract_catch_up", "v1_plain_off_retract_catch_up_radix"}
     assert all(d.kind is DesignKind.CANDIDATE for d in CANDIDATES)
     assert all(d.kind is DesignKind.SHIPPED for d in SHIPPED)
     assert set(KNOWN_BAD_BASES) == {d.name for d in KNOWN_BAD}
@@ -45,3 +46,19 @@ def test_flip_policy_hysteresis_and_clamp() -> None:
     assert decide_flip(False, 3, 3, 4, 3, 2) is None  # t_on 3 above the cap 2: the clamp holds it off
     assert decide_flip(False, 3, 3, 4, 3, None) is Flip.ON  # no clamp
     assert Flip.OFF == "flip_off" and Flip.ON == "flip_on"  # the model action names traces write
+
+
+def test_the_v1_retract_design_fails_without_its_catch_up_or_its_tree_marks() -> None:
+    """The checker that passes v1_plain_off_retract_catch_up(_radix) (issue 22) refutes each one change away from it:
+    no retraction at flip-on (the draft never catches up), and the radix tree taking what was computed while off."""
+    import attrs
+
+    from proofs.verdicts import run_design
+    from statemodel.design import DraftWhileOff, TreeDraft
+    from statemodel.designs import V1_RETRACT_CATCH_UP, V1_RETRACT_CATCH_UP_RADIX
+
+    for design in (attrs.evolve(V1_RETRACT_CATCH_UP, name="v1_no_catch_up", draft_while_off=DraftWhileOff.NONE),
+                   attrs.evolve(V1_RETRACT_CATCH_UP_RADIX, name="v1_radix_unmarked", tree_draft=TreeDraft.IGNORED)):
+        verdict = run_design(design)
+        assert verdict.verdict == "fail", (design.name, verdict.reason)
+        assert verdict.invariant == "draft_kv_covers_prefix", (design.name, verdict.reason)

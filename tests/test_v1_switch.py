@@ -51,7 +51,13 @@ def plugin() -> Any:
     if shim.guard.runtime.current() is None:
         assert not plugins._plugins_loaded, "load_plugins() already ran in this process without specflip"
         h.install_gpu_stand_ins()
+        h.install_scheduler_loop_stand_in()
         sw.install_switch(HookRegistry, SwitchConfig(t_off=5, t_on=2, draft_while_off="sync"))
+        # draft mode retract's hooks too (each hook passes through under the other mode's runtime)
+        from sglang.srt.plugins.hook_registry import HookType
+
+        HookRegistry.register(sw.T_NEXT_BATCH, sw._next_batch_around, HookType.AROUND)
+        HookRegistry.register(sw.T_RUN_BATCH, sw._run_batch_around, HookType.AROUND)
         with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
             plugins.load_plugins()
     runtime = shim.guard.runtime.current()
@@ -305,3 +311,224 @@ def test_the_guard_catches_a_plain_step_without_draft_sync(server: Any, plugin: 
         _flip_off_with_two_running(server)
         server.step()
     assert caught.value.invariant == "legal_transition"
+
+
+# --- draft mode retract (design v1_plain_off_retract_catch_up, issue 22): SGLang's plain path while off ----------
+
+
+@pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])
+def loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
+    """A fresh V1LoopServer (the non-overlap scheduler loop on a real Scheduler object) and a fresh Guard whose
+    reference is the retract design (what install_switch announces in that mode)."""
+    import shim.switch.v1 as sw
+    from shim.guard import api as guard_api
+
+    guard_api.announce_switch(sw.RETRACT_DESIGN, 48)
+    plugin.reset()
+    plugin.paused = False
+    plugin.trace_template = str(tmp_path / "guard.jsonl")
+    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
+    srv = h.V1LoopServer(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
+    srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
+    yield srv
+    guard_api.announce_switch(sw.DESIGN, 48)  # what the module's plugin fixture installed
+    plugin.reset()
+    plugin.paused = False
+
+
+def retract_switch(t_off: int, t_on: int, trace: Path | None = None) -> Any:
+    import shim.switch.v1 as sw
+
+    rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on, draft_while_off="retract",
+                                     trace_dir=None if trace is None else str(trace)))
+    rt.recorded = []
+    rt.plain_runner = h.CudaGraphRunnerCpuStandIn(num_tokens_per_bs=1)  # what capture_plain_decode_runner makes
+    return rt
+
+
+def _waves(srv: Any, rounds: int = 2) -> None:
+    """A long request alone (speculating), then 5 more (demand 6: flip off), they finish (demand 1: flip on,
+    the long one retracted and prefilled again with the draft); round 2 with prompts sharing a prefix."""
+    for r in range(rounds):
+        srv.add([h.make_req(f"r{r}long", [3, 4, 5, r], max_new_tokens=30)])
+        for _ in range(3):
+            srv.iteration()
+        srv.add([h.make_req(f"r{r}s{i}", [*range(50, 58), 60 + i], max_new_tokens=5 + i) for i in range(5)])
+        srv.run_until_idle()
+
+
+def test_retract_mode_is_exact_kv_clean_guard_clean_and_a_model_path(loop: Any, plugin: Any, tmp_path: Path) -> None:
+    import shim.switch.v1 as sw
+    from statemodel.designs import get_design
+
+    rt = retract_switch(5, 2)
+    drafts, extends = h.STAND_IN_CALLS.get("draft", 0), h.STAND_IN_CALLS.get("draft_extend", 0)
+    _waves(loop)
+    assert len(loop.finished) == 12
+    assert all(req.output_ids == h.expected_output(req) for req in loop.finished)  # greedy, exact
+    tree = loop.pools.tree_cache
+    held_by_tree = tree.evictable_size() + tree.protected_size()
+    assert loop.pools.allocator.available_size() + held_by_tree == loop.pools.allocator.size  # all came back
+    assert rt.counters.get("flip_off") == 2 and rt.counters.get("flip_on") == 2, rt.counters
+    assert [r.retraction_count for r in loop.finished if "long" in r.rid] == [1, 1]  # the catch-up, once each
+    assert "plain" in loop.kinds and "spec" in loop.kinds
+    # no draft work while off: a draft (and at most one draft-extend) per speculative step, none per plain step
+    assert h.STAND_IN_CALLS.get("draft", 0) - drafts == loop.kinds.count("spec")
+    assert 0 < h.STAND_IN_CALLS.get("draft_extend", 0) - extends <= loop.kinds.count("spec")
+
+    plugin.guard.close()
+    steps = _guard_steps(tmp_path / "guard.jsonl")
+    design = attrs.evolve(get_design(sw.RETRACT_DESIGN), num_steps=NUM_STEPS)
+    assert plugin.guard.config.design.name == sw.RETRACT_DESIGN
+    scope = plugin.guard.config.scope
+    size = loop.pools.allocator.size
+    # every step the live objects took is one the model allows. This switch flips at the top of the iteration, on a
+    # waiting queue the guard does not see (it learns of a request at its prefill), so a flip is checked where the
+    # model puts it (the stage, a prefilled batch merged, no finished request in the batch) with thresholds that make
+    # the demand due; the decisions themselves are the model's rule on the scheduler's counts (the policy test)
+    # The guard sees the flip-on's retraction request by request (release_kv_cache), then the flip: the model's
+    # flip_on is the whole of it, so it is checked from the state before the first of those retractions.
+    due = {"flip_off": Thresholds(1, 0), "flip_on": Thresholds(10**6, 10**6 - 1)}
+    names = [a.name for _, a in steps]
+    group_start: State | None = None
+    for i, (before, action) in enumerate(steps):
+        after_retracts = next((n for n in names[i:] if n != "retract"), None)
+        if action.name == "retract" and after_retracts == "flip_on":
+            group_start = group_start or before
+            continue
+        if action.name == "flip_on" and group_start is not None:
+            before, group_start = group_start, None
+        state = attrs.evolve(before, thresholds=due[action.name]) if action.name in due else before
+        if state.kv_pool_size == 0:
+            state = attrs.evolve(state, kv_free=size, kv_pool_size=size)
+        if action.name == "prefill":
+            action = Action("prefill")  # the checker's form (the harness's admission is the model's PrefillAdder's)
+        allowed = enabled(state, design, scope)
+        assert action in allowed, (action, [a.describe() for a in allowed])
+    assert rt.recorded == [a.name for _, a in steps if a.name in ("flip_off", "flip_on")]
+    assert {"retract", "flip_off", "flip_on", "plain_decode", "verify", "draft_extend"} <= {a.name for _, a in steps}
+
+
+def test_retract_mode_keeps_tokens_computed_without_the_draft_out_of_the_tree(loop: Any) -> None:
+    """Issue 24 on the v1 line (design v1_plain_off_retract_catch_up_radix): every request run while off is marked
+    skip_radix_cache_insert; the flip-on retraction gives the long request its own flag back."""
+    rt = retract_switch(5, 2)
+    loop.add([h.make_req("long", [3, 4, 5], max_new_tokens=30)])
+    for _ in range(3):
+        loop.iteration()
+    loop.add(h.make_reqs("s", 5, max_new_tokens=4))
+    marked = {}
+    for _ in range(200):
+        loop.iteration()
+        for req in loop.scheduler.running_batch.reqs:
+            marked.setdefault(req.rid, []).append(bool(req.skip_radix_cache_insert))
+        if rt.counters.get("flip_on"):
+            break
+    assert rt.counters.get("flip_off") == 1 and rt.counters.get("flip_on") == 1
+    assert all(all(v) for rid, v in marked.items() if rid.startswith("s"))  # prefilled and decoded while off
+    prefill = loop.scheduler.last_batch  # the flip-on's iteration: the retracted request prefilled with the draft
+    assert prefill.forward_mode.is_extend() and not prefill.spec_algorithm.is_none()
+    long = next(r for r in prefill.reqs if r.rid == "long")
+    assert long.skip_radix_cache_insert is False and long.retraction_count == 1
+    loop.run_until_idle()
+    assert all(req.output_ids == h.expected_output(req) for req in loop.finished)
+
+
+@pytest.mark.parametrize(("draft", "hidden", "recaptures"), [("retract", "NULL", 0), ("sync", "FULL", 1)])
+def test_the_plain_runner_is_captured_in_the_mode_its_batches_ask_for(monkeypatch: Any, draft: str, hidden: str,
+                                                                      recaptures: int) -> None:
+    """SGLang's CudaGraphRunner.recapture_if_needed (real) recaptures every graph when a batch asks for another
+    hidden-state mode than the one captured. The plain path's batches ask for none (NULL): captured FULL, as the
+    draft sync needs, the runner would recapture at the first plain step (a stall of seconds on an 8B target)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor import cuda_graph_runner as cgr
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    import shim.switch.v1 as sw
+
+    captures: list[str] = []
+
+    def init_cpu_stand_in(self: Any, model_runner: Any, attn_backend: Any = None) -> None:
+        # CudaGraphRunner.__init__ for a non-speculative runner: hidden mode NULL, then capture (GPU work)
+        self.model_runner, self.capture_hidden_mode, self.capture_bs = model_runner, CaptureHiddenMode.NULL, [1, 2]
+        self.capture()
+
+    monkeypatch.setattr(cgr.CudaGraphRunner, "__init__", init_cpu_stand_in)
+    monkeypatch.setattr(cgr.CudaGraphRunner, "capture", lambda self: captures.append(self.capture_hidden_mode.name))
+    rt = sw.set_runtime(SwitchConfig(t_off=5, t_on=2, draft_while_off=draft))
+    mr = SimpleNamespace(spec_algorithm=None, graph_runner=object(), _get_attention_backend=lambda **_: "plain-backend",
+                         server_args=SimpleNamespace(enable_return_hidden_states=False))
+    sw.capture_plain_decode_runner(SimpleNamespace(target_worker=SimpleNamespace(model_runner=mr)), rt)
+    assert captures == [hidden] and rt.plain_attn_backend == "plain-backend"
+    plain_batch = SimpleNamespace(capture_hidden_mode=CaptureHiddenMode.NULL, spec_info=None)  # a plain path batch
+    rt.plain_runner.recapture_if_needed(plain_batch)
+    assert len(captures) - 1 == recaptures
+    sw.set_runtime(None)
+
+
+def test_retract_is_the_v1_default_and_names_its_design() -> None:
+    import shim.switch.v1 as sw
+
+    config = SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:4"}, default_draft="retract")
+    assert sw.design_for(sw.check_config(config)) == sw.RETRACT_DESIGN == "v1_plain_off_retract_catch_up"
+    assert sw.design_for(SwitchConfig(t_off=5, t_on=4, draft_while_off="sync")) == sw.DESIGN == "seeds_final"
+    with mock.patch.dict("os.environ", {"SPECFLIP_SWITCH": "5:4"}, clear=False):
+        import os
+
+        os.environ.pop("SPECFLIP_SWITCH_DRAFT", None)
+        registered: list[str] = []
+        registry = SimpleRegistry(registered)
+        sw.install_switch(registry, SwitchConfig.from_env(default_draft="retract"))
+    assert registered == [t for t in sw.HOOKS_FOR_DRAFT_MODE["retract"] if t != sw.T_RUN_BATCH]  # no trace: no timer
+    sw.set_runtime(None)
+
+
+class SimpleRegistry:
+    """Records what install_switch registers (SGLang's HookRegistry is process-wide)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def register(self, target: str, hook: Any, kind: Any) -> None:
+        self.names.append(target)
+
+
+def test_the_guard_catches_a_flip_off_that_leaves_the_draft_input(loop: Any, monkeypatch: Any) -> None:
+    """The plain path's flip must take the draft input off the batch (the plain decode then runs with a speculative
+    spec_info: the seeds' attempt 1 at the scheduler level); the guard in assert mode stops it."""
+    from shim.guard.core import SpecFlipViolation
+    from shim.switch import v1_plain_path
+
+    real = v1_plain_path.to_plain_batch
+
+    def keeps_draft_input(batch: Any) -> None:
+        spec_info = batch.spec_info
+        real(batch)
+        batch.spec_info = spec_info
+
+    monkeypatch.setattr(v1_plain_path, "to_plain_batch", keeps_draft_input)
+    rt = retract_switch(2, 1)
+    loop.add(h.make_reqs("s", 1, max_new_tokens=20))
+    for _ in range(3):  # prefill and two speculative steps
+        loop.iteration()
+    loop.add(h.make_reqs("s", 1, max_new_tokens=20, start=1))  # demand 2: flip off at the next iteration
+    with pytest.raises(SpecFlipViolation) as caught:
+        for _ in range(4):
+            loop.iteration()
+    assert rt.counters.get("flip_off") == 1
+    assert caught.value.invariant in ("spec_info_matches_mode", "spec_info_matches_batch"), caught.value
+
+
+def test_retract_mode_flips_off_on_an_idle_server_at_a_burst(loop: Any) -> None:
+    """A burst of requests at an idle server (each concurrency phase of the GPU run starts so): flip-off with nothing
+    running, every request prefilled and decoded plain, flip-on at the idle iteration after them."""
+    rt = retract_switch(5, 2)
+    loop.add(h.make_reqs("b", 6, max_new_tokens=7))
+    loop.run_until_idle()  # its last iteration filters the finished requests: flip-on waits for that
+    loop.iteration()
+    assert rt.recorded == ["flip_off", "flip_on"]
+    assert "spec" not in loop.kinds and loop.kinds.count("prefill") == 1
+    assert all(req.output_ids == h.expected_output(req) for req in loop.finished) and len(loop.finished) == 6
+    assert loop.scheduler.spec_algorithm.is_eagle() and loop.scheduler.model_worker is loop.worker
+    assert not rt.spec_side  # everything the plain path swapped is back

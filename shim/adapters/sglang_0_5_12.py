@@ -30,10 +30,11 @@ from typing import Any
 import attrs
 
 from shim.adapters.common import V2Adapter, tensor_width
+from shim.guard.api import announced_switch
 from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from statemodel.design import Design
-from statemodel.designs import SEEDS_FINAL
+from statemodel.designs import SEEDS_FINAL, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
 
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
@@ -96,10 +97,13 @@ class Adapter(V2Adapter):
         return None
 
     def reference_design(self, sa: Any) -> Design:
-        """seeds_final with the server's step count: the model's reserve (KvReserve.LARGEST_STATE, steps + 1 per
-        request) stands in for v1's verify allocation until prepare_for_verify makes it."""
+        """The design the v1 switch announced (seeds_final when none did) with the server's step count: the model's
+        reserve (KvReserve.LARGEST_STATE, steps + 1 per request) stands in for v1's verify allocation until
+        prepare_for_verify makes it."""
+        switch = announced_switch()
+        design = get_design(switch.design_name) if switch is not None else SEEDS_FINAL
         steps = getattr(sa, "speculative_num_steps", None) if sa is not None else None
-        return attrs.evolve(SEEDS_FINAL, num_steps=int(steps)) if steps else SEEDS_FINAL
+        return attrs.evolve(design, num_steps=int(steps)) if steps else design
 
     # --- observation ------------------------------------------------------------------------------------
 

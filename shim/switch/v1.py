@@ -1,8 +1,11 @@
 """specflip's speculation switch for SGLang's v1 EAGLE worker (0.5.12, SGLANG_ENABLE_SPEC_V2=0 or
 --disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
 
-The steps are the model's shipped design `seeds_final` (statemodel/designs.py), and every function below that
-changes SGLang state is named after the model action it performs (statemodel.actions.ACTION_CATALOGUE):
+Two designs (statemodel/designs.py), chosen by SPECFLIP_SWITCH_DRAFT (below). The default since issue 22,
+`v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py: speculation off is SGLang's own plain
+scheduler path, as a plain server runs it. The seeds' design `seeds_final` (`sync`) is the rest of this module:
+every function below that changes SGLang state is named after the model action it performs
+(statemodel.actions.ACTION_CATALOGUE):
 
 * `flip_off` / `flip_on`: the threshold policy with hysteresis, decided by the model's own
   `statemodel.policy.decide_flip`, as the model's `policy_wants_off` / `policy_wants_on` (clamped to
@@ -21,8 +24,13 @@ changes SGLang state is named after the model action it performs (statemodel.act
   current.
 
 Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): `SPECFLIP_SWITCH=t_off:t_on`,
-`SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_GRAPHS=decode|eager`, `SPECFLIP_SWITCH_TRACE=<dir>`.
-`SPECFLIP_SWITCH_DRAFT` must be `sync`, its default here (seeds_final syncs the draft after every plain step).
+`SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_GRAPHS=decode|eager`, `SPECFLIP_SWITCH_TRACE=<dir>`, and
+`SPECFLIP_SWITCH_DRAFT`:
+  retract (default since issue 22; design v1_plain_off_retract_catch_up, shim/switch/v1_plain_path.py): speculation
+          off is SGLang's own plain scheduler path, flip-on retracts the running requests and their re-prefill with
+          speculation is the draft's catch-up. The hooks above that name seeds_final's actions are not installed;
+          the flips run at Scheduler.get_next_batch_to_run.
+  sync    (seeds_final, the functions above): kept for the side-by-side measurement of issue 22 (docs/v1.md).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
 which also loads the guard (a no-op unless SPECFLIP_MODE is set).
@@ -37,12 +45,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shim.guard import api as guard_api
+from shim.switch import v1_plain_path
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.policy import SwitchPolicy
 from shim.switch.swap import AttributeSwap, plain_runner_side
 from shim.timing.jsonl import JsonlTrace
 
-DESIGN = "seeds_final"
+DESIGN = "seeds_final"  # SPECFLIP_SWITCH_DRAFT=sync
+RETRACT_DESIGN = "v1_plain_off_retract_catch_up"  # SPECFLIP_SWITCH_DRAFT=retract (the default)
+DESIGN_FOR_DRAFT_MODE = {"sync": DESIGN, "retract": RETRACT_DESIGN}
 # The functions of this module that perform a model action, by action name (tests check the names exist in
 # the model's catalogue and that a recorded run is a path of the design).
 SWITCH_ACTIONS = ("flip_off", "flip_on", "prepare_for_decode", "plain_decode", "draft_sync")
@@ -53,15 +64,27 @@ T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_req
 T_PREPARE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
 T_FORWARD = "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation"
 T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker.EAGLEWorker.init_cuda_graphs"
-TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS)
+# draft mode retract: the flips, at the top of the non-overlap loop's iteration; the decode steps' trace
+T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH)
+HOOKS_FOR_DRAFT_MODE = {"sync": (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_INIT_GRAPHS, T_FORWARD),
+                        "retract": (T_ALLOCATABLE, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH)}
 
 
 def check_config(config: SwitchConfig) -> SwitchConfig:
-    """The v1 switch implements seeds_final only: the draft is synced after every plain step."""
-    if config.draft_while_off != "sync":
+    """The v1 switch implements v1_plain_off_retract_catch_up (retract) and seeds_final (sync)."""
+    if config.draft_while_off not in DESIGN_FOR_DRAFT_MODE:
         raise SwitchConfigError(f"SPECFLIP_SWITCH_DRAFT={config.draft_while_off!r}: the v1 switch implements "
-                                f"{DESIGN}, which syncs the draft after every plain step (use sync)")
+                                f"retract ({RETRACT_DESIGN}) and sync ({DESIGN})")
+    if config.auto:
+        raise SwitchConfigError("SPECFLIP_SWITCH=auto: the v1 switch takes thresholds (t_off:t_on)")
     return config
+
+
+def design_for(config: SwitchConfig) -> str:
+    """The model design the v1 switch implements under `config`."""
+    return DESIGN_FOR_DRAFT_MODE[config.draft_while_off]
 
 
 @dataclass
@@ -76,6 +99,15 @@ class SwitchRuntime:
     demand: tuple[int, int] | None = None  # (waiting, chunked) of the scheduler iteration in progress
     recorded: list[str] | None = None  # the model actions performed, in order (tests set a list)
     counters: dict[str, int] = field(default_factory=dict)
+    # draft mode retract: what the plain path swapped out (v1_plain_path.enter_plain_path), put back at flip-on
+    spec_side: AttributeSwap = field(default_factory=AttributeSwap)
+    flips: int = 0
+    steps_since_flip: int = 0
+
+    @property
+    def plain_path(self) -> bool:
+        """Whether speculation off runs SGLang's own plain scheduler path (draft mode retract)."""
+        return self.config.draft_while_off == "retract"
 
     def record(self, action: str, **info: Any) -> None:
         self.counters[action] = self.counters.get(action, 0) + 1
@@ -138,7 +170,7 @@ def prepare_for_decode(rt: SwitchRuntime, orig: Any, batch: Any, *args: Any, **k
 
 def _prepare_for_decode_around(orig: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if rt is None or not batch.reqs or batch.spec_algorithm.is_none() or batch.is_spec_v2:
+    if rt is None or rt.plain_path or not batch.reqs or batch.spec_algorithm.is_none() or batch.is_spec_v2:
         return orig(batch, *args, **kwargs)
     decide_flip(rt, batch)
     if rt.policy.spec_on:
@@ -148,7 +180,7 @@ def _prepare_for_decode_around(orig: Any, batch: Any, *args: Any, **kwargs: Any)
 
 def _update_running_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if rt is None:
+    if rt is None or rt.plain_path:
         return orig(scheduler, batch, *args, **kwargs)
     # demand for the policy: requests waiting (and one being chunk-prefilled) besides the running batch
     rt.demand = (len(getattr(scheduler, "waiting_queue", ()) or ()),
@@ -178,6 +210,10 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = worker.target_worker.model_runner
+    # The draft sync reads the plain step's hidden states (FULL); the plain path's batches ask for none (NULL).
+    # The mode must be the one every plain batch asks for: CudaGraphRunner.recapture_if_needed recaptures every
+    # graph whenever a batch asks for another mode (a stall of seconds on an 8B target, and at every mode change).
+    hidden_mode = CaptureHiddenMode.NULL if rt.plain_path else CaptureHiddenMode.FULL
     tic = time.perf_counter()
     # the runner captures DECODE, 1 token per request
     with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)):
@@ -186,15 +222,15 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
             from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
             class PlainDecodeCudaGraphRunner(CudaGraphRunner):  # type: ignore[misc, valid-type]
-                """Captured with the hidden states the draft sync needs (a mismatch would fall back to eager)."""
+                """Captured with the hidden-state mode the plain steps ask for (see above)."""
 
                 def capture(self, *a: Any, **k: Any) -> Any:
-                    self.capture_hidden_mode = CaptureHiddenMode.FULL
+                    self.capture_hidden_mode = hidden_mode
                     return super().capture(*a, **k)
 
             rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
-                   graphs=rt.plain_runner is not None,
+                   graphs=rt.plain_runner is not None, hidden_mode=hidden_mode.name,
                    capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))
 
 
@@ -282,7 +318,7 @@ def draft_sync(rt: SwitchRuntime, worker: Any, batch: Any, target_result: Any, t
 
 def _forward_around(orig: Any, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = _RUNTIME
-    if (rt is None or rt.policy.spec_on or batch.forward_mode.is_extend() or batch.is_extend_in_batch
+    if (rt is None or rt.plain_path or rt.policy.spec_on or batch.forward_mode.is_extend() or batch.is_extend_in_batch
             or batch.forward_mode.is_idle() or not batch.reqs):
         return orig(worker, batch, *args, **kwargs)
     from sglang.srt.managers.utils import GenerationBatchResult
@@ -292,6 +328,53 @@ def _forward_around(orig: Any, worker: Any, batch: Any, *args: Any, **kwargs: An
     bs = len(batch.reqs)
     return GenerationBatchResult(logits_output=res.logits_output, next_token_ids=tokens, num_correct_drafts=0,
                                  num_correct_drafts_per_req_cpu=[0] * bs, can_run_cuda_graph=res.can_run_cuda_graph)
+
+
+# ------------------------------------------------------------------------------------------------
+# Draft mode retract (v1_plain_off_retract_catch_up): the flips at the top of the loop's iteration
+
+
+def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = _RUNTIME
+    if rt is None or not rt.plain_path:
+        return orig(scheduler, *args, **kwargs)
+    v1_plain_path.plain_path_flip(rt, scheduler)
+    batch = orig(scheduler, *args, **kwargs)
+    if batch is not None and not rt.policy.spec_on:
+        v1_plain_path.keep_out_of_tree(batch)
+    return batch
+
+
+def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
+    time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
+    rt = _RUNTIME
+    if rt is None or not rt.plain_path or not rt.trace.enabled or not batch.forward_mode.is_decode():
+        return orig(scheduler, batch, *args, **kwargs)
+    kind = "plain" if batch.spec_algorithm.is_none() else "spec"
+    every = rt.config.trace_every  # SPECFLIP_SWITCH_TRACE_EVERY: the two steps after a flip and every Nth other one
+    if every > 1 and rt.steps_since_flip >= 2 and rt.counters.get(f"{kind}_step", 0) % every:
+        rt.counters[f"{kind}_step"] = rt.counters.get(f"{kind}_step", 0) + 1
+        rt.steps_since_flip += 1
+        return orig(scheduler, batch, *args, **kwargs)
+    import torch
+
+    bs = batch.batch_size()
+    first = rt.steps_since_flip == 0 and rt.flips > 0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    tic = time.perf_counter()
+    out = orig(scheduler, batch, *args, **kwargs)
+    end.record()
+    rt.counters[f"{kind}_step"] = rt.counters.get(f"{kind}_step", 0) + 1
+    if kind == "plain":
+        rt.counters["plain_graph" if out.can_run_cuda_graph else "plain_eager"] = \
+            rt.counters.get("plain_graph" if out.can_run_cuda_graph else "plain_eager", 0) + 1
+    rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first,
+                                "graph": bool(getattr(out, "can_run_cuda_graph", False)),
+                                "host_ms": round((time.perf_counter() - tic) * 1e3, 3)})
+    rt.steps_since_flip += 1
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,14 +390,22 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
 
     rt = set_runtime(config)
     assert rt is not None
-    rt.trace.event("config", design=DESIGN, worker="v1", t_off=config.t_off, t_on=config.t_on,
-                   spec_cap=config.spec_cap, plain_graphs=config.plain_graphs)
-    guard_api.announce_switch(DESIGN, config.spec_cap)  # the guard's reference design and scope
-    registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
-    registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
-    registry.register(T_PREPARE, _prepare_for_decode_around, HookType.AROUND)
-    registry.register(T_INIT_GRAPHS, _init_cuda_graphs_after, HookType.AFTER)
-    registry.register(T_FORWARD, _forward_around, HookType.AROUND)
+    design = design_for(config)
+    rt.trace.event("config", design=design, worker="v1", t_off=config.t_off, t_on=config.t_on,
+                   spec_cap=config.spec_cap, plain_graphs=config.plain_graphs, draft_while_off=config.draft_while_off)
+    guard_api.announce_switch(design, config.spec_cap)  # the guard's reference design and scope
+    hooks = {T_UPDATE_RUNNING: (_update_running_batch_around, HookType.AROUND),
+             T_ALLOCATABLE: (_allocatable_around, HookType.AROUND),
+             T_PREPARE: (_prepare_for_decode_around, HookType.AROUND),
+             T_INIT_GRAPHS: (_init_cuda_graphs_after, HookType.AFTER),
+             T_FORWARD: (_forward_around, HookType.AROUND),
+             T_NEXT_BATCH: (_next_batch_around, HookType.AROUND),
+             T_RUN_BATCH: (_run_batch_around, HookType.AROUND)}
+    for target in HOOKS_FOR_DRAFT_MODE[config.draft_while_off]:
+        if target == T_RUN_BATCH and not rt.trace.enabled:
+            continue  # only the trace reads it: one wrapper less per step
+        hook, kind = hooks[target]
+        registry.register(target, hook, kind)
     return True
 
 
@@ -323,18 +414,18 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
     pass everything through (speculation always on)."""
     global _RUNTIME
     _RUNTIME = None if config is None else SwitchRuntime(config=check_config(config),
-                                                         policy=SwitchPolicy(config, design_name=DESIGN),
+                                                         policy=SwitchPolicy(config, design_name=design_for(config)),
                                                          trace=JsonlTrace(config.trace_dir))
     return _RUNTIME
 
 
 def install_from_env() -> bool:
-    """Install the switch as SPECFLIP_* say (SPECFLIP_SWITCH_DRAFT defaults to sync here); False when
+    """Install the switch as SPECFLIP_* say (SPECFLIP_SWITCH_DRAFT defaults to retract); False when
     SPECFLIP_SWITCH is unset, or (one line logged) on a bad setting."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     try:
-        return install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))
+        return install_switch(HookRegistry, SwitchConfig.from_env(default_draft="retract"))
     except SwitchConfigError as exc:
         logging.getLogger("specflip.switch").error("specflip v1 switch off: %s", exc)
         return False

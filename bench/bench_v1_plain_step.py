@@ -1,0 +1,107 @@
+"""The v1 switch's spec-off decode step on the host, seeds_final (SPECFLIP_SWITCH_DRAFT=sync) against the plain
+path (retract, issue 22), side by side in one run on real sglang 0.5.12 objects (CPU, tests/sglang12_cpu.py).
+
+A plain-step iteration of each: sync runs the spec-v1 scheduler step (`update_running_batch` with v1's early
+return, then `EAGLEWorker.forward_batch_generation` hooked: the plugin's plain prepare, the worker copy, the target
+forward, Python bookkeeping per request, an EagleDraftExtendInput and the draft-extend call); retract runs SGLang's
+plain step (`update_running_batch` -> the plain `prepare_for_decode`, `get_model_worker_batch`, the target
+worker). Every GPU forward is a stand-in (the target's and the draft-extend's cost nothing here), so the figures
+are the host work around them; on the GPU host the draft sync adds a draft-model forward, its ForwardBatch and two
+host syncs (`.item()`) on top. No guard (SPECFLIP_MODE unset). Fastest of --repeat runs per cell.
+
+    SPECFLIP_SWITCH= PYTHONPATH=. .venv12/bin/python bench/bench_v1_plain_step.py [--sizes 1,5,10,32] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+os.environ.pop("SPECFLIP_MODE", None)
+os.environ.pop("SPECFLIP_SWITCH", None)
+
+import sglang12_cpu as h  # noqa: E402
+
+
+def setup() -> None:
+    import sglang.srt.plugins as plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    import shim.switch.v1 as sw
+    from shim.switch.config import SwitchConfig
+
+    h.install_gpu_stand_ins()
+    h.install_scheduler_loop_stand_in()
+    sw.install_switch(HookRegistry, SwitchConfig(t_off=1, t_on=0, draft_while_off="sync"))
+    HookRegistry.register(sw.T_NEXT_BATCH, sw._next_batch_around, HookType.AROUND)
+    plugins.load_plugins()
+
+
+def sync_steps(bs: int, steps: int, model_dir: Path) -> float:
+    """Seconds per plain decode step of seeds_final (V1Server: update_running_batch + the hooked worker call)."""
+    import shim.switch.v1 as sw
+    from shim.switch.config import SwitchConfig
+
+    srv = h.V1Server(h.build_pools(h.make_server_args(model_dir), kv_size=bs * (steps + 64) + 64, max_reqs=bs + 8))
+    sw.set_runtime(SwitchConfig(t_off=1, t_on=0, draft_while_off="sync"))
+    srv.admit(h.make_reqs("r", bs, max_new_tokens=steps + 8))
+    srv.step()  # the flip
+    tic = time.perf_counter()
+    for _ in range(steps):
+        srv.step()
+    return (time.perf_counter() - tic) / steps
+
+
+def retract_steps(bs: int, steps: int, model_dir: Path) -> float:
+    """Seconds per plain decode iteration of the plain path (V1LoopServer: get_next_batch_to_run + run + process)."""
+    import shim.switch.v1 as sw
+    from shim.switch.config import SwitchConfig
+
+    srv = h.V1LoopServer(h.build_pools(h.make_server_args(model_dir), kv_size=bs * (steps + 64) + 64,
+                                       max_reqs=bs + 8))
+    rt = sw.set_runtime(SwitchConfig(t_off=1, t_on=0, draft_while_off="retract"))
+    rt.plain_runner = h.CudaGraphRunnerCpuStandIn(num_tokens_per_bs=1)
+    srv.add(h.make_reqs("r", bs, max_new_tokens=steps + 8))
+    srv.iteration()  # the flip, the (plain) prefill
+    srv.iteration()
+    tic = time.perf_counter()
+    for _ in range(steps):
+        srv.iteration()
+    return (time.perf_counter() - tic) / steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1,5,10,32")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, help="print the top N functions of a sync step (cProfile)")
+    args = ap.parse_args()
+    setup()
+    model_dir = h.write_tiny_model_config(Path(tempfile.mkdtemp(prefix="specflip-bench12-")))
+    print("| batch size | sync (seeds_final) us/step | retract (plain path) us/step | retract / sync |")
+    print("|---|---|---|---|")
+    for bs in (int(s) for s in args.sizes.split(",")):
+        sync = min(sync_steps(bs, args.steps, model_dir) for _ in range(args.repeat))
+        plain = min(retract_steps(bs, args.steps, model_dir) for _ in range(args.repeat))
+        print(f"| {bs} | {sync * 1e6:,.0f} | {plain * 1e6:,.0f} | {plain / sync:.2f} |", flush=True)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        sync_steps(10, args.steps, model_dir)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
