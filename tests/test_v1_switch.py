@@ -336,11 +336,11 @@ def loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
     plugin.paused = False
 
 
-def retract_switch(t_off: int, t_on: int, trace: Path | None = None) -> Any:
+def retract_switch(t_off: int, t_on: int, trace: Path | None = None, radix: str = "insert") -> Any:
     import shim.switch.v1 as sw
 
     rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on, draft_while_off="retract",
-                                     trace_dir=None if trace is None else str(trace)))
+                                     trace_dir=None if trace is None else str(trace), radix=radix))
     rt.recorded = []
     rt.plain_runner = h.CudaGraphRunnerCpuStandIn(num_tokens_per_bs=1)  # what capture_plain_decode_runner makes
     return rt
@@ -411,8 +411,12 @@ def test_retract_mode_is_exact_kv_clean_guard_clean_and_a_model_path(loop: Any, 
 
 def test_retract_mode_keeps_tokens_computed_without_the_draft_out_of_the_tree(loop: Any) -> None:
     """Issue 24 on the v1 line (design v1_plain_off_retract_catch_up_radix): every request run while off is marked
-    skip_radix_cache_insert; the flip-on retraction gives the long request its own flag back."""
-    rt = retract_switch(5, 2)
+    skip_radix_cache_insert; the flip-on retraction gives the long request its own flag back. Opt-in
+    (SPECFLIP_SWITCH_RADIX=keep_out): on 0.5.16 the same flag leaked KV slots under decode retraction
+    (docs/prefix-cache.md); by default nothing is marked."""
+    default = retract_switch(5, 2)
+    assert default.config.radix == "insert"
+    rt = retract_switch(5, 2, radix="keep_out")
     loop.add([h.make_req("long", [3, 4, 5], max_new_tokens=30)])
     for _ in range(3):
         loop.iteration()

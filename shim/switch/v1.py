@@ -340,7 +340,7 @@ def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> 
         return orig(scheduler, *args, **kwargs)
     v1_plain_path.plain_path_flip(rt, scheduler)
     batch = orig(scheduler, *args, **kwargs)
-    if batch is not None and not rt.policy.spec_on:
+    if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":  # opt-in (SwitchConfig.radix)
         v1_plain_path.keep_out_of_tree(batch)
     return batch
 
