@@ -14,7 +14,7 @@ from statemodel.actions import Action, result_rows
 from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy, TreeDraft
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
 from statemodel.policy import equivalent_thresholds
-from statemodel.state import SpecMode, Stage, State, Status, Thresholds, forget_finished
+from statemodel.state import SpecMode, Stage, State, Status, Thresholds, forgotten_requests
 
 
 @attrs.frozen
@@ -186,17 +186,18 @@ class Model:
         never comes back, so demand stays within the requests not finished); and the batch the last forward ran
         on, except where a step reads it (stage DRAFTED: verify runs on it). Every other step replaces `launched`,
         and only the state invariants of the state itself read it: the checker checks them on every edge."""
-        key = forget_finished(state)
-        t = key.thresholds
+        launched = state.launched if state.stage is Stage.DRAFTED else None
+        requests = forgotten_requests(state, launched)  # a finished request only in a forgotten batch: out of all
+        thresholds = t = state.thresholds
         if t is not None:
-            statuses = [r.status for r in key.requests]
-            pair = equivalent_thresholds(key.spec_mode is SpecMode.ON, t.t_off, t.t_on,
+            statuses = [r.status for r in requests]
+            pair = equivalent_thresholds(state.spec_mode is SpecMode.ON, t.t_off, t.t_on,
                                          len(statuses) - statuses.count(Status.FINISHED))
             if pair != (t.t_off, t.t_on):
-                key = key.replace(thresholds=_thresholds(pair))
-        if key.launched is not None and key.stage is not Stage.DRAFTED:
-            key = key.replace(launched=None)
-        return key
+                thresholds = _thresholds(pair)
+        if requests is state.requests and launched is state.launched and thresholds is t:
+            return state
+        return state.replace(requests=requests, launched=launched, thresholds=thresholds)
 
     def always(self) -> tuple[Invariant, ...]:
         return INVARIANTS

@@ -358,11 +358,18 @@ def forget_finished(state: State) -> State:
     draft_hidden_ready. Such a request never runs again; actions, invariants and properties read its status,
     output and KV only (`tests/test_checker.py` holds them to it). Two states equal here behave alike, so the
     checker counts them once (`Model.dedup_key`); the counterexamples it prints keep the real values."""
+    requests = forgotten_requests(state, state.launched)
+    return state if requests is state.requests else state.replace(requests=requests)
+
+
+def forgotten_requests(state: State, launched: Batch | None) -> tuple[Request, ...]:
+    """The requests of `forget_finished(state)`, with `launched` standing for the batch the last forward ran on
+    (`Model.dedup_key` passes None where no step reads it); `state.requests` itself where nothing is forgotten."""
     requests = state.requests
     finished = [r for r in requests if r.status is Status.FINISHED]
     if not finished:
-        return state
-    running, pending, launched = state.running.rids, state.pending, state.launched
+        return requests
+    running, pending = state.running.rids, state.pending
     forgotten: list[Request] | None = None
     for r in finished:
         rid = r.rid
@@ -377,7 +384,7 @@ def forget_finished(state: State) -> State:
             if forgotten is None:
                 forgotten = list(requests)
             forgotten[rid] = f  # requests[rid] is request rid (State.req)
-    return state if forgotten is None else state.replace(requests=tuple(forgotten))
+    return requests if forgotten is None else tuple(forgotten)
 
 
 # a finished request -> the one forget_finished puts in its place (a few hundred at most; shared, so that equal
