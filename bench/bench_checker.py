@@ -1,8 +1,8 @@
 """Benchmark: the checker of a base commit and of this tree side by side, and its time to each known-bad bug next
 to Hypothesis's.
 
-    python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--repeat N] [--no-hypothesis]
-                                  [--pre-issue-20] [--symmetry] [--json FILE]
+    python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--design NAME ...] [--repeat N]
+                                  [--no-base] [--no-hypothesis] [--pre-issue-20] [--symmetry] [--json FILE]
 
 Everything is measured in one run on this machine, side by side:
 
@@ -221,7 +221,7 @@ def run_cli(code_root: Path, overlap: bool, jobs: int | None) -> tuple[float, fl
 
 
 def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int, jobs: int | None,
-                      figures: dict[str, object]) -> None:
+                      figures: dict[str, object], end_to_end: bool = True) -> None:
     print(f"{'design':40s} {'states base':>11s} {'new':>9s} {'x':>5s} {'transitions base':>16s} {'new':>9s} | "
           f"{'CPU base':>8s} {'new':>7s} {'x':>5s} | {'wall base':>9s} {'new':>7s} | verdict (base = new)")
     rows = []
@@ -240,6 +240,9 @@ def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, lim
     print(f"\nall {len(rows)} designs, one after another: CPU base {cpu_base:.1f} s, new {cpu_new:.1f} s "
           f"({cpu_base / cpu_new:.2f}x); verdicts "
           f"{'all the same' if all(r['same_verdict'] for r in rows) else 'DIFFER'}")
+    figures["base_vs_new"] = rows
+    if not end_to_end:
+        return
     base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
     new_wall, new_cpu, new_verdicts = run_cli(ROOT, overlap, jobs)
     same = [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts] == [
@@ -248,7 +251,6 @@ def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, lim
           f"{base_wall:.1f} s wall / {base_cpu:.1f} s CPU, new {new_wall:.1f} s wall / {new_cpu:.1f} s CPU: "
           f"{base_wall / new_wall:.2f}x wall, {base_cpu / new_cpu:.2f}x CPU; verdicts "
           f"{'the same' if same else 'DIFFER'}\n", flush=True)
-    figures["base_vs_new"] = rows
     figures["cli"] = {"base_wall": base_wall, "base_cpu": base_cpu, "new_wall": new_wall, "new_cpu": new_cpu,
                       "jobs": jobs or "cores", "same_verdicts": same}
 
@@ -324,9 +326,16 @@ def main() -> int:
                         "batch order")
     parser.add_argument("--overlap", action="store_true", help="the overlap designs and scope instead")
     parser.add_argument("--no-hypothesis", dest="hypothesis", action="store_false")
+    parser.add_argument("--design", action="append", help="only this design (repeatable); with it, no end-to-end "
+                        "`specflip check` run")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
+    if args.design:
+        unknown = sorted(set(args.design) - {d.name for d in designs})
+        if unknown:
+            parser.error(f"unknown design(s) {', '.join(unknown)}")
+        designs = [d for d in designs if d.name in args.design]
     scope_for = overlap_scope if args.overlap else (lambda d: Scope())
     limit = 12_000_000 if args.overlap else 2_000_000
     figures: dict[str, object] = {"scope": scope_for(designs[0]).describe(), "base": args.base,
@@ -335,7 +344,8 @@ def main() -> int:
     print(f"scope: {figures['scope']}; base {args.base}, new {figures['new']} (+ uncommitted changes, if any)\n")
     if args.with_base:
         with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp:
-            compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures)
+            compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures,
+                              end_to_end=not args.design)
     if args.pre_issue_20:
         compare_with_pre_issue_20(designs, scope_for, limit, args.symmetry, figures)
     if args.hypothesis and not args.overlap:
