@@ -1,19 +1,24 @@
-"""Benchmark: the checker before and after issue 20 side by side, and its time to each known-bad bug next
+"""Benchmark: the checker of a base commit and of this tree side by side, and its time to each known-bad bug next
 to Hypothesis's.
 
-    python bench/bench_checker.py [--repeat N] [--jobs J] [--symmetry] [--overlap] [--json FILE]
+    python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--design NAME ...] [--repeat N]
+                                  [--no-base] [--no-hypothesis] [--pre-issue-20] [--symmetry] [--json FILE]
 
 Everything is measured in one run on this machine, side by side:
 
-- before: the checker as it was before issue 20 (`check_before_issue_20`, a frozen copy kept here for this
-  comparison only: it checks an edge only when it reaches a new state), one design after another;
-- after, one process: `proofs.bfs.check` (every edge checked), one design after another;
-- after, the pool: `proofs.verdicts.run_designs`, what `specflip check` runs (one process per core).
+- base against this tree: the base commit's code (`git archive REV` into a temporary directory) and this tree's,
+  each design checked in a fresh interpreter, base then new, design after design (so both see the same load);
+  then `specflip check --no-reports --json --jobs J` end to end, base then new. States, transitions, verdict and
+  trace length are compared; where they differ the base counted states by a coarser or finer key, which the
+  docs state (docs/model.md, "What the checker counts").
+- `--pre-issue-20`: also the checker as it was before issue 20 (`check_before_issue_20`, a frozen copy kept here
+  for this comparison only: it checks an edge only when it reaches a new state), on this tree's model.
+- Hypothesis against the checker: time to each known-bad design's first counterexample, finding only (generate
+  phase) and finding + shrinking, with a fixed seed per repeat.
 
-Wall and CPU seconds are both reported: the machine is shared, so wall time is noisy; CPU time is what
-each checker spent. `--symmetry` also counts the states of each shipped design with every batch's request
-order canonicalised (the one symmetry this scope has; see docs). Hypothesis is timed twice: finding the bug
-(generate phase only) and finding + shrinking it, with a fixed seed per repeat.
+Wall and CPU seconds are both reported: the machine is shared, so wall time is noisy; CPU time is what each
+checker spent. `--symmetry` also counts the states of each shipped design with every batch's request order
+canonicalised.
 """
 
 from __future__ import annotations
@@ -21,13 +26,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections import deque
+from io import BytesIO
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis import seed as hyp_seed  # noqa: E402
@@ -35,7 +46,6 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from proofs.bfs import Result, TraceStep, check  # noqa: E402
 from proofs.hypothesis_walk import ModelViolation, machine_for  # noqa: E402
-from proofs.verdicts import run_designs  # noqa: E402
 from statemodel.actions import Action  # noqa: E402
 from statemodel.design import Design, Scope  # noqa: E402
 from statemodel.designs import ALL_DESIGNS, KNOWN_BAD, OVERLAP_DESIGNS, overlap_scope  # noqa: E402
@@ -160,25 +170,96 @@ def _summary(r: Result) -> tuple[str | None, int]:
     return (r.violations[0].invariant if r.violations else None), len(r.trace)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3, help="Hypothesis runs per known-bad design")
-    parser.add_argument("--jobs", type=int, help="processes for the pool (default: one per core)")
-    parser.add_argument("--symmetry", action="store_true", help="also count states up to batch order")
-    parser.add_argument("--overlap", action="store_true", help="the overlap designs and scope instead")
-    parser.add_argument("--no-hypothesis", dest="hypothesis", action="store_false")
-    parser.add_argument("--json", help="also write the figures here")
-    args = parser.parse_args()
-    designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
-    scope_for = overlap_scope if args.overlap else (lambda d: Scope())
-    limit = 12_000_000 if args.overlap else 2_000_000
-    figures: dict[str, object] = {"scope": scope_for(designs[0]).describe(), "designs": [], "known_bad": []}
-    print(f"scope: {figures['scope']}\n")
+# run in a fresh interpreter with the code under test first on sys.path: one design, one JSON line
+_ONE_DESIGN = """
+import json, sys
+from proofs.bfs import check
+from statemodel.design import Scope
+from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, overlap_scope
+from statemodel.model import Model
+name, overlap, limit = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+design = {d.name: d for d in (OVERLAP_DESIGNS if overlap else ALL_DESIGNS)}[name]
+r = check(Model(design, overlap_scope(design) if overlap else Scope()), max_states=limit)
+print(json.dumps({"states": r.states, "transitions": r.transitions, "wall": r.seconds, "cpu": r.cpu_seconds,
+                  "invariant": r.violations[0].invariant if r.violations else None, "steps": len(r.trace),
+                  "complete": r.complete}))
+"""
 
+
+def source_tree(rev: str, into: Path) -> Path:
+    """The files of commit `rev` of this repository, unpacked under `into` (no git worktree is made)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _env(code_root: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(code_root), "PYTHONHASHSEED": "0"}
+
+
+def run_one(code_root: Path, design: str, overlap: bool, limit: int) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", _ONE_DESIGN, design, "1" if overlap else "0", str(limit)],
+                         cwd=code_root, env=_env(code_root), check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_cli(code_root: Path, overlap: bool, jobs: int | None) -> tuple[float, float, list[dict[str, object]]]:
+    """`specflip check --no-reports --json` of the code under `code_root`: wall seconds, the checker's CPU seconds
+    summed over designs, and the verdicts."""
+    cmd = [sys.executable, "-m", "specflip.cli", "check", "--no-reports", "--json"]
+    cmd += ["--overlap"] if overlap else []
+    cmd += ["--jobs", str(jobs)] if jobs else []
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=code_root, env=_env(code_root), capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"bench_checker: {code_root}: specflip check exited {done.returncode}: {done.stderr[-500:]}")
+    designs = json.loads(done.stdout)["designs"]
+    return wall, sum(d["cpu_seconds"] for d in designs), designs
+
+
+def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int, jobs: int | None,
+                      figures: dict[str, object], end_to_end: bool = True) -> None:
+    print(f"{'design':40s} {'states base':>11s} {'new':>9s} {'x':>5s} {'transitions base':>16s} {'new':>9s} | "
+          f"{'CPU base':>8s} {'new':>7s} {'x':>5s} | {'wall base':>9s} {'new':>7s} | verdict (base = new)")
+    rows = []
+    for design in designs:
+        base = run_one(base_root, design.name, overlap, limit)
+        new = run_one(ROOT, design.name, overlap, limit)
+        same = (base["invariant"], base["steps"], base["complete"]) == (new["invariant"], new["steps"], new["complete"])
+        rows.append({"design": design.name, "base": base, "new": new, "same_verdict": same})
+        print(f"{design.name:40s} {base['states']:11,d} {new['states']:9,d} {base['states'] / new['states']:5.2f} "
+              f"{base['transitions']:16,d} {new['transitions']:9,d} | {base['cpu']:8.2f} {new['cpu']:7.2f} "
+              f"{base['cpu'] / max(new['cpu'], 1e-3):5.2f} | {base['wall']:9.2f} {new['wall']:7.2f} | "
+              f"{new['invariant'] or 'no violation'} ({new['steps']} steps) {'same' if same else 'DIFFERS'}",
+              flush=True)
+    cpu_base = sum(r["base"]["cpu"] for r in rows)  # type: ignore[index]
+    cpu_new = sum(r["new"]["cpu"] for r in rows)  # type: ignore[index]
+    print(f"\nall {len(rows)} designs, one after another: CPU base {cpu_base:.1f} s, new {cpu_new:.1f} s "
+          f"({cpu_base / cpu_new:.2f}x); verdicts "
+          f"{'all the same' if all(r['same_verdict'] for r in rows) else 'DIFFER'}")
+    figures["base_vs_new"] = rows
+    if not end_to_end:
+        return
+    base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
+    new_wall, new_cpu, new_verdicts = run_cli(ROOT, overlap, jobs)
+    same = [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts] == [
+        (d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in new_verdicts]
+    print(f"`specflip check{' --overlap' if overlap else ''}` end to end (jobs {jobs or 'one per core'}): base "
+          f"{base_wall:.1f} s wall / {base_cpu:.1f} s CPU, new {new_wall:.1f} s wall / {new_cpu:.1f} s CPU: "
+          f"{base_wall / new_wall:.2f}x wall, {base_cpu / new_cpu:.2f}x CPU; verdicts "
+          f"{'the same' if same else 'DIFFER'}\n", flush=True)
+    figures["cli"] = {"base_wall": base_wall, "base_cpu": base_cpu, "new_wall": new_wall, "new_cpu": new_cpu,
+                      "jobs": jobs or "cores", "same_verdicts": same}
+
+
+def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # noqa: ANN001
+                              symmetry: bool, figures: dict[str, object]) -> None:
     print(f"{'design':32s} {'states before':>13s} {'after':>8s} {'x':>5s} {'transitions':>11s} | "
           f"{'before wall':>11s} {'cpu':>6s} | {'after wall':>10s} {'cpu':>6s} | verdict (before = after)")
     rows = []
-    totals = {"before_wall": 0.0, "before_cpu": 0.0, "after_wall": 0.0, "after_cpu": 0.0}
     for design in designs:
         model = Model(design, scope_for(design))
         gc.collect()
@@ -186,16 +267,12 @@ def main() -> int:
         gc.collect()
         after = check(model, max_states=limit)
         same = _summary(before) == _summary(after)
-        totals["before_wall"] += before.seconds
-        totals["before_cpu"] += before.cpu_seconds
-        totals["after_wall"] += after.seconds
-        totals["after_cpu"] += after.cpu_seconds
         row = {"design": design.name, "kind": design.kind.value, "states": after.states,
                "states_before": before.states, "transitions": after.transitions,
                "before_seconds": before.seconds, "before_cpu_seconds": before.cpu_seconds,
                "after_seconds": after.seconds, "after_cpu_seconds": after.cpu_seconds,
                "invariant": _summary(after)[0], "trace_steps": _summary(after)[1], "same_verdict": same}
-        if args.symmetry and not after.violations:
+        if symmetry and not after.violations:
             row["states_up_to_batch_order"] = count_up_to_batch_order(model)
         rows.append(row)
         print(f"{design.name:32s} {before.states:13,d} {after.states:8,d} {before.states / after.states:5.2f} "
@@ -205,37 +282,74 @@ def main() -> int:
               + (f"; up to batch order: {row['states_up_to_batch_order']:,} states "
                  f"(x{after.states / row['states_up_to_batch_order']:.3f})" if "states_up_to_batch_order" in row
                  else ""), flush=True)
-    figures["designs"] = rows
-    gc.collect()
-    started = time.perf_counter()
-    pooled = run_designs(designs, scope_for, max_states=limit, jobs=args.jobs)
-    pool_wall = time.perf_counter() - started
-    pool_cpu = sum(v.result.cpu_seconds for v in pooled)
-    figures["totals"] = {**totals, "pool_wall": pool_wall, "pool_cpu": pool_cpu, "pool_jobs": args.jobs or "cores"}
-    print(f"\nall {len(designs)} designs, one after another: before {totals['before_wall']:.1f} s wall / "
-          f"{totals['before_cpu']:.1f} s CPU; after {totals['after_wall']:.1f} s wall / "
-          f"{totals['after_cpu']:.1f} s CPU")
-    print(f"all {len(designs)} designs, after, in the pool (what `specflip check` runs): {pool_wall:.1f} s wall, "
-          f"{pool_cpu:.1f} s CPU in the checker; before / pool, wall: {totals['before_wall'] / pool_wall:.2f}x\n")
+    figures["pre_issue_20"] = rows
+    print()
 
+
+def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
+    print(f"{'known-bad design':32s} {'BFS s':>8s} {'steps':>5s} {'Hyp find s':>10s} {'Hyp+shrink s':>12s} "
+          f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s}")
+    rows = []
+    for design in KNOWN_BAD:
+        bfs_runs = [check(Model(design, Scope())) for _ in range(repeat)]
+        bfs = statistics.median(r.seconds for r in bfs_runs)
+        find = [time_hypothesis(design, seed, shrink=False) for seed in range(repeat)]
+        shrunk = [time_hypothesis(design, seed, shrink=True) for seed in range(repeat)]
+        find_s = statistics.median(t for t, _ in find)
+        shrink_s = statistics.median(t for t, _ in shrunk)
+        steps = statistics.median(n for _, n in shrunk)
+        print(f"{design.name:32s} {bfs:8.3f} {len(bfs_runs[0].trace):5d} {find_s:10.3f} {shrink_s:12.3f} "
+              f"{steps:5.0f} {find_s / bfs:9.1f} {shrink_s / bfs:10.1f}", flush=True)
+        rows.append({
+            "design": design.name, "bfs_seconds": bfs, "bfs_steps": len(bfs_runs[0].trace),
+            "hypothesis_find_seconds": find_s, "hypothesis_shrink_seconds": shrink_s,
+            "hypothesis_steps_after_shrink": steps, "find_ratio": find_s / bfs, "shrink_ratio": shrink_s / bfs,
+        })
+    total_bfs = sum(r["bfs_seconds"] for r in rows)
+    total_find = sum(r["hypothesis_find_seconds"] for r in rows)
+    total_shrink = sum(r["hypothesis_shrink_seconds"] for r in rows)
+    print(f"all {len(rows)} known-bad designs: checker {total_bfs:.2f} s, Hypothesis finding {total_find:.2f} s "
+          f"({total_find / total_bfs:.1f}x), finding + shrinking {total_shrink:.2f} s "
+          f"({total_shrink / total_bfs:.1f}x)")
+    figures["known_bad"] = rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="7e32e5e", help="the commit to compare with (default: 7e32e5e, the "
+                        "checker before its state-count reduction and hot-path work)")
+    parser.add_argument("--no-base", dest="with_base", action="store_false")
+    parser.add_argument("--repeat", type=int, default=3, help="Hypothesis runs per known-bad design")
+    parser.add_argument("--jobs", type=int, help="processes for `specflip check` (default: one per core)")
+    parser.add_argument("--pre-issue-20", action="store_true", help="also the checker before issue 20")
+    parser.add_argument("--symmetry", action="store_true", help="with --pre-issue-20: also count states up to "
+                        "batch order")
+    parser.add_argument("--overlap", action="store_true", help="the overlap designs and scope instead")
+    parser.add_argument("--no-hypothesis", dest="hypothesis", action="store_false")
+    parser.add_argument("--design", action="append", help="only this design (repeatable); with it, no end-to-end "
+                        "`specflip check` run")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
+    if args.design:
+        unknown = sorted(set(args.design) - {d.name for d in designs})
+        if unknown:
+            parser.error(f"unknown design(s) {', '.join(unknown)}")
+        designs = [d for d in designs if d.name in args.design]
+    scope_for = overlap_scope if args.overlap else (lambda d: Scope())
+    limit = 12_000_000 if args.overlap else 2_000_000
+    figures: dict[str, object] = {"scope": scope_for(designs[0]).describe(), "base": args.base,
+                                  "new": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                                        capture_output=True, text=True).stdout.strip()}
+    print(f"scope: {figures['scope']}; base {args.base}, new {figures['new']} (+ uncommitted changes, if any)\n")
+    if args.with_base:
+        with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp:
+            compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures,
+                              end_to_end=not args.design)
+    if args.pre_issue_20:
+        compare_with_pre_issue_20(designs, scope_for, limit, args.symmetry, figures)
     if args.hypothesis and not args.overlap:
-        print(f"{'known-bad design':32s} {'BFS s':>8s} {'steps':>5s} {'Hyp find s':>10s} {'Hyp+shrink s':>12s} "
-              f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s}")
-        for design in KNOWN_BAD:
-            bfs_runs = [check(Model(design, Scope())) for _ in range(args.repeat)]
-            bfs = statistics.median(r.seconds for r in bfs_runs)
-            find = [time_hypothesis(design, seed, shrink=False) for seed in range(args.repeat)]
-            shrunk = [time_hypothesis(design, seed, shrink=True) for seed in range(args.repeat)]
-            find_s = statistics.median(t for t, _ in find)
-            shrink_s = statistics.median(t for t, _ in shrunk)
-            steps = statistics.median(n for _, n in shrunk)
-            print(f"{design.name:32s} {bfs:8.3f} {len(bfs_runs[0].trace):5d} {find_s:10.3f} {shrink_s:12.3f} "
-                  f"{steps:5.0f} {find_s / bfs:9.1f} {shrink_s / bfs:10.1f}", flush=True)
-            figures["known_bad"].append({  # type: ignore[union-attr]
-                "design": design.name, "bfs_seconds": bfs, "bfs_steps": len(bfs_runs[0].trace),
-                "hypothesis_find_seconds": find_s, "hypothesis_shrink_seconds": shrink_s,
-                "hypothesis_steps_after_shrink": steps, "find_ratio": find_s / bfs, "shrink_ratio": shrink_s / bfs,
-            })
+        compare_with_hypothesis(args.repeat, figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0

@@ -175,8 +175,10 @@ def report_markdown(v: Verdict) -> str:
            f"**Verdict: {v.verdict}** — {v.reason}.", "",
            d.summary, "", f"- SGLang line: {d.sglang_line}", f"- Source: {d.source}",
            f"- Policy: {d.policy.describe()}", f"- Scope: {v.scope.describe()}",
-           f"- Explored: {r.states} states (a finished request out of every batch counted by its status, output "
-           f"and KV only: `Model.dedup_key`), {r.transitions} transitions, every one checked, depth {r.max_depth}"
+           f"- Explored: {r.states} states (counted by `Model.dedup_key`: a finished request out of every batch by "
+           f"its status, output and KV only, threshold pairs the policy answers alike from there on as one, the "
+           f"last forward's batch only where a step reads it), {r.transitions} transitions, every one checked with "
+           f"every invariant, depth {r.max_depth}"
            f"{'' if r.complete else ' (stopped before exhausting the scope)'}", ""]
     out += ["## Invariants", ""]
     broken = {x.invariant for x in r.violations}

@@ -13,7 +13,8 @@ from statemodel import actions as _actions
 from statemodel.actions import Action, result_rows
 from statemodel.design import Design, FreeFlips, Scope, ThresholdPolicy, TierFlips, TreeDraft
 from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state, check_step, check_transition
-from statemodel.state import SpecMode, Stage, State, Status, forget_finished
+from statemodel.policy import equivalent_thresholds
+from statemodel.state import SpecMode, Stage, State, Status, Thresholds, forgotten_requests
 
 
 @attrs.frozen
@@ -149,6 +150,17 @@ def _steps_switched(before: State, action: Action, after: State) -> bool:
     return action.name == "draft" and action.args[0] != before.num_steps
 
 
+_THRESHOLDS: dict[tuple[int, int], Thresholds] = {}
+
+
+def _thresholds(pair: tuple[int, int]) -> Thresholds:
+    """One shared Thresholds per pair: keys holding it compare by identity."""
+    t = _THRESHOLDS.get(pair)
+    if t is None:
+        t = _THRESHOLDS[pair] = Thresholds(*pair)
+    return t
+
+
 @attrs.frozen
 class Model:
     """One design under one scope: what the checker explores and what the guard checks against."""
@@ -166,8 +178,26 @@ class Model:
         return _actions.apply(state, action, self.design, self.scope)
 
     def dedup_key(self, state: State) -> State:
-        """What the checker deduplicates states by: two states with one key behave alike (`forget_finished`)."""
-        return forget_finished(state)
+        """What the checker counts states by: two states with one key enable the same actions, to successors with
+        one key again, and every invariant and property reads them alike, so the checker expands one of them
+        (docs/model.md, "What the checker counts"). The key forgets what nothing reads any more: the dead fields
+        of a finished request out of every batch (`forget_finished`); which threshold pair, among the pairs the
+        policy answers alike at every demand still reachable (`equivalent_thresholds`: a request that finished
+        never comes back, so demand stays within the requests not finished); and the batch the last forward ran
+        on, except where a step reads it (stage DRAFTED: verify runs on it). Every other step replaces `launched`,
+        and only the state invariants of the state itself read it: the checker checks them on every edge."""
+        launched = state.launched if state.stage is Stage.DRAFTED else None
+        requests = forgotten_requests(state, launched)  # a finished request only in a forgotten batch: out of all
+        thresholds = t = state.thresholds
+        if t is not None:
+            statuses = [r.status for r in requests]
+            pair = equivalent_thresholds(state.spec_mode is SpecMode.ON, t.t_off, t.t_on,
+                                         len(statuses) - statuses.count(Status.FINISHED))
+            if pair != (t.t_off, t.t_on):
+                thresholds = _thresholds(pair)
+        if requests is state.requests and launched is state.launched and thresholds is t:
+            return state
+        return state.replace(requests=requests, launched=launched, thresholds=thresholds)
 
     def always(self) -> tuple[Invariant, ...]:
         return INVARIANTS

@@ -54,3 +54,14 @@ def decide_tier(steps: int, demand: int, ladder: tuple[int, ...], bounds: tuple[
     while i > 0 and demand <= bounds[i - 1][1]:
         i -= 1
     return ladder[i]
+
+
+def equivalent_thresholds(spec_on: bool, t_off: int, t_on: int, max_demand: int) -> tuple[int, int]:
+    """The one threshold pair standing for every pair that `decide_flip` answers alike, from now on, at every
+    demand up to `max_demand` (the checker counts states by it, `statemodel.model.Model.dedup_key`): an off
+    threshold above `max_demand` is never reached, like `max_demand + 1`; an on threshold at or above it is always
+    met, like `max_demand`; and with speculation on and the off threshold out of reach, speculation stays on, so
+    the on threshold is never asked."""
+    if spec_on and t_off > max_demand:
+        return max_demand + 1, 0
+    return min(t_off, max_demand + 1), min(t_on, max_demand)

@@ -17,7 +17,14 @@ import attrs
 _KEEP: Any = type("_Keep", (), {"__repr__": lambda self: "KEEP"})()
 
 
-class ForwardMode(enum.Enum):
+class _Enum(enum.Enum):
+    """An enum hashed by identity: its members are singletons, and Enum's own `__hash__` (a Python function
+    hashing the member's name) was a tenth of the checker's time (every new Request and State hashes some)."""
+
+    __hash__ = object.__hash__
+
+
+class ForwardMode(_Enum):
     """SGLang's `ForwardMode`, restricted to the modes a decode-time flip touches."""
 
     IDLE = "IDLE"
@@ -28,7 +35,7 @@ class ForwardMode(enum.Enum):
     DRAFT_EXTEND = "DRAFT_EXTEND"
 
 
-class SpecInfoKind(enum.Enum):
+class SpecInfoKind(_Enum):
     """What `batch.spec_info` holds: nothing, an `EagleDraftInput` or an `EagleVerifyInput`."""
 
     NONE = "none"
@@ -36,7 +43,7 @@ class SpecInfoKind(enum.Enum):
     VERIFY_INPUT = "verify_input"
 
 
-class Status(enum.Enum):
+class Status(_Enum):
     """Where a request is in the scheduler. A retracted request goes back to WAITING."""
 
     NOT_ARRIVED = "not_arrived"
@@ -46,7 +53,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-class Stage(enum.Enum):
+class Stage(_Enum):
     """Where one scheduler iteration is: the scheduler's part, or the worker forward in flight."""
 
     SCHEDULE = "schedule"  # get_next_batch_to_run / process_batch_result
@@ -56,7 +63,7 @@ class Stage(enum.Enum):
     DECODED = "decoded"  # a plain target decode ran; a draft sync may come next
 
 
-class SpecMode(enum.Enum):
+class SpecMode(_Enum):
     """The runtime mode a flip policy chose."""
 
     ON = "on"
@@ -351,11 +358,18 @@ def forget_finished(state: State) -> State:
     draft_hidden_ready. Such a request never runs again; actions, invariants and properties read its status,
     output and KV only (`tests/test_checker.py` holds them to it). Two states equal here behave alike, so the
     checker counts them once (`Model.dedup_key`); the counterexamples it prints keep the real values."""
+    requests = forgotten_requests(state, state.launched)
+    return state if requests is state.requests else state.replace(requests=requests)
+
+
+def forgotten_requests(state: State, launched: Batch | None) -> tuple[Request, ...]:
+    """The requests of `forget_finished(state)`, with `launched` standing for the batch the last forward ran on
+    (`Model.dedup_key` passes None where no step reads it); `state.requests` itself where nothing is forgotten."""
     requests = state.requests
     finished = [r for r in requests if r.status is Status.FINISHED]
     if not finished:
-        return state
-    running, pending, launched = state.running.rids, state.pending, state.launched
+        return requests
+    running, pending = state.running.rids, state.pending
     forgotten: list[Request] | None = None
     for r in finished:
         rid = r.rid
@@ -370,7 +384,7 @@ def forget_finished(state: State) -> State:
             if forgotten is None:
                 forgotten = list(requests)
             forgotten[rid] = f  # requests[rid] is request rid (State.req)
-    return state if forgotten is None else state.replace(requests=tuple(forgotten))
+    return requests if forgotten is None else tuple(forgotten)
 
 
 # a finished request -> the one forget_finished puts in its place (a few hundred at most; shared, so that equal
@@ -395,3 +409,28 @@ _check_replace(Batch, Batch((1,), ForwardMode.DECODE, SpecInfo(SpecInfoKind.DRAF
                             GraphShape(1, 1), 0))
 _check_replace(State, State((), Batch(), None, None, Stage.SCHEDULE, SpecMode.ON, 2, 4, 4, Thresholds(2, 1), (),
                             (True, False)))
+
+
+def _fast_cached_hash(cls: type) -> None:
+    """Give `cls` (an attrs.frozen(cache_hash=True) class) a `__hash__` that hashes the same fields into the same
+    cache slot at about half of attrs' cost: attrs wraps each hash in an int subclass (so that a pickled copy
+    carries none) and sets the slot by name through object.__setattr__. A slotted attrs class drops the cache
+    when unpickled anyway (`__setstate__`), so a plain int is safe there. Generated from the fields, so a field
+    added to the class is hashed too; equal objects hash alike because the hash reads only fields `__eq__` reads."""
+    fields = [a for a in attrs.fields(cls) if a.eq]
+    if any(a.hash is False for a in fields) or "_attrs_cached_hash" not in getattr(cls, "__slots__", ()):
+        raise ImportError(f"statemodel.state: {cls.__name__} is not a slotted class hashing every compared field")
+    names = "".join(f"self.{a.name}, " for a in fields)
+    namespace = {"_set_cache": cls.__dict__["_attrs_cached_hash"].__set__}
+    exec(  # noqa: S102 - the source is built from the class's own field names only
+        "def __hash__(self):\n"
+        "    h = self._attrs_cached_hash\n"
+        "    if h is None:\n"
+        f"        h = hash(({names}))\n"
+        "        _set_cache(self, h)\n"
+        "    return h\n", namespace)
+    cls.__hash__ = namespace["__hash__"]  # type: ignore[method-assign]
+
+
+for _cls in (SpecInfo, GraphShape, Batch, Request, Unprocessed, Thresholds, State):
+    _fast_cached_hash(_cls)

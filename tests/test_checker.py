@@ -27,7 +27,7 @@ from statemodel.designs import (
 )
 from statemodel.invariants import Violation
 from statemodel.model import Model
-from statemodel.state import Status
+from statemodel.state import Batch, ForwardMode, Stage, Status, Thresholds
 
 
 @pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
@@ -104,31 +104,109 @@ def _dead_fields_scrambled(state):
         if r.status is Status.FINISHED and r.rid not in in_batch else r for r in state.requests))
 
 
-def _unlike_behaviours(model: Model, max_states: int = 4000) -> list[str]:
+def _threshold_twins(model: Model, state):
+    """`state` with each other threshold pair of its design that the dedup key counts as the same."""
+    pairs = model.design.policy.pairs() if isinstance(model.design.policy, ThresholdPolicy) else ()
+    key = model.dedup_key(state)
+    twins = (state.replace(thresholds=Thresholds(*pair)) for pair in pairs)
+    return [twin for twin in twins if twin != state and model.dedup_key(twin) == key]
+
+
+def _launched_twins(model: Model, state):
+    """`state` with another batch as the one the last forward ran on, where the dedup key forgets it (a batch no
+    step could launch: its state invariants break, the edges out of it must not notice)."""
+    if state.stage is Stage.DRAFTED:
+        return []
+    other = Batch((0,), ForwardMode.DECODE, out_cache_loc_width=3) if state.launched is None else None
+    return [state.replace(launched=other)]
+
+
+def _unlike_behaviours(model: Model, max_states: int = 4000, twins_of=None, own_invariants: bool = True) -> list[str]:
     """Where two states with one dedup key behave differently: enabled actions, their keys after, any
-    invariant, any sometimes-property. Empty: the checker may count them once."""
+    invariant of the edges out of them, any sometimes-property (and, with `own_invariants`, the state invariants
+    of the two states themselves). Empty: the checker may count them once. `twins_of(model, state)`: the states
+    to compare `state` with (default: its finished requests' dead fields scrambled)."""
     found = []
     sometimes = model.sometimes()
     for state, _, _, new in Search(model.init_states(), model_successors(model), max_nodes=max_states).edges():
-        twin = _dead_fields_scrambled(state)
-        if not new or twin == state:
+        if not new:
             continue
-        assert model.dedup_key(twin) == model.dedup_key(state)
-        acts = model.actions(state)
-        if model.actions(twin) != acts or model.check_state(twin) != model.check_state(state):
-            found.append(f"actions or state invariants differ in {state}")
-            continue
-        for action in acts:
-            after, twin_after = model.next_state(state, action), model.next_state(twin, action)
-            if model.dedup_key(after) != model.dedup_key(twin_after):
-                found.append(f"{action.describe()} leads to different keys")
-            names = [v.invariant for v in model.check_step(state, action, after)]
-            if names != [v.invariant for v in model.check_step(twin, action, twin_after)]:
-                found.append(f"{action.describe()} breaks different invariants")
-            for s in sometimes:
-                if s.holds(state, action, after) != s.holds(twin, action, twin_after):
-                    found.append(f"{action.describe()}: {s.name} differs")
+        for twin in (twins_of(model, state) if twins_of else [_dead_fields_scrambled(state)]):
+            if twin == state:
+                continue
+            assert model.dedup_key(twin) == model.dedup_key(state)
+            acts = model.actions(state)
+            if model.actions(twin) != acts or (own_invariants and model.check_state(twin) != model.check_state(state)):
+                found.append(f"actions or state invariants differ in {state}")
+                continue
+            for action in acts:
+                after, twin_after = model.next_state(state, action), model.next_state(twin, action)
+                if model.dedup_key(after) != model.dedup_key(twin_after):
+                    found.append(f"{action.describe()} leads to different keys")
+                names = [v.invariant for v in model.check_step(state, action, after)]
+                if names != [v.invariant for v in model.check_step(twin, action, twin_after)]:
+                    found.append(f"{action.describe()} breaks different invariants")
+                for s in sometimes:
+                    if s.holds(state, action, after) != s.holds(twin, action, twin_after):
+                        found.append(f"{action.describe()}: {s.name} differs")
     return found
+
+
+# three requests: small enough to exhaust, so the states where requests have finished (and threshold pairs merge)
+# are all compared
+_SMALL = attrs.evolve(Scope(), requests=(RequestSpec(1, 2), RequestSpec(2, 1), RequestSpec(1, 1)))
+
+
+@pytest.mark.parametrize("design", [SEEDS_FINAL, RETRACT_CATCH_UP, get_design("plain_off_catch_up"),
+                                    get_design("no_draft_work_while_off")], ids=lambda d: d.name)
+def test_states_with_equivalent_thresholds_behave_alike(design) -> None:
+    """The dedup key counts two threshold pairs once where the policy answers them alike at every demand still
+    reachable (statemodel.policy.equivalent_thresholds): the states it merges behave alike, in a scope exhausted."""
+    model = Model(design, _SMALL)
+    assert _unlike_behaviours(model, max_states=None, twins_of=_threshold_twins) == []
+
+
+def test_a_policy_that_reads_thresholds_otherwise_is_caught(monkeypatch) -> None:
+    """The test above can fail: a policy that flips off one request before the off threshold makes an off
+    threshold just out of reach matter, and the states the key merges behave differently."""
+    decide = actions.decide_flip
+
+    def off_one_early(spec_on, demand, in_flight, t_off, t_on, spec_cap):
+        return decide(spec_on, demand + 1 if spec_on else demand, in_flight, t_off, t_on, spec_cap)
+
+    monkeypatch.setattr(actions, "decide_flip", off_one_early)
+    assert _unlike_behaviours(Model(SEEDS_FINAL, _SMALL), max_states=None, twins_of=_threshold_twins) != []
+
+
+@pytest.mark.parametrize("design", [SEEDS_FINAL, get_design("v2_switch_reserve_sync"),
+                                    get_design("sglang_adaptive_warm"), get_design("merge_unchecked_spec_info")],
+                         ids=lambda d: d.name)
+def test_states_with_another_launched_batch_behave_alike(design) -> None:
+    """The dedup key forgets the batch the last forward ran on except at stage DRAFTED (verify runs on it): no
+    step out of any other stage reads it, so the edges out of two such states break the same invariants (the
+    states' own state invariants differ: the checker checks those on every edge, into a known key too)."""
+    assert _unlike_behaviours(Model(design, _SMALL), max_states=None, twins_of=_launched_twins,
+                              own_invariants=False) == []
+
+
+def test_overlap_states_with_another_launched_batch_behave_alike() -> None:
+    design = get_design("v2_switch_reserve_sync_overlap")
+    scope = attrs.evolve(overlap_scope(design), requests=_SMALL.requests)
+    assert _unlike_behaviours(Model(design, scope), max_states=8000, twins_of=_launched_twins,
+                              own_invariants=False) == []
+
+
+def test_a_step_that_reads_the_launched_batch_is_caught(monkeypatch) -> None:
+    """The test above can fail: an arrival that kept the launched batch instead of clearing it carries the
+    forgotten batch into the next state, whose invariants then differ."""
+    arrive = actions._arrive
+
+    def arrive_keeping_launched(state, action, design, scope):
+        return arrive(state, action, design, scope).replace(launched=state.launched)
+
+    monkeypatch.setitem(actions._HANDLERS, "arrive", arrive_keeping_launched)
+    assert _unlike_behaviours(Model(SEEDS_FINAL, _SMALL), max_states=None, twins_of=_launched_twins,
+                              own_invariants=False) != []
 
 
 @pytest.mark.parametrize("design", [SEEDS_FINAL, RETRACT_CATCH_UP, get_design("v2_switch_reserve_sync"),
