@@ -79,6 +79,7 @@ from shim.switch.v2_flip import (
     flip_on_waits,
     release_reserve,
     reseat_seq_lens,
+    resume_chunk_kept_out,
     retract_all_running,
 )
 from shim.switch.v2_plain_step import draft_sync as draft_sync
@@ -251,6 +252,8 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     running_batch = kwargs.pop("running_batch", None) if "running_batch" in kwargs else args[0]
     last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
     faults.before_next_batch(running_batch, rt.policy.spec_on)  # SPECFLIP_FAULT only (tests); else a no-op
+    if rt.config.radix == "keep_out":
+        resume_chunk_kept_out(self)  # before SGLang's stash: on 0.5.16 it would not advance a kept-out chunk
     last_batch = plain_path_flip(rt, self, running_batch, last_batch)
     plan = orig(self, running_batch=running_batch, last_batch=last_batch)
     batch = plan.batch_to_run  # a NextBatchPlan (0.5.16, 0.5.23): the batch to launch and the running batch
