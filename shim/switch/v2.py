@@ -31,7 +31,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_SWITCH_RADIX   insert (default: SGLang's radix tree caches tokens computed while off; a later hit drafts
                           over stale draft KV, outputs exact) | keep_out (issue 24's fix through SGLang's
-                          skip_radix_cache_insert: OPT-IN, it leaked KV slots on 0.5.16 under decode retraction;
+                          skip_radix_cache_insert: OPT-IN, it leaked KV slots on 0.5.16 through chunked prefill,
+                          fixed by resume_chunk_kept_out, not yet rerun on the GPU;
                           docs/prefix-cache.md)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
                           late (shim/switch/fault.py; docs/tp.md)
