@@ -56,23 +56,46 @@ def _chunk(pools: Any, scheduler: Any, req: Any, *, first: bool) -> Any:
     return chunked
 
 
-@pytest.mark.parametrize("fix", [True, False], ids=["resume_chunk_kept_out", "without_fix"])
-def test_a_kept_out_chunked_prefill_leaks_no_slot(fix: bool) -> None:
+def _chunked_prefill(pools: Any, req: Any, *, fix: bool) -> tuple[int, int, Any]:
+    """`req` prefilled in 16-token chunks, at most three rounds after the first (get_next_batch_to_run: the switch's
+    resume_chunk_kept_out with `fix`, the real stash, the next chunk). Returns (rounds, tokens advanced, the request
+    still being chunked or None)."""
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.mem_cache.common import release_kv_cache
 
-    pools = h.build_pools(h.make_server_args(h.write_tiny_model_config()), kv_size=256, max_reqs=8, radix_cache=True)
     scheduler = h.make_scheduler(pools)
     scheduler.req_to_token_pool = pools.req_to_token_pool
-    req = h.make_req("r", list(range(10, 50)), max_new_tokens=4)  # 40 tokens: three chunks
-    req.skip_radix_cache_insert = True  # the switch's keep-out, on a request prefilled while off
     chunked, rounds, advanced = _chunk(pools, scheduler, req, first=True), 0, 0
-    while chunked is not None and rounds < 3:  # get_next_batch_to_run: stash, then the next chunk
+    while chunked is not None and rounds < 3:
         rounds += 1
         if fix:
             advanced += resume_chunk_kept_out(scheduler)
         Scheduler.stash_chunked_request(scheduler, chunked)
         chunked = _chunk(pools, scheduler, chunked, first=False)
+    return rounds, advanced, chunked
+
+
+@pytest.mark.parametrize("fix", [True, False], ids=["resume_chunk_kept_out", "without_fix"])
+def test_a_kept_out_chunked_prefill_leaks_no_slot(fix: bool) -> None:
+    """Alone, the slots are counted; after tests/test_v1_switch.py in one process, the guard it installed (assert
+    mode, the 0.5.12 adapter) watches the same steps and stops the re-extend without the fix."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    import shim.guard.runtime
+    from shim.guard.core import SpecFlipViolation
+
+    guard = shim.guard.runtime.current()
+    if guard is not None:
+        guard.reset()  # a fresh Guard for these pools
+    pools = h.build_pools(h.make_server_args(h.write_tiny_model_config()), kv_size=256, max_reqs=8, radix_cache=True)
+    req = h.make_req("r", list(range(10, 50)), max_new_tokens=4)  # 40 tokens: three chunks
+    req.skip_radix_cache_insert = True  # the switch's keep-out, on a request prefilled while off
+    if guard is not None and not fix:
+        with pytest.raises(SpecFlipViolation) as caught:
+            _chunked_prefill(pools, req, fix=fix)
+        guard.reset()
+        assert caught.value.invariant == "kv_conservation" and "16 slots leaked" in str(caught.value)
+        return
+    rounds, advanced, chunked = _chunked_prefill(pools, req, fix=fix)
     # the request leaves (a retraction, or a finish with the flag: nothing inserted either way)
     release_kv_cache(req, pools.tree_cache, is_insert=False)
     tree = pools.tree_cache
