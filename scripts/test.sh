@@ -25,7 +25,8 @@ export SPECFLIP_REQUIRE_SGLANG=1
 echo "test: sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12"
 bash scripts/setup-v1.sh
 # ... and so does a v1-line test (marked sglang_v1) in this run, the one run where they must not skip
-SPECFLIP_REQUIRE_SGLANG_V1=1 .venv12/bin/python -m pytest -p no:warnings tests/test_v1_switch.py tests/test_lint_v1.py
+SPECFLIP_REQUIRE_SGLANG_V1=1 .venv12/bin/python -m pytest -p no:warnings tests/test_v1_switch.py tests/test_lint_v1.py \
+  tests/test_keep_out_chunk_0_5_12.py
 echo "test: pytest"
 export SPECFLIP_SGLANG_0_5_16_SRC="$PWD/.cache/sglang-src/0.5.16"
 PYTHONWARNINGS="ignore:builtin type swigvarlink:DeprecationWarning" .venv/bin/python -m pytest "$@"

@@ -34,7 +34,10 @@ processor (:class:`ResultProcessorCpuStandIn`), the future map's gather of the d
 (:func:`resolve_spec_extras_cpu_stand_in`: the relay buffers hold what only the stood-in GPU forwards read), and
 what tests/guard_fixtures.py stands in, and a grammar that accepts every token
 (:class:`AnyTokenGrammarCpuStandIn`: no grammar backend is installed here; the guard sees nothing of the FSM, only
-the order ``has_grammar`` gives the loop on 0.5.16). Chunked prefill is left out (the normal-loop tests cover it).
+the order ``has_grammar`` gives the loop on 0.5.16). Chunked prefill runs when a test sets ``chunk_size`` (the
+budget of every prefill): the request still being chunked is stashed at the top of ``get_next_batch_to_run``
+(:meth:`OverlapDriver.stash_chunked_request`: the real ``checkpoint_kv_cache``) and left out of the merge, goes first
+in the next prefill, and a middle chunk's result only counts down ``inflight_middle_chunks``.
 
 A design whose speculation-off is SGLang's own plain scheduler path (``DraftWhileOff.RETRACT_ON_ENABLE``,
 shim/switch/v2.py's draft mode "retract") flips as the switch does: the driver plays the Scheduler that the real
@@ -97,29 +100,60 @@ def scheduler_cpu_stand_in() -> Any:
     return sched
 
 
-def is_disable_overlap_for_batch_0_5_16() -> Callable[..., bool]:
-    """SGLang 0.5.16's `Scheduler.is_disable_overlap_for_batch`, compiled from its source (the wheel scripts/setup.sh
-    unpacks to .cache/sglang-src/0.5.16, or $SPECFLIP_SGLANG_0_5_16_SRC) with the names its module imports. Unlike
-    0.5.23's (EAGLE's verify advances the grammar FSM itself), it runs a speculative decode batch that carries a
-    grammar without overlap. Raises FileNotFoundError without the source."""
+def _function_0_5_16(module: str, name: str, namespace: dict[str, Any], cls: str | None = None) -> Callable[..., Any]:
+    """A function (a method of `cls`) of SGLang 0.5.16's `sglang/srt/<module>`, compiled from its source (the wheel
+    scripts/setup.sh unpacks to .cache/sglang-src/0.5.16, or $SPECFLIP_SGLANG_0_5_16_SRC) with `namespace` for the
+    names its module imports. Raises FileNotFoundError without the source."""
     import ast
     import os
     from pathlib import Path
+
+    root = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", Path(__file__).resolve().parents[1] / ".cache"
+                               / "sglang-src" / "0.5.16"))
+    path = root / "sglang" / "srt" / module
+    body = ast.parse(path.read_text()).body
+    if cls is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    func = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    exec(compile(ast.Module(body=[func], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def is_disable_overlap_for_batch_0_5_16() -> Callable[..., bool]:
+    """SGLang 0.5.16's `Scheduler.is_disable_overlap_for_batch`, compiled from its source. Unlike 0.5.23's (EAGLE's
+    verify advances the grammar FSM itself), it runs a speculative decode batch that carries a grammar without
+    overlap. Raises FileNotFoundError without the source."""
     from typing import Optional
 
     from sglang.srt.environ import envs
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    root = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", Path(__file__).resolve().parents[1] / ".cache"
-                               / "sglang-src" / "0.5.16"))
-    path = root / "sglang" / "srt" / "managers" / "scheduler.py"
-    tree = ast.parse(path.read_text())
-    scheduler = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
-    name = "is_disable_overlap_for_batch"
-    func = next(n for n in scheduler.body if isinstance(n, ast.FunctionDef) and n.name == name)
     namespace: dict[str, Any] = {"envs": envs, "Optional": Optional, "ScheduleBatch": ScheduleBatch}
-    exec(compile(ast.Module(body=[func], type_ignores=[]), str(path), "exec"), namespace)
-    return namespace[name]
+    return _function_0_5_16("managers/scheduler.py", "is_disable_overlap_for_batch", namespace, cls="Scheduler")
+
+
+class TreeCacheUnfinished0516CpuStandIn:
+    """0.5.16's tree call for a running request's computed tokens, `cache_unfinished_req(req, chunked=...)`, on a
+    0.5.23 tree: the real `checkpoint_kv_cache` (insert, repoint the row, the next extend resumes after it)."""
+
+    def __init__(self, tree_cache: Any) -> None:
+        self.tree_cache = tree_cache
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        checkpoint_kv_cache(req, self.tree_cache)
+
+
+def stash_chunked_request_0_5_16(tree_cache: Any) -> Callable[[Any], None]:
+    """SGLang 0.5.16's `Scheduler.stash_chunked_request(req)`: its `maybe_cache_unfinished_req(req, tree_cache,
+    chunked=True)` compiled from its source, which returns at once for a request with `skip_radix_cache_insert`
+    (0.5.23's `checkpoint_kv_cache` still advances the request's prefix then); otherwise the tree call of
+    :class:`TreeCacheUnfinished0516CpuStandIn`. Raises FileNotFoundError without the source."""
+    namespace: dict[str, Any] = {"Req": Any, "BasePrefixCache": Any}
+    maybe_cache = _function_0_5_16("mem_cache/common.py", "maybe_cache_unfinished_req", namespace)
+    tree = TreeCacheUnfinished0516CpuStandIn(tree_cache)
+    return lambda req: maybe_cache(req, tree, chunked=True)
 
 
 def any_token_grammar_cpu_stand_in() -> Any:
@@ -287,6 +321,8 @@ class OverlapDriver:
         self.retracted: list[tuple[int, str]] = []  # retract_decode, per iteration
         self.not_overlapped: list[int] = []  # iterations is_disable_overlap_for_batch ran without overlap
         self.retract_next = False  # the next update_running_batch retracts (SGLANG_TEST_RETRACT's branch)
+        self.chunk_size: int | None = None  # every prefill's token budget (rem_chunk_tokens); None: no chunking
+        self.chunked_req: Any = None  # Scheduler.chunked_req
         from sglang.srt.managers.scheduler import Scheduler
 
         decide = Scheduler.is_disable_overlap_for_batch
@@ -328,7 +364,6 @@ class OverlapDriver:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
 
         self.enable_overlap = True
-        self.chunked_req = None
         self.hisparse_coordinator = None
         self.spec_algorithm = pools.spec_algorithm
         self.model_worker = self.worker
@@ -415,7 +450,7 @@ class OverlapDriver:
 
     def idle(self) -> bool:
         return (self.running is None or self.running.is_empty()) and not self.waiting \
-            and not self.sched.result_queue and self.pending_flip is None
+            and not self.sched.result_queue and self.pending_flip is None and self.chunked_req is None
 
     def run_until_idle(self, max_iterations: int = 200) -> None:
         for _ in range(max_iterations):
@@ -445,9 +480,12 @@ class OverlapDriver:
     def _plan_batch(self, running_batch: Any, last_batch: Any) -> Any:
         """The body of `_plan_next_batch`: the batch to run."""
         assert running_batch is self.running
+        chunked = self.chunked_req
+        if chunked is not None and chunked.extend_end > chunked.prefix_len:
+            self.stash_chunked_request(chunked)
         last = last_batch
         if last is not None and last.forward_mode.is_extend():
-            last.filter_batch()
+            last.filter_batch(reqs_to_exclude=[chunked] if chunked is not None else None)
             if not last.is_empty() and last is not self.running:
                 self.merged_without_output += [str(r.rid) for r in last.reqs if not r.output_ids]
                 if self.running is None or self.running.is_empty():
@@ -456,9 +494,10 @@ class OverlapDriver:
                     self.running.merge_batch(last)
         if self.running is not None:
             self.running.filter_batch()  # every step (0.5.23): results processed since may have finished some
-        if self.waiting:
-            batch, chunked = h.schedule_prefill(self.pools, self.waiting, spec_algorithm=self._batch_algorithm())
-            assert chunked is None
+        if self.waiting or chunked is not None:
+            batch, self.chunked_req = h.schedule_prefill(self.pools, self.waiting, chunked_req=chunked,
+                                                         chunk_size=self.chunk_size,
+                                                         spec_algorithm=self._batch_algorithm())
             return batch
         if self.running is None or self.running.is_empty():
             if self.pending_flip is not None:  # the switch flips an idle server where admission is sized
@@ -584,6 +623,13 @@ class OverlapDriver:
             on_publish = None
         return plain_decode(self.worker, batch, on_publish, self.switch)
 
+    def stash_chunked_request(self, req: Any) -> None:
+        """`Scheduler.stash_chunked_request`: the real `checkpoint_kv_cache` (the chunk goes into the tree unless the
+        request is barred from it; either way the next chunk resumes after this one)."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        checkpoint_kv_cache(req, self.pools.tree_cache)
+
     def pop_and_process(self) -> None:
         copy, result = self.sched.result_queue.popleft()
         self.process_batch_result(copy, result)
@@ -598,6 +644,9 @@ class OverlapDriver:
         allocator.free_group_begin()
         for req, token in zip(batch.reqs, tokens, strict=True):
             if req.finished() or req.is_retracted:
+                continue
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1  # a middle chunk: no token (the stash cached it, if anything)
                 continue
             req.output_ids.append(token)
             req.update_finish_state()

@@ -149,6 +149,41 @@ def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, rad
     assert not drv.switch.spec_side
 
 
+def track_draft_coverage(drv: Any) -> tuple[list[tuple[int, int]], list[bool]]:
+    """Record, per slot, whether the forward that last wrote it ran the draft (a prefill with speculation, or a
+    request's own tokens while it speculates), and after every iteration the tree's slots without draft KV. Returns
+    the lists it fills: (iteration, tree slots without draft KV), and a retracted request's skip_radix_cache_insert
+    at its prefill with speculation."""
+    with_draft: dict[int, bool] = {}  # slot -> whether the forward that last wrote it ran the draft
+    stale: list[tuple[int, int]] = []
+    reprefilled: list[bool] = []
+    run_batch, iteration = drv.run_batch, drv.iteration
+
+    def recording_run_batch(batch: Any) -> Any:
+        spec = not batch.spec_algorithm.is_none()
+        if batch.forward_mode.is_extend() or not spec:  # a speculative decode's out_cache_loc is the worker's
+            with_draft.update(dict.fromkeys(batch.out_cache_loc.tolist(), spec))
+        if batch.forward_mode.is_extend() and spec:
+            reprefilled.extend(r.skip_radix_cache_insert for r in batch.reqs if r.retraction_count)
+        return run_batch(batch)
+
+    def checked_iteration(**kwargs: Any) -> Any:
+        out = iteration(**kwargs)
+        if drv.spec_on:  # a speculating request's own tokens (past its tree prefix) are the draft's
+            for req in drv.running.reqs:
+                row = drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+                with_draft.update(dict.fromkeys(row[req.kv.cache_protected_len:req.kv.kv_allocated_len].tolist(),
+                                                True))
+        tree = drv.pools.tree_cache.all_values_flatten().tolist()
+        missing = [slot for slot in tree if with_draft.get(slot) is False]
+        if missing:
+            stale.append((drv.iteration_no, len(missing)))
+        return out
+
+    drv.run_batch, drv.iteration = recording_run_batch, checked_iteration
+    return stale, reprefilled
+
+
 @pytest.mark.parametrize("keep_out", [True, False, "default"], ids=["keep_out", "without_skip_insert", "insert"])
 def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any, model_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch,
@@ -167,34 +202,7 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
     # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (insert: SGLang's own tree behaviour)
     default_mode = SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"}).radix  # type: ignore[union-attr]
     drv = driver(model_dir, radix=True, radix_mode=default_mode if keep_out == "default" else "keep_out")
-    with_draft: dict[int, bool] = {}  # slot -> whether the forward that last wrote it ran the draft
-    stale: list[tuple[int, int]] = []  # (iteration, tree slots without draft KV)
-    reprefilled: list[bool] = []  # a retracted request's skip_radix_cache_insert at its prefill with speculation
-    run_batch, iteration = drv.run_batch, drv.iteration
-
-    def recording_run_batch(batch: Any) -> Any:
-        nonlocal reprefilled
-        spec = not batch.spec_algorithm.is_none()
-        if batch.forward_mode.is_extend() or not spec:  # a speculative decode's out_cache_loc is the worker's
-            with_draft.update(dict.fromkeys(batch.out_cache_loc.tolist(), spec))
-        if batch.forward_mode.is_extend() and spec:
-            reprefilled += [r.skip_radix_cache_insert for r in batch.reqs if r.retraction_count]
-        return run_batch(batch)
-
-    def checked_iteration(**kwargs: Any) -> Any:
-        out = iteration(**kwargs)
-        if drv.spec_on:  # a speculating request's own tokens (past its tree prefix) are the draft's
-            for req in drv.running.reqs:
-                row = drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-                with_draft.update(dict.fromkeys(row[req.kv.cache_protected_len:req.kv.kv_allocated_len].tolist(),
-                                                True))
-        tree = drv.pools.tree_cache.all_values_flatten().tolist()
-        missing = [slot for slot in tree if with_draft.get(slot) is False]
-        if missing:
-            stale.append((drv.iteration_no, len(missing)))
-        return out
-
-    drv.run_batch, drv.iteration = recording_run_batch, checked_iteration
+    stale, reprefilled = track_draft_coverage(drv)
     reqs = run_waves(drv)
     assert not_greedy(reqs) == [] and [a for _, a in drv.flips] == ["flip_off", "flip_on"] * 3
     assert any(not spec for _, spec, _ in drv.prefilled)  # prompts were prefilled while off
@@ -205,6 +213,53 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
     assert len(drv.pools.tree_cache.all_values_flatten()) > 0  # the tree still caches what the draft computed
     assert reprefilled and not any(reprefilled)  # the flag given back at the flip-on retraction
     assert free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)
+
+
+@pytest.mark.parametrize(("stash", "fix"), [("0.5.23", True), ("0.5.23", False), ("0.5.16", True), ("0.5.16", False)],
+                         ids=["0.5.23", "0.5.23_without_fix", "0.5.16", "0.5.16_without_fix"])
+def test_keep_out_resumes_a_chunked_prefill_after_its_chunk(runtime: Any, model_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch, stash: str,
+                                                            fix: bool) -> None:
+    """The keep_out leak of the H200 (0.5.16, docs/prefix-cache.md): every prefill is chunked (20 tokens), so
+    requests are chunked while off and carry skip_radix_cache_insert into their stash. 0.5.16's stash
+    (`maybe_cache_unfinished_req`, compiled from its source) then returns without advancing the request's prefix:
+    its next chunk re-extends from the tree match on fresh slots and the earlier chunk's slots are lost. The switch's
+    `resume_chunk_kept_out` advances it first (before the stash, on either line); without it the guard (assert mode)
+    stops the re-prefill on kv_conservation. 0.5.23's own stash (`checkpoint_kv_cache`) advances it, fix or not.
+    Every output stays greedy, every slot comes back, and the tree still caches only tokens computed with the
+    draft (issue 24)."""
+    configure(runtime)
+    drv = driver(model_dir, radix=True, radix_mode="keep_out")
+    drv.chunk_size = 20
+    if stash == "0.5.16":
+        drv.stash_chunked_request = ol.stash_chunked_request_0_5_16(drv.pools.tree_cache)
+    advanced: list[int] = []  # tokens the switch advanced a kept-out chunked request's prefix by
+    resume = switch_v2.resume_chunk_kept_out
+    monkeypatch.setattr(switch_v2, "resume_chunk_kept_out",
+                        (lambda sched: advanced.append(resume(sched)) or advanced[-1]) if fix else (lambda sched: 0))
+    chunked_off: list[str] = []  # requests whose chunk ran while speculation was off
+    plan = drv._plan_batch
+
+    def recording_plan(running_batch: Any, last_batch: Any) -> Any:
+        batch = plan(running_batch, last_batch)
+        if drv.chunked_req is not None and not drv.switch.policy.spec_on:
+            chunked_off.append(str(drv.chunked_req.rid))
+        return batch
+
+    drv._plan_batch = recording_plan
+    stale, _ = track_draft_coverage(drv)
+    if stash == "0.5.16" and not fix:
+        with pytest.raises(SpecFlipViolation) as caught:
+            run_waves(drv)
+        assert caught.value.invariant == "kv_conservation" and caught.value.action == "prefill", caught.value
+        assert "slots leaked" in str(caught.value) and chunked_off
+        return
+    reqs = run_waves(drv)
+    assert chunked_off and stale == [] and runtime.guard.found == []
+    assert not_greedy(reqs) == [] and [a for _, a in drv.flips] == ["flip_off", "flip_on"] * 3
+    assert free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)
+    assert len(drv.pools.tree_cache.all_values_flatten()) > 0
+    assert (sum(advanced) > 0) == fix
 
 
 def test_flip_off_with_the_verify_in_flight_is_caught(runtime: Any, model_dir: Path,

@@ -31,7 +31,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_SWITCH_RADIX   insert (default: SGLang's radix tree caches tokens computed while off; a later hit drafts
                           over stale draft KV, outputs exact) | keep_out (issue 24's fix through SGLang's
-                          skip_radix_cache_insert: OPT-IN, it leaked KV slots on 0.5.16 under decode retraction;
+                          skip_radix_cache_insert: OPT-IN, it leaked KV slots on 0.5.16 through chunked prefill,
+                          fixed by resume_chunk_kept_out, not yet rerun on the GPU;
                           docs/prefix-cache.md)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
                           late (shim/switch/fault.py; docs/tp.md)
@@ -79,6 +80,7 @@ from shim.switch.v2_flip import (
     flip_on_waits,
     release_reserve,
     reseat_seq_lens,
+    resume_chunk_kept_out,
     retract_all_running,
 )
 from shim.switch.v2_plain_step import draft_sync as draft_sync
@@ -251,6 +253,8 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     running_batch = kwargs.pop("running_batch", None) if "running_batch" in kwargs else args[0]
     last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
     faults.before_next_batch(running_batch, rt.policy.spec_on)  # SPECFLIP_FAULT only (tests); else a no-op
+    if rt.config.radix == "keep_out":
+        resume_chunk_kept_out(self)  # before SGLang's stash: on 0.5.16 it would not advance a kept-out chunk
     last_batch = plain_path_flip(rt, self, running_batch, last_batch)
     plan = orig(self, running_batch=running_batch, last_batch=last_batch)
     batch = plan.batch_to_run  # a NextBatchPlan (0.5.16, 0.5.23): the batch to launch and the running batch
