@@ -1,9 +1,10 @@
-"""shim/switch/v2_flip.py's `resume_chunk_kept_out` on REAL sglang 0.5.12 objects (.venv12; skipped elsewhere): the
-`prefix_indices` line of SGLang (0.5.12, 0.5.16), whose stash of a chunked request (`Scheduler.stash_chunked_request`
--> `maybe_cache_unfinished_req`) returns at once for a request with `skip_radix_cache_insert` and leaves its prefix
-at the tree match. The next chunk (`init_next_round_input()`, `PrefillAdder.add_chunked_req`, `prepare_for_extend`)
-then re-extends from there on fresh slots, and the earlier chunk's slots, overwritten in the request's row, leak:
-the keep_out leak of docs/prefix-cache.md. Harness: tests/sglang12_cpu.py."""
+"""shim/switch/radix_keep_out.py's `resume_chunk_kept_out` on REAL sglang 0.5.12 objects (.venv12; skipped elsewhere):
+the `prefix_indices` line of SGLang (0.5.12, 0.5.16), whose stash of a chunked request
+(`Scheduler.stash_chunked_request` -> `maybe_cache_unfinished_req`) returns at once for a request with
+`skip_radix_cache_insert` and leaves its prefix at the tree match. The next chunk (`init_next_round_input()`,
+`PrefillAdder.add_chunked_req`, `prepare_for_extend`) then re-extends from there on fresh slots, and the earlier
+chunk's slots, overwritten in the request's row, leak: the keep_out leak of docs/prefix-cache.md. Harness:
+tests/sglang12_cpu.py."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ if _RELEASE == "0.5.12":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import sglang12_cpu as h
 
-from shim.switch.v2_flip import resume_chunk_kept_out  # noqa: E402
+from shim.switch.radix_keep_out import resume_chunk_kept_out  # noqa: E402
 
 CHUNK = 16
 

@@ -103,7 +103,7 @@ class SwitchConfig:
     # SPECFLIP_SWITCH_RADIX: "insert" (SGLang's own: the radix tree caches tokens computed while off, whose draft KV a
     # later hit reads stale; outputs stay exact) or "keep_out" (issue 24: SGLang's skip_radix_cache_insert on every
     # request run while off). keep_out leaked KV slots on 0.5.16 (H200, session 8: a kept-out request's chunked prefill,
-    # fixed by v2_flip.resume_chunk_kept_out, not yet rerun live): opt-in only
+    # fixed by radix_keep_out.resume_chunk_kept_out, not yet rerun live): opt-in only
     radix: str = "insert"
 
     def __post_init__(self) -> None:

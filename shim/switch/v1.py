@@ -48,6 +48,7 @@ from shim.guard import api as guard_api
 from shim.switch import v1_plain_path
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.policy import SwitchPolicy
+from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
 from shim.switch.swap import AttributeSwap, plain_runner_side
 from shim.timing.jsonl import JsonlTrace
 
@@ -338,10 +339,12 @@ def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> 
     rt = _RUNTIME
     if rt is None or not rt.plain_path:
         return orig(scheduler, *args, **kwargs)
+    if rt.config.radix == "keep_out":  # issue 24, opt-in (shim/switch/radix_keep_out.py)
+        resume_chunk_kept_out(scheduler)  # before SGLang's stash: 0.5.12's would not advance a kept-out chunk
     v1_plain_path.plain_path_flip(rt, scheduler)
     batch = orig(scheduler, *args, **kwargs)
-    if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":  # opt-in (SwitchConfig.radix)
-        v1_plain_path.keep_out_of_tree(batch)
+    if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":
+        keep_out_of_tree(batch.reqs)
     return batch
 
 

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from shim.guard import api as guard_api
-from shim.switch.v2 import SKIP_INSERT_WAS
+from shim.switch.radix_keep_out import give_back_flags
 from shim.switch.v2_flip import _pending_prefill, flip_on_waits, reseat_seq_lens
 
 
@@ -95,9 +95,7 @@ def plain_path_flip(rt: Any, scheduler: Any) -> str | None:
         enter_plain_path(rt, scheduler)
     else:
         retracted = retract_running(scheduler, running)
-        for req in scheduler.waiting_queue:  # re-prefilled with the draft: the tree may cache them again
-            if SKIP_INSERT_WAS in req.__dict__:
-                req.skip_radix_cache_insert = req.__dict__.pop(SKIP_INSERT_WAS)
+        give_back_flags(scheduler.waiting_queue)  # re-prefilled with the draft: the tree may cache them again
         rt.spec_side.restore()
         running.spec_algorithm = scheduler.spec_algorithm
         running.spec_info = None
@@ -109,11 +107,3 @@ def plain_path_flip(rt: Any, scheduler: Any) -> str | None:
               ms=round((time.perf_counter() - tic) * 1e3, 3))
     guard_api.notify_flip(action == "flip_on", running)
     return action
-
-
-def keep_out_of_tree(batch: Any) -> None:
-    """Issue 24: a forward without the draft writes no draft KV at its slots, so the radix tree must not cache them
-    (a later hit would draft over garbage); SGLang's own flag keeps the request's tokens out, flip-on gives it back."""
-    for req in batch.reqs:
-        req.__dict__.setdefault(SKIP_INSERT_WAS, getattr(req, "skip_radix_cache_insert", False))
-        req.skip_radix_cache_insert = True

@@ -64,6 +64,7 @@ from shim.switch.config import (
 )
 from shim.switch.fault import LateFlipFault
 from shim.switch.policy import SwitchPolicy
+from shim.switch.radix_keep_out import give_back_flags, keep_out_of_tree, resume_chunk_kept_out
 
 # re-exported (`X as X`): the names this module held before the split into v2_*.py stay importable from it
 from shim.switch.swap import AttributeSwap as AttributeSwap
@@ -80,7 +81,6 @@ from shim.switch.v2_flip import (
     flip_on_waits,
     release_reserve,
     reseat_seq_lens,
-    resume_chunk_kept_out,
     retract_all_running,
 )
 from shim.switch.v2_plain_step import draft_sync as draft_sync
@@ -101,8 +101,6 @@ T_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result
 # SPECFLIP_TIERS (shim/switch/v2_tiers.py): the worker applies the switch's tier; SGLang's accept-length controller out
 T_ACTIVATE_STEPS = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.activate_step_by_batch"
 T_VERIFY_DONE = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_verify_complete_cpu"
-# a request's own skip_radix_cache_insert before the switch kept its while-off tokens out of the radix tree (issue 24)
-SKIP_INSERT_WAS = "specflip_skip_radix_cache_insert_was"
 
 # The model actions (statemodel.actions.ACTION_CATALOGUE) one decode step performs, in order.
 SPEC_STEP_ACTIONS = ("prepare_for_decode", "draft", "verify", "draft_extend")
@@ -218,9 +216,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
             retract_all_running(scheduler, in_batch)
             retracted = len(in_batch)
         running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
-        for req in scheduler.waiting_queue:  # re-prefilled with the draft: the tree may cache them again
-            if SKIP_INSERT_WAS in req.__dict__:
-                req.skip_radix_cache_insert = req.__dict__.pop(SKIP_INSERT_WAS)
+        give_back_flags(scheduler.waiting_queue)  # re-prefilled with the draft: the tree may cache them again
         enter_spec_path(rt, scheduler)
         _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
     rt.policy.performed(action)
@@ -261,13 +257,7 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
     if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":
-        # issue 24 (docs/prefix-cache.md; opt-in: SPECFLIP_SWITCH_RADIX=keep_out): a forward without the draft writes no
-        # draft KV at its slots, so the radix tree must not cache them (a later hit would draft over garbage): SGLang's
-        # own flag, which checkpoint_kv_cache and release_kv_cache read, keeps this request's tokens out; flip-on gives
-        # it back to the retracted ones
-        for req in batch.reqs:
-            req.__dict__.setdefault(SKIP_INSERT_WAS, getattr(req, "skip_radix_cache_insert", False))
-            req.skip_radix_cache_insert = True
+        keep_out_of_tree(batch.reqs)  # issue 24, opt-in (shim/switch/radix_keep_out.py)
     return plan
 
 

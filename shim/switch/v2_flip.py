@@ -136,36 +136,6 @@ def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
         scheduler._add_request_to_queue(req, is_retracted=True)
 
 
-def resume_chunk_kept_out(scheduler: Any) -> int:
-    """SPECFLIP_SWITCH_RADIX=keep_out: the request being chunked, barred from the tree (skip_radix_cache_insert),
-    resumes after the chunk that ran, as 0.5.23's `checkpoint_kv_cache` has it ("published or not"). 0.5.16's and
-    0.5.12's stash (`maybe_cache_unfinished_req`) returns early for such a request and leaves `prefix_indices` at
-    the tree match: its next chunk re-extends from there on fresh slots, and the slots of the chunks before,
-    overwritten in its req_to_token row, are lost to the pool (the H200 leak, docs/prefix-cache.md). Call before
-    get_next_batch_to_run stashes (its stash then has nothing new to cache, as for any kept-out chunk). Returns the
-    tokens the request's prefix advanced by."""
-    req = getattr(scheduler, "chunked_req", None)
-    if req is None or not getattr(req, "skip_radix_cache_insert", False):
-        return 0
-    if hasattr(req, "prefix_indices"):  # 0.5.16, 0.5.12: the prefix is the slots themselves, the row on the Req
-        if req.req_pool_idx is None:
-            return 0
-        if hasattr(req, "extend_range"):  # 0.5.16: add_chunked_req's range of the chunk that ran
-            end = req.extend_range.end if req.extend_range is not None else 0
-        else:  # 0.5.12: add_chunked_req cut fill_ids at the chunk's end (init_next_round_input restores them)
-            end = len(req.fill_ids)
-        start = len(req.prefix_indices)
-        if end > start:
-            # what cache_unfinished_req leaves there for the part it does not cache: the request's own row
-            row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, :end]
-            req.prefix_indices = row.to(dtype=req.prefix_indices.dtype, copy=True)
-        return max(0, end - start)
-    start, end = req.prefix_len, req.extend_end  # 0.5.23 (whose own stash advances it too)
-    if end > start:
-        req.prefix_len = end
-    return max(0, end - start)
-
-
 def flip_on_waits(running_batch: Any, pending: Any) -> bool:
     """Whether flip-on must wait an iteration: a prefilled batch is not merged yet, or the running batch still
     holds finished requests (update_running_batch filters them, merge_batch merges it, the guard sees both)."""
