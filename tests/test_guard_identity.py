@@ -262,3 +262,38 @@ def test_warn_mode_logs_held_back_findings(runtime: Any, model_dir: Path, fault:
     assert len(full) == 1 and held
     logged = len(full) + sum(int(r.getMessage().split("specflip: ")[1].split()[0]) for r in held)
     assert logged == len(found)
+
+
+# --- class 1 / 4: the positions a verify writes, from the lengths it launches with -----------------------------------
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_verify_launched_with_stale_seq_lens(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                            without: bool) -> None:
+    """A speculative step launched with seq_lens one behind the committed length (a stale copy from before the last
+    result: the bug of a flip that rebuilds seq_lens from an old mirror): the verify writes [seq_len, seq_len + 4),
+    over the newest committed token's KV slot. The guard stops the launch (positions from the launch's seq_lens_cpu,
+    on the overlap path SGLang's own copy of the device lengths); without the check nothing is found before the
+    forward writes there. (One ahead stays inside the 2 x (steps + 1) reserve: no slot it does not own.)"""
+    if without:
+        monkeypatch.setattr(shim.guard.identity, "writes_within_allocation", lambda *a, **k: [])
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=40))
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    drv.batch.seq_lens = drv.batch.seq_lens - 1
+    drv.batch.seq_lens_cpu = drv.batch.seq_lens_cpu - 1
+    drv.worker.accept_lens_cpu_stand_in = [2, 1, 4]
+    verifies = gf.STAND_IN_CALLS.get("verify", 0)
+    if without:
+        drv.worker.forward_batch_generation(drv.batch)
+        assert runtime.guard.found == [] and gf.STAND_IN_CALLS.get("verify", 0) == verifies + 1
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        drv.worker.forward_batch_generation(drv.batch)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "writes_within_allocation" and len(exc.rids) == 3
+    assert gf.STAND_IN_CALLS.get("verify", 0) == verifies  # stopped before the verify forward
