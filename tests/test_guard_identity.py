@@ -297,3 +297,28 @@ def test_verify_launched_with_stale_seq_lens(runtime: Any, model_dir: Path, monk
     print(exc)
     assert exc.invariant == "writes_within_allocation" and len(exc.rids) == 3
     assert gf.STAND_IN_CALLS.get("verify", 0) == verifies  # stopped before the verify forward
+
+
+# --- no false positive: the tree's own frees inside a flip (seen live on the H200, session 8) -------------------------
+
+
+def test_tree_frees_during_a_flips_drain_are_not_the_flips(runtime: Any, model_dir: Path) -> None:
+    """Radix cache on, flip-off while a speculative prefill of two requests sharing a new prompt prefix is in flight:
+    the flip processes that prefill's result first, and the tree's checkpoint of the second request frees the slots
+    that duplicate the first's. Those frees are the tree's (not judged), not the flip's: no finding, every slot
+    back."""
+    sr.configure(runtime)
+    drv = sr.driver(model_dir, radix=True)
+    drv.add([h.make_req("long", gf.SYSTEM_PROMPT + [300] * 5, max_new_tokens=40)])
+    for _ in range(4):
+        drv.iteration()
+    shared = list(range(400, 420))
+    drv.add([h.make_req(f"s{i}", shared + [500 + i] * 3, max_new_tokens=8) for i in range(2)])
+    drv.iteration()  # demand 3: a speculative prefill of both launches, its result in flight
+    pending = drv.last_batch
+    assert pending.forward_mode.is_extend() and len(pending.reqs) == 2
+    drv.add(gf.make_reqs("t", 2, max_new_tokens=6))
+    drv.iteration()  # demand 5: flip-off, the prefill's result (and the tree's checkpoints) processed first
+    assert sr.events(drv, "flip_off") and sr.events(drv, "flip_off")[0]["drained"]
+    drv.run_until_idle()
+    assert runtime.guard.found == [] and sr.free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)
