@@ -21,7 +21,8 @@ from statemodel.state import Request
 
 SLOTS_FREED_OWNED = "slots_freed_owned"
 COMMITTED_OUTPUT_KEPT = "committed_output_kept"
-IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT)
+WRITES_WITHIN_ALLOCATION = "writes_within_allocation"
+IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT, WRITES_WITHIN_ALLOCATION)
 
 
 @attrs.frozen
@@ -92,6 +93,21 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
             expected=f"freed [{o.allocated_after}, {o.allocated_before})",
             actual=f"freed {_spans(sorted(got)) or 'nothing'}"))
     return problems
+
+
+def writes_within_allocation(rid: int, start: int, width: int, committed_len: int, allocated_len: int,
+                             action: str) -> list[Violation]:
+    """A forward writes row positions [start, start + width) of a request (start: its seq_len as the forward
+    launches with it): never over a committed token (start >= kv_committed_len) and only inside its own allocation
+    (start + width <= kv_allocated_len): a position past it holds a stale entry, a slot free in the allocator or
+    another request's."""
+    if committed_len <= start and start + width <= allocated_len:
+        return []
+    return [Violation(
+        WRITES_WITHIN_ALLOCATION,
+        f"{action} writes positions [{start}, {start + width}) of request {rid}'s row; it has {committed_len} "
+        f"committed and {allocated_len} allocated", (rid,),
+        expected=f"within [{committed_len}, {allocated_len})", actual=f"[{start}, {start + width})")]
 
 
 def output_bound(r: Request, design: Design) -> int:

@@ -262,3 +262,63 @@ def test_warn_mode_logs_held_back_findings(runtime: Any, model_dir: Path, fault:
     assert len(full) == 1 and held
     logged = len(full) + sum(int(r.getMessage().split("specflip: ")[1].split()[0]) for r in held)
     assert logged == len(found)
+
+
+# --- class 1 / 4: the positions a verify writes, from the lengths it launches with -----------------------------------
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_verify_launched_with_stale_seq_lens(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                            without: bool) -> None:
+    """A speculative step launched with seq_lens one behind the committed length (a stale copy from before the last
+    result: the bug of a flip that rebuilds seq_lens from an old mirror): the verify writes [seq_len, seq_len + 4),
+    over the newest committed token's KV slot. The guard stops the launch (positions from the launch's seq_lens_cpu,
+    on the overlap path SGLang's own copy of the device lengths); without the check nothing is found before the
+    forward writes there. (One ahead stays inside the 2 x (steps + 1) reserve: no slot it does not own.)"""
+    if without:
+        monkeypatch.setattr(shim.guard.identity, "writes_within_allocation", lambda *a, **k: [])
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=40))
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    drv.batch.seq_lens = drv.batch.seq_lens - 1
+    drv.batch.seq_lens_cpu = drv.batch.seq_lens_cpu - 1
+    drv.worker.accept_lens_cpu_stand_in = [2, 1, 4]
+    verifies = gf.STAND_IN_CALLS.get("verify", 0)
+    if without:
+        drv.worker.forward_batch_generation(drv.batch)
+        assert runtime.guard.found == [] and gf.STAND_IN_CALLS.get("verify", 0) == verifies + 1
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        drv.worker.forward_batch_generation(drv.batch)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "writes_within_allocation" and len(exc.rids) == 3
+    assert gf.STAND_IN_CALLS.get("verify", 0) == verifies  # stopped before the verify forward
+
+
+# --- no false positive: the tree's own frees inside a flip (seen live on the H200, session 8) -------------------------
+
+
+def test_tree_frees_during_a_flips_drain_are_not_the_flips(runtime: Any, model_dir: Path) -> None:
+    """Radix cache on, flip-off while a speculative prefill of two requests sharing a new prompt prefix is in flight:
+    the flip processes that prefill's result first, and the tree's checkpoint of the second request frees the slots
+    that duplicate the first's. Those frees are the tree's (not judged), not the flip's: no finding, every slot
+    back."""
+    sr.configure(runtime)
+    drv = sr.driver(model_dir, radix=True)
+    drv.add([h.make_req("long", gf.SYSTEM_PROMPT + [300] * 5, max_new_tokens=40)])
+    for _ in range(4):
+        drv.iteration()
+    shared = list(range(400, 420))
+    drv.add([h.make_req(f"s{i}", shared + [500 + i] * 3, max_new_tokens=8) for i in range(2)])
+    drv.iteration()  # demand 3: a speculative prefill of both launches, its result in flight
+    pending = drv.last_batch
+    assert pending.forward_mode.is_extend() and len(pending.reqs) == 2
+    drv.add(gf.make_reqs("t", 2, max_new_tokens=6))
+    drv.iteration()  # demand 5: flip-off, the prefill's result (and the tree's checkpoints) processed first
+    assert sr.events(drv, "flip_off") and sr.events(drv, "flip_off")[0]["drained"]
+    drv.run_until_idle()
+    assert runtime.guard.found == [] and sr.free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)

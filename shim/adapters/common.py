@@ -485,8 +485,24 @@ class V2Adapter:
         """The radix cache takes an unfinished request's prompt into the tree (0.5.12 / 0.5.16
         `cache_unfinished_req`, 0.5.23 `checkpoint`): slots that duplicate what the tree already held go back to
         the pool and the request's own share shrinks to what lies past `cache_protected_len`. No model step:
-        the guard re-reads that request and the pool, and kv_conservation still has to hold."""
-        result = original(tree_cache, req, *args, **kwargs)
+        the guard re-reads that request and the pool, and kv_conservation still has to hold. The slots it frees (the
+        duplicates of what the tree held) are the tree's: a window of their own keeps them out of a flip's window
+        (a flip's drain processes a prefill's result, and 0.5.16's `cache_unfinished_req` frees there; seen live as a
+        false `slots_freed_owned` on the H200); they are counted, not judged (kv_conservation counts them)."""
+        window: dict[str, bool] = {}
+
+        def open_window(g: Guard) -> None:
+            g.open_free_window({})
+            window["open"] = True
+
+        def close_window(g: Guard) -> None:
+            if window.get("open") and g.free_windows:
+                g.free_windows.pop()
+        self._with_guard(open_window)
+        try:
+            result = original(tree_cache, req, *args, **kwargs)
+        finally:
+            self._with_guard(close_window)
         if getattr(tree_cache, "disable", False):
             return result  # a disabled tree returns at once (0.5.23 still calls it per prefill and finish)
 

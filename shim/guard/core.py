@@ -208,7 +208,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
         overlap schedule it is also the model's `verify` (the launch; the accepts come with the result)."""
         state = self._overlay(self.state, reqs=reqs, pool=pool)
         state = attrs.evolve(state, launched=self._batch(launched))
-        self._refine(state, where)
+        # the positions it writes, from the launch's seq_lens (identity: statemodel.identity.writes_within_allocation)
+        self._refine(state, where, extra=self.write_violations(reqs, launched.spec_tokens_per_row, "verify"))
         if self.config.scope.overlap:
             self._transition(Action("verify"), where, reqs=reqs, pool=pool)
 
@@ -389,8 +390,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
         elif self._suppressed:
             self._flush_suppressed()
 
-    def _refine(self, new: State, where: str) -> None:
-        found = tuple(state_violations(new, self.config.scope))
+    def _refine(self, new: State, where: str, extra: Sequence[Violation] = ()) -> None:
+        found = tuple(extra) + tuple(state_violations(new, self.config.scope))
         if self.outputs_over_committed:
             found = tuple(self.over_committed_violations(new, "refine")) + found
         if self.trace is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shim.guard.observe import ObservedRequest
 from statemodel.design import Design
 from statemodel.identity import (
     RowOwner,
@@ -24,6 +25,7 @@ from statemodel.identity import (
     output_bound,
     output_within_bound,
     slots_freed_owned,
+    writes_within_allocation,
 )
 from statemodel.invariants import Violation
 from statemodel.state import State
@@ -127,6 +129,23 @@ class IdentityChecks:
         for i, n in noted:
             if i < len(state.requests):
                 found.extend(output_within_bound(i, n, output_bound(state.requests[i], design), action))
+        return found
+
+    def write_violations(self, reqs: Sequence[ObservedRequest], width: int, action: str) -> list[Violation]:
+        """Each request holding KV writes [seq_len, seq_len + width) inside its allocation (`seq_len`: the launch's
+        seq_lens_cpu, on the overlap path SGLang's own copy of the device lengths, `FutureMap.resolve_seq_lens_cpu`)."""
+        found: list[Violation] = []
+        index = self.index
+        for obs in reqs:
+            if not obs.holds_kv:
+                continue
+            # absolute lengths: the observation's own counts lie past cache_protected_len
+            protected = obs.kv_committed_len - obs.kv_committed
+            allocated = obs.kv_allocated + protected
+            if obs.kv_committed_len <= obs.seq_len and obs.seq_len + width <= allocated:
+                continue
+            found.extend(writes_within_allocation(index.get(obs.rid, -1), obs.seq_len, width, obs.kv_committed_len,
+                                                  allocated, action))
         return found
 
     def design_for_identity(self) -> Design:
