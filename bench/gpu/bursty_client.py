@@ -65,7 +65,7 @@ def row(name, k, total, phase_s, results):
 
 def hit_rate(results, label):
     """The share of a phase kind's prompt tokens that the radix cache served (meta_info cached_tokens)."""
-    got = [(r[5], r[6]) for lab, r in results if lab == label and len(r) > 6]
+    got = [(r[5], r[6]) for lab, r in results if lab == label]
     prompt = sum(n for _, n in got)
     return round(sum(c for c, _ in got) / prompt, 4) if prompt else None
 

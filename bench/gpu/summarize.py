@@ -15,6 +15,9 @@ import statistics
 import sys
 import tarfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from shim.timing.jsonl import IDLE_GAP_MS  # noqa: E402 - the switch trace's idle spell (one rule)
+
 CFG_LABEL = {
     "plain": "plain decoding",
     "spec": "EAGLE-3 always on",
@@ -64,7 +67,6 @@ def trace_events(sources):
     return [(cfg, json.loads(line)) for cfg, text in out for line in text.splitlines()]
 
 
-IDLE_GAP_MS = 50.0  # shim/switch/v2_runtime.py IDLE_GAP_MS: a step launched this long after the previous one
 
 
 def step_class(ev):

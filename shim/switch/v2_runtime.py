@@ -10,12 +10,7 @@ from shim.switch.config import SwitchConfig
 from shim.switch.fault import LateFlipFault
 from shim.switch.policy import SwitchPolicy
 from shim.switch.swap import AttributeSwap
-from shim.timing.jsonl import JsonlTrace
-
-# A decode step launched this long after the previous one follows an idle spell: its GPU has clocked down, a flip or
-# not. Such steps are traced too, so a first step after a flip-on (which follows the server emptying) is compared
-# with first steps after idle without a flip (bench/gpu/summarize.py), not with steady ones.
-IDLE_GAP_MS = 50.0
+from shim.timing.jsonl import IDLE_GAP_MS, JsonlTrace
 
 
 @dataclass

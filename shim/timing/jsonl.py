@@ -9,6 +9,10 @@ import threading
 import time
 from typing import Any
 
+# A decode step launched this long after the previous one follows an idle spell: its GPU has clocked down, a flip or
+# not. The switch traces such steps (shim/switch/v2_runtime.py) and bench/gpu/summarize.py classes them apart, so a
+# flip-on's first step (the server had emptied) is compared with first steps after idle without a flip.
+IDLE_GAP_MS = 50.0
 
 class JsonlTrace:
     """JSONL of events (the switch's: model action names) and per-step device timings; no host syncs:
