@@ -3,7 +3,7 @@ is rank-consistent only if every input of the decision is the same on every rank
 policy functions read only their arguments and the configuration; the plain path's decision reads only scheduler
 state that every rank holds alike (requests broadcast from rank 0 by `recv_requests`, scheduled deterministically);
 nothing in the decision reads a clock, a pid, free memory, a random number or the rank. The one rank read in
-`plain_path_flip` is the fault injection (shim/switch/fault.py), after the decision and off by default. The check is
+`plain_path_flip` is the fault injection (shim/switch/faults.py), after the decision and off by default. The check is
 shown to fail on a decision that reads the clock."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_plain_path_decision_reads_shared_scheduler_state_only() -> None:
     assert read <= allowed, read - allowed
     assert per_rank_reads(function_ast(switch_v2._pending_prefill)) == set()
     whole = function_ast(switch_v2.plain_path_flip)
-    assert "late_flip" in names_read(whole)  # the fault injection, after the decision (shim/switch/fault.py)
+    assert "late_flip" in names_read(whole)  # the fault injection, after the decision (shim/switch/faults.py)
     # the normal-loop switch (draft modes sync and none) decides in flip() on the same kind of counts
     assert per_rank_reads(decision_part(switch_v2.flip, "action")) == set()
 

@@ -12,7 +12,7 @@ happened in each to OUT_JSON. Scenarios:
   switch's real plain path over real SGLang 0.5.23 objects (tests/overlap_loop.py's OverlapDriver, which plays the
   Scheduler), with the real adapter hook `after_get_next_batch_to_run` called after each `get_next_batch_to_run` with a
   real `NextBatchPlan`; the driver's `tp_cpu_group` is the gloo group. `driver_late_flip` puts the switch's fault
-  injection (shim/switch/fault.py) on rank 1's second flip (the flip back on, with requests decoding).
+  injection (shim/switch/faults.py) on rank 1's second flip (the flip back on, with requests decoding).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def driver_run(rank: int, scenario: str, group: Any, model_dir: str, out_dir: Pa
     import sglang_cpu as h
     from sglang.srt.managers.schedule_batch import NextBatchPlan
 
-    from shim.switch.fault import LateFlipFault
+    from shim.switch.faults import LateFlipFault
     from shim.switch.v2 import SwitchConfig
     from statemodel.designs import get_design
 

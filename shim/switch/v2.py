@@ -35,7 +35,7 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
                           fixed by resume_chunk_kept_out, not yet rerun on the GPU;
                           docs/prefix-cache.md)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
-                          late (shim/switch/fault.py; docs/tp.md)
+                          late (shim/switch/faults.py; docs/tp.md)
   SPECFLIP_FAULT          FAULT INJECTION, tests only: switch bugs the guard's identity checks must catch
                           (shim/switch/faults.py; docs/guard.md)
   SPECFLIP_SWITCH_TRACE_EVERY  N (default 1): trace the two decode steps after each flip and every Nth other one
@@ -62,7 +62,7 @@ from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
 )
-from shim.switch.fault import LateFlipFault
+from shim.switch.faults import LateFlipFault
 from shim.switch.policy import SwitchPolicy
 from shim.switch.radix_keep_out import give_back_flags, keep_out_of_tree, resume_chunk_kept_out
 
@@ -193,7 +193,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     if action == "flip_on" and flip_on_waits(running_batch, pending):
         return last_batch
     if rt.late_flip is not None and rt.late_flip.delays(scheduler):
-        return last_batch  # fault injection only (shim/switch/fault.py): this rank flips a step late
+        return last_batch  # fault injection only (shim/switch/faults.py): this rank flips a step late
     tic = time.perf_counter()
     guard_api.notify_flip_starting(in_batch)  # the guard settles what ran before and watches what the flip frees
     drained = drain_in_flight(scheduler)

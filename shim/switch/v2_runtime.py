@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shim.switch.config import SwitchConfig
-from shim.switch.fault import LateFlipFault
+from shim.switch.faults import LateFlipFault
 from shim.switch.policy import SwitchPolicy
 from shim.switch.swap import AttributeSwap
 from shim.timing.jsonl import IDLE_GAP_MS, JsonlTrace
