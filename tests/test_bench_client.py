@@ -198,6 +198,31 @@ def test_bursty_shared_prefix_spans_a_burst_and_the_quiet_phase_after_it(
     assert 15 / (4 * 37) <= rows["plain"]["quiet_hit"] < 0.2 and 20 / (6 * 37) <= rows["plain"]["burst_hit"] < 0.2
 
 
+def test_bursty_follow_ups_continue_the_bursts_conversations(
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24's multi-turn load: the first quiet prompts after a burst are that burst's prompts, their greedy
+    answers and a new turn, so a server returns them exact and its cache serves the earlier turn."""
+    import bursty_client
+    (fast, _, _), _ = servers
+    out = tmp_path / "bursty.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", f"plain={fast.url}", "--cycles", "2",
+                                      "--low-conc", "1", "--low-requests", "3", "--burst-conc", "1",
+                                      "--burst-requests", "3", "--rounds", "1", "--new-tokens", "4",
+                                      "--follow-ups", "2", "--out", str(out)])
+    bursty_client.main()
+    row = json.loads(out.read_text())
+    assert row["exact"] == 12 and row["errors"] == 0
+    prompts = fast.prompts  # quiet 3, burst 3, quiet 3 (2 follow-ups), burst 3
+    for turn, earlier in zip(prompts[6:8], prompts[3:5], strict=True):
+        answer = [(earlier[-1] + 1 + k) % 2048 for k in range(4)]
+        assert turn[:len(earlier) + 4] == earlier + answer and len(turn) == len(earlier) + 4 + 16
+    assert len(prompts[8]) == 32 and all(len(q) == 32 for q in prompts[:3])  # no burst before the first quiet phase
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", "a=http://127.0.0.1:9", "--follow-ups", "17"])
+    with pytest.raises(SystemExit) as e:
+        bursty_client.main()
+    assert e.value.code == 2
+
+
 def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     import bursty_client
     monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", "a=http://127.0.0.1:9", "--burst-conc", "0"])

@@ -235,6 +235,18 @@ def test_0_5_12_single_candidate_dies_at_startup_and_tier_keys_are_ignored():
             lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True, adaptive_config=bad)
 
 
+def test_0_5_12_a_steps_0_candidate_dies_at_startup():
+    # the H200's 0.5.12 server with candidate_steps [0, 3] died building its draft backend (lint_matrix_0512,
+    # adaptive_0_3); 0.5.16 builds steps 0 (its lint says serves: lint_matrix_0516, adaptive_0_1_launch1)
+    zero = check(lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True,
+                                                adaptive_config={"candidate_steps": [0, 3]}))
+    assert rules(zero) == {SGLANG_REFUSES} and predicted_outcome(zero) == "dies-at-startup"
+    assert "steps 0" in zero[0].message
+    ok = check(lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True,
+                                              adaptive_config={"candidate_steps": [1, 3]}))
+    assert predicted_outcome(ok) == "serves"
+
+
 # ---- the guard's entry point and the command line --------------------------------------------------------
 
 @needs_sglang

@@ -58,6 +58,7 @@ def plugin() -> Any:
 
         HookRegistry.register(sw.T_NEXT_BATCH, sw._next_batch_around, HookType.AROUND)
         HookRegistry.register(sw.T_RUN_BATCH, sw._run_batch_around, HookType.AROUND)
+        HookRegistry.register(sw.T_STREAM, sw._stream_output_around, HookType.AROUND)
         with mock.patch.dict(os.environ, {"SPECFLIP_MODE": "assert"}):
             plugins.load_plugins()
     runtime = shim.guard.runtime.current()
@@ -536,3 +537,35 @@ def test_retract_mode_flips_off_on_an_idle_server_at_a_burst(loop: Any) -> None:
     assert all(req.output_ids == h.expected_output(req) for req in loop.finished) and len(loop.finished) == 6
     assert loop.scheduler.spec_algorithm.is_eagle() and loop.scheduler.model_worker is loop.worker
     assert not rt.spec_side  # everything the plain path swapped is back
+
+
+def test_outputs_streamed_while_off_carry_the_speculative_counters(loop: Any) -> None:
+    """The H200's 0.5.12 lint matrix (switch_1_0): with scheduler.spec_algorithm NONE on the plain path, 0.5.12's
+    stream_output_generation sent no spec_verify_ct and its tokenizer manager's per-request index crashed the
+    server at its first output. The real stream_output_generation, hooked, now sends one entry per request.
+    Stand-ins: the detokenizer socket (captures what would be sent) and get_loads (a scheduler-metrics query)."""
+    import shim.switch.v1 as sw
+
+    retract_switch(5, 2)
+    loop.add(h.make_reqs("s", 6, max_new_tokens=7))
+    for _ in range(3):
+        loop.iteration()
+    s = loop.scheduler
+    assert s.spec_algorithm.is_none() and "plain" in loop.kinds  # off, on the plain path
+    sent: list[Any] = []
+    s.send_to_detokenizer = mock.Mock(name="detokenizer_socket_stand_in",
+                                      send_output=lambda out, *a, **k: sent.append(out))
+    s.get_loads = mock.Mock(name="get_loads_stand_in", return_value=None)
+    for attr, value in (("attn_tp_rank", 0), ("dp_rank", None), ("stream_interval", 1)):
+        if not hasattr(s, attr):
+            setattr(s, attr, value)
+    reqs = list(s.running_batch.reqs)
+    for req in reqs:
+        req.stream = True
+    s.stream_output_generation(reqs, False)
+    assert sent and len(sent[0].spec_verify_ct) == len(sent[0].rids) == len(reqs)
+    assert s.spec_algorithm.is_none()  # the plain path's NONE is back after the call
+    sw.set_runtime(None)
+    sent.clear()
+    s.stream_output_generation(reqs, False)  # what 0.5.12 does without the hook: no counters, a crash downstream
+    assert sent and len(sent[0].spec_verify_ct) == 0 < len(sent[0].rids)

@@ -16,6 +16,11 @@ where the server reports none).
 those of the quiet phase after it start with. The radix cache caches it during the burst, with speculation off,
 and the quiet phase hits it with speculation on: without the switch's fix its drafts read draft KV never written
 there, and quiet_accept falls. Without the flag the prompts are the same as before it existed.
+
+--follow-ups N (multi-turn, issue 24): the first N prompts of each quiet phase after a burst are follow-up turns of
+the burst's first N requests: that request's prompt, its answer (the counter's greedy output, known in advance) and
+a new 16-token turn. Their answers were decoded while the switch had speculation off and entered the tree at finish
+(unless the switch keeps them out), so a follow-up hits tokens that have no draft KV.
 """
 import argparse
 import json
@@ -70,6 +75,12 @@ def hit_rate(results, label):
     return round(sum(c for c, _ in got) / prompt, 4) if prompt else None
 
 
+def follow_up(prompt, new_tokens, vocab):
+    """The next turn of a conversation: the prompt, the counter's greedy answer to it, a new 16-token turn."""
+    answer = [(prompt[-1] + 1 + k) % vocab for k in range(new_tokens)]
+    return prompt + answer + [random.randrange(3, vocab) for _ in range(15)] + [random.randrange(0, 300)]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--servers", required=True, help="NAME=URL,...: the servers, measured one after the other")
@@ -81,6 +92,8 @@ def main():
     p.add_argument("--rounds", type=int, default=2, help="schedules per server (paired, order rotated)")
     p.add_argument("--shared-prefix", type=int, default=0,
                    help="tokens a burst's prompts and the next quiet phase's share (a new prefix per burst)")
+    p.add_argument("--follow-ups", type=int, default=0,
+                   help="quiet-phase prompts that continue a burst's conversations (prompt + answer + new turn)")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--timeout", type=float, default=120, help="seconds a request may take")
@@ -92,6 +105,8 @@ def main():
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if a.shared_prefix < 0:
         p.error("--shared-prefix must be at least 0")
+    if not 0 <= a.follow_ups <= min(a.low_requests, a.burst_requests):
+        p.error("--follow-ups must be between 0 and the smaller of --low-requests and --burst-requests")
     servers = parse_servers(a.servers)
     random.seed(2)
     t_start = time.time()
@@ -101,12 +116,17 @@ def main():
             break
         phases = []
         prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
+        burst_prompts: list[list[int]] = []
         for _ in range(a.cycles):
             for label, conc, n in (("quiet", a.low_conc, a.low_requests), ("burst", a.burst_conc, a.burst_requests)):
                 if label == "burst":  # computed while the switch has speculation off; the next quiet phase hits it
                     prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
                 prompts = [prefix + [random.randrange(3, a.vocab) for _ in range(31)] + [random.randrange(0, 300)]
                            for _ in range(n)]
+                if label == "quiet" and a.follow_ups and burst_prompts:
+                    prompts[:a.follow_ups] = [follow_up(q, a.new_tokens, a.vocab) for q in burst_prompts[:a.follow_ups]]
+                if label == "burst":
+                    burst_prompts = prompts
                 phases.append((label, conc, prompts))
         for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:
             total, phase_s, results = run_schedule(url, phases, a.new_tokens, a.vocab, a.timeout)

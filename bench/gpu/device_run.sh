@@ -28,7 +28,7 @@ trap stop_all EXIT
 echo "== unpack (t=$(el)s)"
 rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
-[ -f "$K/jitcache.tar.gz" ] && tar xzf "$K/jitcache.tar.gz" -C /tmp/jitcache && echo "jit cache restored"
+[ -f "$K/jitcache.tar.xz" ] && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$K/jitcache.tar.xz" /tmp/jitcache && echo "jit cache restored"
 D=/tmp/site/specflip_switch-0.1.dist-info; mkdir -p $D
 printf 'Metadata-Version: 2.1\nName: specflip-switch\nVersion: 0.1\n' > $D/METADATA
 # shim.plugin:register (the project's own entry point): the v2 switch when SPECFLIP_SWITCH is set, then the guard when
@@ -157,6 +157,6 @@ else
 fi
 stop_all
 python3 bench/gpu/summarize.py "$OUT" 2>&1 | tail -n 60 || true
-tar czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
+python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache.tar.xz" /tmp/jitcache 2>/dev/null
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 ls -la "$OUT"; echo "== done (t=$(el)s)"

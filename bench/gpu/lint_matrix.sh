@@ -1,17 +1,17 @@
 #!/bin/bash
 # Device side of issue 21: `specflip lint`'s verdicts against real start-ups (bench/gpu/lint_matrix.py says how).
 # Run from the repo root on the GPU host. usage: BUDGET_S=540 bash bench/gpu/lint_matrix.sh 0.5.16|0.5.12
-#   0.5.16: carry [".whl"]   (site.tar.xz, gen_models.py, jitcache.tar.gz: ../shared/gpu-host/build-bundle.sh)
+#   0.5.16: carry [".whl"]   (site.tar.xz, gen_models.py, jitcache.tar.xz: ../shared/gpu-host/build-bundle.sh)
 #   0.5.12: carry [".whl12"] (../shared/gpu-host/v1-0.5.12/build-bundle.sh; SGLANG_ENABLE_SPEC_V2=0: the v1 worker)
-# PARALLEL (default 12) servers at a time; MATRIX_S: seconds for the matrix itself (default 420, or less when
+# PARALLEL (default 12) servers at a time; SERVER_TIMEOUT_S (default 170): seconds a server may take to answer /health; ONLY: comma-separated configuration names; MATRIX_S: seconds for the matrix itself (default 420, or less when
 # BUDGET_S leaves less after the set-up; what has not finished then is written as not-run). Writes $OUT/lint_matrix_<line>.{jsonl,md}, the server logs, the JIT cache.
 set -u
 T0=$(date +%s); REPO=$(pwd); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LINE=${1:-}; BUDGET=${BUDGET_S:-540}
 el() { echo $(( $(date +%s) - T0 )); }
 case $LINE in
-  0.5.16) K=$REPO/.whl; MATRIX=bench/gpu/lint_matrix_0516.json; JIT=jitcache.tar.gz; ENTRY=register ;;
-  0.5.12) K=$REPO/.whl12; MATRIX=bench/gpu/lint_matrix_0512.json; JIT=jitcache12.tar.gz; ENTRY=register_v1
+  0.5.16) K=$REPO/.whl; MATRIX=bench/gpu/lint_matrix_0516.json; JIT=jitcache.tar.xz; ENTRY=register ;;
+  0.5.12) K=$REPO/.whl12; MATRIX=bench/gpu/lint_matrix_0512.json; JIT=jitcache12.tar.xz; ENTRY=register_v1
           export SGLANG_ENABLE_SPEC_V2=0 ;;   # -> disable_overlap_schedule -> the v1 EAGLEWorker
   *) echo "usage: bash bench/gpu/lint_matrix.sh 0.5.16|0.5.12"; exit 2 ;;
 esac
@@ -19,7 +19,7 @@ esac
 echo "== unpack $LINE (t=$(el)s)"
 rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
-[ -f "$K/$JIT" ] && tar xzf "$K/$JIT" -C /tmp/jitcache && echo "jit cache restored"
+[ -f "$K/$JIT" ] && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$K/$JIT" /tmp/jitcache && echo "jit cache restored"
 # specflip's plugin entry point (group sglang.srt.plugins): the switch when SPECFLIP_SWITCH is set, else nothing
 D=/tmp/site/specflip_lintmatrix-0.1.dist-info; mkdir -p $D
 printf 'Metadata-Version: 2.1\nName: specflip-lintmatrix\nVersion: 0.1\n' > $D/METADATA
@@ -39,7 +39,7 @@ echo "== models ready (t=$(el)s)"
 LEFT=$(( BUDGET - $(el) - 30 )); MATRIX_S=${MATRIX_S:-$(( LEFT < 420 ? LEFT : 420 ))}   # issue 21: <= 420 s a line
 timeout $(( MATRIX_S + 90 )) python3 bench/gpu/lint_matrix.py "$MATRIX" --out "$OUT" --models /tmp/models \
   --parallel "${PARALLEL:-12}" --lint-jobs "${LINT_JOBS:-4}" --deadline "$MATRIX_S" --lint-python python3 \
-  --server-python python3 ${ONLY:+--only "$ONLY"} 2>&1 | tee "$OUT/lint_matrix.log" | grep -v '^   lint '
-tar czf "$OUT/$JIT" -C /tmp/jitcache . 2>/dev/null
+  --server-python python3 --timeout "${SERVER_TIMEOUT_S:-170}" ${ONLY:+--only "$ONLY"} 2>&1 | tee "$OUT/lint_matrix.log" | grep -v '^   lint '
+python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/$JIT" /tmp/jitcache 2>/dev/null
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 ls "$OUT" | head -60; echo "== done (t=$(el)s)"

@@ -30,7 +30,7 @@
 # leaves 70 s); the probe again (steady: its difference to the fresh one is the first flip's cost); then
 # bench/gpu/v1_summarize.py prints the tables into $OUT/v1_summary.md.
 # Outputs under $OUT: run.log (tee), sweep.json, probe_fresh.json, probe_steady.json, tr/<config>/{server.log,
-# switch-<pid>.jsonl}, v1_summary.md, jitcache12.tar.gz (put it in .whl12/ to make the next start faster).
+# switch-<pid>.jsonl}, v1_summary.md, jitcache12.tar.xz (put it in .whl12/ to make the next start faster).
 # The run passes when it ends with FAILED=0: every output exact, every server up, no guard finding ('broken by').
 set -u
 T0=$(date +%s); REPO=$(pwd); K=$REPO/.whl12; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/tr"
@@ -48,7 +48,7 @@ fi
 echo "== unpack (t=$(el)s)"
 rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
-[ -f "$K/jitcache12.tar.gz" ] && tar xzf "$K/jitcache12.tar.gz" -C /tmp/jitcache && echo "jit cache restored"
+[ -f "$K/jitcache12.tar.xz" ] && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$K/jitcache12.tar.xz" /tmp/jitcache && echo "jit cache restored"
 # the plugin entry point (group sglang.srt.plugins): the v1 switch when SPECFLIP_SWITCH is set, then the guard when
 # SPECFLIP_MODE is set
 D=/tmp/site/specflip_v1-0.1.dist-info; mkdir -p $D
@@ -121,6 +121,6 @@ for cfg in "${CONFIGS[@]}"; do
     | grep -v 'Decode batch' | cut -c1-300 | head -12
   [ "$n" -gt 0 ] && { grep 'broken by' "$TR/server.log" | cut -c1-400 | head -3; FAILED=1; }
 done
-tar czf "$OUT/jitcache12.tar.gz" -C /tmp/jitcache . 2>/dev/null
+python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache12.tar.xz" /tmp/jitcache 2>/dev/null
 python3 bench/gpu/v1_summarize.py "$OUT" | tee "$OUT/v1_summary.md"
 echo "== done (t=$(el)s) FAILED=$FAILED"

@@ -29,9 +29,9 @@ class AttributeSwap:
             self._saved.append((obj, name, getattr(obj, name, _ABSENT)))
         setattr(obj, name, value)
 
-    def saved(self, obj: Any, name: str) -> Any:
-        """The value `obj.name` held before the swap."""
-        return next(old for o, n, old in self._saved if o is obj and n == name)
+    def saved(self, obj: Any, name: str, default: Any = None) -> Any:
+        """The value `obj.name` held before the swap; `default` when it is not swapped out."""
+        return next((old for o, n, old in self._saved if o is obj and n == name), default)
 
     def restore(self, keep: tuple[tuple[Any, str], ...] = ()) -> None:
         """Put every swapped attribute back, except those in `keep` ((obj, name) pairs, left as swapped)."""

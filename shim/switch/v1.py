@@ -68,9 +68,13 @@ T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker.EAGLEWorker.init_cuda_graph
 # draft mode retract: the flips, at the top of the non-overlap loop's iteration; the decode steps' trace
 T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH)
+# 0.5.12 fills BatchTokenIDOutput.spec_verify_ct only while scheduler.spec_algorithm is set, and its tokenizer
+# manager indexes it per request: the plain path's NONE crashed the first output on the H200 (0.5.16's
+# OutputStreamer keeps its own copy of the algorithm)
+T_STREAM = "sglang.srt.managers.scheduler.Scheduler.stream_output_generation"
+TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM)
 HOOKS_FOR_DRAFT_MODE = {"sync": (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_INIT_GRAPHS, T_FORWARD),
-                        "retract": (T_ALLOCATABLE, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH)}
+                        "retract": (T_ALLOCATABLE, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM)}
 
 
 def check_config(config: SwitchConfig) -> SwitchConfig:
@@ -348,6 +352,17 @@ def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> 
     return batch
 
 
+def _stream_output_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """Outputs streamed while the plain path holds scheduler.spec_algorithm at NONE carry the per-request
+    speculative counters all the same (the launch algorithm for the call only): see T_STREAM."""
+    rt = _RUNTIME
+    launch = rt.spec_side.saved(scheduler, "spec_algorithm") if rt is not None and rt.plain_path else None
+    if launch is None:
+        return orig(scheduler, *args, **kwargs)
+    with AttributeSwap.around((scheduler, "spec_algorithm", launch)):
+        return orig(scheduler, *args, **kwargs)
+
+
 def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
     time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
@@ -403,7 +418,8 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
              T_INIT_GRAPHS: (_init_cuda_graphs_after, HookType.AFTER),
              T_FORWARD: (_forward_around, HookType.AROUND),
              T_NEXT_BATCH: (_next_batch_around, HookType.AROUND),
-             T_RUN_BATCH: (_run_batch_around, HookType.AROUND)}
+             T_RUN_BATCH: (_run_batch_around, HookType.AROUND),
+             T_STREAM: (_stream_output_around, HookType.AROUND)}
     for target in HOOKS_FOR_DRAFT_MODE[config.draft_while_off]:
         if target == T_RUN_BATCH and not rt.trace.enabled:
             continue  # only the trace reads it: one wrapper less per step

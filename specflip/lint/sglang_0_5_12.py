@@ -7,7 +7,8 @@ mode is another design:
     the accept length, at any batch size: no batch-size tiers. Its config (`load_adaptive_config`) is one flat
     JSON object; `candidate_steps` (default [1, 3, 7]) plus the launch steps are the states, and fewer than two
     distinct ones is an AssertionError when the worker is built (start-up). Tier keys ("1", "8", ... as 0.5.16
-    reads them) are ignored.
+    reads them) are ignored. A candidate steps 0 dies at start-up: `speculative/draft_utils.DraftBackendFactory
+    .create_decode_backend` returns no backend for steps == 1 only (0.5.16: steps <= 1).
   - States: `speculative/eagle_worker.EAGLEWorker.build_adaptive_runtime_state` builds every candidate at
     start-up (draft tokens = steps + 1), each with its own target `CudaGraphRunner` and draft runners at the whole
     `cuda_graph_bs` list (`model_executor/cuda_graph_runner.get_batch_sizes_to_capture`: clamped to the request
@@ -83,6 +84,11 @@ def sizing_from_values(*, algorithm: str = "EAGLE3", topk: int = 1, steps: int, 
         if ignored:
             refusals.append(f"SGLang 0.5.12 ignores the tier keys {ignored} of the adaptive config (it reads one "
                             f"flat object); it runs candidate_steps {list(candidates)} at every batch size")
+        if 0 in candidates:
+            # 0.5.16 skips the multi-step draft backend for steps <= 1 ("nospec"); 0.5.12 only for steps == 1
+            fatal.append(f"the adaptive candidate_steps {list(candidates)} include steps 0, which 0.5.12 cannot "
+                         "build: DraftBackendFactory.create_decode_backend builds a multi-step draft backend over "
+                         "no steps (triton: IndexError in TritonMultiStepDraftBackend; seen on the H200)")
         if len(candidates) < 2:
             fatal.append(f"the adaptive candidate_steps {list(candidates)} (with the launch steps) have fewer than "
                          "2 distinct values: AdaptiveSpeculativeParams asserts when the worker is built")
