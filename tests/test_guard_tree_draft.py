@@ -160,3 +160,46 @@ def test_the_radix_known_bad_design_is_the_switchs_default() -> None:
     assert default is not None and default.radix == "insert"
     unmarked = {d.name: d for d in RADIX_KNOWN_BAD}["retract_catch_up_radix_unmarked"]
     assert unmarked.expected_invariant == "draft_kv_covers_prefix"
+
+
+def test_the_0_5_16_eviction_hook_forgets_what_the_tree_dropped(model_dir: Path) -> None:
+    """0.5.16's tree is `RadixCache` (0.5.23 still ships it: the same Python trie), whose eviction deletes leaves
+    through `_delete_leaf`, where the 0.5.16 adapter's hook forgets their positions. On a real RadixCache with EAGLE's
+    bigram keys and a real allocator: two prompts sharing a prefix, inserted without draft KV (the second splits the
+    first's node), then evicted whole: every leaf's path is rebuilt from the host keys and the record ends empty.
+    Inserted again with draft KV, nothing is without it."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+    from shim.adapters.sglang_0_5_16 import Adapter as Adapter0516
+    from shim.guard.core import GuardConfig
+    from statemodel.design import Scope
+
+    pools = h.build_pools(h.make_server_args(model_dir), kv_size=128)
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=pools.req_to_token_pool,
+                                      token_to_kv_pool_allocator=pools.allocator, page_size=1, is_eagle=True))
+    guard = Guard(GuardConfig(mode=Mode.ASSERT, design=sr.RETRACT, scope=Scope()))
+    adapter = Adapter0516()
+    adapter._with_guard = lambda step: step(guard)  # the hooks' one shape, with this guard live
+    tree._delete_leaf = lambda node, orig=tree._delete_leaf: (adapter.before_tree_delete_leaf(tree, node), orig(node))
+    prompts = [SHARED + [900, 901, 902], SHARED + [910, 911]]
+
+    def insert(tokens: list[int]) -> None:
+        adapter.around_tree_insert(RadixCache.insert, tree, InsertParams(key=RadixKey(list(tokens), None),
+                                                                         value=pools.allocator.alloc(len(tokens))))
+
+    # cached for a request whose draft KV covers none of them (a prefill while off); the model's coverage is read here
+    guard.tree_inserting.append("off")
+    guard.drafted_upto = lambda rid: 0  # type: ignore[method-assign]
+    for tokens in prompts:
+        insert(tokens)
+    record = guard.tree_record
+    assert len(record.without_draft) == tree.total_size() == len(SHARED) - 1 + 3 + 2  # bigram positions
+    marks = record.marks(prompts[1], (None, None), len(prompts[1]) - 1)
+    assert marks.count(False) == len(prompts[1]) - 1  # the second prompt's path, through the split node
+    tree.evict(EvictParams(num_tokens=tree.evictable_size()))
+    assert tree.total_size() == 0 and record.without_draft == set()
+    guard.drafted_upto = lambda rid: 10**6  # type: ignore[method-assign]
+    insert(prompts[0])
+    assert record.without_draft == set() and tree.total_size() == len(prompts[0]) - 1
