@@ -466,7 +466,8 @@ def prefill_action(picks: Iterable[tuple[int, int]]) -> Action:
 def _prefill(state: State, action: Action, design: Design, scope: Scope) -> State:
     """An EXTEND batch: the picked requests extend by their chunk; a request whose chunk reaches its
     prefill target runs (and the draft prefills with it, unless speculation is off and the draft catches
-    up later). With the radix cache on, the model's own PrefillAdder picks (the guard does not follow the tree)."""
+    up later). With the radix cache on, the model's own PrefillAdder picks (the guard's model runs without the
+    tree; its tree check runs beside it, shim/guard/tree_draft.py)."""
     if design.radix_cache:
         return _prefill_radix(state, design, scope)
     args = action.args

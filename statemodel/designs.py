@@ -147,9 +147,9 @@ TIERS_RETRACT_CATCH_UP = attrs.evolve(
 SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP, TIERS_RETRACT_CATCH_UP)
 
 # SGLang's radix cache on (its default), every prompt a prefix of one token sequence: the same switch keeps out of
-# the tree every token computed without the draft (issue 24; docs/prefix-cache.md). A candidate until the guard
-# follows the tree (tests/test_guard_sglang.py drives every shipped design's guard on real objects); the switch does
-# it already (tests/test_switch_retract.py, radix cache on)
+# the tree every token computed without the draft (issue 24; docs/prefix-cache.md). A candidate while the switch does
+# it only when asked (SPECFLIP_SWITCH_RADIX=keep_out, tests/test_switch_retract.py, radix cache on); the guard follows
+# the tree's draft coverage beside its reference design (shim/guard/tree_draft.py)
 RETRACT_CATCH_UP_RADIX = attrs.evolve(
     RETRACT_CATCH_UP,
     name="plain_off_retract_catch_up_radix",
@@ -185,7 +185,7 @@ V1_RETRACT_CATCH_UP = attrs.evolve(
     verify_advances_past_finish=False,  # the v1 worker cuts the accepted run at the finish
 )
 # the same with the radix cache on (the server default), as plain_off_retract_catch_up_radix is for v2: the guard's
-# reference is the design above (the guard does not follow the tree), this one proves the tree stays draft-covered
+# reference is the design above (its tree check runs beside it), this one proves the tree stays draft-covered
 V1_RETRACT_CATCH_UP_RADIX = attrs.evolve(
     V1_RETRACT_CATCH_UP,
     name="v1_plain_off_retract_catch_up_radix",
@@ -324,8 +324,9 @@ KNOWN_BAD_BASES: dict[str, Design] = {
 TIERS_KNOWN_BAD_BASES: dict[str, Design] = {d.name: TIERS_RETRACT_CATCH_UP for d in TIERS_KNOWN_BAD}
 
 # The radix cache's known-bad designs (issue 24): refuted by the checker and shown on real 0.5.23 objects
-# (tests/test_switch_retract.py, the tree without the switch's skip_radix_cache_insert), but not injected into the
-# guard, which does not follow the tree's draft coverage yet (docs/prefix-cache.md); KNOWN_BAD holds the injected ones
+# (tests/test_switch_retract.py, the tree without the switch's skip_radix_cache_insert). The guard catches the first
+# on real objects (it is SGLang's own tree; tests/test_guard_tree_draft.py); the other two change the tree itself, which
+# no SGLang line does, so only KNOWN_BAD are injected by tests/test_guard_sglang.py
 RADIX_KNOWN_BAD: tuple[Design, ...] = (
     _known_bad(
         RETRACT_CATCH_UP_RADIX, name="retract_catch_up_radix_unmarked",

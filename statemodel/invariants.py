@@ -7,7 +7,7 @@ Names are stable: they appear in `SpecFlipViolation` messages, proof reports, tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -279,22 +279,36 @@ def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: S
 
 def tree_draft_missing(state: State, rid: int) -> int:
     """Positions of request `rid`'s prefix that are radix-tree slots whose draft KV was never written."""
-    return state.prefix_cache[:state.requests[rid].cached_len].count(False)
+    return prefix_draft_missing(state.prefix_cache, state.requests[rid].cached_len)
+
+
+def prefix_draft_missing(marks: Sequence[bool], cached_len: int) -> int:
+    """Of the first `cached_len` positions of a radix-tree path (`marks`: per position, whether the draft KV of its
+    slot was written), those without draft KV. The model's tree is one chain (`State.prefix_cache`); the guard
+    passes the live tree's marks along the request's own path (shim/guard/tree_draft.py)."""
+    return list(marks[:cached_len]).count(False)
+
+
+def tree_prefix_violations(steps: int, missing: dict[int, tuple[int, int]]) -> list[Violation]:
+    """A draft step of `steps` that starts with requests whose cached prefix lacks draft KV: `missing` maps each such
+    request to (its cached prefix length, the positions of it without draft KV)."""
+    if not missing:
+        return []
+    rid, (cached, lacking) = next(iter(missing.items()))
+    return [Violation(
+        "draft_kv_covers_prefix",
+        f"draft step {steps} starts with request {rid}'s first {cached} tokens from the radix cache, "
+        f"{lacking} of them without draft KV (cached while the draft did not run)",
+        tuple(missing), expected=f"{cached} cached tokens with draft KV",
+        actual=f"{lacking} positions without draft KV",
+    )]
 
 
 def _tree_prefix_without_draft(before: State, action: Action) -> list[Violation]:
-    missing = {rid: n for rid in before.running.rids if (n := tree_draft_missing(before, rid))}
-    if not missing:
-        return []
-    rid = next(iter(missing))
-    cached = before.requests[rid].cached_len
-    return [Violation(
-        "draft_kv_covers_prefix",
-        f"draft step {action.args[0]} starts with request {rid}'s first {cached} tokens from the radix cache, "
-        f"{missing[rid]} of them without draft KV (cached while the draft did not run)",
-        tuple(missing), expected=f"{cached} cached tokens with draft KV",
-        actual=f"{missing[rid]} positions without draft KV",
-    )]
+    requests = before.requests
+    missing = {rid: (requests[rid].cached_len, n) for rid in before.running.rids
+               if (n := tree_draft_missing(before, rid))}
+    return tree_prefix_violations(action.args[0], missing)
 
 
 def committed_never_lost(before: State, action: Action, after: State, scope: Scope,

@@ -152,3 +152,25 @@ def test_the_overlap_schedule_is_followed_and_the_rest_still_refused(adapter_cla
     assert "page_size" in (adapter.unsupported_reason(paged) or "")
     mixed = SimpleNamespace(**{**vars(overlap), "enable_mixed_chunk": True})
     assert "mixed" in (adapter.unsupported_reason(mixed) or "")
+
+
+@pytest.mark.parametrize(("adapter", "root_of"), RELEASES)
+def test_tree_draft_fields_exist(adapter: type, root_of: object) -> None:
+    """What the radix tree's draft coverage reads (issue 24, shim/guard/tree_draft.py): the request's token lists and
+    namespace, the RadixKey's host fields, an insert's prefix_len, and on 0.5.16 the evicted leaf's key and parent."""
+    root = root_of()
+    if root is None or not (root / "sglang" / "srt").is_dir():
+        pytest.skip(f"no sglang {adapter.release} source here")
+    req = class_fields(root, "sglang.srt.managers.schedule_batch", "Req")
+    assert {"origin_input_ids", "output_ids", "extra_key"} <= req
+    key = class_fields(root, "sglang.srt.mem_cache.radix_cache", "RadixKey")
+    assert {"token_ids", "extra_key", "is_bigram"} <= key
+    assert find_definition(root, "sglang.srt.mem_cache.radix_cache.RadixKey.raw_token_ids")
+    result = ast.parse(root.joinpath("sglang/srt/mem_cache/base_prefix_cache.py").read_text())
+    insert_result = next(n for n in result.body if isinstance(n, ast.ClassDef) and n.name == "InsertResult")
+    assert "prefix_len" in {s.target.id for s in insert_result.body
+                            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    if adapter is Adapter0516:
+        assert {"key", "parent"} <= class_fields(root, "sglang.srt.mem_cache.radix_cache", "TreeNode")
+    else:
+        assert "cache_salt" in req and "cache_salt" in key

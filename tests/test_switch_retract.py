@@ -27,7 +27,7 @@ h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
 from shim.guard import api as guard_api  # noqa: E402
-from shim.guard.core import SpecFlipViolation  # noqa: E402
+from shim.guard.core import Mode, SpecFlipViolation  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
 from shim.switch.v2 import SwitchConfig  # noqa: E402
 from statemodel.designs import DESIGNS_BY_NAME, get_design  # noqa: E402
@@ -104,21 +104,27 @@ def spec_on_at(drv: Any, iteration: int) -> bool:
     return on
 
 
-@pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
-def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, radix: bool) -> None:
+@pytest.mark.parametrize("radix", [False, "keep_out", "insert"], ids=["radix_off", "radix_on", "radix_on_insert"])
+def test_flips_both_ways_greedy_exact_no_leak(runtime: Any, model_dir: Path, radix: bool | str) -> None:
     """Three waves cross t_off = 4 and fall back to t_on = 1: the switch flips off (a verify in flight drained
     first, its reserve released, the running batch's seq_lens rebuilt) and on (the running request retracted and
     re-prefilled with speculation) three times each. Every output is the greedy one, every plain step got its input
-    token through the future map's plain relay, every slot is back, and the guard found nothing."""
-    configure(runtime)
-    drv = driver(model_dir, radix=radix)
+    token through the future map's plain relay, every slot is back, and the guard found nothing. With SGLang's own
+    tree (`SPECFLIP_SWITCH_RADIX=insert`, warn mode) it finds only what that tree does wrong: re-prefills after
+    flip-on that hit prompts cached while off (draft_kv_covers_prefix, issue 24); serving goes on."""
+    gf.configure_guard(runtime, RETRACT, mode=Mode.WARN if radix == "insert" else None)
+    drv = driver(model_dir, radix=bool(radix), radix_mode=radix if isinstance(radix, str) else "insert")
     fm, target = drv.future_map, drv.worker.target_worker.model_runner
     verify_graphs = target.decode_cuda_graph_runner
     start = drv.pools.available_size()
     reqs = run_waves(drv)
     guard = runtime.guard
     assert guard.config.design.name == GUARD_DESIGN.name and guard.config.scope.overlap
-    assert guard.found == [] and not guard.state.unprocessed
+    if radix == "insert":
+        assert guard.found and {v.invariant for _, found in guard.found for v in found} == {"draft_kv_covers_prefix"}
+    else:
+        assert guard.found == []
+    assert not guard.state.unprocessed
     assert not_greedy(reqs) == [] and drv.wrong_input == []
     assert free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)
     if not radix:
@@ -198,7 +204,8 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
     if keep_out is False:  # the flag reads False and ignores the switch's writes
         monkeypatch.setattr(Req, "skip_radix_cache_insert", property(lambda self: False, lambda self, value: None),
                             raising=False)
-    configure(runtime)
+    # without the flag the guard (warn mode: serving goes on) flags the drafts over those hits (issue 24)
+    gf.configure_guard(runtime, RETRACT, mode=None if keep_out is True else Mode.WARN)
     # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (insert: SGLang's own tree behaviour)
     default_mode = SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"}).radix  # type: ignore[union-attr]
     drv = driver(model_dir, radix=True, radix_mode=default_mode if keep_out == "default" else "keep_out")
@@ -208,6 +215,8 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
     assert any(not spec for _, spec, _ in drv.prefilled)  # prompts were prefilled while off
     if keep_out is not True:
         assert stale, "the tree never cached a token computed without the draft"
+        found = runtime.guard.found
+        assert found and {v.invariant for _, f in found for v in f} == {"draft_kv_covers_prefix"}
         return
     assert stale == [] and runtime.guard.found == []
     assert len(drv.pools.tree_cache.all_values_flatten()) > 0  # the tree still caches what the draft computed

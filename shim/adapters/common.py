@@ -372,6 +372,61 @@ class V2Adapter:
             outputs = [(obs.rid, req.output_ids) for obs, req in zip(reqs, batch.reqs, strict=True) if obs.output_len]
             g.prefill(self.observe_batch(batch, spec_info=None), reqs, self.batch_pool(batch),
                       draft_prefills=spec_on, where="ScheduleBatch.prepare_for_extend", outputs=outputs)
+            if not getattr(getattr(batch, "tree_cache", None), "disable", True):
+                for req in batch.reqs:  # the prefix each matched in the tree (locked: cache_protected_len)
+                    self.tree_prefix_seen(g, req)
+        self._with_guard(step)
+
+    # --- the radix tree's draft coverage (issue 24; shim/guard/tree_draft.py) ------------------------------------
+
+    def req_namespace(self, req: Any) -> Any:
+        """The tree's namespace of a request's keys, as `key_namespace` reads it off a RadixKey."""
+        return getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None
+
+    def key_namespace(self, key: Any) -> Any:
+        return getattr(key, "extra_key", None), getattr(key, "cache_salt", None) or None
+
+    def tree_prefix_seen(self, g: Guard, req: Any) -> None:
+        """The request's tree prefix (`cache_protected_len`, a python int) and, only when the guard's record holds
+        positions without draft KV, its token ids (host lists)."""
+        cached = self.req_kv_lens(req)[3]
+        g.tree_prefix_seen(str(req.rid), cached,
+                           lambda: (list(req.origin_input_ids) + list(req.output_ids), self.req_namespace(req)))
+
+    def around_tree_insert(self, original: Callable[..., Any], tree_cache: Any, params: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        """`RadixCache.insert` (0.5.16) / `UnifiedRadixCache.insert` (0.5.23): the positions `[prefix_len,
+        len(key))` are new in the tree; the guard marks them with the draft coverage of the request being cached."""
+        result = original(tree_cache, params, *args, **kwargs)
+        if getattr(tree_cache, "disable", False):
+            return result
+
+        def step(g: Guard) -> None:
+            key = params.key  # read after the call: 0.5.16's insert turns it into EAGLE's bigram view in place
+            g.tree_created(key.raw_token_ids(), self.key_namespace(key), int(result.prefix_len), len(key),
+                           bigram=bool(key.is_bigram))
+        self._with_guard(step)
+        return result
+
+    def before_tree_delete_leaf(self, tree_cache: Any, node: Any, *args: Any, **kwargs: Any) -> None:
+        """0.5.16's `RadixCache._delete_leaf(node)` (eviction): the guard forgets the leaf's positions. The path's
+        tokens are the host keys of the node and its ancestors, walked only when the record holds anything."""
+        def step(g: Guard) -> None:
+            if not g.tree_record.without_draft:
+                return
+            chain = []
+            n = node
+            while n is not None and n.parent is not None:
+                chain.append(n)
+                n = n.parent
+            chain.reverse()
+            tokens: list[int] = []
+            for i, part in enumerate(chain):
+                raw = list(part.key.raw_token_ids())
+                # a bigram key of N positions spans N + 1 tokens, sharing its first with its parent's last
+                tokens.extend(raw[1:] if part.key.is_bigram and i else raw)
+            end = sum(len(part.key) for part in chain)
+            g.tree_record.forgotten(tokens, self.key_namespace(node.key), end - len(node.key), end)
         self._with_guard(step)
 
     def after_prepare_for_decode(self, result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -457,10 +512,12 @@ class V2Adapter:
                 window["found"] = g.close_free_window(self.rows_allocated(window["owners"], [req]),
                                                       "finish" if finished else "retract")
         self._with_guard(open_window)
+        self._with_guard(lambda g: g.tree_inserting.append(str(req.rid)))  # its KV may go into the tree
         try:
             result = original(req, tree_cache, *args, **kwargs)
         finally:
             self._with_guard(close_window)
+            self._with_guard(lambda g: g.tree_inserting.pop() if g.tree_inserting else None)
 
         def after(g: Guard) -> None:
             pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
@@ -499,10 +556,12 @@ class V2Adapter:
             if window.get("open") and g.free_windows:
                 g.free_windows.pop()
         self._with_guard(open_window)
+        self._with_guard(lambda g: g.tree_inserting.append(str(req.rid)))
         try:
             result = original(tree_cache, req, *args, **kwargs)
         finally:
             self._with_guard(close_window)
+            self._with_guard(lambda g: g.tree_inserting.pop() if g.tree_inserting else None)
         if getattr(tree_cache, "disable", False):
             return result  # a disabled tree returns at once (0.5.23 still calls it per prefill and finish)
 
@@ -510,6 +569,7 @@ class V2Adapter:
             pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
             g.tree_cache_update([self.observe_request(req)], pool,
                                 where=f"{type(tree_cache).__name__} (prompt into the tree)")
+            self.tree_prefix_seen(g, req)  # repointed at the tree's slots up to its new cache_protected_len
         self._with_guard(after)
         return result
 

@@ -16,10 +16,20 @@ class Adapter(V2Adapter):
     release = "0.5.16"
     CHUNKS_IN_FLIGHT = "inflight_middle_chunks"  # 0.5.12's `is_chunked`, renamed: reading that saw no chunk
     # 0.5.23's targets, but the radix cache's prompt insertion is still called cache_unfinished_req here
+    # and its tree is RadixCache, whose eviction deletes leaves in Python: the guard forgets them there
     TARGETS = tuple(
         ("sglang.srt.mem_cache.radix_cache.RadixCache.cache_unfinished_req", how, hook)
-        if hook == "around_tree_cache_keep" else (target, how, hook)
-        for target, how, hook in Adapter0523.TARGETS)
+        if hook == "around_tree_cache_keep"
+        else ("sglang.srt.mem_cache.radix_cache.RadixCache.insert", how, hook) if hook == "around_tree_insert"
+        else (target, how, hook)
+        for target, how, hook in Adapter0523.TARGETS) + (
+        ("sglang.srt.mem_cache.radix_cache.RadixCache._delete_leaf", "BEFORE", "before_tree_delete_leaf"),)
+
+    def req_namespace(self, req: Any) -> Any:
+        return req.extra_key, None  # 0.5.16's RadixKey has no cache_salt of its own
+
+    def key_namespace(self, key: Any) -> Any:
+        return key.extra_key, None
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
         kv = req.kv

@@ -26,6 +26,8 @@ class Adapter(V2Adapter):
         ("sglang.srt.mem_cache.common.release_kv_cache", "AROUND", "around_release_kv_cache"),
         # the tree a 0.5.23 server builds (mem_cache/registry.default_radix_cache_factory), enabled or not
         ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", "AROUND", "around_tree_cache_keep"),
+        # the positions an insert creates in the tree, marked with the inserting request's draft coverage (issue 24)
+        ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert", "AROUND", "around_tree_insert"),
         ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
         (f"{_V2}.EagleDraftWorker.draft", "BEFORE", "before_draft"),
         (f"{_V2}.EAGLEWorkerV2._build_trivial_verify_input", "BEFORE", "before_trivial_verify_input"),

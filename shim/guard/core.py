@@ -42,6 +42,7 @@ from shim.guard.trace import (
     state_to_json,
     violation_to_json,
 )
+from shim.guard.tree_draft import TreeDraftChecks
 from statemodel.actions import Action, apply, prefill_action, result_rows
 from statemodel.design import Design
 from statemodel.invariants import Violation
@@ -63,7 +64,7 @@ class _Round:
     extend: str | None = None  # "draft_extend" or "skip_draft_extend" once the worker chose
 
 
-class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
+class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
     """Model state + checks for one TP rank. Not thread-safe: one scheduler thread drives it."""
 
     def __init__(self, config: GuardConfig) -> None:
@@ -82,6 +83,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
         self._suppressed: dict[str, int] = {}
         self._latest_suppressed: dict[str, str] = {}
         self._init_identity()
+        self._init_tree_draft()
         self.trace: TraceWriter | None = TraceWriter(config.trace_path) if config.trace_path else None
         if self.trace is not None:
             self.trace.write({"kind": "header", "rank": config.rank, "release": config.release,
@@ -112,6 +114,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
                 self._arrive(r, where)
         before = self.state
         requests, index = before.requests, self.index
+        for obs in reqs:  # what an insert of this chunk into the radix tree is marked with (tree_draft)
+            self.tree_prefill_chunk(obs.rid, requests[index[obs.rid]].prefilled_len, draft_prefills)
         action = prefill_action((index[obs.rid], obs.prefilled_len - requests[index[obs.rid]].prefilled_len)
                                 for obs in reqs)
         # a re-prefill after a retraction starts from the output the request kept: compared before the step
@@ -177,6 +181,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
         if index is None or self.state.req(index).status not in (Status.RUNNING, Status.PREFILLING):
             return  # not a request the guard tracks as holding KV (e.g. aborted before prefill)
         name = "finish" if finished else "retract"
+        self.tree_forget_request(rid)
         found = list(extra) + (self.output_violations(outputs, name) if outputs else [])
         self._transition(Action(name, (index,)), where, reqs=reqs, pool=pool, extra=found)
         if finished:
@@ -200,7 +205,9 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks):
         schedule no round is kept: the verify is recorded at its launch, its result by `process_result`."""
         if not self.config.scope.overlap:
             self.round = _Round(observe=observe_round)
-        self._transition(Action("draft", (steps,)), where, reqs=reqs, pool=pool)
+        # a running request whose radix-tree prefix lacks draft KV (the model's rule over the live tree's marks)
+        extra = self.tree_draft_violations(steps, self.state.running.rids)
+        self._transition(Action("draft", (steps,)), where, reqs=reqs, pool=pool, extra=extra)
 
     def verify_launch(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                       *, where: str) -> None:
