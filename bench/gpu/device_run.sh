@@ -14,6 +14,7 @@
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl
+# SAVE_JIT=1: write the JIT cache back ($OUT/jitcache.tar.xz; put it in .whl/ to start faster next time).
 # SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
 #   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
 #   (bench_client.py --servers), then each replay phase runs. Host noise then falls on every configuration alike.
@@ -157,6 +158,9 @@ else
 fi
 stop_all
 python3 bench/gpu/summarize.py "$OUT" 2>&1 | tail -n 60 || true
-python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache.tar.xz" /tmp/jitcache 2>/dev/null
+# the guard's findings per server (warn mode logs each one, rate-limited, with a count per invariant)
+for d in "$OUT"/tr/*/; do [ -f "$d/server.log" ] && echo "== findings $(basename "$d"): $(grep -c 'broken by' "$d/server.log")" \
+  "$(grep -o '[a-z_]* broken by [a-z_]*' "$d/server.log" | sort | uniq -c | tr '\n' ';')"; done
+[ -n "${SAVE_JIT:-}" ] && python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache.tar.xz" /tmp/jitcache 2>/dev/null
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 ls -la "$OUT"; echo "== done (t=$(el)s)"
