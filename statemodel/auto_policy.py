@@ -26,8 +26,8 @@ run, times that batch: speculation runs min(d, spec cap) requests, plain decodin
   happens at most once per bucket and mode (after it the mode is known);
 - a flip for the numbers or the prior waits until the mode has run `min_dwell` steps and every decision of the
   last `confirm_steps` steps wanted it (demand jumping across the crossover flips nothing), unless the numbers
-  say the other mode wins by `clear_win` or more (far from the crossover: a burst begins or ends, not noise); a
-  probe's return does not wait;
+  say the other mode wins by `clear_win` or more (far from the crossover: a burst begins or ends, not noise),
+  which waits for neither; a probe's return does not wait;
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
@@ -254,11 +254,14 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                 and (not other or within_spec_cap(running, spec_cap))):
             return answer(FLIP_ON if other else FLIP_OFF, "probe", incumbent=settled)
         return answer(None, reason, incumbent=settled)
-    if not probing:
+    if not probing and not (reason == "measured" and clear):
+        # a clear win on the numbers is far from the crossover (a burst starts or ends): no dwell, no confirmation.
+        # The H200 (session 9): a lull of one request at a burst's start flipped speculation on, and the dwell
+        # then held 80 requests waiting behind 48 speculative steps
         if dwell < p.min_dwell:
             return answer(None, "dwell", wants=True)
         confirmed = state.want_since is not None and state.step - state.want_since >= p.confirm_steps
-        if not confirmed and not (reason == "measured" and clear):
+        if not confirmed:
             return answer(None, "confirming", wants=True)
     if want and not within_spec_cap(running, spec_cap):
         return answer(None, "cap", wants=True)

@@ -126,6 +126,35 @@ def test_bursts_within_3_percent_of_the_calibrated_thresholds(seed: int) -> None
     assert res.tok_s >= 0.97 * threshold_switch_tok_s(demands)
 
 
+QUIET, WAVE, LULL, BURST = 400, 60, 4, 300
+
+
+def lulled_bursts(seed: int) -> list[int]:
+    """The H200's bursty load as the auto server saw it (session 9, traces_s9_callA): each burst arrives in two
+    waves with a lull between them in which the server holds a single request."""
+    rng = random.Random(seed)
+    demands: list[int] = []
+    for _ in range(10):
+        demands += [rng.randint(1, 2) for _ in range(QUIET)]
+        demands += [48] * WAVE + [1] * LULL + [rng.randint(100, 128) for _ in range(BURST)]
+    return demands
+
+
+def test_a_burst_after_a_lull_flips_off_at_once() -> None:
+    """The lull flips speculation on (a clear win at demand 1); the burst's second wave right after must flip it off
+    within a few steps (a clear win the other way), not after min_dwell speculative steps at the cap."""
+    res = simulate(PLAIN, SPEC, lulled_bursts(0), noise=0.03, seed=0)
+    cycle = QUIET + WAVE + LULL + BURST
+    lulls_on = 0
+    for k in range(2, 10):  # once both modes are known
+        lull = k * cycle + QUIET + WAVE
+        if any(res.modes[lull:lull + LULL]):
+            lulls_on += 1
+            assert not any(res.modes[lull + LULL + 10:lull + LULL + 60]), k  # plain again in the second wave
+    assert lulls_on >= 4  # the lulls did flip speculation on: the test exercises the case
+    assert res.tok_s >= 0.97 * threshold_switch_tok_s(lulled_bursts(0))
+
+
 def test_exploration_budget() -> None:
     """Probe steps spent <= the start credit + explore_fraction x steps, however many buckets the load visits."""
     params = ap.AutoParams()
