@@ -213,7 +213,7 @@ def test_bursty_follow_ups_continue_the_bursts_conversations(
     row = json.loads(out.read_text())
     assert row["exact"] == 12 and row["errors"] == 0
     prompts = fast.prompts  # quiet 3, burst 3, quiet 3 (2 follow-ups), burst 3
-    for turn, earlier in zip(prompts[6:8], prompts[3:5], strict=True):
+    for turn, earlier in zip(prompts[6:8], prompts[4:6], strict=True):  # the burst's last two
         answer = [(earlier[-1] + 1 + k) % 2048 for k in range(4)]
         assert turn[:len(earlier) + 4] == earlier + answer and len(turn) == len(earlier) + 4 + 16
     assert len(prompts[8]) == 32 and all(len(q) == 32 for q in prompts[:3])  # no burst before the first quiet phase

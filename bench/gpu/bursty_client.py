@@ -18,9 +18,10 @@ and the quiet phase hits it with speculation on: without the switch's fix its dr
 there, and quiet_accept falls. Without the flag the prompts are the same as before it existed.
 
 --follow-ups N (multi-turn, issue 24): the first N prompts of each quiet phase after a burst are follow-up turns of
-the burst's first N requests: that request's prompt, its answer (the counter's greedy output, known in advance) and
-a new 16-token turn. Their answers were decoded while the switch had speculation off and entered the tree at finish
-(unless the switch keeps them out), so a follow-up hits tokens that have no draft KV.
+the burst's last N requests (the last to finish: the least likely to have been evicted; session 9 continued the first
+N, which a 30,000-token pool had evicted by then): that request's prompt, its answer (the counter's greedy output,
+known in advance) and a new 16-token turn. Their answers were decoded while the switch had speculation off and
+entered the tree at finish (unless the switch keeps them out), so a follow-up hits tokens that have no draft KV.
 """
 import argparse
 import json
@@ -124,7 +125,8 @@ def main():
                 prompts = [prefix + [random.randrange(3, a.vocab) for _ in range(31)] + [random.randrange(0, 300)]
                            for _ in range(n)]
                 if label == "quiet" and a.follow_ups and burst_prompts:
-                    prompts[:a.follow_ups] = [follow_up(q, a.new_tokens, a.vocab) for q in burst_prompts[:a.follow_ups]]
+                    earlier = burst_prompts[-a.follow_ups:]
+                    prompts[:a.follow_ups] = [follow_up(q, a.new_tokens, a.vocab) for q in earlier]
                 if label == "burst":
                     burst_prompts = prompts
                 phases.append((label, conc, prompts))
