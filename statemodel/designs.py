@@ -144,16 +144,14 @@ TIERS_RETRACT_CATCH_UP = attrs.evolve(
     policy=TierFlips(steps=(1, 2)),
 )
 
-SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP, TIERS_RETRACT_CATCH_UP)
-
 # SGLang's radix cache on (its default), every prompt a prefix of one token sequence: the same switch keeps out of
-# the tree every token computed without the draft (issue 24; docs/prefix-cache.md). A candidate while the switch does
-# it only when asked (SPECFLIP_SWITCH_RADIX=keep_out, tests/test_switch_retract.py, radix cache on); the guard follows
-# the tree's draft coverage beside its reference design (shim/guard/tree_draft.py)
+# the tree every token computed without the draft (issue 24; docs/prefix-cache.md). What the v2 switch does by default
+# (SPECFLIP_SWITCH_RADIX=keep_out; tests/test_switch_retract.py, radix cache on); the guard follows the tree's draft
+# coverage beside its reference design (shim/guard/tree_draft.py)
 RETRACT_CATCH_UP_RADIX = attrs.evolve(
     RETRACT_CATCH_UP,
     name="plain_off_retract_catch_up_radix",
-    kind=DesignKind.CANDIDATE,
+    kind=DesignKind.SHIPPED,
     summary="plain_off_retract_catch_up on a server with SGLang's radix cache on, as shim/switch/v2.py implements it: "
     "every request of a batch run while off gets req.skip_radix_cache_insert, so tokens computed without the draft "
     "never go into the tree, and the flip-on retraction gives the flag back (the re-prefill runs the draft); a "
@@ -163,6 +161,9 @@ RETRACT_CATCH_UP_RADIX = attrs.evolve(
     radix_cache=True,
     tree_draft=TreeDraft.NOT_INSERTED_WITHOUT_DRAFT,
 )
+
+SHIPPED = (SEEDS_FINAL, V2_SWITCH, ADAPTIVE_WARM, RETRACT_CATCH_UP, AUTO_RETRACT_CATCH_UP, TIERS_RETRACT_CATCH_UP,
+           RETRACT_CATCH_UP_RADIX)
 
 # Issue 22: the v1 switch (SGLang 0.5.12's EAGLEWorker, non-overlap) on SGLang's plain path. seeds_final's worker-side
 # plain step (the speculative scheduler path, a draft sync after every plain step) cost 0.53-0.62x of a plain server on
@@ -198,7 +199,7 @@ V1_RETRACT_CATCH_UP_RADIX = attrs.evolve(
 
 # Candidates: checked like shipped designs (they must pass), not implemented in shim/ yet, so no real-object run.
 # plain_off_catch_up is the guard's reference design on a server without a switch (no flip ever happens there).
-CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2, RETRACT_CATCH_UP_RADIX, V1_RETRACT_CATCH_UP,
+CANDIDATES: tuple[Design, ...] = (CATCH_UP, SYNC_V2, V1_RETRACT_CATCH_UP,
                                   V1_RETRACT_CATCH_UP_RADIX)
 
 

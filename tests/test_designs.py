@@ -30,8 +30,9 @@ def test_a_known_bad_design_with_two_changes_is_refused() -> None:
 
 
 def test_shipped_and_candidate_labels() -> None:
-    assert {d.name for d in CANDIDATES} == {"plain_off_catch_up", "plain_off_sync", "plain_off_retract_catch_up_radix",
-                                            "v1_plain_off_retract_catch_up", "v1_plain_off_retract_catch_up_radix"}
+    assert {d.name for d in CANDIDATES} == {"plain_off_catch_up", "plain_off_sync", "v1_plain_off_retract_catch_up",
+                                            "v1_plain_off_retract_catch_up_radix"}
+    assert "plain_off_retract_catch_up_radix" in {d.name for d in SHIPPED}  # the v2 switch's default keep_out
     assert all(d.kind is DesignKind.CANDIDATE for d in CANDIDATES)
     assert all(d.kind is DesignKind.SHIPPED for d in SHIPPED)
     assert set(KNOWN_BAD_BASES) == {d.name for d in KNOWN_BAD}

@@ -290,9 +290,12 @@ def test_tree_eviction_under_pool_pressure_runs_clean(runtime: Any, model_dir: P
 def test_shipped_designs_are_all_driven() -> None:
     # plain_off_retract_catch_up: switch_v2's retract mode through the overlap loop (tests/test_switch_retract.py);
     # plain_off_retract_catch_up_auto: SPECFLIP_SWITCH=auto through the same loop (tests/test_switch_auto.py);
-    # plain_off_retract_catch_up_tiers: SPECFLIP_TIERS through the same loop (tests/test_switch_tiers.py)
+    # plain_off_retract_catch_up_tiers: SPECFLIP_TIERS through the same loop (tests/test_switch_tiers.py);
+    # plain_off_retract_catch_up_radix: the default keep_out with the radix cache on, the guard's tree check beside
+    # its reference design (tests/test_switch_retract.py, tests/test_guard_tree_draft.py)
     driven = {CATCH_UP.name, SYNC_V2.name, SEEDS_FINAL.name, ADAPTIVE_WARM.name, V2_SWITCH.name,
-              "plain_off_retract_catch_up", "plain_off_retract_catch_up_auto", "plain_off_retract_catch_up_tiers"}
+              "plain_off_retract_catch_up", "plain_off_retract_catch_up_auto", "plain_off_retract_catch_up_tiers",
+              "plain_off_retract_catch_up_radix"}
     assert {d.name for d in SHIPPED} <= driven, "a shipped design has no real-object run"
 
 

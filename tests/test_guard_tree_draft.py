@@ -1,10 +1,11 @@
 """The guard follows the radix tree's draft coverage (issue 24, shim/guard/tree_draft.py) on real SGLang 0.5.23 objects
 under its overlap loop with the retract switch (tests/overlap_loop.py, stand-in forwards): a burst that flips
 speculation off caches a new shared prefix with no draft KV; a request of the quiet phase after it hits that prefix
-with speculation on. With the switch's default (`SPECFLIP_SWITCH_RADIX=insert`, SGLang's own tree: the known-bad
-design `retract_catch_up_radix_unmarked`) the guard flags that request at its first draft step, naming it and the
-positions missing; with `keep_out` and in a run that never flips it finds nothing. The positions missing are checked
-against a host-side record of which forward last wrote each slot (the test reads slot values; the guard does not)."""
+with speculation on. With `SPECFLIP_SWITCH_RADIX=insert` (SGLang's own tree: the known-bad design
+`retract_catch_up_radix_unmarked`) the guard flags that request at its first draft step, naming it and the
+positions missing; with `keep_out` (the default) and in a run that never flips it finds nothing. The positions
+missing are checked against a host-side record of which forward last wrote each slot (the test reads slot values;
+the guard does not)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ sr = importlib.import_module("test_switch_retract")
 
 from shim.guard.core import Guard, Mode, SpecFlipViolation  # noqa: E402
 from shim.switch.v2 import SwitchConfig  # noqa: E402
-from statemodel.designs import RADIX_KNOWN_BAD  # noqa: E402
+from statemodel.design import DesignKind  # noqa: E402
+from statemodel.designs import RADIX_KNOWN_BAD, get_design  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -153,13 +155,15 @@ def test_radix_on_without_flips_no_finding(runtime: Any, model_dir: Path) -> Non
     assert runtime.guard.found == [] and not runtime.guard.tree_record.without_draft
 
 
-def test_the_radix_known_bad_design_is_the_switchs_default() -> None:
+def test_insert_follows_the_radix_known_bad_design_and_keep_out_is_the_default() -> None:
     """The design the insert runs above follow is the refuted `retract_catch_up_radix_unmarked`, whose counterexample
-    breaks the invariant the guard reports."""
+    breaks the invariant the guard reports; the switch's default is keep_out, the shipped design that passes."""
     default = SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"})
-    assert default is not None and default.radix == "insert"
+    assert default is not None and default.radix == "keep_out"
     unmarked = {d.name: d for d in RADIX_KNOWN_BAD}["retract_catch_up_radix_unmarked"]
     assert unmarked.expected_invariant == "draft_kv_covers_prefix"
+    shipped = get_design("plain_off_retract_catch_up_radix")
+    assert shipped.kind is DesignKind.SHIPPED and shipped.expected_invariant is None
 
 
 def test_the_0_5_16_eviction_hook_forgets_what_the_tree_dropped(model_dir: Path) -> None:

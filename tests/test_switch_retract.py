@@ -190,7 +190,8 @@ def track_draft_coverage(drv: Any) -> tuple[list[tuple[int, int]], list[bool]]:
     return stale, reprefilled
 
 
-@pytest.mark.parametrize("keep_out", [True, False, "default"], ids=["keep_out", "without_skip_insert", "insert"])
+@pytest.mark.parametrize("keep_out", [True, False, "insert", "default"],
+                         ids=["keep_out", "without_skip_insert", "insert", "default"])
 def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any, model_dir: Path,
                                                                    monkeypatch: pytest.MonkeyPatch,
                                                                    keep_out: bool | str) -> None:
@@ -205,15 +206,18 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
         monkeypatch.setattr(Req, "skip_radix_cache_insert", property(lambda self: False, lambda self, value: None),
                             raising=False)
     # without the flag the guard (warn mode: serving goes on) flags the drafts over those hits (issue 24)
-    gf.configure_guard(runtime, RETRACT, mode=None if keep_out is True else Mode.WARN)
-    # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (insert: SGLang's own tree behaviour)
+    # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (keep_out since session 9); "insert":
+    # SGLang's own tree behaviour, asked for
     default_mode = SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"}).radix  # type: ignore[union-attr]
-    drv = driver(model_dir, radix=True, radix_mode=default_mode if keep_out == "default" else "keep_out")
+    mode = {"default": default_mode, "insert": "insert"}.get(keep_out, "keep_out")  # type: ignore[call-overload]
+    clean = mode == "keep_out" and keep_out is not False
+    gf.configure_guard(runtime, RETRACT, mode=None if clean else Mode.WARN)
+    drv = driver(model_dir, radix=True, radix_mode=mode)
     stale, reprefilled = track_draft_coverage(drv)
     reqs = run_waves(drv)
     assert not_greedy(reqs) == [] and [a for _, a in drv.flips] == ["flip_off", "flip_on"] * 3
     assert any(not spec for _, spec, _ in drv.prefilled)  # prompts were prefilled while off
-    if keep_out is not True:
+    if not clean:
         assert stale, "the tree never cached a token computed without the draft"
         found = runtime.guard.found
         assert found and {v.invariant for _, f in found for v in f} == {"draft_kv_covers_prefix"}

@@ -100,11 +100,12 @@ class SwitchConfig:
     trace_every: int = 1
     auto: bool = False  # SPECFLIP_SWITCH=auto: the learner decides (t_off / t_on unused)
     tiers: TierLadder | None = None  # SPECFLIP_TIERS: the step count follows the load while speculation is on
-    # SPECFLIP_SWITCH_RADIX: "insert" (SGLang's own: the radix tree caches tokens computed while off, whose draft KV a
-    # later hit reads stale; outputs stay exact) or "keep_out" (issue 24: SGLang's skip_radix_cache_insert on every
-    # request run while off). keep_out leaked KV slots on 0.5.16 (H200, session 8: a kept-out request's chunked prefill,
-    # fixed by radix_keep_out.resume_chunk_kept_out, not yet rerun live): opt-in only
-    radix: str = "insert"
+    # SPECFLIP_SWITCH_RADIX: "keep_out" (the default, issue 24: SGLang's skip_radix_cache_insert on every request run
+    # while off, so the tree never caches a token without draft KV; design plain_off_retract_catch_up_radix) or
+    # "insert" (SGLang's own tree: a later hit drafts over positions whose draft KV was never written; outputs stay
+    # exact, acceptance drops). keep_out leaked KV slots on 0.5.16 in session 8 (a kept-out chunked prefill, fixed by
+    # radix_keep_out.resume_chunk_kept_out); session 9's H200 rerun at concurrency 256 served 512/512, no leak
+    radix: str = "keep_out"
 
     def __post_init__(self) -> None:
         if self.tiers is not None:
@@ -179,4 +180,4 @@ class SwitchConfig:
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
                    trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto,
-                   radix=env.get("SPECFLIP_SWITCH_RADIX", "insert").strip() or "insert")
+                   radix=env.get("SPECFLIP_SWITCH_RADIX", "keep_out").strip() or "keep_out")

@@ -343,7 +343,7 @@ def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> 
     rt = _RUNTIME
     if rt is None or not rt.plain_path:
         return orig(scheduler, *args, **kwargs)
-    if rt.config.radix == "keep_out":  # issue 24, opt-in (shim/switch/radix_keep_out.py)
+    if rt.config.radix == "keep_out":  # issue 24, the default (shim/switch/radix_keep_out.py)
         resume_chunk_kept_out(scheduler)  # before SGLang's stash: 0.5.12's would not advance a kept-out chunk
     v1_plain_path.plain_path_flip(rt, scheduler)
     batch = orig(scheduler, *args, **kwargs)

@@ -29,11 +29,10 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
                           PlainPrefillOnTargetGraphs) | eager (as SGLang would run them: a mode mismatch)
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
-  SPECFLIP_SWITCH_RADIX   insert (default: SGLang's radix tree caches tokens computed while off; a later hit drafts
-                          over stale draft KV, outputs exact) | keep_out (issue 24's fix through SGLang's
-                          skip_radix_cache_insert: OPT-IN, it leaked KV slots on 0.5.16 through chunked prefill,
-                          fixed by resume_chunk_kept_out, not yet rerun on the GPU;
-                          docs/prefix-cache.md)
+  SPECFLIP_SWITCH_RADIX   keep_out (default; issue 24's fix through SGLang's skip_radix_cache_insert: tokens
+                          computed while off stay out of the radix tree; its session-8 leak through chunked prefill
+                          is fixed by resume_chunk_kept_out, rerun on the H200 in session 9) | insert (SGLang's own
+                          tree: a later hit drafts over stale draft KV, outputs exact; docs/prefix-cache.md)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
                           late (shim/switch/faults.py; docs/tp.md)
   SPECFLIP_FAULT          FAULT INJECTION, tests only: switch bugs the guard's identity checks must catch
@@ -257,7 +256,7 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
     if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":
-        keep_out_of_tree(batch.reqs)  # issue 24, opt-in (shim/switch/radix_keep_out.py)
+        keep_out_of_tree(batch.reqs)  # issue 24, the default (shim/switch/radix_keep_out.py)
     return plan
 
 
