@@ -8,19 +8,13 @@ import importlib
 import logging
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from real_sglang_cpu import require_sglang_cpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))  # torchvision stand-in
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    pytest.importorskip("torch")
-    pytest.importorskip("sglang.srt.managers.schedule_batch")
+require_sglang_cpu()
 
 gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")

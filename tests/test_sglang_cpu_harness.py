@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from real_sglang_cpu import require_sglang_cpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    pytest.importorskip("torch")
-    pytest.importorskip("sglang.srt.managers.schedule_batch")
+require_sglang_cpu()
 
 h = importlib.import_module("sglang_cpu")
 
