@@ -346,6 +346,12 @@ def main(args: argparse.Namespace, *, owns_process: bool = False) -> int:
     # Importing SGLang allocates ~400k container objects and the cyclic collector re-scans them over and over
     # (about 1 s of a cold run here). A one-shot process needs no collection: the OS reclaims it all at exit.
     gc.disable()
+    # SGLang's quantization and MoE modules, which its resolution pipeline imports (configs/model_config), wrap
+    # kernels in torch.compile at import; each wrap loads TorchInductor and Dynamo's repro tooling (about 1.3 s
+    # of a cold run here). lint compiles and runs nothing, so in its own process torch's documented switch makes
+    # torch.compile return the function as it is; ServerArgs and the sizing read are unchanged (a test compares
+    # this process's sizing with an in-process one). Never set for in-process callers, e.g. a starting server.
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     code = _run(args)
     _exit_now(code)
     return code  # pragma: no cover - _exit_now does not return
