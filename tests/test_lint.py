@@ -258,6 +258,9 @@ def test_tokens_per_req_is_sglangs_resolve_num_tokens_per_req(model_dir):
     """The adapter reads the graph widths from what SGLang's `resolve_num_tokens_per_req` reads, without importing
     its module (seconds of a cold lint): in every state of a static, an adaptive and a tree launch the two agree,
     for EAGLE and for DFLASH-style hooks alike (the algorithm's own target-verify hook)."""
+    from specflip.lint.sglang_common import ensure_torchvision_importable
+
+    ensure_torchvision_importable()  # spec_utils imports SGLang's configs, which import torchvision
     from sglang.srt import runtime_context
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_utils import resolve_num_tokens_per_req
