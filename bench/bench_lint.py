@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,10 +79,14 @@ def release_lines(base_env: dict[str, str]) -> dict[str, tuple[str, dict[str, st
     return lines
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
+def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds: user + system of the child, exit code) of one fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started, done.returncode
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.returncode
 
 
 def _version(python: str, env: dict[str, str]) -> str:
@@ -90,29 +95,37 @@ def _version(python: str, env: dict[str, str]) -> str:
     return done.stdout.strip() or "?"
 
 
+Row = tuple[str, float, float, float, float, float, float, int]
+
+
 def bench_line(python: str, env: dict[str, str], cached_env: dict[str, str], floor_env: dict[str, str],
-               tiny: Path, reps: int) -> list[tuple[str, float, float, float, float, int]]:
-    """Per configuration: (label, import server_args, cold, own cold, cached, exit code), medians. Each rep times
-    the import and the cold run back to back, and lint's own time is the median of those paired differences, so
-    a load that changes during the run moves both sides of one difference alike."""
+               tiny: Path, reps: int) -> list[Row]:
+    """Per configuration: (label, import server_args, lint cold, own cold, own cold in CPU seconds, cached, cached
+    in CPU seconds, exit code), medians. Each rep times the import and the cold run back to back, and lint's own
+    time is the median of those paired differences, so a load that changes during the run moves both sides of
+    one difference alike. CPU seconds (the child's user + system time) hardly move with the load of a shared
+    machine; wall seconds do."""
     rows = []
     for label, flags in CONFIGS:
         argv = [python, "-m", "specflip.cli", "lint", "--model-path", str(tiny), "--speculative-draft-model-path",
                 str(tiny), "--speculative-algorithm", "EAGLE", *flags]
-        imports, cold, own, cached, codes = [], [], [], [], set()
+        imports, cold, own, own_cpu, cached, cached_cpu, codes = [], [], [], [], [], [], set()
         for _ in range(reps):
             with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
-                imports.append(_timed([python, "-c", IMPORT_SERVER_ARGS], floor_env)[0])
-                t, rc = _timed(argv, {**env, "XDG_CACHE_HOME": cache})
-                cold.append(t)
-                own.append(t - imports[-1])
+                wall_import, cpu_import, _ = _timed([python, "-c", IMPORT_SERVER_ARGS], floor_env)
+                imports.append(wall_import)
+                wall, cpu, rc = _timed(argv, {**env, "XDG_CACHE_HOME": cache})
+                cold.append(wall)
+                own.append(wall - wall_import)
+                own_cpu.append(cpu - cpu_import)
                 codes.add(rc)
-                t, rc = _timed(argv, {**cached_env, "XDG_CACHE_HOME": cache})
-                cached.append(t)
+                wall, cpu, rc = _timed(argv, {**cached_env, "XDG_CACHE_HOME": cache})
+                cached.append(wall)
+                cached_cpu.append(cpu)
                 codes.add(rc)
         code = codes.pop() if len(codes) == 1 else -1  # -1: the exit code changed between runs
-        rows.append((label, statistics.median(imports), statistics.median(cold), statistics.median(own),
-                     statistics.median(cached), code))
+        med = statistics.median
+        rows.append((label, med(imports), med(cold), med(own), med(own_cpu), med(cached), med(cached_cpu), code))
     return rows
 
 
@@ -138,19 +151,20 @@ def main() -> None:
         floor_env = {**env, "TORCHDYNAMO_DISABLE": "1",
                      "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], str(STAND_INS)])}  # lint adds it itself
         empty = statistics.median(_timed([python, "-c", "pass"], cached_env)[0] for _ in range(args.reps))
-        print(f"\n{line} (sglang {found}; python -c pass {empty:.2f} s)")
-        print(f"  {'configuration':40s} {'import server_args':>18s} {'lint cold':>10s} {'own cold':>9s} "
-              f"{'cached':>7s}  exit")
-        for label, imports, cold, own, cached, code in bench_line(python, env, cached_env, floor_env, tiny,
-                                                                  args.reps):
-            verdicts.append((line, label, own, cached))
-            print(f"  {label:40s} {imports:17.2f}s {cold:9.2f}s {own:8.2f}s {cached:6.2f}s  {code}")
+        print(f"\n{line} (sglang {found}; python -c pass {empty:.2f} s); own = cold - import, wall (CPU) seconds")
+        print(f"  {'configuration':40s} {'import server_args':>18s} {'lint cold':>10s} {'own cold':>15s} "
+              f"{'cached':>15s}  exit")
+        for label, imports, cold, own, own_cpu, cached, cached_cpu, code in bench_line(
+                python, env, cached_env, floor_env, tiny, args.reps):
+            verdicts.append((line, label, own, own_cpu, cached, cached_cpu))
+            print(f"  {label:40s} {imports:17.2f}s {cold:9.2f}s {own:6.2f}s ({own_cpu:5.2f}s) "
+                  f"{cached:6.2f}s ({cached_cpu:5.2f}s)  {code}")
     if verdicts:
-        worst_cold = max(v[2] for v in verdicts)
-        worst_cached = max(v[3] for v in verdicts)
-        print(f"\nworst own cold {worst_cold:.2f} s (target <= {TARGET_COLD_S} s: "
-              f"{'met' if worst_cold <= TARGET_COLD_S else 'NOT met'}); worst cached {worst_cached:.2f} s "
-              f"(target <= {TARGET_CACHED_S} s: {'met' if worst_cached <= TARGET_CACHED_S else 'NOT met'})")
+        for index, what, target in ((2, "own cold, wall", TARGET_COLD_S), (3, "own cold, CPU", TARGET_COLD_S),
+                                    (4, "cached, wall", TARGET_CACHED_S), (5, "cached, CPU", TARGET_CACHED_S)):
+            worst = max(verdicts, key=lambda v: v[index])
+            print(f"worst {what}: {worst[index]:.2f} s ({worst[0]}, {worst[1]}; target <= {target} s: "
+                  f"{'met' if worst[index] <= target else 'NOT met'})")
 
 
 if __name__ == "__main__":
