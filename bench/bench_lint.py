@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import resource
 import statistics
@@ -52,6 +53,34 @@ CONFIGS: list[tuple[str, list[str]]] = [
 # the process settings of lint's script (specflip.lint.run.main with owns_process), for the import floor
 IMPORT_SERVER_ARGS = "import gc, os; gc.disable(); import sglang.srt.server_args; os._exit(0)"
 TARGET_COLD_S, TARGET_CACHED_S = 0.5, 0.2
+
+# One fresh process in lint's own settings, the first configuration: SGLang's server_args imported, then lint's
+# modules, then lint run twice without the cache (the first run also imports what SGLang's resolution imports:
+# the model config, quantization methods, the pipeline's hooks; the second is lint's work alone: parse, resolve,
+# size every state, the rules), then once on an empty cache and once cached. Splits a cold run's own time into
+# SGLang's and lint's parts, which the whole-process timings cannot.
+SPLIT = """
+import argparse, contextlib, gc, io, json, os, sys, tempfile, time
+gc.disable()
+os.environ["TORCHDYNAMO_DISABLE"] = "1"
+clock = time.perf_counter
+t = clock()
+import sglang.srt.server_args
+out = {"import server_args": clock() - t}
+t = clock()
+from specflip.lint.run import main
+out["lint's modules"] = clock() - t
+def once(extra):
+    t = clock()
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(argparse.Namespace(argv=extra + sys.argv[1:]))
+    return clock() - t
+out["first run: SGLang's resolution imports + lint's work"] = once(["--no-cache"])
+out["lint's work (second run, no cache)"] = once(["--no-cache"])
+once([])
+out["cached run, in process"] = once([])
+print(json.dumps(out))
+"""
 
 
 def release_lines(base_env: dict[str, str]) -> dict[str, tuple[str, dict[str, str], dict[str, str]] | str]:
@@ -154,6 +183,20 @@ def main() -> None:
         print(f"\n{line} (sglang {found}; python -c pass {empty:.2f} s); own = cold - import, wall (CPU) seconds")
         print(f"  {'configuration':40s} {'import server_args':>18s} {'lint cold':>10s} {'own cold':>15s} "
               f"{'cached':>15s}  exit")
+        splits = []
+        for _ in range(args.reps):
+            with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
+                done = subprocess.run([python, "-c", SPLIT, "--model-path", str(tiny), "--speculative-draft-model-path",
+                                       str(tiny), "--speculative-algorithm", "EAGLE", *CONFIGS[0][1]],
+                                      env={**floor_env, "XDG_CACHE_HOME": cache}, cwd=REPO, capture_output=True,
+                                      text=True)
+            splits.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        split = {key: statistics.median(one[key] for one in splits) for key in splits[0]}
+        print(f"  one process ({CONFIGS[0][0]}): " + "; ".join(f"{k} {v:.2f} s" for k, v in split.items()))
+        own_one = split["lint's modules"] + split["lint's work (second run, no cache)"]
+        sglang_part = split["first run: SGLang's resolution imports + lint's work"] - split[
+            "lint's work (second run, no cache)"]
+        print(f"  => lint's own modules + work {own_one:.2f} s; SGLang's resolution imports {sglang_part:.2f} s")
         for label, imports, cold, own, own_cpu, cached, cached_cpu, code in bench_line(
                 python, env, cached_env, floor_env, tiny, args.reps):
             verdicts.append((line, label, own, own_cpu, cached, cached_cpu))
