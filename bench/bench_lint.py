@@ -1,20 +1,24 @@
-"""`specflip lint` cold against cached, side by side in one run, for each configuration in docs/lint.md.
+"""`specflip lint` cold and cached against importing SGLang's `server_args`, per release line, side by side in one run.
 
-Every measurement is a fresh process timed from the outside (wall clock, start to exit):
-  - cold: `specflip lint ...` (as `python -m specflip.cli`, which runs `main()` as the script does, on this
-    checkout's code) with an empty cache directory (a new $XDG_CACHE_HOME per run), so it imports SGLang and
+Issue 21's targets: lint's own time beyond importing SGLang's `server_args` <= 0.5 s cold and <= 0.2 s cached.
+For each release line available here, every measurement is a fresh process timed from the outside (wall clock,
+start to exit), the median of --reps:
+  - import server_args: `import sglang.srt.server_args` alone, in the process settings lint's script uses (cyclic
+    GC off, TORCHDYNAMO_DISABLE=1, no interpreter teardown), so the difference below is lint's and not theirs;
+  - lint cold: `specflip lint ...` (as `python -m specflip.cli`, which runs `main()` as the script does, on this
+    checkout's code) with an empty cache directory (a new $XDG_CACHE_HOME per run): it imports SGLang and
     resolves the real ServerArgs;
-  - cold, default process: the same through `main([...])` in a plain `python -c` (cyclic GC on, normal
-    interpreter teardown): what the `specflip` script cost before it tuned its own process;
-  - cached: the same command again on the cache the cold run left.
-Floors, for scale: an empty interpreter, `import sglang.srt.server_args` alone, and every SGLang module lint
-imports (server_args, the resolution pipeline, spec_utils), these two with GC off and no teardown, as lint
-runs. Reported: the median of --reps runs and the ratios, and lint's own time against issue 21's targets:
-cold minus the `import sglang.srt.server_args` floor (target <= 0.5 s), cached minus the empty interpreter
-(target <= 0.2 s). Last, one process split into SGLang's imports and lint's own work once they are loaded
-(without the cache, on an empty cache, cached). The machine is shared: compare within one run.
+  - lint's own time, cold: lint cold - import server_args (target <= 0.5 s). It holds SGLang's own resolution
+    (`resolve_once` / `__post_init__`, and the modules they import: the model config, quantization methods),
+    lint's modules and lint's work;
+  - cached: the same command again on the entry the cold run left (target <= 0.2 s). It imports no SGLang, so
+    all of it is lint's own time; `python -c pass` is printed beside it for scale.
+Release lines: 0.5.23 (.venv), 0.5.16 (its unpacked source, .cache/sglang-src/0.5.16 or
+$SPECFLIP_SGLANG_0_5_16_SRC, under the CPU import stand-ins, run by .venv's Python as tests/test_lint_matrix.py
+does), 0.5.12 (.venv12, the v1 worker: SGLANG_ENABLE_SPEC_V2=0). A line that is not here is skipped, saying so.
+The machine is shared: compare within one run.
 
-    .venv/bin/python bench/bench_lint.py [--reps 3]
+    .venv/bin/python bench/bench_lint.py [--reps 3] [--lines 0.5.23,0.5.16,0.5.12]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,132 +37,177 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
-PY = sys.executable
-SPECFLIP = [PY, "-m", "specflip.cli"]  # the script's entry point (main() owning its process), this checkout's code
-STAND_INS = str(REPO / "stand_ins" / "cpu")
+STAND_INS = REPO / "stand_ins" / "cpu"
+SRC_0_5_16 = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16"))
 
-# docs/lint.md's timing table: (label, flags after --model-path <tiny> --speculative-draft-model-path <tiny>
-# --speculative-algorithm EAGLE, exit)
-CONFIGS: list[tuple[str, list[str], int]] = [
+# (label, flags after --model-path <tiny> --speculative-draft-model-path <tiny> --speculative-algorithm EAGLE)
+CONFIGS: list[tuple[str, list[str]]] = [
     ("static 3/1/4", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-                      "--speculative-num-draft-tokens", "4"], 0),
-    ("adaptive", ["--speculative-adaptive"], 0),
-    ("adaptive, cap 4", ["--speculative-adaptive", "--max-running-requests", "4"], 0),
+                      "--speculative-num-draft-tokens", "4"]),
+    ("adaptive", ["--speculative-adaptive"]),
+    ("adaptive, cap 4", ["--speculative-adaptive", "--max-running-requests", "4"]),
     ("static 3/1/4, cap 128, specflip 100/60", ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                                                  "--speculative-num-draft-tokens", "4", "--max-running-requests",
-                                                 "128", "--specflip-t-off", "100", "--specflip-t-on", "60"], 1),
+                                                 "128", "--specflip-t-off", "100", "--specflip-t-on", "60"]),
 ]
+# the process settings of lint's script (specflip.lint.run.main with owns_process), for the import floor
+IMPORT_SERVER_ARGS = "import gc, os; gc.disable(); import sglang.srt.server_args; os._exit(0)"
+TARGET_COLD_S, TARGET_CACHED_S = 0.5, 0.2
 
-_IN_PROCESS = "import sys; from specflip.cli import main; sys.exit(main(sys.argv[1:]))"
-_FAST_EXIT = "import gc, os; gc.disable(); {body}; os._exit(0)"
-FLOORS: list[tuple[str, str]] = [
-    ("python -c pass", "pass"),
-    ("import sglang.srt.server_args", _FAST_EXIT.format(body="import sglang.srt.server_args")),
-    ("+ arg_groups.pipeline + spec_utils", _FAST_EXIT.format(
-        body="import sglang.srt.server_args, sglang.srt.arg_groups.pipeline, sglang.srt.speculative.spec_utils")),
-]
-
-
-# One fresh process, collector off: SGLang's modules imported first (server_args, then what the resolution and the
-# sizing import), then lint itself run three times on the first configuration: without the cache (resolution,
-# every state's sizing, the rules), on an empty cache, and cached. Splits a cold run into SGLang's imports and
-# lint's own work, which the whole-process timings above cannot.
-_SPLIT = """
-import argparse, contextlib, gc, io, json, sys, time
+# One fresh process in lint's own settings, the first configuration: SGLang's server_args imported, then lint's
+# modules, then lint run twice without the cache (the first run also imports what SGLang's resolution imports:
+# the model config, quantization methods, the pipeline's hooks; the second is lint's work alone: parse, resolve,
+# size every state, the rules), then once on an empty cache and once cached. Splits a cold run's own time into
+# SGLang's and lint's parts, which the whole-process timings cannot.
+SPLIT = """
+import argparse, contextlib, gc, io, json, os, sys, tempfile, time
 gc.disable()
-t0 = time.perf_counter()
+os.environ["TORCHDYNAMO_DISABLE"] = "1"
+clock = time.perf_counter
+t = clock()
 import sglang.srt.server_args
-t1 = time.perf_counter()
-import sglang.srt.arg_groups.pipeline, sglang.srt.speculative.spec_utils, sglang.srt.arg_groups.expert_pack_hook
-t2 = time.perf_counter()
+out = {"import server_args": clock() - t}
+t = clock()
 from specflip.lint.run import main
-t3 = time.perf_counter()
-out = {"import sglang.srt.server_args": t1 - t0, "+ the resolution and sizing modules": t2 - t1,
-       "+ specflip.lint": t3 - t2}
-for label, extra in (("lint, no cache (resolve, size every state, rules)", ["--no-cache"]),
-                     ("lint, empty cache (the same, and the entry written)", []), ("lint, cached", [])):
-    s = time.perf_counter()
+out["lint's modules"] = clock() - t
+def once(extra):
+    t = clock()
     with contextlib.redirect_stdout(io.StringIO()):
         main(argparse.Namespace(argv=extra + sys.argv[1:]))
-    out[label] = time.perf_counter() - s
+    return clock() - t
+out["first run: SGLang's resolution imports + lint's work"] = once(["--no-cache"])
+out["lint's work (second run, no cache)"] = once(["--no-cache"])
+once([])
+out["cached run, in process"] = once([])
 print(json.dumps(out))
 """
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
+def release_lines(base_env: dict[str, str]) -> dict[str, tuple[str, dict[str, str], dict[str, str]] | str]:
+    """Each release line: (python, environment of a cold run, environment of a cached run), or why it is not
+    here. The cached run of 0.5.16 goes without the import stand-ins: it imports no SGLang (a stand-in that does
+    not hit the cache fails, and its exit code shows it), and stand_ins/cpu_sglang_0_5_16/sitecustomize.py
+    imports transformers at interpreter start, a CPU-only cost the GPU host has not."""
+    path = os.pathsep.join(filter(None, [str(REPO), base_env.get("PYTHONPATH")]))
+    lines: dict[str, tuple[str, dict[str, str], dict[str, str]] | str] = {}
+    venv = REPO / ".venv" / "bin" / "python"
+    plain = {**base_env, "PYTHONPATH": path}
+    lines["0.5.23"] = (str(venv), plain, plain) if venv.exists() else "no .venv"
+    if not (SRC_0_5_16 / "sglang" / "srt").is_dir():
+        lines["0.5.16"] = f"no 0.5.16 source at {SRC_0_5_16}"
+    elif not venv.exists():
+        lines["0.5.16"] = "no .venv"
+    else:
+        stand_ins = [str(REPO / "stand_ins" / "cpu_sglang_0_5_16"), str(STAND_INS)]
+        source = os.pathsep.join([path, str(SRC_0_5_16)])
+        lines["0.5.16"] = (str(venv), {**base_env, "PYTHONPATH": os.pathsep.join([source, *stand_ins])},
+                           {**base_env, "PYTHONPATH": source})
+    venv12 = REPO / ".venv12" / "bin" / "python"
+    v1 = {**base_env, "PYTHONPATH": path, "SGLANG_ENABLE_SPEC_V2": "0"}
+    lines["0.5.12"] = (str(venv12), v1, v1) if venv12.exists() else "no .venv12"
+    return lines
+
+
+def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds: user + system of the child, exit code) of one fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started, done.returncode
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.returncode
+
+
+def _version(python: str, env: dict[str, str]) -> str:
+    done = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"], env=env,
+                          cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
+Row = tuple[str, float, float, float, float, float, float, int]
+
+
+def bench_line(python: str, env: dict[str, str], cached_env: dict[str, str], floor_env: dict[str, str],
+               tiny: Path, reps: int) -> list[Row]:
+    """Per configuration: (label, import server_args, lint cold, own cold, own cold in CPU seconds, cached, cached
+    in CPU seconds, exit code), medians. Each rep times the import and the cold run back to back, and lint's own
+    time is the median of those paired differences, so a load that changes during the run moves both sides of
+    one difference alike. CPU seconds (the child's user + system time) hardly move with the load of a shared
+    machine; wall seconds do."""
+    rows = []
+    for label, flags in CONFIGS:
+        argv = [python, "-m", "specflip.cli", "lint", "--model-path", str(tiny), "--speculative-draft-model-path",
+                str(tiny), "--speculative-algorithm", "EAGLE", *flags]
+        imports, cold, own, own_cpu, cached, cached_cpu, codes = [], [], [], [], [], [], set()
+        for _ in range(reps):
+            with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
+                wall_import, cpu_import, _ = _timed([python, "-c", IMPORT_SERVER_ARGS], floor_env)
+                imports.append(wall_import)
+                wall, cpu, rc = _timed(argv, {**env, "XDG_CACHE_HOME": cache})
+                cold.append(wall)
+                own.append(wall - wall_import)
+                own_cpu.append(cpu - cpu_import)
+                codes.add(rc)
+                wall, cpu, rc = _timed(argv, {**cached_env, "XDG_CACHE_HOME": cache})
+                cached.append(wall)
+                cached_cpu.append(cpu)
+                codes.add(rc)
+        code = codes.pop() if len(codes) == 1 else -1  # -1: the exit code changed between runs
+        med = statistics.median
+        rows.append((label, med(imports), med(cold), med(own), med(own_cpu), med(cached), med(cached_cpu), code))
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="runs per cell (the median is reported)")
+    parser.add_argument("--lines", default="0.5.23,0.5.16,0.5.12", help="release lines to time, comma-separated")
     args = parser.parse_args()
 
     tiny = importlib.import_module("sglang_cpu").write_tiny_model_config()
-    base_env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
-    base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base_env.get("PYTHONPATH")]))
-    # the CPU image has no torchvision; sglang.srt.configs imports it (lint adds the same stand-in itself)
-    floor_env = {**base_env, "PYTHONPATH": os.pathsep.join(filter(None, [base_env.get("PYTHONPATH"), STAND_INS]))}
-
-    print(f"sglang lint timings, median of {args.reps} (load average {os.getloadavg()[0]:.1f} at start)")
-    print(f"{'configuration':40s} {'cold':>7s} {'cold,default':>13s} {'cached':>7s} {'cold/cached':>12s} "
-          f"{'cold/default':>13s}  exit")
-    colds: list[float] = []
-    cacheds: list[float] = []
-    for label, flags, want in CONFIGS:
-        lint_args = ["lint", "--model-path", str(tiny), "--speculative-draft-model-path", str(tiny),
-                     "--speculative-algorithm", "EAGLE", *flags]
-        cold, default, cached, codes = [], [], [], set()
+    base_env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "TORCHDYNAMO_DISABLE")}
+    lines = release_lines(base_env)
+    print(f"specflip lint timings, median of {args.reps} fresh processes (load average {os.getloadavg()[0]:.1f} "
+          f"at start); targets: own cold <= {TARGET_COLD_S} s, cached <= {TARGET_CACHED_S} s")
+    verdicts = []
+    for line in args.lines.split(","):
+        how = lines.get(line, f"unknown line {line}")
+        if isinstance(how, str):
+            print(f"\n{line}: skipped ({how})")
+            continue
+        python, env, cached_env = how
+        found = _version(python, env)
+        floor_env = {**env, "TORCHDYNAMO_DISABLE": "1",
+                     "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], str(STAND_INS)])}  # lint adds it itself
+        empty = statistics.median(_timed([python, "-c", "pass"], cached_env)[0] for _ in range(args.reps))
+        print(f"\n{line} (sglang {found}; python -c pass {empty:.2f} s); own = cold - import, wall (CPU) seconds")
+        print(f"  {'configuration':40s} {'import server_args':>18s} {'lint cold':>10s} {'own cold':>15s} "
+              f"{'cached':>15s}  exit")
+        splits = []
         for _ in range(args.reps):
             with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
-                env = {**base_env, "XDG_CACHE_HOME": cache}
-                t, rc = _timed([*SPECFLIP, *lint_args], env)
-                cold.append(t)
-                codes.add(rc)
-                t, rc = _timed([*SPECFLIP, *lint_args], env)
-                cached.append(t)
-                codes.add(rc)
-            with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
-                t, rc = _timed([PY, "-c", _IN_PROCESS, *lint_args], {**base_env, "XDG_CACHE_HOME": cache})
-                default.append(t)
-                codes.add(rc)
-        c, d, k = statistics.median(cold), statistics.median(default), statistics.median(cached)
-        colds.append(c)
-        cacheds.append(k)
-        exit_note = str(want) if codes == {want} else f"{sorted(codes)} (expected {want})"
-        print(f"{label:40s} {c:6.2f}s {d:12.2f}s {k:6.2f}s {c / k:11.0f}x {c / d:12.2f}x  {exit_note}")
-
-    print("\nfloors (fresh process, no lint code)")
-    floors = {}
-    for label, code in FLOORS:
-        times = [_timed([PY, "-c", code], floor_env)[0] for _ in range(args.reps)]
-        floors[label] = statistics.median(times)
-        print(f"{label:40s} {floors[label]:6.2f}s")
-    floor = floors[FLOORS[-1][0]]
-    verdict = "below" if floor > 2.0 else "above"
-    print(f"\ncold lint / SGLang import floor: {statistics.median(colds) / floor:.2f}x (median cold "
-          f"{statistics.median(colds):.2f}s; a 2 s cold target is {verdict} this floor of {floor:.2f}s)")
-    # issue 21's targets: lint's own time beyond importing SGLang's server_args (cold) / beyond the interpreter
-    own_cold = statistics.median(colds) - floors[FLOORS[1][0]]
-    own_cached = statistics.median(cacheds) - floors[FLOORS[0][0]]
-    for label, own, target in (("cold, beyond import server_args", own_cold, 0.5),
-                               ("cached, beyond python -c pass", own_cached, 0.2)):
-        print(f"lint's own time, {label}: {own:.2f}s (target <= {target} s: {'met' if own <= target else 'NOT met'})")
-
-    print("\none process, split (median of --reps): SGLang's imports, then lint's own work")
-    label, flags, _ = CONFIGS[0]
-    lint_args = ["--model-path", str(tiny), "--speculative-draft-model-path", str(tiny), "--speculative-algorithm",
-                 "EAGLE", *flags]
-    splits = []
-    for _ in range(args.reps):
-        with tempfile.TemporaryDirectory(prefix="specflip-lint-bench-") as cache:
-            done = subprocess.run([PY, "-c", _SPLIT, *lint_args], env={**floor_env, "XDG_CACHE_HOME": cache}, cwd=REPO,
-                                  capture_output=True, text=True)
-        splits.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    for key in splits[0]:
-        print(f"  {key:55s} {statistics.median(s[key] for s in splits):6.3f}s")
+                done = subprocess.run([python, "-c", SPLIT, "--model-path", str(tiny), "--speculative-draft-model-path",
+                                       str(tiny), "--speculative-algorithm", "EAGLE", *CONFIGS[0][1]],
+                                      env={**floor_env, "XDG_CACHE_HOME": cache}, cwd=REPO, capture_output=True,
+                                      text=True)
+            splits.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        split = {key: statistics.median(one[key] for one in splits) for key in splits[0]}
+        print(f"  one process ({CONFIGS[0][0]}): " + "; ".join(f"{k} {v:.2f} s" for k, v in split.items()))
+        own_one = split["lint's modules"] + split["lint's work (second run, no cache)"]
+        sglang_part = split["first run: SGLang's resolution imports + lint's work"] - split[
+            "lint's work (second run, no cache)"]
+        print(f"  => lint's own modules + work {own_one:.2f} s; SGLang's resolution imports {sglang_part:.2f} s")
+        for label, imports, cold, own, own_cpu, cached, cached_cpu, code in bench_line(
+                python, env, cached_env, floor_env, tiny, args.reps):
+            verdicts.append((line, label, own, own_cpu, cached, cached_cpu))
+            print(f"  {label:40s} {imports:17.2f}s {cold:9.2f}s {own:6.2f}s ({own_cpu:5.2f}s) "
+                  f"{cached:6.2f}s ({cached_cpu:5.2f}s)  {code}")
+    if verdicts:
+        for index, what, target in ((2, "own cold, wall", TARGET_COLD_S), (3, "own cold, CPU", TARGET_COLD_S),
+                                    (4, "cached, wall", TARGET_CACHED_S), (5, "cached, CPU", TARGET_CACHED_S)):
+            worst = max(verdicts, key=lambda v: v[index])
+            print(f"worst {what}: {worst[index]:.2f} s ({worst[0]}, {worst[1]}; target <= {target} s: "
+                  f"{'met' if worst[index] <= target else 'NOT met'})")
 
 
 if __name__ == "__main__":

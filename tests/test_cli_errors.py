@@ -335,11 +335,11 @@ def lint_base(tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> lis
 @pytest.mark.parametrize(("tiers", "words"), [
     ("[1, 2]", "must be a JSON object of batch-size tiers"),
     ('{"1": null}', "tier '1' must be an object with candidate_steps, not null"),
-    ('{"1": [1, 3]}', "tier '1' must be an object with candidate_steps, not list"),
+    ('{"1": [1, 3]}', "tier '1' must be an object with candidate_steps, not an array"),
     ('{"1": {"candidate_steps": [-1]}}', "candidate_steps must be a list of non-negative ints"),
     ('{"1": {"candidate_steps": "1,3"}}', "candidate_steps must be a list of non-negative ints"),
     ('{"one": {"candidate_steps": [1]}}', "at least one integer-string BS key"),
-    ("\"tiers\"", "not a str"),
+    ("\"tiers\"", "not a string"),
 ])
 def test_lint_malformed_tiers_file(lint_base: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                    tiers: str, words: str) -> None:

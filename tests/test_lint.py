@@ -266,6 +266,38 @@ def test_lint_server_args_leaves_the_published_spec_bag_alone(model_dir):
 
 
 @needs_sglang
+def test_tokens_per_req_is_sglangs_resolve_num_tokens_per_req(model_dir):
+    """The adapter reads the graph widths from what SGLang's `resolve_num_tokens_per_req` reads, without importing
+    its module (seconds of a cold lint): in every state of a static, an adaptive and a tree launch the two agree,
+    for EAGLE and for DFLASH-style hooks alike (the algorithm's own target-verify hook)."""
+    from specflip.lint.sglang_common import ensure_torchvision_importable
+
+    ensure_torchvision_importable()  # spec_utils imports SGLang's configs, which import torchvision
+    from sglang.srt import runtime_context
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_utils import resolve_num_tokens_per_req
+
+    checked = 0
+    for flags in (["--speculative-adaptive"], ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                                               "--speculative-num-draft-tokens", "8"]):
+        sa = sglang_23.build_server_args(["--model-path", model_dir, "--speculative-draft-model-path", model_dir,
+                                          "--device", "cuda", "--speculative-algorithm", "EAGLE", *flags])
+        runtime_context.publish(sa, role="scheduler")
+        ctx = runtime_context.get_context()
+        for algo in SpeculativeAlgorithm:
+            if algo.is_none():
+                continue
+            for draft in (1, 2, 4, 8):
+                ctx.override("test", speculative_num_draft_tokens=draft)
+                for phase in ("target_verify", "draft_extend"):
+                    want = resolve_num_tokens_per_req(phase=phase, spec_algorithm=algo,
+                                                      num_draft_tokens=draft if phase == "target_verify" else None)
+                    assert sglang_23.tokens_per_req(phase, algo, draft) == want, (algo, draft, phase)
+                    checked += 1
+    assert checked >= 2 * 2 * 4 * 2
+
+
+@needs_sglang
 def test_cli_exit_codes_and_json(model_dir, capsys, monkeypatch, tmp_path):
     from specflip.cli import main
 
@@ -312,6 +344,14 @@ def test_script_exit_code_and_whole_output_survive_the_fast_exit(model_dir, tmp_
         out = json.loads(run.stdout)
         assert [f["rule"] for f in out["findings"]] == [RUNNING_CAP] and out["sizing"]["release"] == "0.5.23"
     assert runs[0].stdout == runs[1].stdout
+    # the script's own process makes torch.compile a no-op (TORCHDYNAMO_DISABLE) while SGLang imports: what it
+    # resolved and sized is what this process (torch.compile as it is) resolves and sizes
+    from specflip.lint.run import lint_argv, specflip_policy, split_args
+
+    own, rest = split_args(args[5:])
+    in_process, _ = lint_argv(rest, specflip_policy(own), use_cache=False)
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
+    assert json.loads(runs[0].stdout)["sizing"] == json.loads(json.dumps(in_process.to_json()))
     usage = subprocess.run([*args[:4], "--specflip-t-off", "4", "--specflip-t-on", "8", *args[5:9]], env=env,
                            capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and usage.stderr.startswith("specflip lint:") and usage.stdout == ""

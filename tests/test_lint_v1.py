@@ -6,15 +6,20 @@ same verdicts against real 0.5.12 servers on the GPU host."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
+from lint_cases import cases, verdict
 
 try:
     _RELEASE = version("sglang")
 except PackageNotFoundError:
     _RELEASE = None
+REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.sglang_v1,
               pytest.mark.skipif(_RELEASE != "0.5.12", reason="needs sglang 0.5.12 (.venv12: scripts/setup-v1.sh)")]
 
@@ -76,3 +81,47 @@ def test_v1_partial_triple_fails_in_resolution_and_zero_is_named(base: list[str]
                      "--speculative-num-draft-tokens", "0")
     assert code == 2 and len(err.splitlines()) == 1
     assert "--speculative-num-draft-tokens 0: must be at least 1; SGLang 0.5.12 would silently run 4" in err
+
+
+# issue 21's bad inputs on 0.5.12 (tests/lint_cases.py: the table 0.5.23 and 0.5.16 run in test_lint_bad_input.py)
+CASES = {case_id: want for case_id, _, want in cases("/m", Path("/m"), write=False)}
+
+
+@pytest.fixture(scope="module")
+def case_argvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    root = tmp_path_factory.mktemp("lint-bad-input-0512")
+    (root / "m").mkdir()
+    (root / "m" / "config.json").write_text(json.dumps(TINY))
+    return {case_id: argv for case_id, argv, _ in cases(str(root / "m"), root / "tiers")}
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_v1_bad_input(case_argvs: dict[str, list[str]], case_id: str, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from specflip.cli import main
+
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    code = main(case_argvs[case_id])
+    out, err = capsys.readouterr()
+    problem = verdict("0.5.12", CASES[case_id], code, out, err)
+    assert problem is None, problem
+
+
+def test_v1_prints_its_own_lines_only_and_sglangs_with_verbose(tmp_path: Path) -> None:
+    """The CLI as a process on 0.5.12: its one line on stdout and nothing on stderr; with --verbose SGLang's own
+    warnings and log lines on stderr, and the same stdout."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(TINY))
+    m = str(tmp_path / "m")
+    argv = [sys.executable, "-m", "specflip.cli", "lint", "--model-path", m, "--speculative-draft-model-path", m,
+            "--speculative-algorithm", "EAGLE3", *SPEC]
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(REPO),
+           "SGLANG_ENABLE_SPEC_V2": "0", "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    quiet = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stderr == "" and quiet.stdout.startswith("ok: sglang 0.5.12") and len(quiet.stdout.splitlines()) == 1
+    loud = subprocess.run([*argv, "--verbose"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert loud.returncode == 0 and loud.stdout == quiet.stdout
+    assert "Max running requests is reset to 48" in loud.stderr  # SGLang 0.5.12's own log line
+    assert "UserWarning" in loud.stderr  # and its import-time warnings

@@ -233,15 +233,32 @@ def _read_inputs(argv: Sequence[str]) -> dict[str, str]:
 
 def _tiers_shape_problem(tiers: Any) -> str | None:
     """What SGLang reads an adaptive config as, before its own checks (which assume it): an object whose tier
-    entries (the batch-size keys) are objects. SGLang's checks of the entries run in the adapter."""
+    entries (the batch-size keys) are objects. SGLang's checks of the entries run in the adapter; the one they let
+    through is a JSON boolean among candidate_steps (Python's True is an int), a step count of 1 or 0 by accident."""
     example = '{"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}'
     if not isinstance(tiers, dict):
-        return f"must be a JSON object of batch-size tiers like {example}, not a {type(tiers).__name__}"
-    for key, entry in tiers.items():
-        if key.isdigit() and not isinstance(entry, dict):
-            return (f"tier {key!r} must be an object with candidate_steps, "
-                    f"not {json.dumps(entry) if entry is None else type(entry).__name__}")
+        return f"must be a JSON object of batch-size tiers like {example}, not {_json_kind(tiers)}"
+    entries = [(f"tier {key!r}", entry) for key, entry in tiers.items() if key.isdigit()]
+    for where, entry in entries:
+        if not isinstance(entry, dict):
+            return f"{where} must be an object with candidate_steps, not {_json_kind(entry)}"
+    # 0.5.12 reads one flat object: its candidate_steps sit at the top
+    for where, entry in [*entries, ("the top level", tiers)]:
+        steps = entry.get("candidate_steps")
+        if isinstance(steps, list) and any(isinstance(s, bool) for s in steps):
+            return f"{where}: candidate_steps must be JSON integers, not booleans: {json.dumps(steps)}"
     return None
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type, as a user wrote it."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (dict, "an object"), (list, "an array"), (str, "a string"),
+                       ((int, float), "a number")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__  # pragma: no cover - json.loads makes nothing else
 
 
 def _cache_key(release: str, argv: Sequence[str], files: dict[str, str], policy: SpecflipPolicy | None) -> str:
@@ -346,6 +363,12 @@ def main(args: argparse.Namespace, *, owns_process: bool = False) -> int:
     # Importing SGLang allocates ~400k container objects and the cyclic collector re-scans them over and over
     # (about 1 s of a cold run here). A one-shot process needs no collection: the OS reclaims it all at exit.
     gc.disable()
+    # SGLang's quantization and MoE modules, which its resolution pipeline imports (configs/model_config), wrap
+    # kernels in torch.compile at import; each wrap loads TorchInductor and Dynamo's repro tooling (about 1.3 s
+    # of a cold run here). lint compiles and runs nothing, so in its own process torch's documented switch makes
+    # torch.compile return the function as it is; ServerArgs and the sizing read are unchanged (a test compares
+    # this process's sizing with an in-process one). Never set for in-process callers, e.g. a starting server.
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     code = _run(args)
     _exit_now(code)
     return code  # pragma: no cover - _exit_now does not return

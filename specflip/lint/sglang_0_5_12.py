@@ -64,7 +64,7 @@ def adaptive_candidates(config: Any, launch_steps: int) -> tuple[int, ...]:
         raise LintInputError(f"0.5.12 reads the adaptive config as one JSON object "
                              f"(e.g. {{\"candidate_steps\": [1, 3]}}), not a {type(config).__name__}")
     raw = config.get("candidate_steps", list(DEFAULT_CANDIDATE_STEPS))
-    if not isinstance(raw, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in raw):
+    if not isinstance(raw, list) or not all(_is_step(s) for s in raw):
         raise LintInputError(f"candidate_steps must be a list of non-negative integers, got {json.dumps(raw)}")
     return tuple(sorted({*raw, launch_steps}))
 
@@ -120,7 +120,10 @@ def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:
 
         parser = RaisingParser(prog="sglang serve", add_help=False)
         ServerArgs.add_cli_args(parser)
-        parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
+        parsed = parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
+        if parsed.speculative_adaptive and parsed.speculative_adaptive_config:
+            # a malformed file is bad input even where resolution will drop --speculative-adaptive (as on 0.5.23)
+            _check_adaptive_config(parsed.speculative_adaptive_config, parsed.speculative_num_steps or 0)
         try:
             server_args = prepare_server_args(list(argv))
         except (ValueError, NotImplementedError, AssertionError, TypeError, AttributeError, KeyError) as exc:
@@ -145,11 +148,7 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
     given_adaptive = bool(getattr(sa, "_specflip_given_adaptive", False))
     config: Any = None
     if sa.speculative_adaptive and sa.speculative_adaptive_config:
-        try:
-            with open(sa.speculative_adaptive_config) as f:
-                config = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise LintInputError(f"cannot read the adaptive config {sa.speculative_adaptive_config}: {exc}") from None
+        config = _read_adaptive_config(sa.speculative_adaptive_config)
     refusals = []
     if given_adaptive and not sa.speculative_adaptive:
         from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
@@ -163,6 +162,37 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
         draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive),
         adaptive_config=config, max_running_requests=sa.max_running_requests, cuda_graph_bs=graphs,
         overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip)
+
+
+def _check_adaptive_config(path: str, launch_steps: int) -> None:
+    """LintInputError for a malformed adaptive config: what 0.5.12 fails on, and tier entries ("1": {...}, the
+    0.5.16+ format) that are malformed. 0.5.12 ignores tier keys, but a broken tiers file is bad input on every
+    line, as it is where resolution drops --speculative-adaptive."""
+    config = _read_adaptive_config(path)
+    try:
+        adaptive_candidates(config, launch_steps)
+        for key, entry in config.items():
+            if not key.isdigit():
+                continue
+            steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+            if not isinstance(steps, list) or not steps or not all(_is_step(s) for s in steps):
+                raise LintInputError(f"tier {key!r}: candidate_steps must be a non-empty list of non-negative "
+                                     f"integers, got {json.dumps(steps)}")
+    except LintInputError as exc:
+        raise LintInputError(f"the adaptive config {path}: {exc}") from None
+
+
+def _is_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _read_adaptive_config(path: str) -> Any:
+    """The adaptive config as 0.5.12's `load_adaptive_config` reads it (json.load)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise LintInputError(f"cannot read the adaptive config {path}: {exc}") from None
 
 
 def launch_value(server_args: Any, attribute: str) -> Any:

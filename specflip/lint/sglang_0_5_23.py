@@ -5,7 +5,10 @@ Paths are relative to the installed `sglang/srt/`. Per state, the adapter publis
 moves the spec bag to that state exactly as the adaptive switch does (`EAGLEWorkerV2.apply_runtime_state`:
 `get_context().override(..., speculative_num_steps=, speculative_num_draft_tokens=)`), then asks:
   - `mem_cache/allocation_sizing.get_alloc_len_per_decode()`  KV reserve per decode (x2: get_alloc_reserve_per_decode)
-  - `speculative/spec_utils.resolve_num_tokens_per_req(phase="target_verify" | "draft_extend")`  graph widths
+  - the graph widths `speculative/spec_utils.resolve_num_tokens_per_req(phase="target_verify" | "draft_extend")`
+    derives, read from what it reads (`tokens_per_req`: the spec bag's draft tokens, and
+    `SpeculativeAlgorithm.get_num_tokens_per_req_for_target_verify`); importing spec_utils itself costs about 1 s
+    (grammar backend, OpenAI protocol models) of a cold lint, and tests/test_lint.py checks the two agree
   - `speculative/adaptive_spec_params.AdaptiveSpeculativeParams.cuda_graph_bs_for_step`  graphs captured per state
   - `speculative/adaptive_spec_params.adaptive_unsupported_reason`  SGLang's refusal of adaptive
 The logits-buffer size follows `model_executor/model_runner.ModelRunner.max_decode_logits_rows` (max over the
@@ -91,7 +94,6 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
         adaptive_unsupported_reason,
     )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_utils import resolve_num_tokens_per_req
 
     cfg = resolving_view(server_args)
     if cfg.speculative_algorithm is None:
@@ -139,9 +141,8 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
                 graph_bs = tuple(capture_bs)
             states.append(StepSizing(
                 steps=steps, draft_tokens=draft, alloc_len=int(get_alloc_len_per_decode()),
-                verify_width=int(resolve_num_tokens_per_req(phase="target_verify", spec_algorithm=algo,
-                                                            num_draft_tokens=draft)),
-                draft_extend_width=int(resolve_num_tokens_per_req(phase="draft_extend")),
+                verify_width=tokens_per_req("target_verify", algo, draft),
+                draft_extend_width=tokens_per_req("draft_extend", algo),
                 graph_bs=graph_bs))
         logits_rows = _logits_rows(cfg, algo, capture_bs, [s.draft_tokens for s in states] if adaptive else [],
                                    runtime_context.max_speculative_num_draft_tokens())
@@ -175,13 +176,27 @@ def _capture_bs(cfg: Any, max_running: int) -> list[int]:
 def _logits_rows(cfg: Any, algo: Any, capture_bs: list[int], tier_draft_tokens: list[int],
                  max_draft: int | None) -> int:
     """ModelRunner.max_decode_logits_rows: the launch bound and every adaptive tier, max(capture_bs) x width."""
-    from sglang.srt.speculative.spec_utils import resolve_num_tokens_per_req
-
     if not capture_bs:
         return 0
     counts = [max_draft or 1, *tier_draft_tokens]
-    return max(max(capture_bs) * int(resolve_num_tokens_per_req(phase="target_verify", spec_algorithm=algo,
-                                                                num_draft_tokens=d)) for d in counts)
+    return max(max(capture_bs) * tokens_per_req("target_verify", algo, d) for d in counts)
+
+
+def tokens_per_req(phase: str, algo: Any, num_draft_tokens: int | None = None) -> int:
+    """`speculative/spec_utils.resolve_num_tokens_per_req(phase=...)` for the target's graphs (not a draft
+    worker), read from what it reads: the published spec bag and the algorithm's own target-verify hook.
+    spec_utils is not imported for it: its module imports (grammar backend, OpenAI protocol models, the
+    speculative kernels) cost about 1 s of a cold lint, and its function is these lines.
+    tests/test_lint.py::test_tokens_per_req_is_sglangs_resolve_num_tokens_per_req holds the two together."""
+    from sglang.srt.runtime_context import get_spec
+
+    spec = get_spec()
+    if phase == "draft_extend":
+        return int(spec.speculative_num_draft_tokens)
+    if phase == "target_verify":
+        draft = spec.speculative_num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        return int(algo.get_num_tokens_per_req_for_target_verify(draft, False))
+    raise ValueError(f"lint reads no {phase!r} width")
 
 
 def launch_value(server_args: Any, attribute: str) -> Any:
