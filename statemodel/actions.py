@@ -406,8 +406,8 @@ def result_rows(state: State) -> tuple[int, ...]:
     A request finished (or done) since the step launched is skipped (batch_result_processor
     _resolve_spec_v2_tokens: `if req.finished() ... continue`); a retracted one left the result."""
     requests = state.requests
-    return tuple(rid for rid in state.unprocessed[0].rids
-                 if requests[rid].status is Status.RUNNING and not requests[rid].done)
+    return tuple([rid for rid in state.unprocessed[0].rids
+                  if requests[rid].status is Status.RUNNING and not requests[rid].done])
 
 
 def _process_result_choices(state: State) -> list[Action]:
