@@ -14,20 +14,38 @@ own steps (`GuardRuntime.run`), the figure that does not depend on the stand-ins
 OMP_NUM_THREADS=1 on a busy machine: torch's spinning worker threads slow the stand-ins' tensor ops
 by orders of magnitude when the cores are oversubscribed.
 
+`--loop overlap` drives SGLang's overlap schedule instead (tests/overlap_loop.py: what a GPU server runs, the
+switch's design): one step is one `event_loop_overlap` iteration, the result processing of the step before
+included. `--clock cpu` times with the scheduler thread's CPU time (`time.thread_time`): on a machine shared with
+other work the wall clock counts the time the thread waited for a core.
+
+`--against REF` measures the guard of git revision REF (exported with `git archive` into a temporary folder) and
+of this checkout side by side: rounds alternate between the two (each a fresh process), so that a change in the
+machine's load falls on both; each cell keeps the fastest round per side. Only assert mode's in-guard time.
+
     .venv/bin/python bench/bench_guard.py [--steps N] [--sizes 1,16,64,256] [--repeat R]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --against main --rounds 3 --clock cpu [--loop overlap]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[1]
+# the code measured: this checkout, or the tree --tree names (the other side of --against)
+REPO = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys.argv[:-1] else HERE
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "stand_ins" / "cpu")]
 warnings.simplefilter("ignore")
 
@@ -37,24 +55,39 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per cell")
     parser.add_argument("--sizes", default="1,16,64,256")
     parser.add_argument("--repeat", type=int, default=3, help="timings per cell; the fastest is kept")
+    parser.add_argument("--loop", choices=("normal", "overlap"), default="normal",
+                        help="the scheduler loop driven: normal (CATCH_UP) or overlap (the switch's V2_SWITCH)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: time.perf_counter; cpu: the thread's CPU time (time.thread_time)")
+    parser.add_argument("--against", metavar="REF", help="a git revision measured side by side with this checkout")
+    parser.add_argument("--rounds", type=int, default=3, help="--against: alternating rounds per side")
+    parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one line: the cells (--against)
+    parser.add_argument("--assert-only", action="store_true", help=argparse.SUPPRESS)  # (--against)
     args = parser.parse_args()
+    if args.against:
+        against(args)
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
 
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
     from shim.guard.core import Mode
-    from statemodel.designs import CATCH_UP
+    from statemodel.designs import CATCH_UP, V2_SWITCH
+
+    design = V2_SWITCH if args.loop == "overlap" else CATCH_UP
 
     runtime = gf.install_guard_plugin()
     in_guard = [0.0]
     run = runtime.run
 
     def timed_run(fn: object, *a: object, **k: object) -> None:
-        started = time.perf_counter()
+        started = clock()
         try:
             run(fn, *a, **k)  # type: ignore[arg-type]
         finally:
-            in_guard[0] += time.perf_counter() - started
+            in_guard[0] += clock() - started
 
     runtime.run = timed_run  # type: ignore[method-assign]
     model_dir = h.write_tiny_model_config()
@@ -64,26 +97,21 @@ def main() -> None:
         for kind in ("spec", "plain"):
             cells: dict[str, float] = {}
             for _ in range(args.repeat):
-                for label in ("unguarded", "assert", "trace"):
+                for label in ("assert",) if args.assert_only else ("unguarded", "assert", "trace"):
                     runtime.reset()
                     runtime.paused = label == "unguarded"
                     runtime.disabled_reason = None
                     runtime.mode = Mode.TRACE if label == "trace" else Mode.ASSERT
-                    runtime.design_name = CATCH_UP.name
+                    runtime.design_name = design.name
                     runtime.trace_template = str(trace_dir / f"{size}-{kind}.jsonl") if label == "trace" else None
                     steps = args.steps
-                    pools = gf.eagle_pools(model_dir, num_steps=3, kv_size=size * (size // 2 + steps * 6 + 80) + 64,
-                                           max_reqs=size + 1, max_running_requests=size + 1)
-                    drv = gf.DesignDriver(pools, CATCH_UP)
-                    drv.admit(gf.make_reqs("b", size, max_new_tokens=10 * steps + 10))
-                    if kind == "plain":
-                        drv.flip_off()
-                    drv.decode(accepts=[2])  # warm-up
+                    step = _overlap_steps(gf, h, model_dir, size, steps, kind) if args.loop == "overlap" \
+                        else _normal_steps(gf, model_dir, size, steps, kind, design)
                     in_guard[0] = 0.0
-                    started = time.perf_counter()
+                    started = clock()
                     for _ in range(steps):
-                        drv.decode(accepts=[2])
-                    step_us = (time.perf_counter() - started) / steps * 1e6
+                        step()
+                    step_us = (clock() - started) / steps * 1e6
                     cells[label] = min(cells.get(label, step_us), step_us)
                     if label != "unguarded":
                         guard_us = in_guard[0] / steps * 1e6
@@ -91,6 +119,9 @@ def main() -> None:
             rows.append((size, kind, cells))
     runtime.reset()
     runtime.paused = True
+    if args.json:
+        print(json.dumps([[size, kind, c] for size, kind, c in rows]))
+        return
     print(f"guard cost per decode step, sglang 0.5.23 objects on CPU, {args.steps} steps per cell, fastest of "
           f"{args.repeat} (microseconds)")
     print(f"{'batch':>5} {'step':>5} {'unguarded':>10} {'assert':>10} {'trace':>10} {'assert/x':>9} {'trace/x':>8}"
@@ -100,6 +131,73 @@ def main() -> None:
         print(f"{size:>5} {kind:>5} {base:>10.0f} {c['assert']:>10.0f} {c['trace']:>10.0f} "
               f"{c['assert'] / base:>9.2f} {c['trace'] / base:>8.2f} {c['assert'] - base:>10.0f} "
               f"{c['trace'] - base:>10.0f} {c['assert in']:>10.0f} {c['trace in']:>10.0f}")
+
+
+def _normal_steps(gf: Any, model_dir: Path, size: int, steps: int, kind: str, design: Any) -> Callable[[], Any]:
+    """The normal loop (tests/guard_fixtures.py DesignDriver): `size` requests decoding, speculation off for
+    "plain"; returns one decode step, warmed up once."""
+    pools = gf.eagle_pools(model_dir, num_steps=3, kv_size=size * (size // 2 + steps * 6 + 80) + 64,
+                           max_reqs=size + 1, max_running_requests=size + 1)
+    drv = gf.DesignDriver(pools, design)
+    drv.admit(gf.make_reqs("b", size, max_new_tokens=10 * steps + 10))
+    if kind == "plain":
+        drv.flip_off()
+    drv.decode(accepts=[2])  # warm-up
+    return lambda: drv.decode(accepts=[2])
+
+
+def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind: str) -> Callable[[], Any]:
+    """The overlap loop (tests/overlap_loop.py OverlapDriver, the switch's design): `size` requests decoding,
+    speculation flipped off for "plain"; returns one loop iteration, warmed up."""
+    from statemodel.designs import V2_SWITCH
+
+    ol = importlib.import_module("overlap_loop")
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
+                            num_draft_tokens=4, max_running_requests=size + 1)
+    sa.disable_overlap_schedule = False
+    pools = h.build_pools(sa, kv_size=size * (size // 2 + steps * 8 + 80) + 64, max_reqs=size + 1)
+    drv = ol.OverlapDriver(pools, V2_SWITCH)
+    drv.add(gf.make_reqs("b", size, max_new_tokens=10 * steps + 20))
+    for _ in range(3):  # prefill, merge, the first decode steps
+        drv.iteration()
+    if kind == "plain":
+        drv.iteration(flip="off")
+    for _ in range(2):
+        drv.iteration()
+    return drv.iteration
+
+
+def against(args: argparse.Namespace) -> None:
+    """Side by side: REF's guard (git archive into a temporary folder) and this checkout's, alternating rounds."""
+    base = Path(tempfile.mkdtemp(prefix="specflip-bench-base-"))
+    archive = subprocess.run(["git", "-C", str(HERE), "archive", args.against], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"bench_guard: git archive {args.against}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+    common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
+              "--sizes", args.sizes, "--repeat", str(args.repeat), "--loop", args.loop, "--clock", args.clock]
+    best: dict[tuple[str, int, str], float] = {}
+    loads = []
+    try:
+        for _ in range(args.rounds):
+            for side, tree in (("base", base), ("branch", HERE)):
+                loads.append(os.getloadavg()[0])
+                out = subprocess.run([*common, "--tree", str(tree)], capture_output=True, text=True, check=False)
+                if out.returncode != 0:
+                    raise SystemExit(f"bench_guard: the {side} run failed: {out.stderr.strip().splitlines()[-1:]}")
+                for size, kind, cells in json.loads(out.stdout.strip().splitlines()[-1]):
+                    key = (side, size, kind)
+                    best[key] = min(best.get(key, cells["assert in"]), cells["assert in"])
+    finally:
+        shutil.rmtree(base)  # the export this run made
+    print(f"in-guard time per decode step, assert mode, {args.loop} loop, {args.clock} clock, {args.steps} steps, "
+          f"fastest of {args.rounds} alternating rounds x {args.repeat} (microseconds); {args.against} -> this "
+          f"checkout; 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
+    print(f"{'batch':>5} {'step':>5} {args.against:>10} {'branch':>10} {'ratio':>6}")
+    for size in [int(s) for s in args.sizes.split(",")]:
+        for kind in ("spec", "plain"):
+            old, new = best[("base", size, kind)], best[("branch", size, kind)]
+            print(f"{size:>5} {kind:>5} {old:>10.0f} {new:>10.0f} {new / old:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -406,8 +406,8 @@ def result_rows(state: State) -> tuple[int, ...]:
     A request finished (or done) since the step launched is skipped (batch_result_processor
     _resolve_spec_v2_tokens: `if req.finished() ... continue`); a retracted one left the result."""
     requests = state.requests
-    return tuple(rid for rid in state.unprocessed[0].rids
-                 if requests[rid].status is Status.RUNNING and not requests[rid].done)
+    return tuple([rid for rid in state.unprocessed[0].rids
+                  if requests[rid].status is Status.RUNNING and not requests[rid].done])
 
 
 def _process_result_choices(state: State) -> list[Action]:
@@ -852,26 +852,35 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     rids = state.running.rids
     running = state.running
     worker = running  # the batch the target forward runs on
-    changed: dict[int, Request] = {}
+    # the EagleDraftInput on the ScheduleBatch held the hidden states the next draft needs
+    clears_hidden = design.clear_spec_on is ClearSpecOn.SCHEDULER_BATCH
     if design.clear_spec_on is ClearSpecOn.WORKER_COPY:
         worker = running.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
-    elif design.clear_spec_on is ClearSpecOn.SCHEDULER_BATCH:
+    elif clears_hidden:
         running = running.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
         worker = running
-        # the EagleDraftInput on the ScheduleBatch held the hidden states the next draft needs
-        changed = {rid: state.req(rid).replace(draft_hidden_ready=False) for rid in rids}
-    kv_free = state.kv_free
-    if design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE:
-        # out_cache_loc = req_to_token[req_pool_indices, seq_lens]: one reserved slot per request
-        # becomes held; a request without one contributes no slot
-        have = 0
-        for rid in rids:
-            r = changed.get(rid, state.req(rid))
-            if r.kv_reserved:
+    # out_cache_loc = req_to_token[req_pool_indices, seq_lens]: one reserved slot per request becomes held; a
+    # request without one contributes no slot
+    from_reserve = design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE
+    growth = 2 if design.plain_step_advances_seq_lens_twice else 1
+    # seq_lens move at launch; under overlap the token reaches the output when the result is processed
+    committed = 0 if scope.overlap else 1
+    have = 0
+    changed: dict[int, Request] = {}
+    requests = state.requests
+    for rid in rids:  # each request rebuilt once, with every field the step moves
+        r = requests[rid]
+        held, reserved = r.kv_held, r.kv_reserved
+        if from_reserve:
+            if reserved:
                 have += 1
-                changed[rid] = r.replace(kv_reserved=r.kv_reserved - 1, kv_held=r.kv_held + 1)
+                held, reserved = held + 1, reserved - 1
             elif r.status is Status.FINISHED:
                 have += 1  # released after this step was prepared (overlap): its row still reads req_to_token
+        changed[rid] = r.replace(seq_len=r.seq_len + growth, committed=r.committed + committed, kv_held=held,
+                                 kv_reserved=reserved, draft_hidden_ready=False if clears_hidden else None)
+    kv_free = state.kv_free
+    if from_reserve:
         worker = worker.replace(out_cache_loc_width=have)
     elif design.out_cache_loc_from is OutCacheLocFrom.TUPLE_UNPACK:
         # alloc_token_slots(..., backup_state=False) returns one tensor of len(rids) slots: unpacking
@@ -880,13 +889,6 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
         worker = worker.replace(out_cache_loc_width=1 if len(rids) == 2 else -1)
     worker = worker.replace(forward_mode=ForwardMode.DECODE)
     worker = worker.replace(graph=_select_graph(worker, design, scope, state.num_steps + 1))
-    growth = 2 if design.plain_step_advances_seq_lens_twice else 1
-    # seq_lens move at launch; under overlap the token reaches the output when the result is processed
-    committed = 0 if scope.overlap else 1
-    requests = state.requests
-    for rid in rids:
-        r = changed.get(rid) or requests[rid]
-        changed[rid] = r.replace(seq_len=r.seq_len + growth, committed=r.committed + committed)
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     unprocessed = (*state.unprocessed, Unprocessed(rids, None)) if scope.overlap else state.unprocessed
     return state.replace(requests=state.with_requests(changed), running=running, launched=worker,

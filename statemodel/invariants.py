@@ -122,6 +122,7 @@ def shapes_agree(state: State, scope: Scope) -> list[Violation]:
 
 
 _HOLD_NO_KV = (Status.FINISHED, Status.NOT_ARRIVED, Status.WAITING)
+_HOLDS_NO_KV = frozenset(_HOLD_NO_KV)  # Status hashes by identity: a set test is one lookup
 
 
 def kv_conservation(state: State, scope: Scope) -> list[Violation]:
@@ -138,14 +139,13 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
             f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
             expected=str(state.kv_pool_size), actual=str(accounted),
         ))
-    for r in state.requests:
-        # the cheap test first: most requests hold KV and are running
-        if (r.kv_held or r.kv_reserved) and r.status in _HOLD_NO_KV:
-            problems.append(Violation(
-                "kv_conservation",
-                f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
-                (r.rid,), expected="0", actual=str(r.kv_held + r.kv_reserved),
-            ))
+    # one comprehension (most requests hold KV and are running: the status test first rules them out)
+    for r in [r for r in state.requests if r.status in _HOLDS_NO_KV and (r.kv_held or r.kv_reserved)]:
+        problems.append(Violation(
+            "kv_conservation",
+            f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
+            (r.rid,), expected="0", actual=str(r.kv_held + r.kv_reserved),
+        ))
     if state.prefix_cache:  # radix cache: only a request holding KV locks tree tokens, and only cached ones
         problems.extend(Violation(
             "kv_conservation",
@@ -214,9 +214,19 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
     expected_growth = _expected_growth(before, action, design, scope)
     if not expected_growth and before.requests is after.requests:
         return []  # no request changed, and none had to
+    before_requests, after_requests = before.requests, after.requests
+    if len(before_requests) == len(after_requests):
+        # the common case as one comprehension: every request grew by what it had to (the loop below finds nothing)
+        grown = [b.seq_len - a.seq_len for a, b in zip(before_requests, after_requests, strict=True)]
+        if expected_growth:
+            get = expected_growth.get
+            if grown == [get(a.rid, 0) for a in before_requests]:
+                return []
+        elif not any(grown):
+            return []
     problems = []
     get = expected_growth.get
-    for a, b in zip(before.requests, after.requests, strict=True):
+    for a, b in zip(before_requests, after_requests, strict=True):
         want = get(a.rid, 0) if expected_growth else 0
         if a is b and not want:
             continue  # the same request object: it did not grow, and need not
@@ -316,8 +326,7 @@ def committed_never_lost(before: State, action: Action, after: State, scope: Sco
     """No step takes away an output token a request has committed, retraction included."""
     if before.requests is after.requests:
         return []
-    lost = [(a, b) for a, b in zip(before.requests, after.requests, strict=True)
-            if a is not b and b.committed < a.committed]
+    lost = [(a, b) for a, b in zip(before.requests, after.requests, strict=True) if b.committed < a.committed]
     return [Violation(
         "committed_never_lost",
         f"{action.name} dropped request {a.rid}'s output from {a.committed} to {b.committed} tokens",

@@ -491,7 +491,7 @@ class V2Adapter:
             if ref is not None and ref is not batch:
                 return  # a batch other than the running one (e.g. a prefill batch dropping its chunked req)
             self.remember_running(batch)
-            g.filter(self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch))
+            g.filter(self.observe_batch(batch), lambda: (self.observe_requests(batch), self.batch_pool(batch)))
         self._with_guard(after)
         return result
 

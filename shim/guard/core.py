@@ -144,10 +144,13 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         new = attrs.evolve(self.state, running=self._running_from(self.state.running, running))
         self._refine(new, where)
 
-    def filter(self, running: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
+    def filter(self, running: ObservedBatch, observe: Callable[[], tuple[list[ObservedRequest], ObservedPool]],
                *, where: str = "ScheduleBatch.filter_batch") -> None:
+        """`running.filter_batch()` ran. `observe` reads the batch's requests and the pool: only when the filter is
+        a step (SGLang filters the running batch every iteration; mostly nothing leaves it)."""
         self.settle_round()
-        observed = tuple(self.index.get(r, -1) for r in running.rids)
+        get = self.index.get
+        observed = tuple([get(r, -1) for r in running.rids])
         pending = self.state.pending
         if pending is not None and self.state.running.rids and set(observed) <= set(pending.rids):
             state = self.state
@@ -155,11 +158,12 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
                 # the prefilled batch filtering itself before merge_batch (get_next_batch_to_run); left empty
                 # (every request done at its prefill), SGLang drops it: the model's merge of finished requests
                 if not observed:
-                    self._transition(Action("merge_batch"), where, pool=pool)
+                    self._transition(Action("merge_batch"), where, pool=observe()[1])
                 return
         self._merge_pending_implicitly(running)
         if observed == self.state.running.rids:
             return  # nothing left the batch (retract already shrank it): not a transition
+        reqs, pool = observe()
         self._transition(Action("filter_batch"), where, running=running, reqs=reqs, pool=pool)
         self._compact()
 
