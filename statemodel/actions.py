@@ -646,7 +646,7 @@ def _filter_batch(state: State, action: Action, design: Design, scope: Scope) ->
 def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
     spec = batch.spec_info
     if spec.kind is not SpecInfoKind.NONE:
-        spec = attrs.evolve(spec, rows=spec.rows - (batch.size - len(keep)))
+        spec = SpecInfo(spec.kind, spec.rows - (batch.size - len(keep)), spec.tokens_per_row)
     return batch.replace(rids=keep, spec_info=spec if keep else SpecInfo.none())
 
 

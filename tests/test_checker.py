@@ -81,8 +81,8 @@ def test_a_step_invariant_broken_only_on_an_edge_into_a_visited_state_is_found(m
 
     search = Search(model.init_states(), model_successors(model))
     edges = list(search.edges())
-    assert not any(model.check_step(before, action, after) for before, action, after, new in edges if new)
-    into_visited = [(b, a, c) for b, a, c, new in edges if not new and model.check_transition(b, a, c)]
+    assert not any(model.check_step(before, action, after) for before, action, after, new, _ in edges if new)
+    into_visited = [(b, a, c) for b, a, c, new, _ in edges if not new and model.check_transition(b, a, c)]
     assert into_visited and all(a.name == "plain_decode" and b == c for b, a, c in into_visited)
 
     result = check(model)
@@ -128,7 +128,7 @@ def _unlike_behaviours(model: Model, max_states: int = 4000, twins_of=None, own_
     to compare `state` with (default: its finished requests' dead fields scrambled)."""
     found = []
     sometimes = model.sometimes()
-    for state, _, _, new in Search(model.init_states(), model_successors(model), max_nodes=max_states).edges():
+    for state, _, _, new, _ in Search(model.init_states(), model_successors(model), max_nodes=max_states).edges():
         if not new:
             continue
         for twin in (twins_of(model, state) if twins_of else [_dead_fields_scrambled(state)]):
