@@ -153,17 +153,19 @@ def count_up_to_batch_order(model: Model) -> int:
     return len(seen)
 
 
-def time_hypothesis(design: Design, seed: int, shrink: bool) -> tuple[float, int]:
+def time_hypothesis(design: Design, seed: int, shrink: bool) -> tuple[float, float, int]:
+    """Wall and CPU seconds until Hypothesis raised the design's first counterexample (finding only, or finding and
+    shrinking it), and the steps of the one it reports; nan, nan, 0 if it found none."""
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     conf = settings(max_examples=20_000, stateful_step_count=80, deadline=None, database=None, phases=phases,
                     suppress_health_check=list(HealthCheck))
     machine = machine_for(design)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     try:
         run_state_machine_as_test(hyp_seed(seed)(machine), settings=conf)
     except ModelViolation as exc:
-        return time.perf_counter() - started, len(exc.steps)
-    return float("nan"), 0
+        return time.perf_counter() - started, time.process_time() - cpu_started, len(exc.steps)
+    return float("nan"), float("nan"), 0
 
 
 def _summary(r: Result) -> tuple[str | None, int]:
@@ -287,31 +289,45 @@ def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # n
 
 
 def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
-    print(f"{'known-bad design':32s} {'BFS s':>8s} {'steps':>5s} {'Hyp find s':>10s} {'Hyp+shrink s':>12s} "
-          f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s}")
+    """Time to each known-bad design's first counterexample: the checker's (a shortest one) against Hypothesis
+    finding one, and finding and shrinking one. CPU seconds are the comparison (the machine is shared); wall
+    seconds are printed beside them."""
+    print(f"{'known-bad design':32s} {'BFS cpu':>8s} {'steps':>5s} {'Hyp find cpu':>12s} {'Hyp+shrink cpu':>14s} "
+          f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s} | wall: {'BFS':>6s} {'find':>7s} {'+shrink':>8s}")
     rows = []
     for design in KNOWN_BAD:
         bfs_runs = [check(Model(design, Scope())) for _ in range(repeat)]
         bfs = statistics.median(r.seconds for r in bfs_runs)
+        bfs_cpu = statistics.median(r.cpu_seconds for r in bfs_runs)
         find = [time_hypothesis(design, seed, shrink=False) for seed in range(repeat)]
         shrunk = [time_hypothesis(design, seed, shrink=True) for seed in range(repeat)]
-        find_s = statistics.median(t for t, _ in find)
-        shrink_s = statistics.median(t for t, _ in shrunk)
-        steps = statistics.median(n for _, n in shrunk)
-        print(f"{design.name:32s} {bfs:8.3f} {len(bfs_runs[0].trace):5d} {find_s:10.3f} {shrink_s:12.3f} "
-              f"{steps:5.0f} {find_s / bfs:9.1f} {shrink_s / bfs:10.1f}", flush=True)
+        find_s, find_cpu = statistics.median(t for t, _, _ in find), statistics.median(c for _, c, _ in find)
+        shrink_s, shrink_cpu = statistics.median(t for t, _, _ in shrunk), statistics.median(c for _, c, _ in shrunk)
+        steps = statistics.median(n for _, _, n in shrunk)
+        print(f"{design.name:32s} {bfs_cpu:8.3f} {len(bfs_runs[0].trace):5d} {find_cpu:12.3f} {shrink_cpu:14.3f} "
+              f"{steps:5.0f} {find_cpu / bfs_cpu:9.1f} {shrink_cpu / bfs_cpu:10.1f} | wall: {bfs:6.3f} {find_s:7.3f} "
+              f"{shrink_s:8.3f}", flush=True)
         rows.append({
-            "design": design.name, "bfs_seconds": bfs, "bfs_steps": len(bfs_runs[0].trace),
-            "hypothesis_find_seconds": find_s, "hypothesis_shrink_seconds": shrink_s,
-            "hypothesis_steps_after_shrink": steps, "find_ratio": find_s / bfs, "shrink_ratio": shrink_s / bfs,
+            "design": design.name, "bfs_seconds": bfs, "bfs_cpu_seconds": bfs_cpu, "bfs_steps": len(bfs_runs[0].trace),
+            "hypothesis_find_seconds": find_s, "hypothesis_find_cpu_seconds": find_cpu,
+            "hypothesis_shrink_seconds": shrink_s, "hypothesis_shrink_cpu_seconds": shrink_cpu,
+            "hypothesis_steps_after_shrink": steps, "find_ratio_cpu": find_cpu / bfs_cpu,
+            "shrink_ratio_cpu": shrink_cpu / bfs_cpu,
         })
-    total_bfs = sum(r["bfs_seconds"] for r in rows)
-    total_find = sum(r["hypothesis_find_seconds"] for r in rows)
-    total_shrink = sum(r["hypothesis_shrink_seconds"] for r in rows)
-    print(f"all {len(rows)} known-bad designs: checker {total_bfs:.2f} s, Hypothesis finding {total_find:.2f} s "
-          f"({total_find / total_bfs:.1f}x), finding + shrinking {total_shrink:.2f} s "
-          f"({total_shrink / total_bfs:.1f}x)")
+    totals = {key: sum(r[key] for r in rows) for key in (
+        "bfs_seconds", "bfs_cpu_seconds", "hypothesis_find_seconds", "hypothesis_find_cpu_seconds",
+        "hypothesis_shrink_seconds", "hypothesis_shrink_cpu_seconds")}
+    t = totals
+    print(f"all {len(rows)} known-bad designs, CPU: checker {t['bfs_cpu_seconds']:.2f} s, Hypothesis finding "
+          f"{t['hypothesis_find_cpu_seconds']:.2f} s ({t['hypothesis_find_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x), "
+          f"finding + shrinking {t['hypothesis_shrink_cpu_seconds']:.2f} s "
+          f"({t['hypothesis_shrink_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x); wall: "
+          f"checker {t['bfs_seconds']:.2f} s, "
+          f"finding {t['hypothesis_find_seconds']:.2f} s ({t['hypothesis_find_seconds'] / t['bfs_seconds']:.1f}x), "
+          f"finding + shrinking {t['hypothesis_shrink_seconds']:.2f} s "
+          f"({t['hypothesis_shrink_seconds'] / t['bfs_seconds']:.1f}x)")
     figures["known_bad"] = rows
+    figures["known_bad_totals"] = totals
 
 
 def main() -> int:

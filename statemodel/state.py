@@ -316,8 +316,10 @@ class State:
     def with_requests(self, changed: dict[int, Request]) -> tuple[Request, ...]:
         if not changed:
             return self.requests
-        get = changed.get
-        return tuple([get(r.rid, r) for r in self.requests])
+        requests = list(self.requests)
+        for rid, r in changed.items():
+            requests[rid] = r  # requests[rid] is request rid (State.req)
+        return tuple(requests)
 
     def waiting(self) -> list[Request]:
         return [r for r in self.requests if r.status in (Status.WAITING, Status.PREFILLING)]

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from proofs.bfs import Search, check, model_successors
-from proofs.verdicts import judge, report_markdown, run_design, run_designs, stale_reports
+from proofs.verdicts import judge, report_markdown, reported_states, run_design, run_designs, stale_reports
 from specflip.cli import DEFAULT_REPORTS, main
 from statemodel import actions, invariants
 from statemodel.design import DraftWhileOff, RequestSpec, Scope, ThresholdPolicy
@@ -37,6 +37,23 @@ def test_known_bad_design_is_refuted_with_its_invariant(design) -> None:
     assert verdict.invariant == design.expected_invariant
     last = verdict.result.trace[-1]
     assert verdict.result.violations and last.state is not None
+
+
+def test_the_pool_answers_in_order_whatever_it_starts_first(tmp_path) -> None:
+    """`expected_states` only orders the work: the verdicts come back (and reach `on_verdict`) in the order of the
+    designs, each the one `run_design` gives; the guesses come from the reports `reported_states` reads."""
+    designs = [get_design(name) for name in ("draft_kv_never_freed", "kv_reserve_by_current_steps",
+                                             "seq_lens_advanced_twice", "zero_steps_skip_draft_extend")]
+    for rank, design in enumerate(designs[:3]):  # the last has no report: it is started first
+        (tmp_path / f"{design.name}.md").write_text(f"- Explored: {rank} states (counted ...)\n")
+    seen = []
+    verdicts = run_designs(designs, lambda d: Scope(), jobs=2, on_verdict=seen.append,
+                           expected_states=reported_states(tmp_path))
+    assert [v.design.name for v in verdicts] == [v.design.name for v in seen] == [d.name for d in designs]
+    alone = [run_design(d) for d in designs]
+    assert [(v.verdict, v.result.states, len(v.result.trace)) for v in verdicts] == [
+        (v.verdict, v.result.states, len(v.result.trace)) for v in alone]
+    assert [reported_states(tmp_path)(d) for d in designs] == [0, 1, 2, None]
 
 
 @pytest.fixture(scope="module")
