@@ -152,6 +152,9 @@ def _steps_switched(before: State, action: Action, after: State) -> bool:
 
 _THRESHOLDS: dict[tuple[int, int], Thresholds] = {}
 
+# (mode, thresholds, requests not finished) -> the Thresholds the key holds: equivalent_thresholds, asked once
+_EQUIVALENT: dict[tuple[SpecMode, Thresholds, int], Thresholds] = {}
+
 # Model.dedup_key: a state's fields but the pool size, what the key forgets replaced
 DedupKey = tuple[object, ...]
 
@@ -201,9 +204,11 @@ class Model:
             requests = forgotten_requests(state, launched)
         thresholds = t = state.thresholds
         if t is not None:
-            pair = equivalent_thresholds(state.spec_mode is SpecMode.ON, t.t_off, t.t_on, len(statuses) - finished)
-            if pair != (t.t_off, t.t_on):
-                thresholds = _thresholds(pair)
+            asked = (state.spec_mode, t, len(statuses) - finished)
+            thresholds = _EQUIVALENT.get(asked)
+            if thresholds is None:
+                pair = equivalent_thresholds(state.spec_mode is SpecMode.ON, t.t_off, t.t_on, asked[2])
+                thresholds = _EQUIVALENT[asked] = t if pair == (t.t_off, t.t_on) else _thresholds(pair)
         return (requests, state.running, state.pending, launched, state.stage, state.spec_mode, state.num_steps,
                 state.kv_free, thresholds, state.unprocessed, state.prefix_cache)
 

@@ -391,12 +391,13 @@ def forgotten_requests(state: State, launched: Batch | None) -> tuple[Request, .
     finished = [r for r in requests if r.status is Status.FINISHED]
     if not finished:
         return requests
-    running, pending = state.running.rids, state.pending
+    running, pending, unprocessed = state.running.rids, state.pending, state.unprocessed
     forgotten: list[Request] | None = None
     for r in finished:
         rid = r.rid
         if (rid in running or (pending is not None and rid in pending.rids)
-                or (launched is not None and rid in launched.rids) or any(rid in u.rids for u in state.unprocessed)):
+                or (launched is not None and rid in launched.rids)
+                or (unprocessed and any(rid in u.rids for u in unprocessed))):
             continue
         f = _FORGOTTEN.get(r)
         if f is None:
