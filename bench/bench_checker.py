@@ -2,7 +2,8 @@
 to Hypothesis's.
 
     python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--design NAME ...] [--repeat N]
-                                  [--no-base] [--no-hypothesis] [--pre-issue-20] [--symmetry] [--json FILE]
+                                  [--no-base] [--no-hypothesis] [--end-to-end-only] [--pre-issue-20] [--symmetry]
+                                  [--json FILE]
 
 Everything is measured in one run on this machine, side by side:
 
@@ -223,7 +224,15 @@ def run_cli(code_root: Path, overlap: bool, jobs: int | None) -> tuple[float, fl
 
 
 def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int, jobs: int | None,
-                      figures: dict[str, object], end_to_end: bool = True) -> None:
+                      figures: dict[str, object], end_to_end: bool = True, per_design: bool = True) -> None:
+    if per_design:
+        compare_designs_with_base(base_root, designs, overlap, limit, figures)
+    if end_to_end:
+        compare_cli_with_base(base_root, overlap, jobs, figures)
+
+
+def compare_designs_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int,
+                              figures: dict[str, object]) -> None:
     print(f"{'design':40s} {'states base':>11s} {'new':>9s} {'x':>5s} {'transitions base':>16s} {'new':>9s} | "
           f"{'CPU base':>8s} {'new':>7s} {'x':>5s} | {'wall base':>9s} {'new':>7s} | verdict (base = new)")
     rows = []
@@ -243,8 +252,10 @@ def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, lim
           f"({cpu_base / cpu_new:.2f}x); verdicts "
           f"{'all the same' if all(r['same_verdict'] for r in rows) else 'DIFFER'}")
     figures["base_vs_new"] = rows
-    if not end_to_end:
-        return
+
+
+def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figures: dict[str, object]) -> None:
+    load = os.getloadavg()[0]
     base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
     new_wall, new_cpu, new_verdicts = run_cli(ROOT, overlap, jobs)
     same = [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts] == [
@@ -252,9 +263,11 @@ def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, lim
     print(f"`specflip check{' --overlap' if overlap else ''}` end to end (jobs {jobs or 'one per core'}): base "
           f"{base_wall:.1f} s wall / {base_cpu:.1f} s CPU, new {new_wall:.1f} s wall / {new_cpu:.1f} s CPU: "
           f"{base_wall / new_wall:.2f}x wall, {base_cpu / new_cpu:.2f}x CPU; verdicts "
-          f"{'the same' if same else 'DIFFER'}\n", flush=True)
+          f"{'the same' if same else 'DIFFER'} (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)\n",
+          flush=True)
     figures["cli"] = {"base_wall": base_wall, "base_cpu": base_cpu, "new_wall": new_wall, "new_cpu": new_cpu,
-                      "jobs": jobs or "cores", "same_verdicts": same}
+                      "jobs": jobs or "cores", "same_verdicts": same, "load_before": load,
+                      "load_after": os.getloadavg()[0]}
 
 
 def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # noqa: ANN001
@@ -344,6 +357,8 @@ def main() -> int:
     parser.add_argument("--no-hypothesis", dest="hypothesis", action="store_false")
     parser.add_argument("--design", action="append", help="only this design (repeatable); with it, no end-to-end "
                         "`specflip check` run")
+    parser.add_argument("--end-to-end-only", action="store_true", help="only `specflip check` end to end, base "
+                        "then new (no per-design table)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
@@ -361,7 +376,7 @@ def main() -> int:
     if args.with_base:
         with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp:
             compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures,
-                              end_to_end=not args.design)
+                              end_to_end=not args.design, per_design=not args.end_to_end_only)
     if args.pre_issue_20:
         compare_with_pre_issue_20(designs, scope_for, limit, args.symmetry, figures)
     if args.hypothesis and not args.overlap:
