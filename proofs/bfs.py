@@ -168,8 +168,8 @@ def check(model: Model, *, max_states: int = 2_000_000, progress: Progress | Non
     one of the state kept for its key. Then the step invariants are checked (`check_transition`) and the state
     invariants are known to hold: the kept state passed them when it was reached, and the two states differ only
     in what the key forgets besides that batch, which no state invariant reads (`tests/test_checker.py` compares
-    the state invariants of every pair of states the key merges, and is shown to fail on an invariant reading a
-    forgotten field)."""
+    the state invariants of the states the key merges, and is shown to fail on an invariant reading a forgotten
+    field; docs/model.md, "What the checker counts")."""
     with no_cyclic_gc():
         return _check(model, max_states, progress, progress_every)
 
