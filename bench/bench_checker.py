@@ -2,8 +2,8 @@
 to Hypothesis's.
 
     python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--design NAME ...] [--repeat N]
-                                  [--no-base] [--no-hypothesis] [--end-to-end-only] [--pre-issue-20] [--symmetry]
-                                  [--json FILE]
+                                  [--new REV] [--no-base] [--no-hypothesis] [--end-to-end-only] [--pre-issue-20]
+                                  [--symmetry] [--json FILE]
 
 Everything is measured in one run on this machine, side by side:
 
@@ -224,21 +224,22 @@ def run_cli(code_root: Path, overlap: bool, jobs: int | None) -> tuple[float, fl
 
 
 def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int, jobs: int | None,
-                      figures: dict[str, object], end_to_end: bool = True, per_design: bool = True) -> None:
+                      figures: dict[str, object], end_to_end: bool = True, per_design: bool = True,
+                      new_root: Path = ROOT) -> None:
     if per_design:
-        compare_designs_with_base(base_root, designs, overlap, limit, figures)
+        compare_designs_with_base(base_root, designs, overlap, limit, figures, new_root)
     if end_to_end:
-        compare_cli_with_base(base_root, overlap, jobs, figures)
+        compare_cli_with_base(base_root, overlap, jobs, figures, new_root)
 
 
 def compare_designs_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int,
-                              figures: dict[str, object]) -> None:
+                              figures: dict[str, object], new_root: Path = ROOT) -> None:
     print(f"{'design':40s} {'states base':>11s} {'new':>9s} {'x':>5s} {'transitions base':>16s} {'new':>9s} | "
           f"{'CPU base':>8s} {'new':>7s} {'x':>5s} | {'wall base':>9s} {'new':>7s} | verdict (base = new)")
     rows = []
     for design in designs:
         base = run_one(base_root, design.name, overlap, limit)
-        new = run_one(ROOT, design.name, overlap, limit)
+        new = run_one(new_root, design.name, overlap, limit)
         same = (base["invariant"], base["steps"], base["complete"]) == (new["invariant"], new["steps"], new["complete"])
         rows.append({"design": design.name, "base": base, "new": new, "same_verdict": same})
         print(f"{design.name:40s} {base['states']:11,d} {new['states']:9,d} {base['states'] / new['states']:5.2f} "
@@ -254,10 +255,11 @@ def compare_designs_with_base(base_root: Path, designs: list[Design], overlap: b
     figures["base_vs_new"] = rows
 
 
-def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figures: dict[str, object]) -> None:
+def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figures: dict[str, object],
+                          new_root: Path = ROOT) -> None:
     load = os.getloadavg()[0]
     base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
-    new_wall, new_cpu, new_verdicts = run_cli(ROOT, overlap, jobs)
+    new_wall, new_cpu, new_verdicts = run_cli(new_root, overlap, jobs)
     same = [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts] == [
         (d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in new_verdicts]
     print(f"`specflip check{' --overlap' if overlap else ''}` end to end (jobs {jobs or 'one per core'}): base "
@@ -347,6 +349,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="7e32e5e", help="the commit to compare with (default: 7e32e5e, the "
                         "checker before its state-count reduction and hot-path work)")
+    parser.add_argument("--new", help="check this commit's code as the new side (default: this tree, uncommitted "
+                        "changes included)")
     parser.add_argument("--no-base", dest="with_base", action="store_false")
     parser.add_argument("--repeat", type=int, default=3, help="Hypothesis runs per known-bad design")
     parser.add_argument("--jobs", type=int, help="processes for `specflip check` (default: one per core)")
@@ -369,14 +373,18 @@ def main() -> int:
         designs = [d for d in designs if d.name in args.design]
     scope_for = overlap_scope if args.overlap else (lambda d: Scope())
     limit = 12_000_000 if args.overlap else 2_000_000
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
     figures: dict[str, object] = {"scope": scope_for(designs[0]).describe(), "base": args.base,
-                                  "new": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                                        capture_output=True, text=True).stdout.strip()}
-    print(f"scope: {figures['scope']}; base {args.base}, new {figures['new']} (+ uncommitted changes, if any)\n")
+                                  "new": args.new or head}
+    print(f"scope: {figures['scope']}; base {args.base}, new "
+          f"{args.new or head + ' (+ uncommitted changes, if any)'}\n")
     if args.with_base:
-        with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp, \
+                tempfile.TemporaryDirectory(prefix="specflip-new-") as tmp_new:
+            new_root = source_tree(args.new, Path(tmp_new)) if args.new else ROOT
             compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures,
-                              end_to_end=not args.design, per_design=not args.end_to_end_only)
+                              end_to_end=not args.design, per_design=not args.end_to_end_only, new_root=new_root)
     if args.pre_issue_20:
         compare_with_pre_issue_20(designs, scope_for, limit, args.symmetry, figures)
     if args.hypothesis and not args.overlap:
