@@ -18,8 +18,9 @@ Everything is measured in one run on this machine, side by side:
   phase) and finding + shrinking, with a fixed seed per repeat.
 
 Wall and CPU seconds are both reported: the machine is shared, so wall time is noisy; CPU time is what each
-checker spent. `--symmetry` also counts the states of each shipped design with every batch's request order
-canonicalised.
+checker spent. `--symmetry` also counts the states of each shipped design by the dedup key with every batch's
+request order canonicalised (the one symmetry of the model; docs/model.md, "No symmetry reduction"). `--new REV`
+checks a commit's code as the new side, so that the tree may change while it runs.
 """
 
 from __future__ import annotations
@@ -135,11 +136,12 @@ def batch_order_canonical(state: State) -> State:
 
 
 def count_up_to_batch_order(model: Model) -> int:
-    """States of `model`, two states that differ only in the order of a batch's requests counted once."""
-    seen: set[State] = set()
+    """States of `model` as the checker counts them (`Model.dedup_key`), two states whose keys differ only in the
+    order of a batch's requests counted once: what that symmetry reduction would save (docs/model.md)."""
+    seen: set[object] = set()
     queue: deque[State] = deque()
     for init in model.init_states():
-        key = batch_order_canonical(init)
+        key = model.dedup_key(batch_order_canonical(init))
         if key not in seen:
             seen.add(key)
             queue.append(init)
@@ -147,7 +149,7 @@ def count_up_to_batch_order(model: Model) -> int:
         state = queue.popleft()
         for action in model.actions(state):
             after = model.next_state(state, action)
-            key = batch_order_canonical(after)
+            key = model.dedup_key(batch_order_canonical(after))
             if key not in seen:
                 seen.add(key)
                 queue.append(after)
