@@ -2,7 +2,8 @@
 to Hypothesis's.
 
     python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--design NAME ...] [--repeat N]
-                                  [--no-base] [--no-hypothesis] [--pre-issue-20] [--symmetry] [--json FILE]
+                                  [--new REV] [--no-base] [--no-hypothesis] [--end-to-end-only] [--pre-issue-20]
+                                  [--symmetry] [--json FILE]
 
 Everything is measured in one run on this machine, side by side:
 
@@ -17,8 +18,9 @@ Everything is measured in one run on this machine, side by side:
   phase) and finding + shrinking, with a fixed seed per repeat.
 
 Wall and CPU seconds are both reported: the machine is shared, so wall time is noisy; CPU time is what each
-checker spent. `--symmetry` also counts the states of each shipped design with every batch's request order
-canonicalised.
+checker spent. `--symmetry` also counts the states of each shipped design by the dedup key with every batch's
+request order canonicalised (the one symmetry of the model; docs/model.md, "No symmetry reduction"). `--new REV`
+checks a commit's code as the new side, so that the tree may change while it runs.
 """
 
 from __future__ import annotations
@@ -134,11 +136,12 @@ def batch_order_canonical(state: State) -> State:
 
 
 def count_up_to_batch_order(model: Model) -> int:
-    """States of `model`, two states that differ only in the order of a batch's requests counted once."""
-    seen: set[State] = set()
+    """States of `model` as the checker counts them (`Model.dedup_key`), two states whose keys differ only in the
+    order of a batch's requests counted once: what that symmetry reduction would save (docs/model.md)."""
+    seen: set[object] = set()
     queue: deque[State] = deque()
     for init in model.init_states():
-        key = batch_order_canonical(init)
+        key = model.dedup_key(batch_order_canonical(init))
         if key not in seen:
             seen.add(key)
             queue.append(init)
@@ -146,24 +149,26 @@ def count_up_to_batch_order(model: Model) -> int:
         state = queue.popleft()
         for action in model.actions(state):
             after = model.next_state(state, action)
-            key = batch_order_canonical(after)
+            key = model.dedup_key(batch_order_canonical(after))
             if key not in seen:
                 seen.add(key)
                 queue.append(after)
     return len(seen)
 
 
-def time_hypothesis(design: Design, seed: int, shrink: bool) -> tuple[float, int]:
+def time_hypothesis(design: Design, seed: int, shrink: bool) -> tuple[float, float, int]:
+    """Wall and CPU seconds until Hypothesis raised the design's first counterexample (finding only, or finding and
+    shrinking it), and the steps of the one it reports; nan, nan, 0 if it found none."""
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     conf = settings(max_examples=20_000, stateful_step_count=80, deadline=None, database=None, phases=phases,
                     suppress_health_check=list(HealthCheck))
     machine = machine_for(design)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     try:
         run_state_machine_as_test(hyp_seed(seed)(machine), settings=conf)
     except ModelViolation as exc:
-        return time.perf_counter() - started, len(exc.steps)
-    return float("nan"), 0
+        return time.perf_counter() - started, time.process_time() - cpu_started, len(exc.steps)
+    return float("nan"), float("nan"), 0
 
 
 def _summary(r: Result) -> tuple[str | None, int]:
@@ -221,13 +226,22 @@ def run_cli(code_root: Path, overlap: bool, jobs: int | None) -> tuple[float, fl
 
 
 def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int, jobs: int | None,
-                      figures: dict[str, object], end_to_end: bool = True) -> None:
+                      figures: dict[str, object], end_to_end: bool = True, per_design: bool = True,
+                      new_root: Path = ROOT) -> None:
+    if per_design:
+        compare_designs_with_base(base_root, designs, overlap, limit, figures, new_root)
+    if end_to_end:
+        compare_cli_with_base(base_root, overlap, jobs, figures, new_root)
+
+
+def compare_designs_with_base(base_root: Path, designs: list[Design], overlap: bool, limit: int,
+                              figures: dict[str, object], new_root: Path = ROOT) -> None:
     print(f"{'design':40s} {'states base':>11s} {'new':>9s} {'x':>5s} {'transitions base':>16s} {'new':>9s} | "
           f"{'CPU base':>8s} {'new':>7s} {'x':>5s} | {'wall base':>9s} {'new':>7s} | verdict (base = new)")
     rows = []
     for design in designs:
         base = run_one(base_root, design.name, overlap, limit)
-        new = run_one(ROOT, design.name, overlap, limit)
+        new = run_one(new_root, design.name, overlap, limit)
         same = (base["invariant"], base["steps"], base["complete"]) == (new["invariant"], new["steps"], new["complete"])
         rows.append({"design": design.name, "base": base, "new": new, "same_verdict": same})
         print(f"{design.name:40s} {base['states']:11,d} {new['states']:9,d} {base['states'] / new['states']:5.2f} "
@@ -241,18 +255,23 @@ def compare_with_base(base_root: Path, designs: list[Design], overlap: bool, lim
           f"({cpu_base / cpu_new:.2f}x); verdicts "
           f"{'all the same' if all(r['same_verdict'] for r in rows) else 'DIFFER'}")
     figures["base_vs_new"] = rows
-    if not end_to_end:
-        return
+
+
+def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figures: dict[str, object],
+                          new_root: Path = ROOT) -> None:
+    load = os.getloadavg()[0]
     base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
-    new_wall, new_cpu, new_verdicts = run_cli(ROOT, overlap, jobs)
+    new_wall, new_cpu, new_verdicts = run_cli(new_root, overlap, jobs)
     same = [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts] == [
         (d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in new_verdicts]
     print(f"`specflip check{' --overlap' if overlap else ''}` end to end (jobs {jobs or 'one per core'}): base "
           f"{base_wall:.1f} s wall / {base_cpu:.1f} s CPU, new {new_wall:.1f} s wall / {new_cpu:.1f} s CPU: "
           f"{base_wall / new_wall:.2f}x wall, {base_cpu / new_cpu:.2f}x CPU; verdicts "
-          f"{'the same' if same else 'DIFFER'}\n", flush=True)
+          f"{'the same' if same else 'DIFFER'} (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)\n",
+          flush=True)
     figures["cli"] = {"base_wall": base_wall, "base_cpu": base_cpu, "new_wall": new_wall, "new_cpu": new_cpu,
-                      "jobs": jobs or "cores", "same_verdicts": same}
+                      "jobs": jobs or "cores", "same_verdicts": same, "load_before": load,
+                      "load_after": os.getloadavg()[0]}
 
 
 def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # noqa: ANN001
@@ -287,37 +306,53 @@ def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # n
 
 
 def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
-    print(f"{'known-bad design':32s} {'BFS s':>8s} {'steps':>5s} {'Hyp find s':>10s} {'Hyp+shrink s':>12s} "
-          f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s}")
+    """Time to each known-bad design's first counterexample: the checker's (a shortest one) against Hypothesis
+    finding one, and finding and shrinking one. CPU seconds are the comparison (the machine is shared); wall
+    seconds are printed beside them."""
+    print(f"{'known-bad design':32s} {'BFS cpu':>8s} {'steps':>5s} {'Hyp find cpu':>12s} {'Hyp+shrink cpu':>14s} "
+          f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s} | wall: {'BFS':>6s} {'find':>7s} {'+shrink':>8s}")
     rows = []
     for design in KNOWN_BAD:
         bfs_runs = [check(Model(design, Scope())) for _ in range(repeat)]
         bfs = statistics.median(r.seconds for r in bfs_runs)
+        bfs_cpu = statistics.median(r.cpu_seconds for r in bfs_runs)
         find = [time_hypothesis(design, seed, shrink=False) for seed in range(repeat)]
         shrunk = [time_hypothesis(design, seed, shrink=True) for seed in range(repeat)]
-        find_s = statistics.median(t for t, _ in find)
-        shrink_s = statistics.median(t for t, _ in shrunk)
-        steps = statistics.median(n for _, n in shrunk)
-        print(f"{design.name:32s} {bfs:8.3f} {len(bfs_runs[0].trace):5d} {find_s:10.3f} {shrink_s:12.3f} "
-              f"{steps:5.0f} {find_s / bfs:9.1f} {shrink_s / bfs:10.1f}", flush=True)
+        find_s, find_cpu = statistics.median(t for t, _, _ in find), statistics.median(c for _, c, _ in find)
+        shrink_s, shrink_cpu = statistics.median(t for t, _, _ in shrunk), statistics.median(c for _, c, _ in shrunk)
+        steps = statistics.median(n for _, _, n in shrunk)
+        print(f"{design.name:32s} {bfs_cpu:8.3f} {len(bfs_runs[0].trace):5d} {find_cpu:12.3f} {shrink_cpu:14.3f} "
+              f"{steps:5.0f} {find_cpu / bfs_cpu:9.1f} {shrink_cpu / bfs_cpu:10.1f} | wall: {bfs:6.3f} {find_s:7.3f} "
+              f"{shrink_s:8.3f}", flush=True)
         rows.append({
-            "design": design.name, "bfs_seconds": bfs, "bfs_steps": len(bfs_runs[0].trace),
-            "hypothesis_find_seconds": find_s, "hypothesis_shrink_seconds": shrink_s,
-            "hypothesis_steps_after_shrink": steps, "find_ratio": find_s / bfs, "shrink_ratio": shrink_s / bfs,
+            "design": design.name, "bfs_seconds": bfs, "bfs_cpu_seconds": bfs_cpu, "bfs_steps": len(bfs_runs[0].trace),
+            "hypothesis_find_seconds": find_s, "hypothesis_find_cpu_seconds": find_cpu,
+            "hypothesis_shrink_seconds": shrink_s, "hypothesis_shrink_cpu_seconds": shrink_cpu,
+            "hypothesis_steps_after_shrink": steps, "find_ratio_cpu": find_cpu / bfs_cpu,
+            "shrink_ratio_cpu": shrink_cpu / bfs_cpu,
         })
-    total_bfs = sum(r["bfs_seconds"] for r in rows)
-    total_find = sum(r["hypothesis_find_seconds"] for r in rows)
-    total_shrink = sum(r["hypothesis_shrink_seconds"] for r in rows)
-    print(f"all {len(rows)} known-bad designs: checker {total_bfs:.2f} s, Hypothesis finding {total_find:.2f} s "
-          f"({total_find / total_bfs:.1f}x), finding + shrinking {total_shrink:.2f} s "
-          f"({total_shrink / total_bfs:.1f}x)")
+    totals = {key: sum(r[key] for r in rows) for key in (
+        "bfs_seconds", "bfs_cpu_seconds", "hypothesis_find_seconds", "hypothesis_find_cpu_seconds",
+        "hypothesis_shrink_seconds", "hypothesis_shrink_cpu_seconds")}
+    t = totals
+    print(f"all {len(rows)} known-bad designs, CPU: checker {t['bfs_cpu_seconds']:.2f} s, Hypothesis finding "
+          f"{t['hypothesis_find_cpu_seconds']:.2f} s ({t['hypothesis_find_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x), "
+          f"finding + shrinking {t['hypothesis_shrink_cpu_seconds']:.2f} s "
+          f"({t['hypothesis_shrink_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x); wall: "
+          f"checker {t['bfs_seconds']:.2f} s, "
+          f"finding {t['hypothesis_find_seconds']:.2f} s ({t['hypothesis_find_seconds'] / t['bfs_seconds']:.1f}x), "
+          f"finding + shrinking {t['hypothesis_shrink_seconds']:.2f} s "
+          f"({t['hypothesis_shrink_seconds'] / t['bfs_seconds']:.1f}x)")
     figures["known_bad"] = rows
+    figures["known_bad_totals"] = totals
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="7e32e5e", help="the commit to compare with (default: 7e32e5e, the "
                         "checker before its state-count reduction and hot-path work)")
+    parser.add_argument("--new", help="check this commit's code as the new side (default: this tree, uncommitted "
+                        "changes included)")
     parser.add_argument("--no-base", dest="with_base", action="store_false")
     parser.add_argument("--repeat", type=int, default=3, help="Hypothesis runs per known-bad design")
     parser.add_argument("--jobs", type=int, help="processes for `specflip check` (default: one per core)")
@@ -328,6 +363,8 @@ def main() -> int:
     parser.add_argument("--no-hypothesis", dest="hypothesis", action="store_false")
     parser.add_argument("--design", action="append", help="only this design (repeatable); with it, no end-to-end "
                         "`specflip check` run")
+    parser.add_argument("--end-to-end-only", action="store_true", help="only `specflip check` end to end, base "
+                        "then new (no per-design table)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
@@ -338,14 +375,18 @@ def main() -> int:
         designs = [d for d in designs if d.name in args.design]
     scope_for = overlap_scope if args.overlap else (lambda d: Scope())
     limit = 12_000_000 if args.overlap else 2_000_000
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
     figures: dict[str, object] = {"scope": scope_for(designs[0]).describe(), "base": args.base,
-                                  "new": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                                        capture_output=True, text=True).stdout.strip()}
-    print(f"scope: {figures['scope']}; base {args.base}, new {figures['new']} (+ uncommitted changes, if any)\n")
+                                  "new": args.new or head}
+    print(f"scope: {figures['scope']}; base {args.base}, new "
+          f"{args.new or head + ' (+ uncommitted changes, if any)'}\n")
     if args.with_base:
-        with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp, \
+                tempfile.TemporaryDirectory(prefix="specflip-new-") as tmp_new:
+            new_root = source_tree(args.new, Path(tmp_new)) if args.new else ROOT
             compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures,
-                              end_to_end=not args.design)
+                              end_to_end=not args.design, per_design=not args.end_to_end_only, new_root=new_root)
     if args.pre_issue_20:
         compare_with_pre_issue_20(designs, scope_for, limit, args.symmetry, figures)
     if args.hypothesis and not args.overlap:

@@ -97,7 +97,15 @@ def _version() -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from proofs.verdicts import REPORT_MARK, Verdict, run_designs, stale_reports, verdicts_json, write_reports
+    from proofs.verdicts import (
+        REPORT_MARK,
+        Verdict,
+        reported_states,
+        run_designs,
+        stale_reports,
+        verdicts_json,
+        write_reports,
+    )
     from specflip.outputs import has_mark, refuse_foreign, writable_dir
     from statemodel.design import Scope
     from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, overlap_scope
@@ -130,8 +138,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     else:
         scope_for, limit = (lambda design: Scope()), 2_000_000
     started = time.perf_counter()
+    # the last run's reports only order the work (largest first): the verdicts do not read them
     verdicts = run_designs(designs, scope_for, max_states=limit, jobs=args.jobs, show_progress=True,
-                           on_verdict=show)
+                           on_verdict=show, expected_states=reported_states(reports_dir))
     if args.json:
         print(verdicts_json(verdicts))
     stale: list[str] = []

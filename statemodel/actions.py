@@ -66,6 +66,18 @@ class Action:
         return f"{self.name}({', '.join(map(str, self.args))})"
 
 
+_SHARED_ACTIONS: dict[tuple[str, tuple[int, ...]], Action] = {}
+
+
+def _action(name: str, args: tuple[int, ...] = ()) -> Action:
+    """The one shared Action for (name, args): `enabled` lists a few hundred distinct ones over and over (the
+    checker's hot loop), and an Action is frozen, so one object serves them all."""
+    action = _SHARED_ACTIONS.get((name, args))
+    if action is None:
+        action = _SHARED_ACTIONS[(name, args)] = Action(name, args)
+    return action
+
+
 class ActionMode(enum.Enum):
     """The runtime mode an action belongs to: speculation on, off, or either."""
 
@@ -284,9 +296,9 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
         return _enabled_schedule(state, design, scope)
     if state.stage is Stage.PREPARED:
         if state.spec_mode is SpecMode.ON:
-            launch = [Action("draft", (k,)) for k in design.steps_choices(state.running.size)]
+            launch = [_action("draft", (k,)) for k in design.steps_choices(state.running.size)]
         else:
-            launch = [Action("plain_decode")]
+            launch = [_action("plain_decode")]
         if scope.overlap:
             # an iteration SGLang runs without overlap (is_disable_overlap_for_batch: a speculative decode batch
             # with a grammar on 0.5.16, consecutive prefills): the last step's result is processed after this
@@ -295,16 +307,16 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
         return launch
     if state.stage is Stage.DRAFTED:
         if scope.overlap:
-            return [Action("verify")]  # the launch only: the accepts are known when its result is processed
+            return [_action("verify")]  # the launch only: the accepts are known when its result is processed
         k = state.num_steps
         sizes = [range(k + 1)] * state.launched.size  # type: ignore[union-attr]
-        return [Action("verify", accepts) for accepts in itertools.product(*sizes)]
+        return [_action("verify", accepts) for accepts in itertools.product(*sizes)]
     if state.stage is Stage.VERIFIED:
         if state.num_steps == 0 and not design.zero_step_draft_extend:
-            return [Action("skip_draft_extend")]
-        return [Action("draft_extend")]
+            return [_action("skip_draft_extend")]
+        return [_action("draft_extend")]
     if state.stage is Stage.DECODED:
-        return [Action("draft_sync")]
+        return [_action("draft_sync")]
     raise AssertionError(state.stage)
 
 
@@ -313,32 +325,33 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         # overlap: the step just launched; the loop's next move is pop_and_process of the one before
         return _process_result_choices(state)
     out: list[Action] = []
-    arriving = next((r for r in state.requests if r.status is Status.NOT_ARRIVED), None)
-    if arriving is not None:  # arrivals in id order: a stated scope choice that keeps the space small
-        out.append(Action("arrive", (arriving.rid,)))
+    statuses = [r.status for r in state.requests]
+    if Status.NOT_ARRIVED in statuses:  # arrivals in id order: a stated scope choice that keeps the space small
+        out.append(_action("arrive", (statuses.index(Status.NOT_ARRIVED),)))  # requests[rid] is request rid
     done = _finishable(state, state.running.rids)
-    finished_in_batch = any(state.req(rid).status is Status.FINISHED for rid in state.running.rids)
-    out.extend(Action("finish", (rid,)) for rid in done)
+    requests = state.requests
+    finished_in_batch = Status.FINISHED in [requests[rid].status for rid in state.running.rids]
+    out.extend(_action("finish", (rid,)) for rid in done)
     if state.pending is not None:
         # process_batch_result_prefill releases a request its prefill already finished (max_new_tokens 1,
         # SGLang's health check) before the prefilled batch is filtered and merged
-        out.extend(Action("finish", (rid,)) for rid in _finishable(state, state.pending.rids))
+        out.extend(_action("finish", (rid,)) for rid in _finishable(state, state.pending.rids))
     if finished_in_batch:
-        out.append(Action("filter_batch"))
+        out.append(_action("filter_batch"))
     if state.pending is not None:
-        out.append(Action("merge_batch"))
+        out.append(_action("merge_batch"))
     elif _can_prefill(state, scope):
-        out.append(Action("prefill"))
+        out.append(_action("prefill"))
     wants_off = policy_wants_off(state, design)
     wants_on = not wants_off and policy_wants_on(state, design, scope)
     if design.flip_waits_for_results and state.unprocessed:
         pass  # the flip is due (prepare waits for it below) but waits for the result first
     elif wants_off:
-        out.append(Action("flip_off"))
+        out.append(_action("flip_off"))
     elif wants_on:
-        out.append(Action("flip_on"))
+        out.append(_action("flip_on"))
     else:
-        out.extend(Action(name) for name in policy_may_flip(state, design, scope))
+        out.extend(_action(name) for name in policy_may_flip(state, design, scope))
     flip_due = wants_off or wants_on
     catch_up_due = (
         state.spec_mode is SpecMode.ON
@@ -347,16 +360,16 @@ def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action
         and bool(_draft_stale(state))
     )
     if catch_up_due:
-        out.append(Action("draft_catch_up"))
+        out.append(_action("draft_catch_up"))
     decode_ready = state.running.size > 0 and not done and not finished_in_batch and state.pending is None
     if decode_ready and not flip_due and not catch_up_due:
         if decode_kv_need(state, design) <= state.kv_free + (evictable(state) if state.prefix_cache else 0):
-            out.append(Action("prepare_for_decode"))
+            out.append(_action("prepare_for_decode"))
         else:
-            out.extend(Action("retract", (rid,)) for rid in state.running.rids)
+            out.extend(_action("retract", (rid,)) for rid in state.running.rids)
     elif done and _done_at_prefill_may_decode(state, done, design, scope) and not finished_in_batch \
             and state.pending is None and not flip_due and not catch_up_due:
-        out.append(Action("prepare_for_decode"))
+        out.append(_action("prepare_for_decode"))
     if state.unprocessed and not any(a.name in ("prepare_for_decode", "prefill") for a in out):
         # overlap: the loop processes step N's result right after it launches the next batch (forced above
         # for a decode step), or at once when there is none to launch; a prefill launch is atomic here,
@@ -391,7 +404,7 @@ def _done_at_prefill_not_decoded(r: Request) -> bool:
 
 def _prepared_result_choices(state: State) -> list[Action]:
     """Overlap, at stage PREPARED: the last result's processing, then the releases it makes."""
-    done = [Action("finish", (rid,)) for rid in _finishable(state, state.running.rids)]
+    done = [_action("finish", (rid,)) for rid in _finishable(state, state.running.rids)]
     return done + (_process_result_choices(state) if state.unprocessed else [])
 
 
@@ -413,10 +426,10 @@ def result_rows(state: State) -> tuple[int, ...]:
 def _process_result_choices(state: State) -> list[Action]:
     head = state.unprocessed[0]
     if head.steps is None:
-        return [Action("process_result")]
+        return [_action("process_result")]
     rows = set(result_rows(state))
     sizes = [range(head.steps + 1) if rid in rows else range(1) for rid in head.rids]
-    return [Action("process_result", accepts) for accepts in itertools.product(*sizes)]
+    return [_action("process_result", accepts) for accepts in itertools.product(*sizes)]
 
 
 def result_growth(state: State, action: Action, design: Design) -> dict[int, tuple[int, int]]:
@@ -647,7 +660,7 @@ def _filter_batch(state: State, action: Action, design: Design, scope: Scope) ->
 def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
     spec = batch.spec_info
     if spec.kind is not SpecInfoKind.NONE:
-        spec = attrs.evolve(spec, rows=spec.rows - (batch.size - len(keep)))
+        spec = SpecInfo(spec.kind, spec.rows - (batch.size - len(keep)), spec.tokens_per_row)
     return batch.replace(rids=keep, spec_info=spec if keep else SpecInfo.none())
 
 

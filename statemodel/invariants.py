@@ -368,7 +368,9 @@ def check_transition(before: State, action: Action, after: State, scope: Scope, 
     into a state already checked still needs (the checker checks every edge, `proofs.bfs`)."""
     found: list[Violation] = []
     for check in _STEP_CHECKS:
-        found.extend(check(before, action, after, scope, design))
+        bad = check(before, action, after, scope, design)
+        if bad:  # nearly always empty: no call to extend
+            found.extend(bad)
     if len(found) > 1:
         found.sort(key=lambda v: _REPORT_ORDER[v.invariant])
     return found
@@ -379,9 +381,13 @@ def check_step(before: State, action: Action, after: State, scope: Scope, design
     do), then every state invariant of its result."""
     found: list[Violation] = []
     for check in _STEP_CHECKS:
-        found.extend(check(before, action, after, scope, design))
+        bad = check(before, action, after, scope, design)
+        if bad:  # nearly always empty: no call to extend
+            found.extend(bad)
     for check in _STATE_CHECKS:
-        found.extend(check(after, scope))
+        bad = check(after, scope)
+        if bad:
+            found.extend(bad)
     if len(found) > 1:  # nothing to order in the common case: no violation
         found.sort(key=lambda v: _REPORT_ORDER[v.invariant])
     return found

@@ -152,6 +152,12 @@ def _steps_switched(before: State, action: Action, after: State) -> bool:
 
 _THRESHOLDS: dict[tuple[int, int], Thresholds] = {}
 
+# (mode, thresholds, requests not finished) -> the Thresholds the key holds: equivalent_thresholds, asked once
+_EQUIVALENT: dict[tuple[SpecMode, Thresholds, int], Thresholds] = {}
+
+# Model.dedup_key: a state's fields but the pool size, what the key forgets replaced
+DedupKey = tuple[object, ...]
+
 
 def _thresholds(pair: tuple[int, int]) -> Thresholds:
     """One shared Thresholds per pair: keys holding it compare by identity."""
@@ -177,7 +183,7 @@ class Model:
     def next_state(self, state: State, action: Action) -> State:
         return _actions.apply(state, action, self.design, self.scope)
 
-    def dedup_key(self, state: State) -> State:
+    def dedup_key(self, state: State) -> DedupKey:
         """What the checker counts states by: two states with one key enable the same actions, to successors with
         one key again, and every invariant and property reads them alike, so the checker expands one of them
         (docs/model.md, "What the checker counts"). The key forgets what nothing reads any more: the dead fields
@@ -185,19 +191,26 @@ class Model:
         policy answers alike at every demand still reachable (`equivalent_thresholds`: a request that finished
         never comes back, so demand stays within the requests not finished); and the batch the last forward ran
         on, except where a step reads it (stage DRAFTED: verify runs on it). Every other step replaces `launched`,
-        and only the state invariants of the state itself read it: the checker checks them on every edge."""
+        and only the state invariants of the state itself read it: the checker checks them on every edge.
+
+        The key is the state's fields in a plain tuple (the pool size, fixed by the scope, left out), not a State:
+        a tuple is built, hashed and compared in C, where a State's attrs `__init__` and `__eq__` run in Python
+        (the checker builds a key for every edge and compares it on every edge into a known key)."""
         launched = state.launched if state.stage is Stage.DRAFTED else None
-        requests = forgotten_requests(state, launched)  # a finished request only in a forgotten batch: out of all
+        requests = state.requests
+        statuses = [r.status for r in requests]  # forgetting keeps every status
+        finished = statuses.count(Status.FINISHED)
+        if finished:  # a finished request only in a forgotten batch: out of all
+            requests = forgotten_requests(state, launched)
         thresholds = t = state.thresholds
         if t is not None:
-            statuses = [r.status for r in requests]
-            pair = equivalent_thresholds(state.spec_mode is SpecMode.ON, t.t_off, t.t_on,
-                                         len(statuses) - statuses.count(Status.FINISHED))
-            if pair != (t.t_off, t.t_on):
-                thresholds = _thresholds(pair)
-        if requests is state.requests and launched is state.launched and thresholds is t:
-            return state
-        return state.replace(requests=requests, launched=launched, thresholds=thresholds)
+            asked = (state.spec_mode, t, len(statuses) - finished)
+            thresholds = _EQUIVALENT.get(asked)
+            if thresholds is None:
+                pair = equivalent_thresholds(state.spec_mode is SpecMode.ON, t.t_off, t.t_on, asked[2])
+                thresholds = _EQUIVALENT[asked] = t if pair == (t.t_off, t.t_on) else _thresholds(pair)
+        return (requests, state.running, state.pending, launched, state.stage, state.spec_mode, state.num_steps,
+                state.kv_free, thresholds, state.unprocessed, state.prefix_cache)
 
     def always(self) -> tuple[Invariant, ...]:
         return INVARIANTS

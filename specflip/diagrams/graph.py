@@ -88,7 +88,7 @@ def explore(model: Model, max_states: int) -> Iterator[Transition]:
     """Every transition out of the first `max_states` states reached breadth-first, in a fixed order
     (the checker's search, `proofs.bfs.Search`, bounded)."""
     search = Search(model.init_states(), model_successors(model), max_nodes=max_states)
-    for before, action, after, _ in search.edges():
+    for before, action, after, _, _ in search.edges():
         yield before, action, after
 
 
@@ -389,7 +389,7 @@ def flip_path(model: Model) -> tuple[State, tuple[tuple[Action, State], ...]]:
         return out
 
     search = Search([(init, 0) for init in model.init_states()], successors)
-    for _, _, node, new in search.edges():
+    for _, _, node, new, _ in search.edges():
         if new and node[1] == len(goals):  # found, never expanded: no milestone is left to pass
             root, steps = search.path(node)
             return root[0], tuple((action, after) for action, (after, _) in steps)
