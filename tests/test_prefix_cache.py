@@ -9,14 +9,14 @@ import pytest
 
 from proofs.verdicts import run_design
 from statemodel.actions import Action, evictable, match_len
-from statemodel.design import DesignKind, Scope, TreeDraft
+from statemodel.design import Scope, TreeDraft
 from statemodel.designs import (
     ALL_DESIGNS,
-    CANDIDATES,
     KNOWN_BAD,
     RADIX_KNOWN_BAD,
     RETRACT_CATCH_UP,
     RETRACT_CATCH_UP_RADIX,
+    SHIPPED,
     get_design,
 )
 from statemodel.invariants import check_step, draft_kv_covers_prefix, tree_draft_missing
@@ -162,11 +162,11 @@ def test_kv_conservation_counts_the_trees_slots_and_its_locks() -> None:
     assert "locks 3 tree tokens" in model.check_state(waiting)[0].message
 
 
-def test_the_radix_cache_is_off_by_default_and_its_designs_are_twins_of_the_default() -> None:
-    assert not RETRACT_CATCH_UP.radix_cache and RETRACT_CATCH_UP_RADIX in CANDIDATES
+def test_the_model_default_design_has_no_radix_cache_and_its_shipped_radix_twin_differs_only_there() -> None:
+    assert not RETRACT_CATCH_UP.radix_cache and RETRACT_CATCH_UP_RADIX in SHIPPED
     twin = attrs.evolve(RETRACT_CATCH_UP, radix_cache=True, tree_draft=TreeDraft.NOT_INSERTED_WITHOUT_DRAFT)
     assert attrs.evolve(twin, name=RETRACT_CATCH_UP_RADIX.name, summary=RETRACT_CATCH_UP_RADIX.summary,
-                        source=RETRACT_CATCH_UP_RADIX.source, kind=DesignKind.CANDIDATE) == RETRACT_CATCH_UP_RADIX
+                        source=RETRACT_CATCH_UP_RADIX.source) == RETRACT_CATCH_UP_RADIX
     radix_bad = [d for d in ALL_DESIGNS if d.radix_cache and d.expected_invariant]
     assert radix_bad == list(RADIX_KNOWN_BAD) and not any(d.radix_cache for d in KNOWN_BAD)
     assert {d.tree_draft for d in radix_bad} == {TreeDraft.IGNORED, TreeDraft.MATCH_STOPS_AT_MISSING,
