@@ -434,13 +434,25 @@ def _process_result_choices(state: State) -> list[Action]:
 
 def result_growth(state: State, action: Action, design: Design) -> dict[int, tuple[int, int]]:
     """(seq_len growth, output tokens kept) per request that `process_result` applies to; the one rule
-    `_process_result` and the `seq_lens_growth` invariant both read. A plain step grew seq_len at launch."""
+    `_process_result` and the `seq_lens_growth` invariant both read. A plain step grew seq_len at launch.
+    The result is shared with the next call for the same objects (the step, then its invariant): do not change it."""
+    last = _LAST_RESULT_GROWTH
+    if last[0] is state and last[1] is action and last[2] is design:
+        return last[3]
     head = state.unprocessed[0]
     rows = set(result_rows(state))
     if head.steps is None:
-        return {rid: (0, 1) for rid in head.rids if rid in rows}
-    return {rid: verify_growth(state.req(rid), accepted, design)
-            for rid, accepted in zip(head.rids, action.args, strict=True) if rid in rows}
+        growth = {rid: (0, 1) for rid in head.rids if rid in rows}
+    else:
+        requests = state.requests
+        growth = {rid: verify_growth(requests[rid], accepted, design)
+                  for rid, accepted in zip(head.rids, action.args, strict=True) if rid in rows}
+    # the objects are frozen and held here, so the same three objects mean the same answer
+    _LAST_RESULT_GROWTH[:] = (state, action, design, growth)
+    return growth
+
+
+_LAST_RESULT_GROWTH: list = [None, None, None, None]  # (state, action, design, growth) of the last result_growth
 
 
 def _can_prefill(state: State, scope: Scope) -> bool:
@@ -873,8 +885,10 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
         running = running.replace(spec_info=SpecInfo.none(), spec_algorithm_on=False)
         worker = running
     # out_cache_loc = req_to_token[req_pool_indices, seq_lens]: one reserved slot per request becomes held; a
-    # request without one contributes no slot
+    # request without one contributes no slot. Under overlap it stays reserved until the result is processed:
+    # SGLang commits it there (kv_committed_len += accept_len 1), the model's process_result moves it
     from_reserve = design.out_cache_loc_from is OutCacheLocFrom.V2_RESERVE
+    holds_at_launch = from_reserve and not scope.overlap
     growth = 2 if design.plain_step_advances_seq_lens_twice else 1
     # seq_lens move at launch; under overlap the token reaches the output when the result is processed
     committed = 0 if scope.overlap else 1
@@ -887,7 +901,8 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
         if from_reserve:
             if reserved:
                 have += 1
-                held, reserved = held + 1, reserved - 1
+                if holds_at_launch:
+                    held, reserved = held + 1, reserved - 1
             elif r.status is Status.FINISHED:
                 have += 1  # released after this step was prepared (overlap): its row still reads req_to_token
         changed[rid] = r.replace(seq_len=r.seq_len + growth, committed=r.committed + committed, kv_held=held,
@@ -903,7 +918,8 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     worker = worker.replace(forward_mode=ForwardMode.DECODE)
     worker = worker.replace(graph=_select_graph(worker, design, scope, state.num_steps + 1))
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
-    unprocessed = (*state.unprocessed, Unprocessed(rids, None)) if scope.overlap else state.unprocessed
+    unprocessed = (*state.unprocessed, Unprocessed(rids, None, reserve_slot=from_reserve)) if scope.overlap \
+        else state.unprocessed
     return state.replace(requests=state.with_requests(changed), running=running, launched=worker,
                         kv_free=kv_free, stage=Stage.DECODED if syncs else Stage.SCHEDULE, unprocessed=unprocessed)
 
@@ -922,7 +938,8 @@ def _process_result(state: State, action: Action, design: Design, scope: Scope) 
     changed: dict[int, Request] = {}
     for rid, (grown, kept) in result_growth(state, action, design).items():
         r = state.req(rid)
-        used = min(grown, r.kv_reserved)
+        # a verify's accepted run moves from the reserve into held slots; so does a plain step's slot of the reserve
+        used = min(1 if head.reserve_slot else grown, r.kv_reserved)
         # the draft-extend that followed the verify on the device covered the accepted run too
         draft_kv_len = r.draft_kv_len + grown if head.draft_extended else r.draft_kv_len
         changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,

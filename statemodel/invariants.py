@@ -160,21 +160,30 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
 def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
     """A verify forward writes only into slots reserved for it: draft tokens <= reserved per request.
     Under overlap the slots of every launched verify whose result is unprocessed stay reserved too, at
-    its worst case (every draft token accepted), for each request still running (one released after its
-    step was prepared writes into freed slots before any later owner does, in stream order)."""
+    its worst case (every draft token accepted), and so does the slot of the v2 reserve an unprocessed plain step
+    wrote (`Unprocessed.reserve_slot`), for each request still running (one released after its step was prepared
+    writes into freed slots before any later owner does, in stream order)."""
     batch = _launched(state)
     verifying = batch is not None and batch.forward_mode is ForwardMode.TARGET_VERIFY
     if not verifying and not state.unprocessed:
         return []
     requests = state.requests
+    writing = [u for u in state.unprocessed if u.steps is not None or u.reserve_slot]
+    per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
+    # the common case first: every request's reserve covers the most any one request may need (the sum of all)
+    most = per_req + sum([1 if u.steps is None else u.steps + 1 for u in writing])
+    if not any([r.kv_reserved < most and r.status is Status.RUNNING
+                for rids in [u.rids for u in writing] + [batch.rids if verifying else ()]  # type: ignore[union-attr]
+                for r in map(requests.__getitem__, rids)]):
+        return []
     need: dict[int, int] = {}
-    for result in state.unprocessed:
-        if result.steps is not None:
+    for result in writing:
+        if result.steps is not None or result.reserve_slot:
+            writes = 1 if result.steps is None else result.steps + 1
             for rid in result.rids:
                 if requests[rid].status is Status.RUNNING:  # freed since: later writes land after, in stream order
-                    need[rid] = need.get(rid, 0) + result.steps + 1
+                    need[rid] = need.get(rid, 0) + writes
     pending = dict(need)
-    per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
     for rid in batch.rids if verifying else ():  # type: ignore[union-attr]
         if requests[rid].status is Status.RUNNING:  # released after its step was prepared: as above
             need[rid] = need.get(rid, 0) + per_req
@@ -187,7 +196,9 @@ def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
         message = f"the verify step writes {per_req} tokens per request but only {have} slots are reserved"
     else:
         launch = f"the verify step writes {per_req} tokens and " if verifying and rid in batch.rids else ""  # type: ignore[union-attr]
-        message = (f"{launch}launched verifies whose results are unprocessed may write {pending[rid]} tokens of "
+        plain = any(u.steps is None and u.reserve_slot and rid in u.rids for u in state.unprocessed)
+        steps = "steps" if plain else "verifies"
+        message = (f"{launch}launched {steps} whose results are unprocessed may write {pending[rid]} tokens of "
                    f"request {rid}, but only {have} slots are reserved")
     return [Violation("kv_reserve_covers_writes", message, tuple(short), expected=str(want), actual=str(have))]
 

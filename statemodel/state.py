@@ -262,11 +262,15 @@ class Unprocessed:
     """A step launched under the overlap schedule whose result the host has not processed yet
     (SGLang's `result_queue` entry). `steps` is the verify's step count, None for a plain step;
     `draft_extended` whether the draft-extend after the verify ran (it covers the accepted tokens
-    on the device, so the draft KV grows with seq_len when the result is processed)."""
+    on the device, so the draft KV grows with seq_len when the result is processed); `reserve_slot` (a plain
+    step only) whether it wrote its token into a slot of the v2 reserve (`OutCacheLocFrom.V2_RESERVE`): that slot
+    stays reserved until the result is processed, where SGLang's `kv_committed_len` moves
+    (`_resolve_spec_v2_tokens`, `kv_committed_len += accept_len`), so it is held from then on."""
 
     rids: tuple[int, ...]
     steps: int | None
     draft_extended: bool = False
+    reserve_slot: bool = False
 
     @property
     def is_spec(self) -> bool:

@@ -144,8 +144,9 @@ def _top_to_json(state: State, name: str) -> Any:
         return value.value
     if name == "thresholds":
         return None if value is None else [value.t_off, value.t_on]
-    if name == "unprocessed":  # overlap schedule: [rids, steps (null: plain), draft_extended] per queued result
-        return [[list(u.rids), u.steps, u.draft_extended] for u in value]
+    if name == "unprocessed":  # overlap schedule: [rids, steps (null: plain), draft_extended] per queued result,
+        # and true last for a plain step whose slot is the v2 reserve's (Unprocessed.reserve_slot)
+        return [[list(u.rids), u.steps, u.draft_extended, *([True] if u.reserve_slot else [])] for u in value]
     if name == "prefix_cache":  # radix cache: per cached token, whether its draft KV was written
         return list(value)
     return value
@@ -161,8 +162,9 @@ def _top_from_json(name: str, value: Any) -> Any:
     if name == "thresholds":
         return None if value is None else Thresholds(int(value[0]), int(value[1]))
     if name == "unprocessed":
-        return tuple(Unprocessed(tuple(int(r) for r in rids), None if steps is None else int(steps), bool(extended))
-                     for rids, steps, extended in value)
+        return tuple(Unprocessed(tuple(int(r) for r in rids), None if steps is None else int(steps), bool(extended),
+                                 bool(reserve_slot and reserve_slot[0]))
+                     for rids, steps, extended, *reserve_slot in value)
     if name == "prefix_cache":
         return tuple(bool(x) for x in value)
     return int(value)
