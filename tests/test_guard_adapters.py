@@ -94,8 +94,6 @@ def test_req_kv_fields_exist(adapter: type, root_of: object) -> None:
     else:
         assert {"kv_committed_len", "cache_protected_len", "req_pool_idx", "kv"} <= req
         assert "kv_allocated_len" in kv and "kv_committed_len" not in kv
-    # the counter of prefill chunks in flight (renamed after 0.5.12): reading a missing name sees no chunk
-    assert adapter.CHUNKS_IN_FLIGHT in req and "is_chunked" not in req
 
 
 def test_kv_mapping_per_release() -> None:
@@ -174,3 +172,68 @@ def test_tree_draft_fields_exist(adapter: type, root_of: object) -> None:
         assert {"key", "parent"} <= class_fields(root, "sglang.srt.mem_cache.radix_cache", "TreeNode")
     else:
         assert "cache_salt" in req and "cache_salt" in key
+
+
+# What one reading of a request takes (shim/adapters/common.py `_observe_reqs`, `req_kv_lens`) and what frees or
+# allocates pool slots: nothing a speculative worker call runs may write these, or the readings its first hook took
+# could not serve its later hooks (`V2Adapter.observe_requests_in_worker_call`).
+_READ_FIELDS = {"kv_committed_len", "kv_allocated_len", "cache_protected_len", "req_pool_idx", "kv", "output_ids",
+                "origin_input_ids", "max_new_tokens", "rid"}
+_POOL_CALLS = {"free", "alloc", "alloc_for_decode", "alloc_for_extend", "alloc_for_spec_decode", "alloc_token_slots",
+               "release_kv_cache", "free_group_begin", "free_group_end", "evict"}
+# code under the worker's packages that the worker call never runs: the scheduler's side of speculation
+# (ScheduleBatch.prepare_for_decode's spec path, a scheduler hook) and algorithms the guard refuses
+_NOT_IN_A_WORKER_CALL = {
+    ("speculative/eagle_utils.py", "eagle_prepare_for_decode"),
+    ("speculative/dflash_info_v2.py", "*"), ("speculative/uno_info.py", "*"),
+    # MiniCPM sparse attention reserves its compressed-cache slots at start-up and after a cache flush, never in a step
+    ("layers/attention/minicpm/cache.py", "reset_allocator"),
+}
+
+
+def _worker_call_writes(path: Path, rel: str) -> list[str]:
+    """Each store to an attribute a reading takes, and each call that moves pool slots (or appends to output_ids),
+    in `path`, as 'file:line function: what' (functions listed in _NOT_IN_A_WORKER_CALL left out)."""
+    found = []
+    tree = ast.parse(path.read_text())
+    for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]:
+        if (rel, func.name) in _NOT_IN_A_WORKER_CALL or (rel, "*") in _NOT_IN_A_WORKER_CALL:
+            continue
+        for node in ast.walk(func):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and sub.attr in _READ_FIELDS and isinstance(sub.ctx, ast.Store):
+                        found.append(f"{rel}:{node.lineno} {func.name}: stores .{sub.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+                owner = node.func.value if isinstance(node.func, ast.Attribute) else None
+                if name in ("append", "extend"):
+                    if isinstance(owner, ast.Attribute) and owner.attr == "output_ids":
+                        found.append(f"{rel}:{node.lineno} {func.name}: output_ids.{name}")
+                elif name in _POOL_CALLS and (owner is None or "alloc" in ast.unparse(owner)
+                                              or "pool" in ast.unparse(owner) or "cache" in ast.unparse(owner)):
+                    found.append(f"{rel}:{node.lineno} {func.name}: calls {ast.unparse(node.func)}")
+    return found
+
+
+@pytest.mark.parametrize(("adapter", "root_of"), RELEASES)
+def test_a_worker_call_moves_nothing_a_reading_takes(adapter: type, root_of: object) -> None:
+    """The speculative worker's call (EAGLEWorkerV2.forward_batch_generation: draft, verify, draft-extend; the target
+    worker and the model runner under it; the switch's plain step inside it) writes no Req field a reading takes and
+    frees or allocates no pool slot: the scheduler's code does, before and after the call. That is what lets the
+    readings of the call's first hook serve its later ones."""
+    root = root_of()
+    if root is None or not (root / "sglang" / "srt").is_dir():
+        pytest.skip(f"no sglang {adapter.release} source here")
+    srt = root / "sglang" / "srt"
+    files = [p for d in ("speculative", "model_executor", "layers") for p in sorted((srt / d).rglob("*.py"))]
+    files.append(srt / "managers" / "tp_worker.py")
+    found = [w for p in files for w in _worker_call_writes(p, str(p.relative_to(srt)))]
+    repo = Path(__file__).resolve().parents[1]
+    found += _worker_call_writes(repo / "shim/switch/v2_plain_step.py", "shim/switch/v2_plain_step.py")
+    assert found == []
+    # the scan sees such a write where there is one: the scheduler's own result processing commits the tokens
+    processor = srt / "managers" / "scheduler_components" / "batch_result_processor.py"
+    assert any("stores .kv_committed_len" in w for w in _worker_call_writes(processor, "batch_result_processor"))

@@ -155,13 +155,6 @@ def test_adaptive_design_runs_clean(runtime: Any, model_dir: Path, radix: bool) 
     assert covered["draft"] == 8 and covered["draft_extend"] == 8 and "skip_draft_extend" not in covered
 
 
-def test_adapter_reads_the_chunk_counter_this_release_has(runtime: Any) -> None:
-    """The adapter tells a prefill that leaves the request unfinished by the Req's chunk counter; one read under
-    a name the release does not have sees every chunk as a finished prefill (0.5.16 and 0.5.23 renamed 0.5.12's
-    `is_chunked`)."""
-    assert runtime.adapter.CHUNKS_IN_FLIGHT in vars(h.make_req("c", [1, 2, 3]))
-
-
 def test_requests_finishing_at_their_prefill_run_clean(runtime: Any, model_dir: Path, radix: bool) -> None:
     """A request done at its first token (max_new_tokens 1, or a stop at once) is released inside the prefill's
     result processing, after the unfinished requests of its batch went into the tree: with a batch running and

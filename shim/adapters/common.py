@@ -103,17 +103,16 @@ class V2Adapter:
     release = "unknown"
     # (dotted target, hook type name, method name on this adapter)
     TARGETS: tuple[tuple[str, str, str], ...] = ()
-    # The Req counter of prefill chunks in flight: the scheduler raises it before a non-final chunk's
-    # prepare_for_extend and lowers it when that chunk's result is processed, so it is > 0 exactly while a
-    # prefill leaves the request unfinished. 0.5.12 calls it `is_chunked`; the v2 lines rename it.
-    CHUNKS_IN_FLIGHT = "is_chunked"
-
     def __init__(self) -> None:
         self.runtime: GuardRuntime | None = None
         self._running_ref: Callable[[], Any] | None = None
         # (batch, requests, pool) read by the hook running now, for a round observer of the same batch called
         # inside it (nothing of SGLang's runs in between: the same readings, read once)
         self._read_now: tuple[Any, list[ObservedRequest], ObservedPool] | None = None
+        # (batch, its reqs list, their count, the seq_lens_cpu values, the readings) taken by the first hook of a
+        # worker call (draft, trivial verify input, plain target forward) for the later hooks of the same call
+        # (verify, draft-extend): `observe_requests_in_worker_call`. Dropped at every other hook.
+        self._worker_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
         # the per-step rank agreement check (TP > 1); False: decided off for this process
         self._rank_checker: RankChecker | bool | None = None
         self._req_to_token: Any = None  # the req_to_token tensor frees are attributed to (ReqToTokenPool's)
@@ -253,10 +252,35 @@ class V2Adapter:
             return self._observe_reqs(reqs, host_ints(mirror))  # the CPU mirror, read once for the batch
         return self._observe_reqs(reqs, [None] * len(reqs))
 
+    def observe_requests_in_worker_call(self, batch: Any) -> list[ObservedRequest]:
+        """`observe_requests(batch)` for a hook inside the speculative worker's call (`forward_batch_generation`):
+        the readings the call's first hook took are reused when nothing but the worker ran since (no other hook of
+        the guard's, `_run` drops them) on the same batch, the same reqs list of the same length, with the
+        seq_lens_cpu values read now (one host list). Nothing the worker runs writes the fields read: no Req KV
+        length, row, output, finish or prompt, no allocation or free (docs/guard.md, "Cost";
+        tests/test_guard_adapters.py holds SGLang's worker code to it)."""
+        reqs = batch.reqs
+        count = len(reqs)
+        mirror = getattr(batch, "seq_lens_cpu", None)
+        seq_lens = host_ints(mirror) if mirror is not None and tensor_width(mirror) == count else None
+        held = self._worker_reading
+        if held is not None and held[0] is batch and held[1] is reqs and held[2] == count:
+            if held[3] == seq_lens:
+                return held[4]
+            # the worker moved the batch's seq_lens (the switch's plain step publishes seq_lens + 1 for the target and
+            # restores them for its draft sync): the same readings with these lengths (kv_committed_len without them)
+            new_tuple, observed_type = _new_tuple, ObservedRequest
+            lengths = [o[6] for o in held[4]] if seq_lens is None else seq_lens
+            observed = [new_tuple(observed_type, (*o[:7], n, *o[8:])) for o, n in zip(held[4], lengths, strict=True)]
+            self._worker_reading = (batch, reqs, count, seq_lens, observed)
+            return observed
+        observed = self._observe_reqs(reqs, [None] * count if seq_lens is None else seq_lens)
+        self._worker_reading = (batch, reqs, count, seq_lens, observed)
+        return observed
+
     def _observe_reqs(self, reqs: list[Any], seq_lens: list[int] | list[None]) -> list[ObservedRequest]:
         # one tight loop: this runs for every request of the batch several times per decode step
         kv_lens = self.req_kv_lens
-        chunks = self.CHUNKS_IN_FLIGHT
         out: list[ObservedRequest] = []
         append = out.append
         new_tuple = _new_tuple
@@ -271,8 +295,7 @@ class V2Adapter:
             append(new_tuple(observed, (  # ObservedRequest's fields in order, without __new__'s call cost
                 str(req.rid), len(req.origin_input_ids), int(req.sampling_params.max_new_tokens or 0),
                 len(req.output_ids), own_committed, own_allocated, committed,
-                committed if seq_len is None else seq_len, holds, bool(req.finished()), committed,
-                (getattr(req, chunks, 0) or 0) > 0,
+                committed if seq_len is None else seq_len, holds, committed,
             )))
         return out
 
@@ -340,6 +363,7 @@ class V2Adapter:
     #     AROUND fn(original, *a, **k)) ----------------------------------------------------------------
 
     def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._worker_reading = None  # any hook but a worker call's own: the worker call's readings end
         rt = self.runtime
         if rt is not None and rt.active:
             rt.run(fn, *args, **kwargs)
@@ -348,6 +372,13 @@ class V2Adapter:
         """Every hook's one shape: `step(guard)` under the runtime's error handling (`GuardRuntime.run`), only
         while the guard is live (built at the first hooked step, see `guard`)."""
         self._run(self._call_with_guard, step)
+
+    def _with_guard_in_worker_call(self, step: Callable[[Guard], None]) -> None:
+        """`_with_guard` for the hooks inside the speculative worker's call, which keep its readings
+        (`observe_requests_in_worker_call`)."""
+        rt = self.runtime
+        if rt is not None and rt.active:
+            rt.run(self._call_with_guard, step)
 
     def _call_with_guard(self, step: Callable[[Guard], None]) -> None:
         g = self.guard()
@@ -530,6 +561,7 @@ class V2Adapter:
     def before_allocator_free(self, allocator: Any, free_index: Any, *args: Any, **kwargs: Any) -> None:
         """`TokenToKVPoolAllocator.free(index)`: inside a window the guard opened (a release, a flip), the row
         positions `index` views, from tensor metadata only."""
+        self._worker_reading = None  # a free moves the pool (none happens inside a worker call; if one did: re-read)
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
         if g is None or not g.free_windows or self._req_to_token is None:
@@ -586,10 +618,10 @@ class V2Adapter:
         def step(g: Guard) -> None:
             graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
             launched = self.observe_batch(batch, graph=graph)
-            g.plain_decode(launched, self.observe_requests(batch), self.batch_pool(batch),
+            g.plain_decode(launched, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
                            where="TpModelWorker.forward_batch_generation (plain DECODE)",
                            seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
-        self._with_guard(step)
+        self._with_guard_in_worker_call(step)
         return None
 
     def _round_observer(self, batch: Any) -> Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]:
@@ -606,9 +638,9 @@ class V2Adapter:
 
         def step(g: Guard) -> None:
             steps = int(draft_worker.speculative_num_steps)
-            g.draft(steps, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
-                    where="EagleDraftWorker.draft")
-        self._with_guard(step)
+            g.draft(steps, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
+                    self._round_observer(batch), where="EagleDraftWorker.draft")
+        self._with_guard_in_worker_call(step)
         return None
 
     def before_trivial_verify_input(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -616,9 +648,9 @@ class V2Adapter:
             return None
 
         def step(g: Guard) -> None:
-            g.draft(0, self.observe_requests(batch), self.batch_pool(batch), self._round_observer(batch),
+            g.draft(0, self.observe_requests_in_worker_call(batch), self.batch_pool(batch), self._round_observer(batch),
                     where="EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
-        self._with_guard(step)
+        self._with_guard_in_worker_call(step)
         return None
 
     def before_verify(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -630,9 +662,9 @@ class V2Adapter:
             graph = self.graph_for(worker.target_worker.model_runner, len(batch.reqs), verify_input)
             launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
                                           out_cache_loc_width=tensor_width(verify_input.draft_token))
-            g.verify_launch(launched, self.observe_requests(batch), self.batch_pool(batch),
+            g.verify_launch(launched, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
                             where="EAGLEWorkerV2.verify (TARGET_VERIFY launch)")
-        self._with_guard(step)
+        self._with_guard_in_worker_call(step)
         return None
 
     def before_draft_extend_for_decode(self, draft_worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -645,9 +677,13 @@ class V2Adapter:
         if batch.forward_mode.is_idle() or not batch.reqs:
             return
 
+        def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
+            # called now or never (a round in flight only notes the extend): inside this worker call
+            return self.observe_batch(batch), self.observe_requests_in_worker_call(batch), self.batch_pool(batch)
+
         def step(g: Guard) -> None:
-            g.draft_extend_starts(skipped=skipped, observe=self._round_observer(batch), where=where)
-        self._with_guard(step)
+            g.draft_extend_starts(skipped=skipped, observe=observe, where=where)
+        self._with_guard_in_worker_call(step)
 
     def after_normalize_decode_outputs(self, normalized: Any, processor: Any, *args: Any, **kwargs: Any) -> None:
         """`SchedulerBatchResultProcessor._normalize_decode_outputs(batch=, result=, ...)` returned: in a decode
@@ -711,6 +747,7 @@ class V2Adapter:
         `run_batch`): with TP > 1 the ranks exchange its fingerprint. Runs on every iteration of every rank, also
         while this rank's guard is off (its fingerprint says so): a rank that skipped the exchange would leave its
         peers waiting in it."""
+        self._worker_reading = None  # every scheduler iteration passes here before its worker call
         checker = self.rank_checker(scheduler)
         rt = self.runtime
         if checker is None or rt is None or rt.paused:

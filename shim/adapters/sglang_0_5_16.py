@@ -14,7 +14,6 @@ from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
 
 class Adapter(V2Adapter):
     release = "0.5.16"
-    CHUNKS_IN_FLIGHT = "inflight_middle_chunks"  # 0.5.12's `is_chunked`, renamed: reading that saw no chunk
     # 0.5.23's targets, but the radix cache's prompt insertion is still called cache_unfinished_req here
     # and its tree is RadixCache, whose eviction deletes leaves in Python: the guard forgets them there
     TARGETS = tuple(

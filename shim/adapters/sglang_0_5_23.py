@@ -1,8 +1,7 @@
 """SGLang 0.5.23 (what CI installs): the v2 worker takes the ScheduleBatch; a Req keeps its KV lengths
 in `req.kv` (ReqKvInfo); `release_kv_cache(req, tree_cache, *, checkpoint)`; the tree cache is a
 `UnifiedRadixCache` (not `RadixCache`, which 0.5.23 still ships but never builds) whose `checkpoint(req, *,
-up_to)` takes a running request's KV into the tree; a prefill chunk in flight is counted in
-`req.inflight_middle_chunks`."""
+up_to)` takes a running request's KV into the tree."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ _BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
 class Adapter(V2Adapter):
     release = "0.5.23"
-    CHUNKS_IN_FLIGHT = "inflight_middle_chunks"  # 0.5.12's `is_chunked`, renamed: reading that saw no chunk
     TARGETS = (
         (f"{_SB}.prepare_for_extend", "AROUND", "around_prepare_for_extend"),
         (f"{_SB}.prepare_for_decode", "AFTER", "after_prepare_for_decode"),

@@ -45,9 +45,7 @@ class ObservedRequest(NamedTuple):
     kv_committed_len: int  # req kv_committed_len itself: the scheduler's count of tokens in the target KV
     seq_len: int  # the batch's view (its seq_lens_cpu entry); kv_committed_len when the batch has no mirror
     holds_kv: bool = True
-    finished: bool = False
     prefilled_len: int = 0  # tokens prefilled so far (chunked prefill: less than the prompt)
-    chunked: bool = False
 
 
 @attrs.frozen

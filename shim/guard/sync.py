@@ -84,7 +84,7 @@ class ObservedStateSync:
         updated: list[Request] | None = None  # copied on the first request that differs
         index_of = self.index
         # the observation unpacked (ObservedRequest's fields in order: a tuple unpacks faster than 5 named reads)
-        for rid, _, _, output_len, held, allocated, _, seen_len, holds_kv, _, _, _ in reqs:
+        for rid, _, _, output_len, held, allocated, _, seen_len, holds_kv, _ in reqs:
             index = index_of.get(rid)
             if index is None:
                 continue
@@ -116,7 +116,7 @@ class ObservedStateSync:
 
 # `_overlay` unpacks an ObservedRequest by position: a field added, dropped or moved fails here at import
 if ObservedRequest._fields != ("rid", "prompt_len", "max_new_tokens", "output_len", "kv_committed", "kv_allocated",
-                               "kv_committed_len", "seq_len", "holds_kv", "finished", "prefilled_len", "chunked"):
+                               "kv_committed_len", "seq_len", "holds_kv", "prefilled_len"):
     raise ImportError("shim.guard.observe.ObservedRequest's fields changed; update ObservedStateSync._overlay")
 
 
