@@ -146,6 +146,15 @@ def test_the_overlap_schedule_is_followed_and_the_rest_still_refused(adapter_cla
         rt = GuardRuntime(Mode.WARN)
         guard = rt.start(design=adapter.reference_design(sa), scope=adapter.scope(sa), rank=0, release="x")
         assert guard.config.design.name == name
+    # the server's speculative_num_steps replaces the checker's step count of a one-step-count design only
+    rt = GuardRuntime(Mode.WARN)
+    guard = rt.start(design=adapter.reference_design(overlap), scope=adapter.scope(overlap), rank=0, release="x",
+                     num_steps=3)
+    assert (guard.config.design.name, guard.config.design.num_steps) == ("plain_off_catch_up_overlap", 3)
+    from statemodel.designs import ADAPTIVE_WARM, DESIGNS_BY_NAME
+
+    adaptive = rt.start(design=ADAPTIVE_WARM, scope=adapter.scope(overlap), rank=0, release="x", num_steps=5)
+    assert adaptive.config.design == DESIGNS_BY_NAME["sglang_adaptive_warm_overlap"]  # its tiers say its steps
     paged = SimpleNamespace(**{**vars(overlap), "page_size": 16})
     assert "page_size" in (adapter.unsupported_reason(paged) or "")
     mixed = SimpleNamespace(**{**vars(overlap), "enable_mixed_chunk": True})

@@ -192,7 +192,7 @@ class V2Adapter:
                 rt.disable(f"sglang {self.release}: {reason}")
                 return None
             rt.start(design=self.reference_design(sa), scope=self.scope(sa), rank=self.tp_rank(),
-                     release=self.release)
+                     release=self.release, num_steps=int(getattr(sa, "speculative_num_steps", None) or 0))
         return rt.guard
 
     def unsupported_reason(self, sa: Any) -> str | None:

@@ -359,8 +359,13 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         pending = self.state.pending
         if pending is None or self.state.running.rids:
             return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
-        if running is not None and not self._live(pending) <= {self.index.get(r, -1) for r in running.rids}:
-            return
+        if running is not None:
+            live, observed = self._live(pending), {self.index.get(r, -1) for r in running.rids}
+            # every live pending request turned up, but for done ones 0.5.23's exclusion (`_reqs_finishing_inflight`)
+            # filtered out of the assigned batch (their queued prefill result finishes them)
+            if not live <= observed and (not observed <= live
+                                         or any(not self.state.req(rid).done for rid in live - observed)):
+                return
         self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)
 
 

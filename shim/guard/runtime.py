@@ -113,13 +113,19 @@ class GuardRuntime:
             if self.guard is not None:
                 self.guard.close()
 
-    def start(self, *, design: Design, scope: Scope, rank: int, release: str) -> Guard:
-        """Build the Guard (the adapter calls this at the first hooked step)."""
+    def start(self, *, design: Design, scope: Scope, rank: int, release: str, num_steps: int | None = None) -> Guard:
+        """Build the Guard (the adapter calls this at the first hooked step). `num_steps`: the server's
+        `speculative_num_steps`, the step count of a design whose steps are one number (`Design.num_steps`, 2 in the
+        checker's scope): its reserve is what SGLang reserves then."""
         if self.design_name:
             design = get_design(self.design_name)
         if scope.overlap:
             # the overlap loop: the design's variant checked under it (SGLang's double reserve), where there is one
             design = DESIGNS_BY_NAME.get(f"{design.name}_overlap", design)
+        if num_steps and num_steps != design.num_steps and design.steps_choices(1) == (design.num_steps,):
+            import attrs
+
+            design = attrs.evolve(design, num_steps=num_steps)
         if self.spec_cap is not None or self.plain_cap is not None:
             import attrs
 
