@@ -746,8 +746,15 @@ def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> Stat
 
 
 def _draft_extend_all(state: State, rids: tuple[int, ...]) -> dict[int, Request]:
+    """The draft KV of `rids` brought up to seq_len, the hidden state ready; a request already so stays the very
+    same object (under overlap a draft-extend follows its verify's launch, and its result moved both lengths)."""
     requests = state.requests
-    return {rid: requests[rid].replace(draft_kv_len=requests[rid].seq_len, draft_hidden_ready=True) for rid in rids}
+    changed = {}
+    for rid in rids:
+        r = requests[rid]
+        if r.draft_kv_len != r.seq_len or not r.draft_hidden_ready:
+            changed[rid] = r.replace(draft_kv_len=r.seq_len, draft_hidden_ready=True)
+    return changed
 
 
 def _draft_batch(rids: tuple[int, ...]) -> Batch:
@@ -837,9 +844,10 @@ def _verify(state: State, action: Action, design: Design, scope: Scope) -> State
     launched = state.launched
     assert launched is not None
     if scope.overlap:
-        # the verify is launched; the host learns its accepts only when its result is processed
-        changed = {rid: state.req(rid).replace(draft_hidden_ready=False) for rid in launched.rids}
-        return state.replace(requests=state.with_requests(changed), stage=Stage.VERIFIED, launched=None,
+        # the verify is launched; the host learns its accepts only when its result is processed. The draft input's
+        # hidden state it consumes is rebuilt by the draft-extend (or its skip) in the same worker call, before any
+        # scheduler step (VERIFIED enables only those two): nothing can see it missing, so it is not cleared here
+        return state.replace(stage=Stage.VERIFIED, launched=None,
                             unprocessed=(*state.unprocessed, Unprocessed(launched.rids, state.num_steps)))
     changed = {}
     requests = state.requests
@@ -936,12 +944,14 @@ def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> S
 def _process_result(state: State, action: Action, design: Design, scope: Scope) -> State:
     head = state.unprocessed[0]
     changed: dict[int, Request] = {}
+    requests, reserve_slot, extended = state.requests, head.reserve_slot, head.draft_extended
     for rid, (grown, kept) in result_growth(state, action, design).items():
-        r = state.req(rid)
+        r = requests[rid]  # requests[rid] is request rid (State.req)
         # a verify's accepted run moves from the reserve into held slots; so does a plain step's slot of the reserve
-        used = min(1 if head.reserve_slot else grown, r.kv_reserved)
+        moved = 1 if reserve_slot else grown
+        used = moved if moved < r.kv_reserved else r.kv_reserved  # min(), without the call
         # the draft-extend that followed the verify on the device covered the accepted run too
-        draft_kv_len = r.draft_kv_len + grown if head.draft_extended else r.draft_kv_len
+        draft_kv_len = r.draft_kv_len + grown if extended else r.draft_kv_len
         changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,
                                   kv_reserved=r.kv_reserved - used, draft_kv_len=draft_kv_len)
     return state.replace(requests=state.with_requests(changed), unprocessed=state.unprocessed[1:],

@@ -136,16 +136,16 @@ class IdentityChecks:
         seq_lens_cpu, on the overlap path SGLang's own copy of the device lengths, `FutureMap.resolve_seq_lens_cpu`)."""
         found: list[Violation] = []
         index = self.index
-        for obs in reqs:
-            if not obs.holds_kv:
+        # the observation unpacked by position, as the overlay does (ObservedRequest's field order is checked there)
+        for rid, _, _, _, committed, own_allocated, committed_len, seq_len, holds_kv, _ in reqs:
+            if not holds_kv:
                 continue
             # absolute lengths: the observation's own counts lie past cache_protected_len
-            protected = obs.kv_committed_len - obs.kv_committed
-            allocated = obs.kv_allocated + protected
-            if obs.kv_committed_len <= obs.seq_len and obs.seq_len + width <= allocated:
+            allocated = own_allocated + committed_len - committed
+            if committed_len <= seq_len and seq_len + width <= allocated:
                 continue
-            found.extend(writes_within_allocation(index.get(obs.rid, -1), obs.seq_len, width, obs.kv_committed_len,
-                                                  allocated, action))
+            found.extend(writes_within_allocation(index.get(rid, -1), seq_len, width, committed_len, allocated,
+                                                  action))
         return found
 
     def design_for_identity(self) -> Design:
