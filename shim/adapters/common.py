@@ -271,7 +271,10 @@ class V2Adapter:
             # restores them for its draft sync): the same readings with these lengths (kv_committed_len without them)
             new_tuple, observed_type = _new_tuple, ObservedRequest
             lengths = [o[6] for o in held[4]] if seq_lens is None else seq_lens
-            observed = [new_tuple(observed_type, (*o[:7], n, *o[8:])) for o, n in zip(held[4], lengths, strict=True)]
+            # ObservedRequest's fields by position (sync.py checks their order at import): the length is the 8th
+            observed = [new_tuple(observed_type, (rid, prompt, most, out, own, alloc, committed, n, holds, filled))
+                        for (rid, prompt, most, out, own, alloc, committed, _, holds, filled), n
+                        in zip(held[4], lengths, strict=True)]
             self._worker_reading = (batch, reqs, count, seq_lens, observed)
             return observed
         observed = self._observe_reqs(reqs, [None] * count if seq_lens is None else seq_lens)
@@ -322,13 +325,16 @@ class V2Adapter:
         return SpecInfoKind.NONE, 0, 0
 
     def observe_batch(self, batch: Any, *, forward_mode: ForwardMode | None = None, graph: Any = None,
-                      spec_info: Any = ..., out_cache_loc_width: int | None = None) -> ObservedBatch:
+                      spec_info: Any = ..., out_cache_loc_width: int | None = None,
+                      reqs: list[ObservedRequest] | None = None) -> ObservedBatch:
+        """`reqs`: this batch's requests as just read (their rids, in order, without reading them again)."""
         # an empty ScheduleBatch is no batch to SGLang (the scheduler drops it): no spec_info either
         kind, rows, per_row = self.spec_shape(batch.spec_info if spec_info is ... else spec_info) if batch.reqs \
             else (SpecInfoKind.NONE, 0, 0)
         mode = forward_mode or _FORWARD_MODES.get(batch.forward_mode.name, ForwardMode.IDLE)
         return ObservedBatch(
-            rids=tuple([str(r.rid) for r in batch.reqs]), forward_mode=mode, spec_kind=kind, spec_rows=rows,
+            rids=tuple([str(r.rid) for r in batch.reqs] if reqs is None else [o[0] for o in reqs]),
+            forward_mode=mode, spec_kind=kind, spec_rows=rows,
             spec_tokens_per_row=per_row, spec_algorithm_on=not batch.spec_algorithm.is_none(),
             out_cache_loc_width=tensor_width(batch.out_cache_loc) if out_cache_loc_width is None
             else out_cache_loc_width,
@@ -467,8 +473,8 @@ class V2Adapter:
             self.remember_running(batch)
             spec_path = not batch.spec_algorithm.is_none()
             # the speculative path leaves out_cache_loc to the worker: no slots of this step in it
-            running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None)
             reqs, pool = self.observe_requests(batch), self.batch_pool(batch)
+            running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None, reqs=reqs)
             self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
             try:
                 g.prepare_for_decode(running, reqs, pool)
@@ -617,8 +623,9 @@ class V2Adapter:
 
         def step(g: Guard) -> None:
             graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
-            launched = self.observe_batch(batch, graph=graph)
-            g.plain_decode(launched, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
+            reqs = self.observe_requests_in_worker_call(batch)
+            launched = self.observe_batch(batch, graph=graph, reqs=reqs)
+            g.plain_decode(launched, reqs, self.batch_pool(batch),
                            where="TpModelWorker.forward_batch_generation (plain DECODE)",
                            seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
         self._with_guard_in_worker_call(step)
@@ -660,9 +667,10 @@ class V2Adapter:
         def step(g: Guard) -> None:
             verify_input = batch.spec_info
             graph = self.graph_for(worker.target_worker.model_runner, len(batch.reqs), verify_input)
+            reqs = self.observe_requests_in_worker_call(batch)
             launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
-                                          out_cache_loc_width=tensor_width(verify_input.draft_token))
-            g.verify_launch(launched, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
+                                          out_cache_loc_width=tensor_width(verify_input.draft_token), reqs=reqs)
+            g.verify_launch(launched, reqs, self.batch_pool(batch),
                             where="EAGLEWorkerV2.verify (TARGET_VERIFY launch)")
         self._with_guard_in_worker_call(step)
         return None
@@ -679,7 +687,8 @@ class V2Adapter:
 
         def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
             # called now or never (a round in flight only notes the extend): inside this worker call
-            return self.observe_batch(batch), self.observe_requests_in_worker_call(batch), self.batch_pool(batch)
+            reqs = self.observe_requests_in_worker_call(batch)
+            return self.observe_batch(batch, reqs=reqs), reqs, self.batch_pool(batch)
 
         def step(g: Guard) -> None:
             g.draft_extend_starts(skipped=skipped, observe=observe, where=where)
@@ -710,7 +719,8 @@ class V2Adapter:
             else:
                 # no CPU mirror (needs_cpu_seq_lens False): kv_committed_len, just advanced to the same length
                 seq_lens = [None] * len(reqs)
-            g.process_result([str(r.rid) for r in reqs], accept, self._observe_reqs(reqs, seq_lens),
+            observed = self._observe_reqs(reqs, seq_lens)
+            g.process_result([o[0] for o in observed], accept, observed,
                              self.observe_pool(processor.token_to_kv_pool_allocator, getattr(processor, "tree_cache",
                                                                                             None)),
                              where="SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)")
