@@ -463,3 +463,42 @@ def test_every_tiered_decision_is_one_the_tiers_design_explores(monkeypatch: pyt
     sloppy = simulate_tiers(T_PLAIN, T_TIERS, demands, spec_cap=48, noise=0.05, seed=3)
     caught = decisions_outside_the_tiers_design(sloppy.decisions, (3, 1), 48)
     assert caught and all(d.action == ap.FLIP_ON and d.running > 48 for d in caught)
+
+
+def threshold_tiers_tok_s(demands: list[int], t_off: int = 40, t_on: int = 30, spec_cap: int = 48) -> float:
+    """The threshold tiers switch of session 8 (SPECFLIP_SWITCH=40:30 SPECFLIP_TIERS=3,8:4,1; statemodel.policy's
+    decide_flip and decide_tier) on the same simulated steps."""
+    from specflip.auto_sim import ACCEPT_LENGTH, _points, throughput_at
+    from statemodel.policy import decide_flip, decide_tier
+
+    plain_pts = _points(T_PLAIN, None)
+    tier_pts = {s: _points(t, spec_cap) for s, t in T_TIERS.items()}
+    spec_on, tier, tokens, seconds = True, 3, 0.0, 0.0
+    for d in demands:
+        flip = decide_flip(spec_on, d, min(d, spec_cap) if spec_on else d, t_off, t_on, spec_cap)
+        if flip is not None:
+            spec_on = flip == "flip_on"
+        if spec_on:
+            tier = decide_tier(tier, d, (3, 1), ((8, 4),))
+        batch = min(d, spec_cap) if spec_on else d
+        step_tokens = batch * ACCEPT_LENGTH if spec_on else batch
+        tokens += step_tokens
+        seconds += step_tokens / throughput_at(tier_pts[tier] if spec_on else plain_pts, batch)
+    return tokens / seconds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tiers_on_bursts_against_the_threshold_tiers(seed: int) -> None:
+    """Issue 17's bursts (quiet phases of 1-8 requests, bursts of 100-200) on session 7's per-tier rows: the tiered
+    learner, probes included, is at least the threshold tiers switch of session 8 (it learns that steps 1 beats
+    steps 3 at low load on this pair, which the ladder 3,8:4,1 does not use below demand 8), and above the two-mode
+    learner at steps 3. Simulated steps: flip costs are not in them."""
+    rng = random.Random(seed)
+    demands: list[int] = []
+    for phase in range(20):
+        demands += [rng.randint(1, 8) for _ in range(400)] if phase % 2 == 0 else \
+            [rng.randint(100, 200) for _ in range(300)]
+    res = simulate_tiers(T_PLAIN, T_TIERS, demands, noise=0.03, seed=seed)
+    assert res.cap_breaches == 0
+    assert res.tok_s >= threshold_tiers_tok_s(demands)
+    assert res.tok_s > simulate(T_PLAIN, T_STEPS3, demands, noise=0.03, seed=seed).tok_s
