@@ -332,6 +332,44 @@ def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, mod
 
 
 @pytest.mark.sglang
+def test_auto_tiers_credit_each_result_to_the_tier_it_ran_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the overlap schedule a verify result is processed after the next step launched, maybe at another tier:
+    its accept lengths go to the step count it ran at (on_launched), each window agrees one accept sum per tier of the
+    ladder (the same list length on every rank, whichever tiers ran), and each observation carries its step count."""
+    import torch
+    from test_switch_auto import _batch
+
+    from shim.switch import auto as auto_switch
+    from statemodel import auto_policy as ap
+
+    agreed: list[int] = []
+    real_reduce = auto_switch.all_reduce_max
+    monkeypatch.setattr(auto_switch, "all_reduce_max", lambda sched, values: agreed.append(len(values))
+                        or real_reduce(sched, values))
+    t = [0.0]
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=4, clock=lambda: t[0], state=ap.initial_state(tiers=(3, 1)))
+    observed: list[ap.Observation] = []
+    real_observe = ap.observe
+    monkeypatch.setattr(ap, "observe", lambda state, obs: observed.append(obs) or real_observe(state, obs))
+    sched = object()
+    prev: tuple[Any, Any] | None = None
+    for steps in [3, 3, 3, 3, 1, 1, 1, 3]:  # the overlap loop: launch N, then process N-1's result
+        batch = _batch("spec", 2)
+        auto.on_run_batch(sched, batch, 0, None, steps=steps)
+        result = type("Result", (), {"accept_lens": torch.tensor([steps + 1, steps + 1])})()
+        auto.on_launched(result, steps)
+        if prev is not None:
+            auto.on_result(*prev)
+        prev = (batch, result)
+        t[0] += 0.004 if steps == 1 else 0.006
+    assert agreed == [3 + 2 + 2 * 2, 4 + 2 + 2 * 2]  # 3 then 4 intervals, the two sums, one pair per tier
+    assert [o.steps for o in observed] == [3, 3, 3, 3, 1, 1, 1]
+    # every step's tokens are its own tier's accept (4 at steps 3, 2 at steps 1), not the second window's mix (2.5)
+    assert [o.tokens for o in observed] == [8.0, 8.0, 8.0, 8.0, 4.0, 4.0, 4.0]
+    assert auto.result_steps == {id(prev[1]): 3}  # launched, not yet processed
+
+
+@pytest.mark.sglang
 def test_sglang_accept_length_controller_is_kept_out(tiers_config: Path) -> None:
     """SGLang's own controller (warm-up 0, every verify) moves the step count on low accepts; under the tiers
     switch EAGLEWorkerV2.on_verify_complete_cpu goes through the switch's hook and nothing moves. Without the
