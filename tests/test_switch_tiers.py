@@ -520,6 +520,31 @@ def test_lint_checks_each_auto_tier() -> None:
     assert [(f.rule, f.state) for f in missing] == [(SHAPES, "specflip tier steps=2")]
 
 
+@pytest.mark.sglang
+def test_lint_cli_takes_auto_tiers_on_0_5_23(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`specflip lint --specflip-auto --specflip-tiers 3,1` on SGLang 0.5.23's real ServerArgs with the tiers server's
+    adaptive config (bench/gpu/tiers_8b.json): every tier fits (exit 0, one summary line); thresholds beside
+    --specflip-auto are bad usage (exit 2, one line)."""
+    import importlib.metadata
+
+    from specflip.cli import main
+
+    if importlib.metadata.version("sglang") != "0.5.23":
+        pytest.skip("needs sglang 0.5.23 (scripts/setup.sh)")
+    h = importlib.import_module("sglang_cpu")
+    model = h.write_tiny_model_config(tmp_path)
+    launch = ["--model-path", str(model), "--speculative-draft-model-path", str(model), "--device", "cuda",
+              "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+              "--speculative-num-draft-tokens", "4", "--max-running-requests", "256", "--speculative-adaptive",
+              "--speculative-adaptive-config", str(Path(__file__).resolve().parents[1] / "bench/gpu/tiers_8b.json")]
+    assert main(["lint", "--no-cache", "--specflip-auto", "--specflip-tiers", "3,1", *launch]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("ok: sglang 0.5.23") and "specflip off/on (auto) by tiers [3, 1]" in out[-1]
+    assert main(["lint", "--specflip-auto", "--specflip-t-off", "40", "--specflip-tiers", "3,1", *launch]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specflip lint:") and "\n" not in err and "without --specflip-t-off" in err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--specflip-tiers", "3,8:4,1"], "--specflip-tiers needs --specflip-t-off"),
     (["--specflip-auto", "--specflip-t-off", "40"], "without --specflip-t-off"),
