@@ -262,15 +262,22 @@ def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figu
     load = os.getloadavg()[0]
     base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
     new_wall, new_cpu, new_verdicts = run_cli(new_root, overlap, jobs)
-    same = [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts] == [
-        (d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in new_verdicts]
+    # a base older than a design checks fewer designs: compare the verdicts of the designs both check
+    base_by_name = {d["name"]: (d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts}
+    new_by_name = {d["name"]: (d["verdict"], d["invariant"], len(d["trace"])) for d in new_verdicts}
+    common = [name for name in base_by_name if name in new_by_name]
+    same = len(common) == len(base_by_name) and all(base_by_name[n] == new_by_name[n] for n in common)
+    only_new = len(new_by_name) - len(common)
     print(f"`specflip check{' --overlap' if overlap else ''}` end to end (jobs {jobs or 'one per core'}): base "
           f"{base_wall:.1f} s wall / {base_cpu:.1f} s CPU, new {new_wall:.1f} s wall / {new_cpu:.1f} s CPU: "
           f"{base_wall / new_wall:.2f}x wall, {base_cpu / new_cpu:.2f}x CPU; verdicts "
-          f"{'the same' if same else 'DIFFER'} (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)\n",
+          f"{'the same' if same else 'DIFFER'} on the {len(common)} designs both check"
+          f"{f' ({only_new} more in new, not in base)' if only_new else ''} (load average {load:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after)\n",
           flush=True)
     figures["cli"] = {"base_wall": base_wall, "base_cpu": base_cpu, "new_wall": new_wall, "new_cpu": new_cpu,
-                      "jobs": jobs or "cores", "same_verdicts": same, "load_before": load,
+                      "jobs": jobs or "cores", "same_verdicts": same, "designs_compared": len(common),
+                      "designs_only_new": only_new, "load_before": load,
                       "load_after": os.getloadavg()[0]}
 
 

@@ -1,5 +1,6 @@
 """The v1 switch's spec-off decode step on the host, seeds_final (SPECFLIP_SWITCH_DRAFT=sync) against the plain
-path (retract, issue 22), side by side in one run on real sglang 0.5.12 objects (CPU, tests/sglang12_cpu.py).
+path (retract, issue 22) and against a plain server (no switch, no speculation), side by side in one run on real
+sglang 0.5.12 objects (CPU, tests/sglang12_cpu.py), the three interleaved per repeat.
 
 A plain-step iteration of each: sync runs the spec-v1 scheduler step (`update_running_batch` with v1's early
 return, then `EAGLEWorker.forward_batch_generation` hooked: the plugin's plain prepare, the worker copy, the target
@@ -79,6 +80,33 @@ def retract_steps(bs: int, steps: int, model_dir: Path) -> float:
     return (time.perf_counter() - tic) / steps
 
 
+def plain_server_steps(bs: int, steps: int, model_dir: Path) -> float:
+    """Seconds per decode iteration of a plain server: the same loop with no switch (its hooks pass through, as
+    they do with SPECFLIP_SWITCH unset), the scheduler's spec_algorithm NONE and the target worker as the model
+    worker from the start, the target's runner a DECODE one; everything prefilled and decoded plain."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    import shim.switch.v1 as sw
+
+    srv = h.V1LoopServer(h.build_pools(h.make_server_args(model_dir), kv_size=bs * (steps + 64) + 64,
+                                       max_reqs=bs + 8))
+    sw._RUNTIME = None  # no switch: the v1 plugin's hooks call SGLang's methods straight through
+    target = srv.worker.target_worker
+    target.model_runner.graph_runner = h.CudaGraphRunnerCpuStandIn(num_tokens_per_bs=1)
+    s = srv.scheduler
+    s.spec_algorithm = SpeculativeAlgorithm.NONE
+    s.model_worker = target
+    s.running_batch.spec_algorithm = SpeculativeAlgorithm.NONE
+    srv.add(h.make_reqs("r", bs, max_new_tokens=steps + 8))
+    srv.iteration()  # the prefill
+    srv.iteration()
+    tic = time.perf_counter()
+    for _ in range(steps):
+        srv.iteration()
+    assert srv.kinds[-1] == "plain", srv.kinds[-3:]
+    return (time.perf_counter() - tic) / steps
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,5,10,32")
@@ -88,12 +116,18 @@ def main() -> int:
     args = ap.parse_args()
     setup()
     model_dir = h.write_tiny_model_config(Path(tempfile.mkdtemp(prefix="specflip-bench12-")))
-    print("| batch size | sync (seeds_final) us/step | retract (plain path) us/step | retract / sync |")
-    print("|---|---|---|---|")
+    print("| batch size | sync (seeds_final) us/step | retract (plain path) us/step | plain server us/step | "
+          "retract / sync | retract / plain server |")
+    print("|---|---|---|---|---|---|")
     for bs in (int(s) for s in args.sizes.split(",")):
-        sync = min(sync_steps(bs, args.steps, model_dir) for _ in range(args.repeat))
-        plain = min(retract_steps(bs, args.steps, model_dir) for _ in range(args.repeat))
-        print(f"| {bs} | {sync * 1e6:,.0f} | {plain * 1e6:,.0f} | {plain / sync:.2f} |", flush=True)
+        sync, plain, server = [], [], []
+        for _ in range(args.repeat):  # interleaved, so that each sees the same load
+            sync.append(sync_steps(bs, args.steps, model_dir))
+            plain.append(retract_steps(bs, args.steps, model_dir))
+            server.append(plain_server_steps(bs, args.steps, model_dir))
+        best_sync, best_plain, best_server = min(sync), min(plain), min(server)
+        print(f"| {bs} | {best_sync * 1e6:,.0f} | {best_plain * 1e6:,.0f} | {best_server * 1e6:,.0f} | "
+              f"{best_plain / best_sync:.2f} | {best_plain / best_server:.2f} |", flush=True)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -44,8 +44,9 @@ def throughput_at(points: list[tuple[int, float]], batch: int) -> float:
 @dataclass
 class SimResult:
     state: ap.AutoState
-    decisions: list[ap.Decision] = field(default_factory=list)  # the flips, in order
+    decisions: list[ap.Decision] = field(default_factory=list)  # the flips (and tier changes), in order
     modes: list[bool] = field(default_factory=list)  # the mode of each step (True: speculation)
+    steps: list[int] = field(default_factory=list)  # tiers only: each step's step count (0: plain)
     tokens: float = 0.0
     seconds: float = 0.0
     cap_breaches: int = 0  # flip_on decided with more requests running than the cap (must stay 0)
@@ -59,30 +60,69 @@ def simulate(plain: Mapping[int, float], spec: Mapping[int, float], demands: Ite
              state: ap.AutoState | None = None, spec_on: bool = True, window: int = 8, noise: float = 0.0,
              seed: int = 0) -> SimResult:
     """One decode step per demand in `demands`; returns the learner's final state, its flips and the throughput."""
+    return _simulate(_points(plain, None), {None: (_points(spec, spec_cap), ACCEPT_LENGTH)}, demands,
+                     spec_cap=spec_cap, state=state or ap.initial_state(), steps=None if spec_on else PLAIN_STEPS,
+                     window=window, noise=noise, seed=seed)
+
+
+PLAIN_STEPS = 0  # the simulation's step count of plain decoding
+
+
+def simulate_tiers(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, float]], demands: Iterable[int], *,
+                   accept: Mapping[int, float] | None = None, spec_cap: int = 48, state: ap.AutoState | None = None,
+                   steps: int | None = None, window: int = 8, noise: float = 0.0, seed: int = 0) -> SimResult:
+    """As `simulate`, with speculation at each step count of `tiers` (the ladder, from low load to high: its order is
+    the dict's; each a tok/s table, always on at that step count). `accept`: tokens per request per verify of each
+    tier (default ACCEPT_LENGTH; it sets a step's time from the measured tok/s, and the learner's values do not
+    depend on it). `steps`: the tier running at the start (default the ladder's first, as the switch starts; 0:
+    plain)."""
+    ladder = tuple(tiers)
+    state = state or ap.initial_state(tiers=ladder)
+    if state.tiers != ladder:
+        raise ValueError(f"the learner's tiers {list(state.tiers)} are not the tables' {list(ladder)}")
+    accept = accept or {}
+    tables = {s: (_points(tiers[s], spec_cap), accept.get(s, ACCEPT_LENGTH)) for s in ladder}
+    return _simulate(_points(plain, None), tables, demands, spec_cap=spec_cap, state=state,
+                     steps=ladder[0] if steps is None else steps, window=window, noise=noise, seed=seed)
+
+
+def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tuple[list[tuple[int, float]], float]],
+              demands: Iterable[int], *, spec_cap: int, state: ap.AutoState, steps: int | None, window: int,
+              noise: float, seed: int) -> SimResult:
+    """The loop of both: `spec` maps each step count (None: speculation without tiers) to its points and accept
+    length; `steps` is the mode at the start (PLAIN_STEPS: plain)."""
     rng = random.Random(seed)
-    plain_pts, spec_pts = _points(plain, None), _points(spec, spec_cap)
-    result = SimResult(state=state or ap.initial_state())
+    result = SimResult(state=state)
     pending: list[ap.Observation] = []
+    spec_on = steps != PLAIN_STEPS
+    tier = steps if spec_on else next(iter(spec))  # the tier speculation runs at (kept while off)
     for demand in demands:
         running = min(demand, spec_cap) if spec_on else demand
-        decision = ap.decide(result.state, spec_on, demand, running, spec_cap)
-        if decision.action is not None:
+        decision = ap.decide(result.state, spec_on, demand, running, spec_cap, steps=tier)
+        if decision.action is not None or decision.changes_tier:
             if decision.action == ap.FLIP_ON and running > spec_cap:
                 result.cap_breaches += 1
-            spec_on = decision.action == ap.FLIP_ON
+            if decision.action is not None:
+                spec_on = decision.action == ap.FLIP_ON
+            if decision.steps is not None:
+                tier = decision.steps
             result.decisions.append(decision)
         result.state = ap.commit(result.state, decision)
         batch = min(demand, spec_cap) if spec_on else demand
         result.modes.append(spec_on)
+        if tier is not None:
+            result.steps.append(tier if spec_on else PLAIN_STEPS)
         if batch <= 0:
             continue
-        tokens = batch * ACCEPT_LENGTH if spec_on else float(batch)
-        seconds = tokens / throughput_at(spec_pts if spec_on else plain_pts, batch)
+        points, accept = spec[tier] if spec_on else (plain_pts, 1.0)
+        tokens = batch * accept
+        seconds = tokens / throughput_at(points, batch)
         if noise:
             seconds *= 1 + noise * (2 * rng.random() - 1)
         result.tokens += tokens
         result.seconds += seconds
-        pending.append(ap.Observation(spec_on=spec_on, batch=batch, tokens=tokens, seconds=seconds))
+        pending.append(ap.Observation(spec_on=spec_on, batch=batch, tokens=tokens, seconds=seconds,
+                                      steps=tier if spec_on else None))
         if len(pending) >= window:
             for obs in pending:
                 result.state = ap.observe(result.state, obs)
@@ -102,3 +142,38 @@ def settled_modes(plain: Mapping[int, float], spec: Mapping[int, float], *, spec
         state, spec_on = res.state, res.modes[-1]
         held[conc] = spec_on
     return [(c, held[c]) for c in concs]
+
+
+@dataclass(frozen=True)
+class TierRow:
+    """One concurrency of the tiers' simulation: the measured tok/s of each static setting, the best of them, and
+    what the auto learner settled on, on a steady load from a fresh start and after a sweep up and back down."""
+
+    conc: int
+    static: dict[int, float]  # step count (0: plain) -> measured tok/s
+    fresh_steps: int  # the mode a fresh learner ends in after `steady` steps at this concurrency (0: plain)
+    fresh_ratio: float  # its simulated tok/s over those steps (probes and learning included) / the best static
+    sweep_steps: int  # the mode held here on the way back down a sweep up and down
+
+    @property
+    def best(self) -> int:
+        return max(self.static, key=lambda s: self.static[s])
+
+
+def settled_tiers(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, float]], *, spec_cap: int = 48,
+                  steady: int = 1500, sweep: int = 600, noise: float = 0.04) -> list[TierRow]:
+    """The tiered learner against the measured tables at every concurrency measured for all of them."""
+    concs = sorted(set(plain).intersection(*(set(t) for t in tiers.values())))
+    fresh = {c: simulate_tiers(plain, tiers, [c] * steady, spec_cap=spec_cap, noise=noise, seed=c) for c in concs}
+    state, start = ap.initial_state(tiers=tuple(tiers)), None
+    down: dict[int, int] = {}
+    for conc in concs + concs[::-1]:
+        res = simulate_tiers(plain, tiers, [conc] * sweep, spec_cap=spec_cap, state=state, steps=start, noise=noise,
+                             seed=conc)
+        state, start = res.state, res.steps[-1]
+        down[conc] = start
+    rows = []
+    for c in concs:
+        static = {PLAIN_STEPS: float(plain[c]), **{s: float(t[c]) for s, t in tiers.items()}}
+        rows.append(TierRow(c, static, fresh[c].steps[-1], fresh[c].tok_s / max(static.values()), down[c]))
+    return rows

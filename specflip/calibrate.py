@@ -22,7 +22,9 @@ The rule, over the concurrencies c measured for both configurations:
 `--auto` also prints where the auto switch (SPECFLIP_SWITCH=auto, statemodel/auto_policy.py) would settle for this
 measurement: its learner run against the measured throughputs (specflip/auto_sim.py), up and back down the
 measured concurrencies, and the mode it holds at each (the comparison issue 17 asks for: calibrated thresholds
-against what auto learns).
+against what auto learns). `--tiers CFG=STEPS,...` (e.g. `spec=3,spec_steps1=1`, the ladder from low load to high,
+each cfg an always-on server at that step count) simulates the tiered learner (SPECFLIP_SWITCH=auto with
+SPECFLIP_TIERS) on those rows and prints, per concurrency, the best static setting and the mode it settles on.
 
 The thresholds are checked by the switch's own configuration rule (shim.switch.config.SwitchConfig), through the
 same env text the operator sets, so calibrate cannot print a setting the switch would refuse.
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig
+from specflip.auto_sim import TierRow
 
 
 class CalibrateError(ValueError):
@@ -74,6 +77,7 @@ class Calibration:
     why: str
     notes: tuple[str, ...] = field(default=())
     auto_modes: tuple[tuple[int, bool], ...] | None = None  # --auto: (c, speculation?) the auto switch settles on
+    auto_tiers: tuple[TierRow, ...] | None = None  # --tiers: the tiered learner against every tier's rows
 
     @property
     def switch_env(self) -> str | None:
@@ -88,7 +92,31 @@ class Calibration:
                 "t_off": self.t_off, "t_on": self.t_on, "SPECFLIP_SWITCH": self.switch_env,
                 "why": self.why, "notes": list(self.notes),
                 **({} if self.auto_modes is None else
-                   {"auto": [{"conc": c, "mode": "spec" if on else "plain"} for c, on in self.auto_modes]})}
+                   {"auto": [{"conc": c, "mode": "spec" if on else "plain"} for c, on in self.auto_modes]}),
+                **({} if self.auto_tiers is None else
+                   {"auto_tiers": [{"conc": r.conc, "static": {_mode(s): v for s, v in r.static.items()},
+                                    "best": _mode(r.best), "fresh": _mode(r.fresh_steps),
+                                    "fresh_over_best": round(r.fresh_ratio, 4), "sweep": _mode(r.sweep_steps)}
+                                   for r in self.auto_tiers]})}
+
+
+def _mode(steps: int) -> str:
+    """A simulated mode as the report names it: plain, or steps=N."""
+    return "plain" if steps == 0 else f"steps={steps}"
+
+
+def parse_tiers(text: str) -> dict[str, int]:
+    """`CFG=STEPS,...` (the ladder from low load to high) -> {cfg: steps}, in order; CalibrateError on bad text."""
+    ladder: dict[str, int] = {}
+    for item in text.split(","):
+        cfg, sep, steps = item.strip().partition("=")
+        if not sep or not cfg or not steps.strip().isdigit() or int(steps) < 1:
+            raise CalibrateError(f"--tiers must be CFG=STEPS[,CFG=STEPS...] with steps >= 1 (e.g. "
+                                 f"spec=3,spec_steps1=1), got {text!r}")
+        ladder[cfg.strip()] = int(steps)
+    if len(set(ladder.values())) != len(ladder) or len(ladder) != len(text.split(",")):
+        raise CalibrateError(f"--tiers needs distinct cfgs and distinct step counts, got {text!r}")
+    return ladder
 
 
 @dataclass(frozen=True)
@@ -175,7 +203,7 @@ def thresholds(rows: Sequence[Measured], spec_cap: int) -> tuple[int | None, int
 
 
 def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", margin: float = 0.05,
-              spec_cap: int = 48, auto: bool = False) -> Calibration:
+              spec_cap: int = 48, auto: bool = False, tiers: str | None = None) -> Calibration:
     """The thresholds for the measurement in `paths`; raises CalibrateError on bad input."""
     if not paths:
         raise CalibrateError("give at least one bench JSONL file")
@@ -205,8 +233,23 @@ def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", ma
 
         auto_modes = tuple(settled_modes({r.conc: r.plain_tok_s for r in rows}, {r.conc: r.spec_tok_s for r in rows},
                                          spec_cap=spec_cap))
+    auto_tiers = None
+    if tiers is not None:
+        from specflip.auto_sim import settled_tiers
+
+        ladder = parse_tiers(tiers)
+        if plain in ladder:
+            raise CalibrateError(f"--tiers names the plain cfg {plain!r}")
+        tier_table, tier_notes = read_rows(paths, (plain, *ladder))
+        concs = sorted(set(tier_table[plain]).intersection(*(set(tier_table[c]) for c in ladder)))
+        if not concs:
+            raise CalibrateError(f"no concurrency measured for {plain!r} and every tier ({', '.join(ladder)})")
+        notes += [n for n in tier_notes if n not in notes]
+        auto_tiers = tuple(settled_tiers({c: tier_table[plain][c].tok_s for c in concs},
+                                         {s: {c: tier_table[cfg][c].tok_s for c in concs} for cfg, s in ladder.items()},
+                                         spec_cap=spec_cap))
     result = Calibration(plain, spec, tuple(paths), margin, spec_cap, rows, t_off, t_on, why,
-                         tuple(notes + rule_notes), auto_modes)
+                         tuple(notes + rule_notes), auto_modes, auto_tiers)
     _check_with_switch(result)
     return result
 
@@ -237,13 +280,22 @@ def format_report(result: Calibration) -> str:
         off = [str(c) for c, spec in result.auto_modes if not spec]
         lines.append(f"SPECFLIP_SWITCH=auto would settle on: speculation at c={', '.join(on) or 'none'}; "
                      f"plain at c={', '.join(off) or 'none'} (its learner run against these rows)")
+    if result.auto_tiers:
+        modes = list(result.auto_tiers[0].static)
+        lines.append("SPECFLIP_SWITCH=auto with tiers, simulated on these rows (a fresh learner on a steady load of "
+                     "1,500 steps, 4 % step noise; and the mode held on the way down a sweep up and down):")
+        lines.append(f"{'c':>6} " + " ".join(f"{_mode(m):>10}" for m in modes)
+                     + f" {'best':>10} {'auto':>10} {'auto/best':>10} {'sweep':>10}")
+        lines += [f"{r.conc:>6} " + " ".join(f"{r.static[m]:>10.1f}" for m in modes)
+                  + f" {_mode(r.best):>10} {_mode(r.fresh_steps):>10} {r.fresh_ratio:>10.3f} {_mode(r.sweep_steps):>10}"
+                  for r in result.auto_tiers]
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
     """`specflip calibrate`; CalibrateError propagates (the CLI prints it as one line, exit 2)."""
     result = calibrate(args.bench, plain=args.plain, spec=args.spec, margin=args.margin, spec_cap=args.spec_cap,
-                       auto=getattr(args, "auto", False))
+                       auto=getattr(args, "auto", False), tiers=getattr(args, "tiers", None))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

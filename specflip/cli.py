@@ -302,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="SPECFLIP_SPEC_CAP the switch will run with (t_on is capped at it)")
     calibrate.add_argument("--auto", action="store_true",
                            help="also print where SPECFLIP_SWITCH=auto would settle for this measurement")
+    calibrate.add_argument("--tiers", metavar="CFG=STEPS,...",
+                           help="also simulate SPECFLIP_SWITCH=auto with tiers on these cfgs' rows (each always on "
+                                "at its step count, the ladder from low load to high, e.g. spec=3,spec_steps1=1)")
     calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=_cmd_calibrate)
     return parser

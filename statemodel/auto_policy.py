@@ -36,9 +36,21 @@ flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off
 the cap) checks every such sequence, probes included. The learner never proposes flip_on above the cap, so its
 decisions are a subset of what that design explores (tests/test_auto_policy.py checks it).
 
-Use: `state = initial_state()`; per reported step `state = observe(state, obs)`; per scheduling point
-`decision = decide(state, spec_on, demand, running, spec_cap)`; once the switch performed `decision.action` (or it is
-None) `state = commit(state, decision)`.
+Tiers (issue 23, SPECFLIP_SWITCH=auto with SPECFLIP_TIERS=3,1): the modes are plain decoding and speculation at each
+step count of the ladder (`AutoState.tiers`, from low load to high; mode 0 is plain, mode i the ladder's i-th). Every
+rule above holds per mode: an estimate per (mode, bucket); the accept length per tier (it depends on the step
+count); the numbers compare every known mode against the incumbent with the margin; the prior is the ladder's first
+tier (its low-load end: steps 3 in 3,1) while demand fits under the cap, plain above; a probe visits the first
+stale mode (plain, then the ladder in order) on the same budget; dwell, confirmation and the clear win apply to every
+mode change, a tier change included. A tier change is no flip: speculation stays on and the next decode runs another
+step count, which design plain_off_retract_catch_up_tiers (statemodel.design.TierFlips: free flips, any tier at
+every draft) allows at every draft. With no tiers (`tiers=()`) there are two modes, plain and speculation at whatever
+step count the server runs, and the learner is the two-mode one above, decision for decision.
+
+Use: `state = initial_state()` (tiers: `initial_state(tiers=(3, 1))`); per reported step `state = observe(state, obs)`;
+per scheduling point `decision = decide(state, spec_on, demand, running, spec_cap)` (tiers: `steps=` the tier
+running now); once the switch performed `decision.action` and, with tiers, runs `decision.steps` (or there was no
+change) `state = commit(state, decision)`.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from statemodel.policy import within_spec_cap
 
 FLIP_OFF = "flip_off"
 FLIP_ON = "flip_on"
+PLAIN = 0  # the mode of plain decoding; speculation's modes are 1.. (the ladder's tiers in order; no tiers: 1 only)
 
 
 @attrs.frozen
@@ -88,6 +101,7 @@ class Observation:
     tokens: float | None  # tokens committed: the accept lengths summed (speculative), the batch size (plain);
     # None: a speculative step whose verify results were not processed yet (its seconds count, no accept length)
     seconds: float
+    steps: int | None = None  # tiers: the step count a speculative step ran at; None without tiers
 
 
 @attrs.frozen
@@ -99,50 +113,89 @@ class Estimate:
 
 @attrs.frozen
 class Decision:
-    """What `decide` answers; `commit` records it. `action`: FLIP_OFF, FLIP_ON or None."""
+    """What `decide` answers; `commit` records it. `action`: FLIP_OFF, FLIP_ON or None (with tiers, a None action may
+    still change the tier: `changes_tier`)."""
 
     action: str | None
     reason: str  # measured | prior | probe | probe_end | probing | dwell | confirming | cap | idle
-    incumbent: bool  # the mode held on the numbers after this decision (True: speculation)
+    incumbent: int  # the mode held on the numbers after this decision (PLAIN, or a speculative mode; no tiers: 1)
     demand: int
     running: int
-    spec_value: float | None  # the throughput estimates compared (tokens/s at this demand), None: unknown
-    plain_value: float | None
+    spec_value: float | None  # the throughput estimates compared (tokens/s at this demand), None: unknown; with
+    plain_value: float | None  # tiers, spec_value is the best known tier's
     step: int
-    wants_flip: bool = False  # the numbers (or the prior) want the other mode; the flip waits for dwell or confirmation
+    wants_flip: bool = False  # the numbers (or the prior) want another mode; the change waits for dwell or confirmation
+    steps: int | None = None  # tiers: the step count speculation runs at after this decision (None: plain; no tiers)
+    changes_tier: bool = False  # tiers: speculation stays on at another step count (no flip)
+    values: tuple[float | None, ...] = ()  # tiers: every mode's value (plain, then the ladder), for the trace
 
 
 @attrs.frozen
 class AutoState:
     params: AutoParams = AutoParams()
-    # ((spec_on, bucket), estimate), sorted: plain, tokens per request-second; speculation, verify steps per
-    # second (its tokens per request and step are `accept`, learned over every bucket)
-    estimates: tuple[tuple[tuple[bool, int], Estimate], ...] = ()
-    accept: Estimate | None = None  # mean accept length (tokens per request per verify), EWMA over speculative steps
+    # ((mode, bucket), estimate), sorted: plain, tokens per request-second; a speculative mode, verify steps per
+    # second (its tokens per request and step are its accept length, learned over every bucket)
+    estimates: tuple[tuple[tuple[int, int], Estimate], ...] = ()
+    # (mode, mean accept length: tokens per request per verify), EWMA over that mode's speculative steps
+    accepts: tuple[tuple[int, Estimate], ...] = ()
+    tiers: tuple[int, ...] = ()  # the ladder's step counts, from low load to high; (): speculation is one mode
     step: int = 0  # observations seen
-    run_mode: bool | None = None  # the mode of the last observation
+    run_mode: int | None = None  # the mode of the last observation
     run_length: int = 0  # observations in that mode in a row
-    flip_step: int = -(1 << 30)  # `step` at the last flip (none yet: no dwell owed)
-    want_since: int | None = None  # `step` since which every decision wanted the other mode
-    incumbent: bool = True  # the server starts with speculation on
+    flip_step: int = -(1 << 30)  # `step` at the last mode change (none yet: no dwell owed)
+    want_since: int | None = None  # `step` since which every decision wanted another mode
+    incumbent: int = 1  # the server starts with speculation on (with tiers: the ladder's first)
     credit: float = 0.0  # exploration budget left, in steps
     probes: int = 0
     flips: int = 0
+    tier_changes: int = 0
 
-    def estimate(self, spec_on: bool, bucket: int) -> Estimate | None:
+    def estimate(self, mode: int, bucket: int) -> Estimate | None:
         for key, est in self.estimates:
-            if key == (spec_on, bucket):
+            if key == (mode, bucket):
                 return est
         return None
+
+    def accept_of(self, mode: int) -> Estimate | None:
+        for m, est in self.accepts:
+            if m == mode:
+                return est
+        return None
+
+    @property
+    def accept(self) -> Estimate | None:
+        """Speculation's accept length (no tiers: its one mode; with tiers, the ladder's first tier's)."""
+        return self.accept_of(1)
+
+    @property
+    def modes(self) -> range:
+        """PLAIN and each speculative mode."""
+        return range(1 + max(1, len(self.tiers)))
+
+    def mode_of(self, spec_on: bool, steps: int | None) -> int | None:
+        """The mode a step ran in: PLAIN, or speculation's (with tiers, its step count's; None: a step count off
+        the ladder, which nothing learns from)."""
+        if not spec_on:
+            return PLAIN
+        if not self.tiers:
+            return 1
+        return self.tiers.index(steps) + 1 if steps in self.tiers else None
+
+    def steps_of(self, mode: int) -> int | None:
+        """The step count of a speculative mode with tiers; None for plain and without tiers."""
+        return self.tiers[mode - 1] if self.tiers and mode != PLAIN else None
 
     def digest(self) -> str:
         """A short fingerprint of the whole state: equal on every rank when their learners agree."""
         return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
 
 
-def initial_state(params: AutoParams | None = None) -> AutoState:
+def initial_state(params: AutoParams | None = None, tiers: tuple[int, ...] = ()) -> AutoState:
+    """The learner at start-up; `tiers`: the ladder's step counts, from low load to high (distinct, >= 1)."""
     params = params or AutoParams()
-    return AutoState(params=params, credit=float(params.probe_credit * params.probe_steps))
+    if len(set(tiers)) != len(tiers) or any(s < 1 for s in tiers):
+        raise ValueError(f"auto policy: tiers must be distinct step counts >= 1, got {list(tiers)}")
+    return AutoState(params=params, credit=float(params.probe_credit * params.probe_steps), tiers=tuple(tiers))
 
 
 def bucket_of(batch: int) -> int:
@@ -161,98 +214,117 @@ def bucket_floor(bucket: int) -> int:
     return (3 << (k - 1)) if half else (1 << k)
 
 
+def _ewma(old: Estimate | None, sample: float, step: int, p: AutoParams) -> Estimate:
+    """A running mean over the first samples, then an EWMA with weight alpha."""
+    if old is None:
+        return Estimate(rate=sample, samples=1, updated=step)
+    n = old.samples + 1
+    return Estimate(rate=old.rate + max(1.0 / n, p.alpha) * (sample - old.rate), samples=n, updated=step)
+
+
 def observe(state: AutoState, obs: Observation) -> AutoState:
     """The state after one more observed decode step."""
     p = state.params
-    run = state.run_length + 1 if obs.spec_on == state.run_mode else 1
+    mode = state.mode_of(obs.spec_on, obs.steps)
+    run = state.run_length + 1 if mode == state.run_mode else 1
     step = state.step + 1
     credit = min(float(p.probe_credit * p.probe_steps), state.credit + p.explore_fraction)
-    base = attrs.evolve(state, step=step, run_mode=obs.spec_on, run_length=run, credit=credit)
-    if run <= p.settle or obs.batch <= 0 or not obs.seconds > 0:
+    base = attrs.evolve(state, step=step, run_mode=mode, run_length=run, credit=credit)
+    if mode is None or run <= p.settle or obs.batch <= 0 or not obs.seconds > 0:
         return base
-    if not obs.spec_on and not (obs.tokens is not None and obs.tokens > 0):
+    if mode == PLAIN and not (obs.tokens is not None and obs.tokens > 0):
         return base
     # speculation: the bucket keeps its verify steps per second, the accept length is learned apart (below)
-    rate = 1.0 / obs.seconds if obs.spec_on else obs.tokens / (obs.batch * obs.seconds)
-    key = (obs.spec_on, bucket_of(obs.batch))
+    rate = 1.0 / obs.seconds if mode != PLAIN else obs.tokens / (obs.batch * obs.seconds)
+    key = (mode, bucket_of(obs.batch))
     old = state.estimate(*key)
-    if old is None:
-        new = Estimate(rate=rate, samples=1, updated=step)
-    else:
-        if old.samples >= p.min_samples:
-            rate = min(max(rate, old.rate / 2), old.rate * 2)
-        n = old.samples + 1
-        weight = max(1.0 / n, p.alpha)
-        new = Estimate(rate=old.rate + weight * (rate - old.rate), samples=n, updated=step)
-    estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key] + [(key, new)]))
-    accept = state.accept
-    if obs.spec_on and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
-        # of the traffic, the same at every batch size
-        length = obs.tokens / obs.batch
-        if accept is None:
-            accept = Estimate(rate=length, samples=1, updated=step)
-        else:
-            n = accept.samples + 1
-            accept = Estimate(rate=accept.rate + max(1.0 / n, p.alpha) * (length - accept.rate), samples=n,
-                              updated=step)
-    return attrs.evolve(base, estimates=estimates, accept=accept)
+    if old is not None and old.samples >= p.min_samples:
+        rate = min(max(rate, old.rate / 2), old.rate * 2)
+    estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key] + [(key, _ewma(old, rate, step, p))]))
+    accepts = state.accepts
+    if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
+        # of the traffic and the step count, the same at every batch size
+        accept = _ewma(state.accept_of(mode), obs.tokens / obs.batch, step, p)
+        accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
+    return attrs.evolve(base, estimates=estimates, accepts=accepts)
 
 
-def _known(state: AutoState, spec_on: bool, batch: int) -> Estimate | None:
-    est = state.estimate(spec_on, bucket_of(batch))
+def _batch(mode: int, demand: int, spec_cap: int) -> int:
+    """The batch a mode runs at this demand: speculation min(demand, cap), plain decoding all of it."""
+    return demand if mode == PLAIN else min(demand, spec_cap)
+
+
+def _known(state: AutoState, mode: int, batch: int) -> Estimate | None:
+    est = state.estimate(mode, bucket_of(batch))
     return est if est is not None and est.samples >= state.params.min_samples else None
 
 
-def value(state: AutoState, spec_on: bool, demand: int, spec_cap: int) -> float | None:
-    """A mode's estimated throughput (tokens/s) at this demand, None when its estimate is not known yet."""
-    batch = min(demand, spec_cap) if spec_on else demand
-    est = _known(state, spec_on, batch)
+def value(state: AutoState, mode: int, demand: int, spec_cap: int) -> float | None:
+    """A mode's estimated throughput (tokens/s) at this demand, None when its estimate is not known yet. `mode`:
+    PLAIN (False) or a speculative mode (no tiers: True, i.e. 1)."""
+    batch = _batch(mode, demand, spec_cap)
+    est = _known(state, mode, batch)
     if est is None:
         return None
-    if spec_on:  # the bucket's step rate times the accept length learned last, at whatever batch it was seen
-        return None if state.accept is None else est.rate * state.accept.rate * batch
+    if mode != PLAIN:  # the bucket's step rate times the mode's accept length, at whatever batch it was learned
+        accept = state.accept_of(mode)
+        return None if accept is None else est.rate * accept.rate * batch
     return est.rate * batch
 
 
-def _stale(state: AutoState, spec_on: bool, demand: int, spec_cap: int) -> bool:
-    batch = min(demand, spec_cap) if spec_on else demand
-    est = _known(state, spec_on, batch)
+def _stale(state: AutoState, mode: int, demand: int, spec_cap: int) -> bool:
+    est = _known(state, mode, _batch(mode, demand, spec_cap))
     return est is None or state.step - est.updated > state.params.stale_after
 
 
-def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int) -> Decision:
-    """The flip for the scheduling point at hand (or None), from the state alone. `demand`: running + waiting
-    requests; `running`: requests in flight (the running batch, prefilled and chunked ones included)."""
-    p = state.params
-    v_spec, v_plain = value(state, True, demand, spec_cap), value(state, False, demand, spec_cap)
+def _best(known: dict[int, float]) -> int:
+    """The mode of the highest value among the known ones; a tie goes to the later mode."""
+    return max(known, key=lambda m: (known[m], m))
 
-    def answer(action: str | None, reason: str, incumbent: bool = state.incumbent, wants: bool = False) -> Decision:
-        return Decision(action, reason, incumbent, demand, running, v_spec, v_plain, state.step, wants)
+
+def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int,
+           steps: int | None = None) -> Decision:
+    """The mode change for the scheduling point at hand (or none), from the state alone. `demand`: running + waiting
+    requests; `running`: requests in flight (the running batch, prefilled and chunked ones included); `steps`: with
+    tiers, the step count speculation runs at now (one off the ladder counts as the ladder's first)."""
+    p = state.params
+    cur = state.mode_of(spec_on, steps)
+    cur = 1 if cur is None else cur
+    values = tuple(value(state, m, demand, spec_cap) for m in state.modes)
+    spec_known = [v for v in values[1:] if v is not None]
+    v_spec, v_plain = (max(spec_known) if spec_known else None), values[PLAIN]
+
+    def answer(action: str | None, reason: str, incumbent: int = state.incumbent, wants: bool = False,
+               to: int = cur) -> Decision:
+        return Decision(action, reason, incumbent, demand, running, v_spec, v_plain, state.step, wants,
+                        steps=state.steps_of(to), changes_tier=bool(state.tiers) and PLAIN != to != cur != PLAIN,
+                        values=values if state.tiers else ())
 
     if demand <= 0:
         return answer(None, "idle")
     dwell = state.step - state.flip_step
-    probing = spec_on != state.incumbent
+    probing = cur != state.incumbent
     if probing and dwell < p.probe_steps:
         return answer(None, "probing")
-    v_cur = v_spec if spec_on else v_plain
+    known = {m: v for m, v in enumerate(values) if v is not None}
     clear = False
-    if v_spec is not None and v_plain is not None:
-        inc, challenger = (v_spec, v_plain) if state.incumbent else (v_plain, v_spec)
-        want = (not state.incumbent) if challenger > inc * (1 + p.margin) else state.incumbent
-        clear = max(v_spec, v_plain) >= min(v_spec, v_plain) * (1 + p.clear_win)
+    if (cur in known and state.incumbent in known) if probing else len(known) >= 2:
+        held = state.incumbent if state.incumbent in known else cur if cur in known else None
+        best = _best(known)
+        want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
+        clear = cur in known and known[want] >= known[cur] * (1 + p.clear_win)
         reason = "measured"
     elif probing:
         want, reason = state.incumbent, "probe_end"
-    else:
-        want, reason = demand <= spec_cap, "prior"
+    else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above
+        want, reason = (1 if demand <= spec_cap else PLAIN), "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
-    if want == spec_on:
-        other = not spec_on
-        if (not probing and v_cur is not None and _stale(state, other, demand, spec_cap)
-                and state.credit >= p.probe_steps and dwell >= p.min_dwell
-                and (not other or within_spec_cap(running, spec_cap))):
-            return answer(FLIP_ON if other else FLIP_OFF, "probe", incumbent=settled)
+    if want == cur:
+        if not probing and values[cur] is not None and state.credit >= p.probe_steps and dwell >= p.min_dwell:
+            for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
+                if other != cur and _stale(state, other, demand, spec_cap) \
+                        and (other == PLAIN or cur != PLAIN or within_spec_cap(running, spec_cap)):
+                    return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
     if not probing and not (reason == "measured" and clear):
         # a clear win on the numbers is far from the crossover (a burst starts or ends): no dwell, no confirmation.
@@ -263,34 +335,50 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         confirmed = state.want_since is not None and state.step - state.want_since >= p.confirm_steps
         if not confirmed:
             return answer(None, "confirming", wants=True)
-    if want and not within_spec_cap(running, spec_cap):
+    if cur == PLAIN and not within_spec_cap(running, spec_cap):
         return answer(None, "cap", wants=True)
-    return answer(FLIP_ON if want else FLIP_OFF, "probe_end" if probing else reason, incumbent=settled)
+    return answer(_flip(cur, want), "probe_end" if probing else reason, incumbent=settled, to=want)
+
+
+def _flip(cur: int, to: int) -> str | None:
+    """The flip from mode `cur` to mode `to`: None between two speculative modes (a tier change)."""
+    if (cur == PLAIN) == (to == PLAIN):
+        return None
+    return FLIP_ON if cur == PLAIN else FLIP_OFF
 
 
 def commit(state: AutoState, decision: Decision) -> AutoState:
-    """The state after the switch acted on `decision` (performed its flip, or it had none). A flip the switch
-    put off (it waits for a prefilled batch to merge) is not committed: the next scheduling point decides again."""
-    if decision.action is None:
+    """The state after the switch acted on `decision` (performed its flip or tier change, or it had none). A flip
+    the switch put off (it waits for a prefilled batch to merge) is not committed: the next scheduling point decides
+    again."""
+    if decision.action is None and not decision.changes_tier:
         want_since = (state.step if state.want_since is None else state.want_since) if decision.wants_flip else None
         if decision.incumbent == state.incumbent and want_since == state.want_since:
             return state
         return attrs.evolve(state, incumbent=decision.incumbent, want_since=want_since)
-    flipped = attrs.evolve(state, incumbent=decision.incumbent, flip_step=state.step, flips=state.flips + 1,
-                           want_since=None)
+    flipped = attrs.evolve(state, incumbent=decision.incumbent, flip_step=state.step, want_since=None,
+                           flips=state.flips + (decision.action is not None),
+                           tier_changes=state.tier_changes + decision.changes_tier)
     if decision.reason == "probe":
         return attrs.evolve(flipped, probes=state.probes + 1, credit=state.credit - state.params.probe_steps)
     return flipped
 
 
-def boundaries(state: AutoState, spec_cap: int, largest: int = 512) -> list[tuple[int, bool | None]]:
-    """Per bucket floor up to `largest`: the mode the learner holds on the numbers there (True: speculation),
-    None where either mode is unknown. What the auto switch settled on, for traces and `specflip calibrate`."""
-    out: list[tuple[int, bool | None]] = []
+def held_modes(state: AutoState, spec_cap: int, largest: int = 512) -> list[tuple[int, int | None]]:
+    """Per bucket floor up to `largest`: the mode the learner holds on the numbers there (the best of every mode),
+    None where a mode is unknown. What the auto switch settled on, for traces, `specflip calibrate` and the tiers'
+    simulation."""
+    out: list[tuple[int, int | None]] = []
     bucket = 0
     while bucket_floor(bucket) <= largest:
         demand = bucket_floor(bucket)
-        v_spec, v_plain = value(state, True, demand, spec_cap), value(state, False, demand, spec_cap)
-        out.append((demand, None if v_spec is None or v_plain is None else v_spec >= v_plain))
+        known = {m: v for m in state.modes if (v := value(state, m, demand, spec_cap)) is not None}
+        out.append((demand, _best(known) if len(known) == len(state.modes) else None))
         bucket += 1
     return out
+
+
+def boundaries(state: AutoState, spec_cap: int, largest: int = 512) -> list[tuple[int, bool | None]]:
+    """Per bucket floor up to `largest`: whether the learner holds speculation there on the numbers (any tier),
+    None where a mode is unknown."""
+    return [(d, None if m is None else m != PLAIN) for d, m in held_modes(state, spec_cap, largest)]

@@ -167,3 +167,36 @@ def test_auto_settles_where_the_thresholds_do_on_the_8b_anchor(tmp_path, capsys)
 def test_auto_on_a_host_where_plain_wins_everywhere(capsys):
     rc, out, _ = run_cli(capsys, S3_CALL3, "--auto")
     assert rc == 0 and "SPECFLIP_SWITCH=auto would settle on: speculation at c=none;" in out
+
+
+S7_CALL3 = RESULTS / "bench_s7_call3.jsonl"  # session 7 call 3: plain, steps 3 (spec) and steps 1 always on, 8B pair
+
+
+def test_tiers_simulates_the_tiered_auto_learner_on_the_h200_rows(capsys):
+    """`--tiers spec=3,spec_steps1=1`: the tiered learner on session 7's per-tier rows settles on the best static
+    mode at every concurrency (steps 1 up to 32, plain from 64), within 3 % of it (the docs/tiers.md table)."""
+    rc, out, _ = run_cli(capsys, S7_CALL3, "--tiers", "spec=3,spec_steps1=1")
+    assert rc == 0 and "SPECFLIP_SWITCH=auto with tiers, simulated" in out
+    rc, out, _ = run_cli(capsys, S7_CALL3, "--tiers", "spec=3,spec_steps1=1", "--json")
+    rows = json.loads(out)["auto_tiers"]
+    assert [r["conc"] for r in rows] == [1, 4, 16, 24, 32, 64, 256]
+    assert [r["best"] for r in rows] == ["steps=1"] * 5 + ["plain"] * 2
+    assert all(r["fresh"] == r["best"] == r["sweep"] and r["fresh_over_best"] >= 0.97 for r in rows)
+    assert set(rows[0]["static"]) == {"plain", "steps=3", "steps=1"}
+    rc, out, _ = run_cli(capsys, S7_CALL3)
+    assert "with tiers" not in out and "auto_tiers" not in calibrate([str(S7_CALL3)]).to_json()
+
+
+@pytest.mark.parametrize(("tiers", "message"), [
+    ("spec=3,spec=1", "distinct cfgs and distinct step counts"),
+    ("spec=3,spec_steps1=3", "distinct cfgs and distinct step counts"),
+    ("spec:3", "--tiers must be CFG=STEPS"),
+    ("spec=0", "--tiers must be CFG=STEPS"),
+    ("plain=1", "names the plain cfg"),
+    ("spec=3,nosuch=1", "no rows with cfg 'nosuch'"),
+])
+def test_bad_tiers_are_one_line_and_exit_2(capsys, tiers, message):
+    rc, out, err = run_cli(capsys, S7_CALL3, "--tiers", tiers)
+    assert rc == 2 and out == ""
+    err = err.strip()
+    assert err.startswith("specflip calibrate: ") and "\n" not in err and message in err, err

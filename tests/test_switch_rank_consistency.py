@@ -77,6 +77,8 @@ def test_switch_policy_reads_counts_and_configuration_only() -> None:
         # (shim/switch/auto.py: a MAX all-reduce per 8-step window over tp_cpu_group), and the model's check of
         # its decision (model_free_flips, refused) reads the same counts
         auto = {"auto", "decide", "decision", "commit", "design_name", "model_free_flips", "refused", "performed"}
+        # with tiers: the tier in force (every rank's from the same decisions) and the configured ladder
+        auto |= {"tier", "tiers", "ladder", "steps"}
         allowed = {a.arg for a in node.args.args} | {"c", "config", "t_off", "t_on", "spec_cap", "spec_on", "clamp",
                                                     "decide_flip", "wants", "action", "Flip", "ON", "None"} | auto
         assert read <= allowed, (fn.__qualname__, read - allowed)

@@ -64,7 +64,10 @@ def test_every_decision_is_a_step_count_of_the_ladder_and_the_model_covers_ladde
     ({"SPECFLIP_SWITCH": "40:30", "SPECFLIP_TIERS": "3,8:4,2,6:5,1"}, "must rise"),
     ({"SPECFLIP_SWITCH": "40:30", "SPECFLIP_TIERS": "3,8:4,0"}, "not steps 0"),
     ({"SPECFLIP_SWITCH": "40:30", "SPECFLIP_TIERS": "3,40:4,1"}, "below t_off 40"),
-    ({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "3,8:4,1"}, "needs SPECFLIP_SWITCH=t_off:t_on"),
+    ({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "3,8:4,1"}, "with SPECFLIP_SWITCH=auto the boundaries are learned"),
+    ({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "3,1,3"}, "distinct"),
+    ({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "3,x"}, "with SPECFLIP_SWITCH=auto: the step counts only"),
+    ({"SPECFLIP_SWITCH": "40:30", "SPECFLIP_TIERS": "3,1"}, "only auto learns the boundaries"),
     ({"SPECFLIP_SWITCH": "40:30", "SPECFLIP_SWITCH_DRAFT": "sync", "SPECFLIP_TIERS": "3,8:4,1"}, "retract"),
     ({"SPECFLIP_TIERS": "3,8:4,1"}, "needs SPECFLIP_SWITCH=t_off:t_on"),
 ])
@@ -80,6 +83,16 @@ def test_tiers_config_names_the_tiers_design() -> None:
     assert config.design_name == TIERS.name and config.tiers.describe() == "3,8:4,1"
     plain = SwitchConfig.from_env({"SPECFLIP_SWITCH": "40:30"})
     assert plain is not None and plain.tiers is None and plain.design_name == "plain_off_retract_catch_up"
+
+
+def test_auto_takes_a_ladder_of_step_counts() -> None:
+    """With SPECFLIP_SWITCH=auto the ladder is the step counts only (the learner finds the boundaries); it implements
+    the tiers design (TierFlips over-approximates the learner's choices as it does the thresholds')."""
+    config = SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "3, 1"})
+    assert config is not None and config.auto and config.tiers == TierLadder((3, 1), learned=True)
+    assert config.design_name == TIERS.name and config.tiers.describe() == "3,1"
+    one = SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "2"})
+    assert one is not None and one.tiers == TierLadder((2,)) and one.design_name == TIERS.name
 
 
 def test_a_bad_tiers_setting_leaves_the_switch_off_with_one_log_line(monkeypatch: pytest.MonkeyPatch,
@@ -213,6 +226,149 @@ def test_the_switch_runs_every_tier_and_plain_on_real_objects(runtime: Any, mode
     assert guard.covered["draft"] == len(applied)
 
 
+class TierStepClockCpuStandIn:
+    """The GPU's step time per mode, which the CPU cannot give (tests/test_switch_auto.py's AutoDriver advances it at
+    each decode launch): plain 1.0 ms + 0.05 ms a request; steps 1 1.2 + 0.3 ms; steps 3 0.5 + 0.9 ms. With the
+    accept lengths of ACCEPTS (steps 3: 2.75 a request, steps 1: 2.0) steps 3 wins at one and two requests, steps 1
+    at three, plain from five (and ties steps 1 at four). The step count is the worker's, which the tier applied
+    inside the forward just launched."""
+
+    def __init__(self, worker: Any) -> None:
+        self.now = 0.0
+        self.worker = worker
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step_seconds(self, spec: bool, bs: int) -> float:
+        if not spec:
+            return 1.0e-3 + 0.05e-3 * bs
+        return (1.2e-3 + 0.3e-3 * bs) if self.worker.speculative_num_steps == 1 else (0.5e-3 + 0.9e-3 * bs)
+
+
+ACCEPTS = [4, 2, 3, 2]  # per request, in turn; a tier accepts at most steps + 1
+
+
+@pytest.mark.sglang
+def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, model_dir: Path, tiers_config: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECFLIP_SWITCH=auto with SPECFLIP_TIERS=3,1: the learner (small parameters for a CPU run) picks among plain
+    and both tiers from the synthetic step times, through the real hooks (get_next_batch_to_run, run_batch,
+    process_batch_result) and SGLang's real AdaptiveController in the real forward, over phases of one or two
+    requests and of seven, refilled as they finish. It crosses the tiers and plain both ways; each verify runs on
+    its tier's graph; every output is greedy-exact, every slot back, and the guard (assert mode, the tiers design)
+    found nothing. Its observations carry the tier each step ran at, and its accept lengths are per tier."""
+    gf, h, ol = _sglang()
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from test_switch_auto import PARAMS, AutoDriver
+
+    from shim.switch.auto import AutoSwitch
+    from shim.switch.v2_tiers import activate_tier
+    from statemodel import auto_policy as ap
+
+    gf.configure_guard(runtime, TIERS)
+    config = SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto", "SPECFLIP_TIERS": "3,1", "SPECFLIP_SPEC_CAP": "16"})
+    assert config is not None and config.design_name == TIERS.name
+    drv = AutoDriver(ol.overlap_pools(model_dir), TIERS, switch_config=config)
+    adaptive_controller_for(drv.worker, gf, (1, 3), tiers_config)
+    drv.clock = TierStepClockCpuStandIn(drv.worker)
+    auto = drv.switch.policy.auto = AutoSwitch(spec_cap=16, window=2, clock=drv.clock,
+                                               state=ap.initial_state(PARAMS, tiers=(3, 1)))
+    cycle = gf.accept_cycle(ACCEPTS)
+    drv.accepts = lambda req: min(cycle(req), drv.switch.policy.tier + 1)
+    applied: list[tuple[int, int]] = []  # (batch size, steps) of every speculative decode
+    widths: list[tuple[int, int]] = []
+    orig_activate = EAGLEWorkerV2.activate_step_by_batch
+
+    def activate(self: Any, batch_size: int) -> None:  # shim/switch/v2.py's AROUND hook, with the driver's runtime
+        if not activate_tier(drv.switch, self):
+            orig_activate(self, batch_size)
+        applied.append((batch_size, self.speculative_num_steps))
+        widths.append((self.speculative_num_steps, self.target_worker.model_runner.decode_cuda_graph_runner
+                       .captured_req_width))
+    monkeypatch.setattr(EAGLEWorkerV2, "activate_step_by_batch", activate)
+    observed: list[ap.Observation] = []
+    real_observe = ap.observe
+
+    def observe(state: ap.AutoState, obs: ap.Observation) -> ap.AutoState:
+        observed.append(obs)
+        return real_observe(state, obs)
+    monkeypatch.setattr(ap, "observe", observe)
+
+    reqs: list[Any] = []
+    for phase, (concurrency, length) in enumerate([(2, 50), (7, 50), (1, 50), (7, 50), (2, 50)]):
+        for _ in range(length):
+            live = [r for r in reqs if not r.finished()]
+            wave = [h.make_req(f"p{phase}_{len(reqs) + i}", gf.SYSTEM_PROMPT + [300 + len(reqs) + i] * 3,
+                               max_new_tokens=12) for i in range(concurrency - len(live))]
+            reqs += wave
+            drv.add(wave)
+            drv.iteration()
+    drv.run_until_idle()
+
+    guard = runtime.guard
+    assert guard.config.design.name == f"{TIERS.name}_overlap" and guard.found == []
+    assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in reqs)
+    assert gf.pool_accounted(drv.pools)
+    events = drv.switch.trace.events
+    flips = [e for e in events if e["action"] in ("flip_off", "flip_on")]
+    tier_moves = [e["steps"] for e in events if e["action"] == "tier"]
+    # plain and both tiers, both ways: off and on, steps 3 -> 1 and 1 -> 3
+    assert {f["action"] for f in flips} == {"flip_off", "flip_on"}
+    assert any(mode == "plain" for _, mode, _ in drv.launched)
+    assert {s for _, s in applied} == {1, 3} and 1 in tier_moves and 3 in tier_moves
+    assert all(width == steps + 1 for steps, width in widths)  # every verify on its tier's graph
+    assert drv.switch.policy.refused == 0 and auto.state.tier_changes >= 2 and auto.state.flips >= 2
+    # what it learned: steps 3 at two requests, plain at seven (the bucket of 6-7), flipping on the numbers too
+    held = dict(ap.held_modes(auto.state, 16, 8))
+    assert auto.state.steps_of(held[2]) == 3 and held[6] == ap.PLAIN
+    assert "measured" in {f["reason"] for f in flips}
+    assert all(f["policy"] == "auto" and "values" in f and "digest" in f for f in flips)
+    # observations carry the tier they ran at; each tier learned its own accept length (steps 1 at most 2)
+    spec_steps = {o.steps for o in observed if o.spec_on}
+    assert spec_steps == {1, 3} and all(o.steps is None for o in observed if not o.spec_on)
+    acc3, acc1 = auto.state.accept_of(1), auto.state.accept_of(2)
+    assert acc3 is not None and acc1 is not None and acc1.rate <= 2.0 < acc3.rate
+
+
+@pytest.mark.sglang
+def test_auto_tiers_credit_each_result_to_the_tier_it_ran_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the overlap schedule a verify result is processed after the next step launched, maybe at another tier:
+    its accept lengths go to the step count it ran at (on_launched), each window agrees one accept sum per tier of the
+    ladder (the same list length on every rank, whichever tiers ran), and each observation carries its step count."""
+    import torch
+    from test_switch_auto import _batch
+
+    from shim.switch import auto as auto_switch
+    from statemodel import auto_policy as ap
+
+    agreed: list[int] = []
+    real_reduce = auto_switch.all_reduce_max
+    monkeypatch.setattr(auto_switch, "all_reduce_max", lambda sched, values: agreed.append(len(values))
+                        or real_reduce(sched, values))
+    t = [0.0]
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=4, clock=lambda: t[0], state=ap.initial_state(tiers=(3, 1)))
+    observed: list[ap.Observation] = []
+    real_observe = ap.observe
+    monkeypatch.setattr(ap, "observe", lambda state, obs: observed.append(obs) or real_observe(state, obs))
+    sched = object()
+    prev: tuple[Any, Any] | None = None
+    for steps in [3, 3, 3, 3, 1, 1, 1, 3]:  # the overlap loop: launch N, then process N-1's result
+        batch = _batch("spec", 2)
+        auto.on_run_batch(sched, batch, 0, None, steps=steps)
+        result = type("Result", (), {"accept_lens": torch.tensor([steps + 1, steps + 1])})()
+        auto.on_launched(result, steps)
+        if prev is not None:
+            auto.on_result(*prev)
+        prev = (batch, result)
+        t[0] += 0.004 if steps == 1 else 0.006
+    assert agreed == [3 + 2 + 2 * 2, 4 + 2 + 2 * 2]  # 3 then 4 intervals, the two sums, one pair per tier
+    assert [o.steps for o in observed] == [3, 3, 3, 3, 1, 1, 1]
+    # every step's tokens are its own tier's accept (4 at steps 3, 2 at steps 1), not the second window's mix (2.5)
+    assert [o.tokens for o in observed] == [8.0, 8.0, 8.0, 8.0, 4.0, 4.0, 4.0]
+    assert auto.result_steps == {id(prev[1]): 3}  # launched, not yet processed
+
+
 @pytest.mark.sglang
 def test_sglang_accept_length_controller_is_kept_out(tiers_config: Path) -> None:
     """SGLang's own controller (warm-up 0, every verify) moves the step count on low accepts; under the tiers
@@ -340,8 +496,60 @@ def test_lint_checks_each_tier_on_0_5_16_sizing() -> None:
     assert [f.state for f in static] == ["specflip tier steps=3", "specflip tier steps=1"]
 
 
+def test_lint_checks_each_auto_tier() -> None:
+    """`--specflip-auto --specflip-tiers 3,1`: every tier is a state the learner may pick at any demand; each is
+    checked as the threshold tiers' are (a launch at steps 1 on 0.5.16 outgrows the buffer for steps 3)."""
+    from specflip.lint import sglang_0_5_16 as lint_0_5_16
+    from specflip.lint.rules import SHAPES, check, reachable_states, summary
+    from specflip.lint.run import _own_parser, specflip_policy
+
+    policy = specflip_policy(_own_parser().parse_args(["--specflip-auto", "--specflip-tiers", "3,1"]))
+    assert policy is not None and policy.auto and policy.tiers == (3, 1) and policy.tier_bounds == ()
+    server = partial(lint_0_5_16.sizing_from_values, adaptive=True, tiers=((1, (1, 2, 3)),),
+                     max_running_requests=256, specflip=policy)
+    fits = server(steps=3)
+    assert check(fits) == []
+    assert [(st.steps, where) for st, where in reachable_states(fits)] == [
+        (3, "(specflip auto tier, any demand)"), (1, "(specflip auto tier, any demand)")]
+    assert "specflip off/on (auto) by tiers [3, 1]" in summary(fits)
+    assert {f.rule for f in check(server(steps=1))} == {SHAPES}
+    missing = check(lint_0_5_16.sizing_from_values(adaptive=True, tiers=((1, (1, 3)),), steps=3,
+                                                   max_running_requests=256, specflip=specflip_policy(
+                                                       _own_parser().parse_args(["--specflip-auto",
+                                                                                 "--specflip-tiers", "3,2"]))))
+    assert [(f.rule, f.state) for f in missing] == [(SHAPES, "specflip tier steps=2")]
+
+
+@pytest.mark.sglang
+def test_lint_cli_takes_auto_tiers_on_0_5_23(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`specflip lint --specflip-auto --specflip-tiers 3,1` on SGLang 0.5.23's real ServerArgs with the tiers server's
+    adaptive config (bench/gpu/tiers_8b.json): every tier fits (exit 0, one summary line); thresholds beside
+    --specflip-auto are bad usage (exit 2, one line)."""
+    import importlib.metadata
+
+    from specflip.cli import main
+
+    if importlib.metadata.version("sglang") != "0.5.23":
+        pytest.skip("needs sglang 0.5.23 (scripts/setup.sh)")
+    h = importlib.import_module("sglang_cpu")
+    model = h.write_tiny_model_config(tmp_path)
+    launch = ["--model-path", str(model), "--speculative-draft-model-path", str(model), "--device", "cuda",
+              "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+              "--speculative-num-draft-tokens", "4", "--max-running-requests", "256", "--speculative-adaptive",
+              "--speculative-adaptive-config", str(Path(__file__).resolve().parents[1] / "bench/gpu/tiers_8b.json")]
+    assert main(["lint", "--no-cache", "--specflip-auto", "--specflip-tiers", "3,1", *launch]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("ok: sglang 0.5.23") and "specflip off/on (auto) by tiers [3, 1]" in out[-1]
+    assert main(["lint", "--specflip-auto", "--specflip-t-off", "40", "--specflip-tiers", "3,1", *launch]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specflip lint:") and "\n" not in err and "without --specflip-t-off" in err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--specflip-tiers", "3,8:4,1"], "--specflip-tiers needs --specflip-t-off"),
+    (["--specflip-auto", "--specflip-t-off", "40"], "without --specflip-t-off"),
+    (["--specflip-auto", "--specflip-tiers", "3,8:4,1"], "with SPECFLIP_SWITCH=auto the boundaries are learned"),
+    (["--specflip-t-off", "40", "--specflip-t-on", "30", "--specflip-tiers", "3,1"], "only auto learns"),
     (["--specflip-t-off", "40", "--specflip-t-on", "30", "--specflip-tiers", "3,8"], "a step count last"),
     (["--specflip-t-off", "8", "--specflip-t-on", "4", "--specflip-tiers", "3,8:4,1"], "below t_off 8"),
 ])
@@ -366,5 +574,6 @@ def test_the_tier_decision_reads_counts_and_configuration_only() -> None:
     assert set().union(*(names_read(s) for s in node.body)) <= params | {"i", "index", "len"}
     follow = function_ast(SwitchPolicy.follow_tier)
     read = set().union(*(names_read(s) for s in follow.body))
+    # auto: the tier of the learner's last committed decision (its state agreed across ranks, docs/auto-switch.md)
     assert read <= {"self", "demand", "ladder", "config", "tiers", "tier", "spec_on", "steps", "decide_tier",
-                    "bounds", "None"}, read
+                    "bounds", "None", "auto"}, read

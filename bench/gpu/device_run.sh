@@ -6,7 +6,11 @@
 #   ENV:    space-separated VAR=value for the server (e.g. SPECFLIP_SWITCH=16:8; SPECFLIP_MODE=assert adds the guard;
 #           @TR stands for this phase's trace folder; SPECFLIP_STEP_PROFILE=@TR/profile.flag adds a profiled round at
 #           PROFILE_CONCS (default 1) after the sweep: bench/gpu/profile_diff.py compares two servers' profiles)
-#   FLAGS:  extra launch_server flags; @SPEC expands to the EAGLE-3 flags (steps 3, topk 1, 4 draft tokens)
+#   FLAGS:  extra launch_server flags; @SPEC expands to the EAGLE-3 flags (steps 3, topk 1, 4 draft tokens); @TIERS to
+#           SGLang's adaptive runtime states for steps 1, 2 and 3 (bench/gpu/tiers_8b.json), which the tiers switch needs
+#   The tiers servers (docs/tiers.md), threshold and auto side by side:
+#     'tiers|8b|SPECFLIP_SWITCH=40:30 SPECFLIP_TIERS=3,8:4,1 SPECFLIP_SWITCH_TRACE_EVERY=64|@SPEC --max-running-requests 256 @TIERS'
+#     'auto_tiers|8b|SPECFLIP_SWITCH=auto SPECFLIP_TIERS=3,1 SPECFLIP_SWITCH_TRACE_EVERY=64|@SPEC --max-running-requests 256 @TIERS'
 #   NAME starting with 'replay' runs the kit client + `specflip replay`; any other NAME runs the bench sweep.
 # ROUNDS (default 1) and SCALE (default 1): rounds per concurrency and requests per round (max(8, 2c) x SCALE);
 # WARMUP=1,8,64: one unmeasured round per server at each of these concurrencies first; FREEZE_GC=1: then SGLang's
@@ -43,6 +47,7 @@ case " $* " in *'|big|'*) H=2048 L=16 I=5632 python3 "$K/gen_models_sized.py" /t
 case " $* " in *'|8b|'*) H=4096 L=32 I=14336 python3 "$K/gen_models_sized.py" /tmp/models_8b > /dev/null || exit 4;; esac
 echo "== models ready (t=$(el)s)"
 SPEC="--speculative-algorithm EAGLE3 --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4"
+TIERS="--speculative-adaptive --speculative-adaptive-config $REPO/bench/gpu/tiers_8b.json"
 FAILED=0
 
 # parse SPEC_TEXT into name/models/envs/flags/M/TR for a server on port $2 (sets globals)
@@ -52,6 +57,7 @@ parse() {
   M=/tmp/models_$models
   TR=$OUT/tr/$name; envs=${envs//@TR/$TR}   # @TR in ENV: this phase's trace folder (e.g. SPECFLIP_TRACE=@TR/g.jsonl)
   flags=${flags//@SPEC/$SPEC --speculative-draft-model-path $M/draft}
+  flags=${flags//@TIERS/$TIERS}
   mkdir -p "$TR"
 }
 # start the parsed server on port $1 with extra launch flags $2; appends its process group to PIDS

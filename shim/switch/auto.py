@@ -12,6 +12,9 @@ What it observes, on the host, with no host-device sync:
   verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host and
   checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU). A window that processed
   no verify result gives its speculative steps their seconds only (the learner keeps the accept length apart).
+- with tiers (SPECFLIP_TIERS beside SPECFLIP_SWITCH=auto): each step's step count, and each verify result's accept
+  lengths summed per step count (the switch tells which result ran at which: `on_launched`), so the learner learns
+  the accept length per tier.
 
 Rank agreement (issue 16): every rank runs the same batches, so the decode-step count, the modes and the batch
 sizes are the same on every rank; the seconds are not (per-rank clocks). Every `window` decode steps, counted
@@ -42,28 +45,41 @@ class AutoSwitch:
     window: int = AGREE_WINDOW
     state: ap.AutoState = field(default_factory=ap.initial_state)
     clock: Callable[[], float] = time.perf_counter  # the host's clock; tests pass a stand-in for the GPU's steps
-    # (spec_on, batch) of the steps measured in this window, and their seconds (per rank until agreed)
+    # (spec_on, batch) of the steps measured in this window, their step counts (tiers; else None) and their
+    # seconds (per rank until agreed)
     pending: list[tuple[bool, int]] = field(default_factory=list)
+    pending_steps: list[int | None] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     accept_tokens: int = 0  # verify results processed in this window: accept lengths summed, and rows
     accept_rows: int = 0
+    # tiers: the same per step count, {steps: [tokens, rows]}
+    accept_by_steps: dict[int, list[int]] = field(default_factory=dict)
     accept_mean: float = 1.0  # the last agreed mean accept length (tokens per request per speculative step)
     decode_steps: int = 0  # decode run_batch calls seen (the same count on every rank)
-    prev: tuple[float, bool, int, int] | None = None  # (time, spec_on, batch, flips) of the last decode launch
+    # (time, spec_on, batch, flips, steps) of the last decode launch
+    prev: tuple[float, bool, int, int, int | None] | None = None
+    # tiers: id() of each launched speculative decode's result -> its step count, until the result is processed
+    result_steps: dict[int, int] = field(default_factory=dict)
     last: ap.Decision | None = None
+    tier: int | None = None  # tiers: the step count of the last committed decision (what the switch runs)
     agreements: int = 0
     rank: int = 0  # the scheduler's TP rank (trace records only)
 
     # --- decisions ------------------------------------------------------------------------------------------
 
-    def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0) -> ap.Decision:
-        """The learner's decision for these counts (the switch checks it against the model and performs it)."""
-        self.last = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap)
+    def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0,
+               steps: int | None = None) -> ap.Decision:
+        """The learner's decision for these counts (the switch checks it against the model and performs it);
+        `steps`: with tiers, the step count speculation runs at now."""
+        self.last = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap,
+                              steps=steps)
         return self.last
 
     def commit(self, decision: ap.Decision) -> None:
-        """The switch performed `decision` (or it had no flip)."""
+        """The switch performed `decision` (its flip or tier change, or it had none)."""
         self.state = ap.commit(self.state, decision)
+        if decision.steps is not None:
+            self.tier = decision.steps
 
     def trace_fields(self) -> dict[str, Any]:
         """The learner's inputs and state at the last decision, for the flip's trace record."""
@@ -73,13 +89,25 @@ class AutoSwitch:
         return {"policy": "auto", "rank": self.rank, "reason": d.reason, "demand": d.demand, "learner_step": d.step,
                 "spec_value": None if d.spec_value is None else round(d.spec_value, 3),
                 "plain_value": None if d.plain_value is None else round(d.plain_value, 3),
-                "incumbent": "spec" if d.incumbent else "plain", "probes": self.state.probes,
-                "digest": self.state.digest()}
+                "incumbent": self.mode_name(d.incumbent), "probes": self.state.probes,
+                "digest": self.state.digest(),
+                **({} if not self.state.tiers else
+                   {"steps": d.steps, "values": {self.mode_name(m): None if v is None else round(v, 3)
+                                                 for m, v in enumerate(d.values)}})}
+
+    def mode_name(self, mode: int) -> str:
+        """A learner mode as traces name it: plain, spec (no tiers) or steps=N."""
+        steps = self.state.steps_of(mode)
+        return "plain" if mode == ap.PLAIN else "spec" if steps is None else f"steps={steps}"
 
     # --- observations ---------------------------------------------------------------------------------------
 
-    def on_run_batch(self, scheduler: Any, batch: Any, flips: int, trace: Any = None) -> None:
-        """At the entry of `Scheduler.run_batch`: time the previous decode step, agree the window when it is full."""
+    def on_run_batch(self, scheduler: Any, batch: Any, flips: int, trace: Any = None,
+                     steps: int | None = None) -> None:
+        """At the entry of `Scheduler.run_batch`: time the previous decode step, agree the window when it is full.
+        `steps`: with tiers, the step count this (speculative) batch runs at. A tier change does not cut the
+        interval: it swaps graphs inside the next forward, after this clock read; the learner skips the first
+        steps of every mode anyway (`settle`)."""
         if batch is None or not batch.forward_mode.is_decode():
             return  # a prefill between two decodes: its time counts to the decode step before it
         now = self.clock()
@@ -89,8 +117,9 @@ class AutoSwitch:
         prev = self.prev
         if prev is not None and prev[1] == spec_on and prev[3] == flips:
             self.pending.append((prev[1], prev[2]))
+            self.pending_steps.append(prev[4])
             self.seconds.append(now - prev[0])
-        self.prev = (now, spec_on, bs, flips)
+        self.prev = (now, spec_on, bs, flips, steps if spec_on else None)
         self.decode_steps += 1
         if self.decode_steps % self.window == 0:
             self.agree(scheduler, trace)
@@ -99,37 +128,60 @@ class AutoSwitch:
         """An iteration with nothing to run: the next decode's interval would contain the idle time."""
         self.prev = None
 
+    def on_launched(self, result: Any, steps: int) -> None:
+        """After `Scheduler.run_batch` launched a speculative decode at `steps` (tiers): its result's step count,
+        for `on_result` (under the overlap schedule the result is processed an iteration later, after the next
+        tier may have been chosen)."""
+        self.result_steps[id(result)] = steps
+
     def on_result(self, batch: Any, result: Any) -> None:
         """After `Scheduler.process_batch_result`: a verify's accept lengths, already on the host."""
+        steps = self.result_steps.pop(id(result), None)
         accept = getattr(result, "accept_lens", None)
         if accept is None or batch is None or not batch.forward_mode.is_decode():
             return
         if getattr(accept, "is_cpu", False):  # never a device tensor: reading one would sync
-            self.accept_tokens += int(accept.sum())
-            self.accept_rows += int(accept.numel())
+            tokens, rows = int(accept.sum()), int(accept.numel())
+            self.accept_tokens += tokens
+            self.accept_rows += rows
+            if steps is not None:
+                per_tier = self.accept_by_steps.setdefault(steps, [0, 0])
+                per_tier[0] += tokens
+                per_tier[1] += rows
 
     def agree(self, scheduler: Any, trace: Any = None) -> None:
         """Agree the window across ranks (MAX over the TP CPU group; nothing at TP 1), then feed the learner."""
-        values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows)]
+        tiers = self.state.tiers  # every rank has the same ladder: the same length of values
+        per_tier = [float(x) for s in tiers for x in self.accept_by_steps.get(s, (0, 0))]
+        values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows), *per_tier]
         values = all_reduce_max(scheduler, values)
-        seconds, (tokens, rows) = values[:-2], values[-2:]
+        n = len(self.seconds)
+        seconds, (tokens, rows) = values[:n], values[n:n + 2]
         # the verify results processed in this window: under the overlap schedule, those of the steps launched from
         # one before the window to one before its end. A window with none (its steps' results come after the
         # agreement) gives its steps no accept length: the last agreed one (1.0 before any) is not theirs
         mean = tokens / rows if rows > 0 else None
         if mean is not None:
             self.accept_mean = mean
-        for (spec_on, bs), sec in zip(self.pending, seconds, strict=True):
-            tok = (None if mean is None else bs * mean) if spec_on else float(bs)
-            self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec))
+        tier_sums = values[n + 2:]
+        tier_means = {s: (tier_sums[2 * i] / tier_sums[2 * i + 1] if tier_sums[2 * i + 1] > 0 else None)
+                      for i, s in enumerate(tiers)}
+        for (spec_on, bs), steps, sec in zip(self.pending, self.pending_steps, seconds, strict=True):
+            step_mean = tier_means.get(steps) if tiers else mean
+            tok = (None if step_mean is None else bs * step_mean) if spec_on else float(bs)
+            self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec,
+                                                               steps=steps))
         self.agreements += 1
         if trace is not None:
             trace.event("auto_observe", rank=self.rank, decode_step=self.decode_steps, n=len(self.pending),
                         spec=sum(1 for s, _ in self.pending if s), seconds=round(sum(seconds), 6),
                         accept_mean=None if mean is None else round(mean, 4), learner_step=self.state.step,
-                        digest=self.state.digest())
-        self.pending, self.seconds = [], []
+                        digest=self.state.digest(),
+                        **({} if not tiers else {"accept_by_steps": {
+                            str(s): None if m is None else round(m, 4) for s, m in tier_means.items()}}))
+        self.pending, self.pending_steps, self.seconds = [], [], []
         self.accept_tokens = self.accept_rows = 0
+        self.accept_by_steps = {}
 
 
 def tp_rank(scheduler: Any) -> int:

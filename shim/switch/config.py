@@ -40,19 +40,24 @@ class SwitchConfigError(ValueError):
 
 
 TIERS_SYNTAX = "'steps[,up:down,steps]...' from low load to high, e.g. '3,8:4,1'"
+AUTO_TIERS_SYNTAX = "the step counts only, from low load to high, e.g. '3,1'"
 
 
 @dataclass(frozen=True)
 class TierLadder:
     """SPECFLIP_TIERS: the speculative tiers (EAGLE step counts) from low load to high, and the demand boundaries
     between neighbours with hysteresis (statemodel.policy.decide_tier); plain decoding above the last tier is the
-    switch's t_off / t_on. `3,8:4,1`: steps 3 below demand 8, steps 1 from 8 (back to 3 at demand 4)."""
+    switch's t_off / t_on. `3,8:4,1`: steps 3 below demand 8, steps 1 from 8 (back to 3 at demand 4).
+    With SPECFLIP_SWITCH=auto the learner finds the boundaries: `3,1`, the step counts only (`learned`)."""
 
     steps: tuple[int, ...]
     bounds: tuple[tuple[int, int], ...] = ()
+    learned: bool = False  # no boundaries given: SPECFLIP_SWITCH=auto learns them (statemodel.auto_policy)
 
     def __post_init__(self) -> None:
-        if not self.steps or len(self.bounds) != len(self.steps) - 1:
+        if self.learned and self.bounds:
+            raise SwitchConfigError(f"{ENV_TIERS}: a learned ladder has no boundaries, got {list(self.bounds)}")
+        if not self.steps or (not self.learned and len(self.bounds) != len(self.steps) - 1):
             raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX}, got steps {list(self.steps)} "
                                     f"with {len(self.bounds)} boundaries")
         if any(s < 1 for s in self.steps) or len(set(self.steps)) != len(self.steps):
@@ -70,6 +75,8 @@ class TierLadder:
         return max(self.steps)
 
     def describe(self) -> str:
+        if self.learned:
+            return ",".join(str(s) for s in self.steps)
         parts = [str(self.steps[0])]
         for (up, down), s in zip(self.bounds, self.steps[1:], strict=True):
             parts += [f"{up}:{down}", str(s)]
@@ -77,7 +84,15 @@ class TierLadder:
 
     @classmethod
     def parse(cls, text: str) -> TierLadder:
+        """`steps[,up:down,steps]...`, or step counts alone (`3,1`: a ladder whose boundaries auto learns)."""
         items = [x.strip() for x in text.split(",")]
+        if len(items) > 1 and ":" not in text:
+            try:
+                steps = tuple(int(x) for x in items)
+            except ValueError:
+                raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX} (with {ENV_SWITCH}=auto: "
+                                        f"{AUTO_TIERS_SYNTAX}), got {text!r}") from None
+            return cls(steps=steps, learned=True)
         if len(items) % 2 == 0:
             raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX} (a step count last), got {text!r}")
         try:
@@ -109,8 +124,16 @@ class SwitchConfig:
 
     def __post_init__(self) -> None:
         if self.tiers is not None:
-            if self.auto or self.draft_while_off != DraftMode.RETRACT:
-                raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on and SPECFLIP_SWITCH_DRAFT=retract")
+            if self.draft_while_off != DraftMode.RETRACT:
+                raise SwitchConfigError(f"{ENV_TIERS} needs SPECFLIP_SWITCH_DRAFT=retract, "
+                                        f"got {self.draft_while_off!r}")
+            if self.auto and self.tiers.bounds:  # refused, not ignored: a boundary the switch would not keep
+                raise SwitchConfigError(f"{ENV_TIERS}: with {ENV_SWITCH}=auto the boundaries are learned; give "
+                                        f"{AUTO_TIERS_SYNTAX}, got '{self.tiers.describe()}'")
+            if not self.auto and self.tiers.learned:
+                raise SwitchConfigError(f"{ENV_TIERS} must be {TIERS_SYNTAX} (a step count last) with "
+                                        f"{ENV_SWITCH}=t_off:t_on (only auto learns the boundaries), got "
+                                        f"'{self.tiers.describe()}'")
             if self.tiers.bounds and self.tiers.bounds[-1][0] >= self.t_off:
                 raise SwitchConfigError(f"{ENV_TIERS}: the last boundary {self.tiers.bounds[-1][0]} must lie below "
                                         f"t_off {self.t_off} (its tier would never run)")
@@ -137,10 +160,10 @@ class SwitchConfig:
     @property
     def design_name(self) -> str:
         """The checker design (statemodel/designs.py) this configuration implements."""
+        if self.tiers is not None:  # auto or thresholds: TierFlips over-approximates either's choices
+            return TIERS_DESIGN
         if self.auto:
             return AUTO_DESIGN
-        if self.tiers is not None:
-            return TIERS_DESIGN
         return DESIGN_FOR_DRAFT_MODE[self.draft_while_off]
 
     @classmethod
@@ -160,7 +183,8 @@ class SwitchConfig:
         text = env.get(ENV_SWITCH, "").strip()
         if not text:
             if env.get(ENV_TIERS, "").strip():
-                raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on (plain above the last tier)")
+                raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on (plain above the last tier) or "
+                                        f"{ENV_SWITCH}=auto")
             return None
         auto = text == AUTO
         off, on = (0, 0) if auto else cls.parse_thresholds(text)

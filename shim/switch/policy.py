@@ -36,12 +36,16 @@ class SwitchPolicy:
             self.tier = self.config.tiers.steps[0]
 
     def follow_tier(self, demand: int) -> int | None:
-        """While speculation is on, the tier for this demand (the ladder's hysteresis); the new step count when it
-        changed, else None. Off: the tier waits (flip-on starts from the demand then)."""
+        """While speculation is on, the tier for this demand (the ladder's hysteresis; auto: the tier of the
+        learner's last committed decision); the new step count when it changed, else None. Off: the tier waits
+        (flip-on starts from the demand then, or from the learner's choice)."""
         ladder = self.config.tiers
         if ladder is None or self.tier is None or not self.spec_on:
             return None
-        steps = decide_tier(self.tier, demand, ladder.steps, ladder.bounds)
+        if self.auto is not None:
+            steps = self.tier if self.auto.tier is None else self.auto.tier
+        else:
+            steps = decide_tier(self.tier, demand, ladder.steps, ladder.bounds)
         if steps == self.tier:
             return None
         self.tier = steps
@@ -54,13 +58,16 @@ class SwitchPolicy:
         if self.auto is None:
             return decide_flip(self.spec_on, running + chunked + waiting, running + chunked, c.t_off, c.t_on,
                                c.spec_cap if self.clamp else None)
-        decision = self.auto.decide(self.spec_on, running, waiting, chunked)
-        if decision.action is None:
-            self.auto.commit(decision)  # no flip: the learner records it now (confirmation, a probe kept)
+        decision = self.auto.decide(self.spec_on, running, waiting, chunked, steps=self.tier)
+        ladder = c.tiers.steps if c.tiers is not None and self.tier is not None else ()
+        if (decision.action is not None and decision.action not in model_free_flips(
+                self.design_name or c.design_name, self.spec_on, running, waiting, chunked, c.spec_cap)) \
+                or (decision.steps is not None and decision.steps not in ladder):
+            self.refused += 1  # the model's free flips (and with tiers, a step count of the ladder) or nothing
             return None
-        if decision.action not in model_free_flips(self.design_name or c.design_name, self.spec_on, running,
-                                                   waiting, chunked, c.spec_cap):
-            self.refused += 1
+        if decision.action is None:
+            # no flip: the learner records it now (confirmation, a probe kept, a tier change follow_tier applies)
+            self.auto.commit(decision)
             return None
         return Flip(decision.action)
 

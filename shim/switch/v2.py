@@ -23,6 +23,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
                           none (KNOWN BAD, measurement only: no draft work while off, zeroed draft input)
   SPECFLIP_TIERS          'steps[,up:down,steps]...' (e.g. 3,8:4,1): while on, the EAGLE step count follows the
                           demand (design plain_off_retract_catch_up_tiers, shim/switch/v2_tiers.py, docs/tiers.md);
+                          with SPECFLIP_SWITCH=auto the step counts only (e.g. 3,1): the learner picks among plain
+                          and every tier (boundaries given with auto are refused);
                           needs draft mode retract and --speculative-adaptive with a config holding every tier
   SPECFLIP_SPEC_CAP       running-request cap while speculation is on (default 48, SGLang's speculative default)
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
@@ -85,8 +87,9 @@ from shim.switch.v2_flip import (
 from shim.switch.v2_plain_step import draft_sync as draft_sync
 from shim.switch.v2_plain_step import plain_decode
 from shim.switch.v2_runtime import SwitchRuntime
-from shim.switch.v2_tiers import activate_tier, check_tier_states
+from shim.switch.v2_tiers import activate_tier, check_tier_states, launch_tier
 from shim.timing.jsonl import JsonlTrace
+from statemodel import auto_policy as ap
 
 # Hook targets (SGLang 0.5.16, docs/correspondence-research.md section 6).
 T_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
@@ -187,7 +190,8 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     if action is None:
         steps = rt.policy.follow_tier(len(in_batch) + waiting)
         if steps is not None:
-            rt.trace.event("tier", steps=steps, running=len(in_batch), waiting=waiting)
+            rt.trace.event("tier", **{**rt.policy.trace_fields(), "steps": steps, "running": len(in_batch),
+                                      "waiting": waiting})
         return last_batch
     if action == "flip_on" and flip_on_waits(running_batch, pending):
         return last_batch
@@ -262,10 +266,21 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """The plain path's decode steps in the switch trace (speculative ones go through _forward_around); the auto
-    policy's step times (every decode batch, both modes)."""
+    policy's step times (every decode batch, both modes) and, with tiers, the step count each one ran at."""
     rt = _RUNTIME
-    if rt is not None and rt.policy.auto is not None:
-        rt.policy.auto.on_run_batch(self, batch, rt.flips, rt.trace if rt.trace.enabled else None)
+    auto = rt.policy.auto if rt is not None else None
+    if auto is None:
+        return _run_batch_traced(orig, rt, self, batch, *args, **kwargs)
+    steps = launch_tier(rt, batch)
+    auto.on_run_batch(self, batch, rt.flips, rt.trace if rt.trace.enabled else None, steps=steps)
+    out = _run_batch_traced(orig, rt, self, batch, *args, **kwargs)
+    if steps is not None:
+        auto.on_launched(out, steps)
+    return out
+
+
+def _run_batch_traced(orig: Any, rt: SwitchRuntime | None, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """`Scheduler.run_batch`, with its plain decode steps (and plain prefills) traced when the trace is on."""
     if rt is None or not rt.trace.enabled or not batch.spec_algorithm.is_none():
         return orig(self, batch, *args, **kwargs)
     if not batch.forward_mode.is_decode():
@@ -386,7 +401,9 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
         return False
     from sglang.srt.plugins.hook_registry import HookType
 
-    auto = AutoSwitch(spec_cap=config.spec_cap) if config.auto else None
+    auto = AutoSwitch(spec_cap=config.spec_cap,
+                      state=ap.initial_state(tiers=() if config.tiers is None else config.tiers.steps)) \
+        if config.auto else None
     _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir),
                              late_flip=late_flip)
     _RUNTIME.trace.event("config", design=config.design_name, policy="auto" if config.auto else "thresholds",

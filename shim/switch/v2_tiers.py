@@ -12,6 +12,10 @@ switch only replaces the choice: the scheduler decides the tier on its demand at
 worker's activate_step_by_batch applies it; SGLang's accept-length controller (on_verify_complete) is kept out, so
 nothing else moves the step count. The guard follows as it follows SGLang's adaptive switch: the draft step reads
 the draft worker's speculative_num_steps.
+
+With SPECFLIP_SWITCH=auto the tier is the learner's (statemodel.auto_policy over plain and every tier): the scheduler
+takes it from the learner's committed decision at the same point (SwitchPolicy.follow_tier) and the worker applies
+it the same way; `launch_tier` tells the learner which step count each speculative decode ran at.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 from typing import Any
 
 from shim.switch.v2_runtime import SwitchRuntime
+from statemodel import auto_policy as ap
 
 
 def missing_tier_states(rt: SwitchRuntime, worker: Any) -> str | None:
@@ -50,6 +55,19 @@ def check_tier_states(rt: SwitchRuntime, worker: Any) -> None:
         logging.getLogger("specflip.switch").error("specflip tiers off: %s", problem)
         rt.policy.tier = None
         rt.tiers_off = True
+        auto = rt.policy.auto
+        if auto is not None:  # at start-up, before any observation: the learner's two modes, plain and the launch
+            auto.state = ap.initial_state(auto.state.params)
+
+
+def launch_tier(rt: SwitchRuntime, batch: Any) -> int | None:
+    """The step count a batch `Scheduler.run_batch` is about to launch runs at: the switch's tier for a speculative
+    decode (activate_tier applies it inside this launch's forward), None otherwise or without tiers."""
+    if rt.config.tiers is None or rt.tiers_off or rt.policy.tier is None or batch is None:
+        return None
+    if not batch.forward_mode.is_decode() or batch.spec_algorithm.is_none():
+        return None
+    return rt.policy.tier
 
 
 def activate_tier(rt: SwitchRuntime, worker: Any) -> bool:

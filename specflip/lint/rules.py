@@ -63,6 +63,9 @@ class SpecflipPolicy:
     # (shim.switch.config.TierLadder validates them); empty: the launch step count (SGLang's adaptive routing)
     tiers: tuple[int, ...] = ()
     tier_bounds: tuple[tuple[int, int], ...] = ()
+    # SPECFLIP_SWITCH=auto: the learner flips (on only within spec_cap) and picks the tier at any demand; t_off /
+    # t_on unused
+    auto: bool = False
 
 
 @attrs.frozen
@@ -161,7 +164,10 @@ def state_label(steps: int, draft_tokens: int, where: str = "") -> str:
 
 def tier_demand_ranges(flip: SpecflipPolicy) -> list[tuple[int, int, int]]:
     """(steps, lowest demand, highest demand) each of the switch's tiers runs at: from the boundary below it (its
-    `down` + 1 once it was left, 0 for the first) to the boundary above it (its `up` - 1, t_off - 1 for the last)."""
+    `down` + 1 once it was left, 0 for the first) to the boundary above it (its `up` - 1, t_off - 1 for the last).
+    Under auto every tier may run at any demand speculation runs at: 0 to beyond the cap (it runs the cap then)."""
+    if flip.auto:
+        return [(s, 0, flip.spec_cap) for s in flip.tiers]
     lows = [0] + [down + 1 for _, down in flip.tier_bounds]
     highs = [up - 1 for up, _ in flip.tier_bounds] + [flip.t_off - 1]
     return [(s, min(lo, hi), hi) for s, lo, hi in zip(flip.tiers, lows, highs, strict=True)]
@@ -181,6 +187,8 @@ def reachable_states(sizing: Sizing) -> list[tuple[StepSizing, str]]:
     tiers (SPECFLIP_TIERS) the switch picks the state, by demand, among SGLang's adaptive runtime states."""
     flip = sizing.specflip
     if flip is not None and flip.tiers and not missing_tiers(sizing):
+        if flip.auto:
+            return [(sizing.state(s), "(specflip auto tier, any demand)") for s in flip.tiers]
         return [(sizing.state(s), f"(specflip tier at demand {lo}-{hi})") for s, lo, hi in tier_demand_ranges(flip)]
     if not sizing.adaptive:
         return [(sizing.state(sizing.launch_steps), "(launch)")]
@@ -337,8 +345,9 @@ def _running_cap(sizing: Sizing) -> list[Finding]:
     if flip is None:
         return []
     found = []
-    # the policy asked at its own re-enable point: demand t_on, all t_on requests running
-    if decide_flip(False, flip.t_on, flip.t_on, flip.t_off, flip.t_on, flip.spec_cap) is None:
+    # the policy asked at its own re-enable point: demand t_on, all t_on requests running (auto re-enables only
+    # within the cap, statemodel.policy.within_spec_cap: nothing to ask)
+    if not flip.auto and decide_flip(False, flip.t_on, flip.t_on, flip.t_off, flip.t_on, flip.spec_cap) is None:
         found.append(Finding(
             RUNNING_CAP, f"spec on, re-enabled at t_on={flip.t_on}", f"{flip.t_on} running requests",
             f"speculation holds {flip.spec_cap}",
@@ -359,7 +368,8 @@ def summary(sizing: Sizing) -> str:
     steps = sorted({st.steps for st, _ in states})
     extra = ""
     if sizing.specflip is not None:
-        extra = f" + specflip off/on (t_off={sizing.specflip.t_off}, t_on={sizing.specflip.t_on})"
+        extra = (" + specflip off/on (auto)" if sizing.specflip.auto else
+                 f" + specflip off/on (t_off={sizing.specflip.t_off}, t_on={sizing.specflip.t_on})")
         if sizing.specflip.tiers:
             extra += f" by tiers {list(sizing.specflip.tiers)}"
     dead = dead_tiers(sizing)

@@ -52,9 +52,9 @@ class LintUsageError(Exception):
     """Bad input: one line, exit 2."""
 
 
-USAGE = ("usage: specflip lint [--json] [--no-cache] [--verbose] [--specflip-t-off N --specflip-t-on N "
-         "[--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] [--specflip-draft retract|sync|none] "
-         "[--specflip-tiers T]] "
+USAGE = ("usage: specflip lint [--json] [--no-cache] [--verbose] [--specflip-t-off N --specflip-t-on N | "
+         "--specflip-auto [--specflip-spec-cap N] [--specflip-plain-graphs decode|eager] "
+         "[--specflip-draft retract|sync|none] [--specflip-tiers T]] "
          "<python -m sglang.launch_server arguments>")
 
 
@@ -65,11 +65,13 @@ HELP = """specflip lint's own flags (every other argument goes to SGLang's launc
   --verbose                 show SGLang's own log lines and warnings (on stderr; resolves afresh)
   --specflip-t-off N        specflip's switch: speculation off at N running requests (with --specflip-t-on)
   --specflip-t-on N         specflip's switch: speculation back on at N running requests (below t_off)
+  --specflip-auto           specflip's switch with SPECFLIP_SWITCH=auto (instead of --specflip-t-off/--specflip-t-on)
   --specflip-spec-cap N     the switch's running cap while speculating (default 48)
   --specflip-plain-graphs decode|eager   how the switch runs plain steps (default decode)
   --specflip-draft retract|sync|none     the draft's work while speculation is off (default retract)
   --specflip-tiers 'steps[,up:down,steps]...'  the switch's speculative tiers (SPECFLIP_TIERS, docs/tiers.md):
-                            every tier's runtime state is checked (graphs, logits rows, KV reserve)
+                            every tier's runtime state is checked (graphs, logits rows, KV reserve); with
+                            --specflip-auto the step counts only, e.g. 3,1 (the learner picks among them)
   --help, -h                this text
 
 exit codes:
@@ -88,6 +90,7 @@ def _own_parser() -> argparse.ArgumentParser:
     p.add_argument("--help", "-h", action="store_true")
     p.add_argument("--specflip-t-off", type=int)
     p.add_argument("--specflip-t-on", type=int)
+    p.add_argument("--specflip-auto", action="store_true")
     p.add_argument("--specflip-spec-cap", type=int, default=48)
     p.add_argument("--specflip-plain-graphs", default="decode")
     p.add_argument("--specflip-draft", default="retract")
@@ -102,21 +105,26 @@ def split_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def specflip_policy(own: argparse.Namespace) -> SpecflipPolicy | None:
-    if own.specflip_t_off is None and own.specflip_t_on is None:
+    thresholds = own.specflip_t_off is not None or own.specflip_t_on is not None
+    if own.specflip_auto and thresholds:
+        raise LintUsageError("--specflip-auto learns where to flip: give it without --specflip-t-off/--specflip-t-on")
+    if not thresholds and not own.specflip_auto:
         if own.specflip_tiers:
-            raise LintUsageError("--specflip-tiers needs --specflip-t-off and --specflip-t-on (plain above the tiers)")
+            raise LintUsageError("--specflip-tiers needs --specflip-t-off and --specflip-t-on (plain above the tiers) "
+                                 "or --specflip-auto")
         return None
-    if own.specflip_t_off is None or own.specflip_t_on is None:
+    if not own.specflip_auto and (own.specflip_t_off is None or own.specflip_t_on is None):
         raise LintUsageError("--specflip-t-off and --specflip-t-on go together")
     try:  # the switch's own validation, so lint accepts exactly what the switch accepts
         tiers = TierLadder.parse(own.specflip_tiers) if own.specflip_tiers else None
-        cfg = SwitchConfig(t_off=own.specflip_t_off, t_on=own.specflip_t_on, spec_cap=own.specflip_spec_cap,
-                           draft_while_off=own.specflip_draft, plain_graphs=own.specflip_plain_graphs, tiers=tiers)
+        cfg = SwitchConfig(t_off=own.specflip_t_off or 0, t_on=own.specflip_t_on or 0, auto=own.specflip_auto,
+                           spec_cap=own.specflip_spec_cap, draft_while_off=own.specflip_draft,
+                           plain_graphs=own.specflip_plain_graphs, tiers=tiers)
     except SwitchConfigError as exc:
         raise LintUsageError(str(exc)) from None
     return SpecflipPolicy(t_off=cfg.t_off, t_on=cfg.t_on, spec_cap=cfg.spec_cap, plain_graphs=cfg.plain_graphs,
                           draft_while_off=cfg.draft_while_off, tiers=() if tiers is None else tiers.steps,
-                          tier_bounds=() if tiers is None else tiers.bounds)
+                          tier_bounds=() if tiers is None else tiers.bounds, auto=cfg.auto)
 
 
 # launch values lint refuses before SGLang sees them (flag, least value). SGLang 0.5.23 takes each of these
@@ -268,7 +276,8 @@ def _cache_key(release: str, argv: Sequence[str], files: dict[str, str], policy:
                        "argv": list(argv), "env": env, "files": files,
                        "policy": None if policy is None else [policy.t_off, policy.t_on, policy.spec_cap,
                                                               policy.plain_graphs, policy.draft_while_off,
-                                                              list(policy.tiers), list(policy.tier_bounds)],
+                                                              list(policy.tiers), list(policy.tier_bounds),
+                                                              policy.auto],
                        "rules": _rules_fingerprint()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
