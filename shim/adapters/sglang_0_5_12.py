@@ -113,10 +113,17 @@ class Adapter(V2Adapter):
             return SpecInfoKind.DRAFT_INPUT, tensor_width(spec_info.seq_lens), 1
         return super().spec_shape(spec_info)
 
+    def observe_requests_in_worker_call(self, batch: Any) -> list[ObservedRequest]:
+        """A fresh reading at every hook: 0.5.12's v1 worker writes what a reading takes inside its own call (its
+        verify appends the accepted tokens to `output_ids` and frees the rejected draft slots), so the reuse the v2
+        worker allows (`V2Adapter.observe_requests_in_worker_call`) would hand a later hook stale outputs."""
+        return self.observe_requests(batch)
+
     def observe_batch(self, batch: Any, *, forward_mode: ForwardMode | None = None, graph: Any = None,
-                      spec_info: Any = ..., out_cache_loc_width: int | None = None) -> ObservedBatch:
+                      spec_info: Any = ..., out_cache_loc_width: int | None = None,
+                      reqs: list[ObservedRequest] | None = None) -> ObservedBatch:
         obs = super().observe_batch(batch, forward_mode=forward_mode, graph=graph, spec_info=spec_info,
-                                    out_cache_loc_width=out_cache_loc_width)
+                                    out_cache_loc_width=out_cache_loc_width, reqs=reqs)
         if obs.spec_kind is SpecInfoKind.DRAFT_INPUT and obs.spec_rows < len(obs.rids):
             finished = sum(1 for req in batch.reqs if req.finished())
             if obs.spec_rows + finished == len(obs.rids):  # v1 verify dropped the finished rows already
