@@ -569,3 +569,25 @@ def test_outputs_streamed_while_off_carry_the_speculative_counters(loop: Any) ->
     sent.clear()
     s.stream_output_generation(reqs, False)  # what 0.5.12 does without the hook: no counters, a crash downstream
     assert sent and len(sent[0].spec_verify_ct) == 0 < len(sent[0].rids)
+
+
+def test_every_hook_of_a_v1_worker_call_reads_the_requests_afresh(server: Any, plugin: Any) -> None:
+    """0.5.12's verify appends the accepted tokens to `output_ids` (and frees the rejected slots) inside the worker
+    call, so a later hook of the same call must read them anew. The v2 adapter's shared worker-call reading (its
+    worker writes nothing a reading takes) would hand that hook the call's first reading: the check below fails
+    on it."""
+    from shim.adapters.common import V2Adapter
+
+    adapter = plugin.adapter
+    server.admit(h.make_reqs("fresh", 2, max_new_tokens=8))
+    batch = server.running
+    first = adapter.observe_requests_in_worker_call(batch)
+    batch.reqs[0].output_ids.append(7)  # what v1's verify does between the draft's hook and the draft-extend's
+    later = adapter.observe_requests_in_worker_call(batch)
+    assert later[0].output_len == first[0].output_len + 1
+    # the v2 worker's reuse on the same call misses such an append: why the 0.5.12 adapter does not use it
+    shared = V2Adapter.observe_requests_in_worker_call(adapter, batch)
+    batch.reqs[0].output_ids.append(8)
+    stale = V2Adapter.observe_requests_in_worker_call(adapter, batch)
+    assert stale[0].output_len == shared[0].output_len == later[0].output_len
+    adapter._worker_reading = None
