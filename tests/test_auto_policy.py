@@ -77,13 +77,19 @@ def test_no_thrash_at_the_boundary() -> None:
     assert len(hasty.decisions) > 10 * len(res.decisions)  # the test can fail: confirmation is what holds it
 
 
-def test_bursts_flip_once_per_phase_change() -> None:
-    """Low-concurrency phases (1-8) alternate with bursts (100-200): two flips per cycle, plus bounded probes."""
-    rng = random.Random(1)
+def bursty_demands(seed: int) -> list[int]:
+    """Issue 17's bursty load, simulated: 20 phases alternating 400 steps at demand 1-8 and 300 steps at 100-200."""
+    rng = random.Random(seed)
     demands: list[int] = []
     for phase in range(20):
         demands += [rng.randint(1, 8) for _ in range(400)] if phase % 2 == 0 else \
             [rng.randint(100, 200) for _ in range(300)]
+    return demands
+
+
+def test_bursts_flip_once_per_phase_change() -> None:
+    """Low-concurrency phases (1-8) alternate with bursts (100-200): two flips per cycle, plus bounded probes."""
+    demands = bursty_demands(1)
     res = simulate(PLAIN, SPEC, demands, noise=0.03, seed=3)
     assert len(res.decisions) <= 19 + 2 * res.state.probes
     # every burst runs plain and every quiet phase speculation, once settled (past dwell and confirmation)
@@ -95,21 +101,10 @@ def test_bursts_flip_once_per_phase_change() -> None:
 
 
 def threshold_switch_tok_s(demands: list[int], t_off: int = 32, t_on: int = 24, spec_cap: int = 48) -> float:
-    """The calibrated threshold switch (SPECFLIP_SWITCH=32:24 for this table) on the same simulated steps."""
-    from specflip.auto_sim import ACCEPT_LENGTH, _points, throughput_at
-
-    plain_pts, spec_pts = _points(PLAIN, None), _points(SPEC, spec_cap)
-    spec_on, tokens, seconds = True, 0.0, 0.0
-    for d in demands:
-        if spec_on and d >= t_off:
-            spec_on = False
-        elif not spec_on and d <= t_on:
-            spec_on = True
-        batch = min(d, spec_cap) if spec_on else d
-        step_tokens = batch * ACCEPT_LENGTH if spec_on else batch
-        tokens += step_tokens
-        seconds += step_tokens / throughput_at(spec_pts if spec_on else plain_pts, batch)
-    return tokens / seconds
+    """The calibrated threshold switch (SPECFLIP_SWITCH=32:24 for this table) on the same simulated steps: the
+    threshold tiers switch with one tier."""
+    return threshold_tiers_tok_s(demands, PLAIN, {3: SPEC}, ladder=(3,), bounds=(), t_off=t_off, t_on=t_on,
+                                 spec_cap=spec_cap)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -117,11 +112,7 @@ def test_bursts_within_3_percent_of_the_calibrated_thresholds(seed: int) -> None
     """Quiet phases and bursts (issue 17's bursty load), simulated: the auto switch's throughput is within 3 % of the
     calibrated threshold switch's (which knows the table beforehand; auto learns it, probes included). Flip costs
     are not simulated: the GPU run measures them."""
-    rng = random.Random(seed)
-    demands: list[int] = []
-    for phase in range(20):
-        demands += [rng.randint(1, 8) for _ in range(400)] if phase % 2 == 0 else \
-            [rng.randint(100, 200) for _ in range(300)]
+    demands = bursty_demands(seed)
     res = simulate(PLAIN, SPEC, demands, noise=0.03, seed=seed)
     assert res.tok_s >= 0.97 * threshold_switch_tok_s(demands)
 
@@ -465,21 +456,25 @@ def test_every_tiered_decision_is_one_the_tiers_design_explores(monkeypatch: pyt
     assert caught and all(d.action == ap.FLIP_ON and d.running > 48 for d in caught)
 
 
-def threshold_tiers_tok_s(demands: list[int], t_off: int = 40, t_on: int = 30, spec_cap: int = 48) -> float:
-    """The threshold tiers switch of session 8 (SPECFLIP_SWITCH=40:30 SPECFLIP_TIERS=3,8:4,1; statemodel.policy's
-    decide_flip and decide_tier) on the same simulated steps."""
+def threshold_tiers_tok_s(demands: list[int], plain: dict[int, float] | None = None,
+                          tiers: dict[int, dict[int, float]] | None = None, ladder: tuple[int, ...] = (3, 1),
+                          bounds: tuple[tuple[int, int], ...] = ((8, 4),), t_off: int = 40, t_on: int = 30,
+                          spec_cap: int = 48) -> float:
+    """A threshold switch with tiers on the same simulated steps, by statemodel.policy's decide_flip and
+    decide_tier; by default session 8's (SPECFLIP_SWITCH=40:30 SPECFLIP_TIERS=3,8:4,1) on session 7's per-tier rows
+    (`plain` / `tiers`: the tok/s tables, per step count)."""
     from specflip.auto_sim import ACCEPT_LENGTH, _points, throughput_at
     from statemodel.policy import decide_flip, decide_tier
 
-    plain_pts = _points(T_PLAIN, None)
-    tier_pts = {s: _points(t, spec_cap) for s, t in T_TIERS.items()}
-    spec_on, tier, tokens, seconds = True, 3, 0.0, 0.0
+    plain_pts = _points(T_PLAIN if plain is None else plain, None)
+    tier_pts = {s: _points(t, spec_cap) for s, t in (T_TIERS if tiers is None else tiers).items()}
+    spec_on, tier, tokens, seconds = True, ladder[0], 0.0, 0.0
     for d in demands:
         flip = decide_flip(spec_on, d, min(d, spec_cap) if spec_on else d, t_off, t_on, spec_cap)
         if flip is not None:
             spec_on = flip == "flip_on"
         if spec_on:
-            tier = decide_tier(tier, d, (3, 1), ((8, 4),))
+            tier = decide_tier(tier, d, ladder, bounds)
         batch = min(d, spec_cap) if spec_on else d
         step_tokens = batch * ACCEPT_LENGTH if spec_on else batch
         tokens += step_tokens
@@ -493,11 +488,7 @@ def test_tiers_on_bursts_against_the_threshold_tiers(seed: int) -> None:
     learner, probes included, is at least the threshold tiers switch of session 8 (it learns that steps 1 beats
     steps 3 at low load on this pair, which the ladder 3,8:4,1 does not use below demand 8), and above the two-mode
     learner at steps 3. Simulated steps: flip costs are not in them."""
-    rng = random.Random(seed)
-    demands: list[int] = []
-    for phase in range(20):
-        demands += [rng.randint(1, 8) for _ in range(400)] if phase % 2 == 0 else \
-            [rng.randint(100, 200) for _ in range(300)]
+    demands = bursty_demands(seed)
     res = simulate_tiers(T_PLAIN, T_TIERS, demands, noise=0.03, seed=seed)
     assert res.cap_breaches == 0
     assert res.tok_s >= threshold_tiers_tok_s(demands)
