@@ -141,18 +141,10 @@ def test_auto_flips_where_its_observations_say(runtime: Any, model_dir: Path) ->
     gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
     drv = auto_driver(model_dir)
     auto = drv.switch.policy.auto
-    reqs: list[Any] = []
-    ends: list[tuple[int, bool]] = []  # (phase's last iteration, the mode that should win there)
-    for phase, (concurrency, length) in enumerate([(2, 60), (8, 70), (1, 60), (8, 70), (2, 60)]):
-        for _ in range(length):
-            live = [r for r in reqs if not r.finished()]
-            wave = [h.make_req(f"p{phase}_{len(reqs) + i}", gf.SYSTEM_PROMPT + [300 + len(reqs) + i] * 3,
-                               max_new_tokens=12) for i in range(concurrency - len(live))]
-            reqs += wave
-            drv.add(wave)
-            drv.iteration()
-        ends.append((drv.iteration_no, concurrency < 4))
-    drv.run_until_idle()
+    phases = [(2, 60), (8, 70), (1, 60), (8, 70), (2, 60)]
+    reqs, last_iterations = drive_phases(drv, phases)
+    # (phase's last iteration, the mode that should win there)
+    ends = [(it, concurrency < 4) for it, (concurrency, _) in zip(last_iterations, phases, strict=True)]
     guard = runtime.guard
     assert guard.config.design.name == DESIGNS_BY_NAME[f"{AUTO_RETRACT_CATCH_UP.name}_overlap"].name
     assert guard.found == [] and ol_greedy(reqs) == []
@@ -163,6 +155,25 @@ def test_auto_flips_where_its_observations_say(runtime: Any, model_dir: Path) ->
     assert all(f["policy"] == "auto" and "digest" in f and "demand" in f for f in flips)
     assert auto.agreements > 0 and auto.state.step > 0 and auto.accept_mean > 1.0  # verify accepts were read
     assert len(flips) <= 4 * len(ends)  # no thrash: a few flips per phase at most
+
+
+def drive_phases(drv: Any, phases: list[tuple[int, int]]) -> tuple[list[Any], list[int]]:
+    """Phases of (concurrency, iterations): each iteration tops the requests in flight up to the phase's concurrency
+    with new ones (12 tokens each, on the shared system prompt), then runs; then until idle. Returns every request
+    and each phase's last iteration."""
+    reqs: list[Any] = []
+    ends: list[int] = []
+    for phase, (concurrency, length) in enumerate(phases):
+        for _ in range(length):
+            live = [r for r in reqs if not r.finished()]
+            wave = [h.make_req(f"p{phase}_{len(reqs) + i}", gf.SYSTEM_PROMPT + [300 + len(reqs) + i] * 3,
+                               max_new_tokens=12) for i in range(concurrency - len(live))]
+            reqs += wave
+            drv.add(wave)
+            drv.iteration()
+        ends.append(drv.iteration_no)
+    drv.run_until_idle()
+    return reqs, ends
 
 
 def ol_greedy(reqs: list[Any]) -> list[str]:

@@ -165,6 +165,29 @@ def tiers_config(tmp_path: Path) -> Path:
     return path
 
 
+def record_tier_activations(monkeypatch: pytest.MonkeyPatch, drv: Any) -> tuple[list[tuple[int, int, int]],
+                                                                                 list[tuple[int, int]]]:
+    """EAGLEWorkerV2.activate_step_by_batch wrapped as shim/switch/v2.py's AROUND hook wraps it, with the driver's
+    runtime, recording (iteration, batch size, steps) of every speculative decode and (steps, tokens per request of
+    the target graph in force) at each."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    from shim.switch.v2_tiers import activate_tier
+
+    applied: list[tuple[int, int, int]] = []
+    widths: list[tuple[int, int]] = []
+    orig_activate = EAGLEWorkerV2.activate_step_by_batch
+
+    def activate(self: Any, batch_size: int) -> None:
+        if not activate_tier(drv.switch, self):
+            orig_activate(self, batch_size)
+        applied.append((drv.iteration_no, batch_size, self.speculative_num_steps))
+        widths.append((self.speculative_num_steps, self.target_worker.model_runner.decode_cuda_graph_runner
+                       .captured_req_width))
+    monkeypatch.setattr(EAGLEWorkerV2, "activate_step_by_batch", activate)
+    return applied, widths
+
+
 @pytest.mark.sglang
 def test_the_switch_runs_every_tier_and_plain_on_real_objects(runtime: Any, model_dir: Path, tiers_config: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,9 +196,7 @@ def test_the_switch_runs_every_tier_and_plain_on_real_objects(runtime: Any, mode
     own), the flips retract as before, every output is the greedy one, every slot is back, and the guard (assert
     mode, the tiers design) found nothing while following each tier change."""
     gf, h, ol = _sglang()
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    from shim.switch.v2_tiers import activate_tier
 
     gf.configure_guard(runtime, TIERS)
     config = SwitchConfig(t_off=6, t_on=2, draft_while_off="retract", tiers=TierLadder((3, 1), ((3, 1),)))
@@ -184,17 +205,7 @@ def test_the_switch_runs_every_tier_and_plain_on_real_objects(runtime: Any, mode
     cycle = gf.accept_cycle([4, 1, 3, 2])
     # accept lengths within the tier the forward is about to run (the switch decided it this iteration)
     drv.accepts = lambda req: min(cycle(req), drv.switch.policy.tier + 1)
-    applied: list[tuple[int, int, int]] = []  # (iteration, batch size, steps) of every speculative decode
-    widths: list[tuple[int, int]] = []  # (steps, tokens per request of the target graph in force) at each
-    orig_activate = EAGLEWorkerV2.activate_step_by_batch
-
-    def activate(self: Any, batch_size: int) -> None:  # shim/switch/v2.py's AROUND hook, with the driver's runtime
-        if not activate_tier(drv.switch, self):
-            orig_activate(self, batch_size)
-        applied.append((drv.iteration_no, batch_size, self.speculative_num_steps))
-        widths.append((self.speculative_num_steps, self.target_worker.model_runner.decode_cuda_graph_runner
-                       .captured_req_width))
-    monkeypatch.setattr(EAGLEWorkerV2, "activate_step_by_batch", activate)
+    applied, widths = record_tier_activations(monkeypatch, drv)
 
     reqs: list[Any] = []
     for it in range(120):
@@ -259,11 +270,9 @@ def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, mod
     its tier's graph; every output is greedy-exact, every slot back, and the guard (assert mode, the tiers design)
     found nothing. Its observations carry the tier each step ran at, and its accept lengths are per tier."""
     gf, h, ol = _sglang()
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-    from test_switch_auto import PARAMS, AutoDriver
+    from test_switch_auto import PARAMS, AutoDriver, drive_phases
 
     from shim.switch.auto import AutoSwitch
-    from shim.switch.v2_tiers import activate_tier
     from statemodel import auto_policy as ap
 
     gf.configure_guard(runtime, TIERS)
@@ -276,17 +285,7 @@ def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, mod
                                                state=ap.initial_state(PARAMS, tiers=(3, 1)))
     cycle = gf.accept_cycle(ACCEPTS)
     drv.accepts = lambda req: min(cycle(req), drv.switch.policy.tier + 1)
-    applied: list[tuple[int, int]] = []  # (batch size, steps) of every speculative decode
-    widths: list[tuple[int, int]] = []
-    orig_activate = EAGLEWorkerV2.activate_step_by_batch
-
-    def activate(self: Any, batch_size: int) -> None:  # shim/switch/v2.py's AROUND hook, with the driver's runtime
-        if not activate_tier(drv.switch, self):
-            orig_activate(self, batch_size)
-        applied.append((batch_size, self.speculative_num_steps))
-        widths.append((self.speculative_num_steps, self.target_worker.model_runner.decode_cuda_graph_runner
-                       .captured_req_width))
-    monkeypatch.setattr(EAGLEWorkerV2, "activate_step_by_batch", activate)
+    applied, widths = record_tier_activations(monkeypatch, drv)
     observed: list[ap.Observation] = []
     real_observe = ap.observe
 
@@ -295,16 +294,7 @@ def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, mod
         return real_observe(state, obs)
     monkeypatch.setattr(ap, "observe", observe)
 
-    reqs: list[Any] = []
-    for phase, (concurrency, length) in enumerate([(2, 50), (7, 50), (1, 50), (7, 50), (2, 50)]):
-        for _ in range(length):
-            live = [r for r in reqs if not r.finished()]
-            wave = [h.make_req(f"p{phase}_{len(reqs) + i}", gf.SYSTEM_PROMPT + [300 + len(reqs) + i] * 3,
-                               max_new_tokens=12) for i in range(concurrency - len(live))]
-            reqs += wave
-            drv.add(wave)
-            drv.iteration()
-    drv.run_until_idle()
+    reqs, _ = drive_phases(drv, [(2, 50), (7, 50), (1, 50), (7, 50), (2, 50)])
 
     guard = runtime.guard
     assert guard.config.design.name == f"{TIERS.name}_overlap" and guard.found == []
@@ -316,7 +306,7 @@ def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, mod
     # plain and both tiers, both ways: off and on, steps 3 -> 1 and 1 -> 3
     assert {f["action"] for f in flips} == {"flip_off", "flip_on"}
     assert any(mode == "plain" for _, mode, _ in drv.launched)
-    assert {s for _, s in applied} == {1, 3} and 1 in tier_moves and 3 in tier_moves
+    assert {s for _, _, s in applied} == {1, 3} and 1 in tier_moves and 3 in tier_moves
     assert all(width == steps + 1 for steps, width in widths)  # every verify on its tier's graph
     assert drv.switch.policy.refused == 0 and auto.state.tier_changes >= 2 and auto.state.flips >= 2
     # what it learned: steps 3 at two requests, plain at seven (the bucket of 6-7), flipping on the numbers too
