@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig
-from specflip.auto_sim import TierRow
+from specflip.auto_sim import TierRow, settled_modes, settled_tiers
 
 
 class CalibrateError(ValueError):
@@ -229,14 +229,10 @@ def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", ma
     t_off, t_on, why, rule_notes = thresholds(rows, spec_cap)
     auto_modes = None
     if auto:
-        from specflip.auto_sim import settled_modes
-
         auto_modes = tuple(settled_modes({r.conc: r.plain_tok_s for r in rows}, {r.conc: r.spec_tok_s for r in rows},
                                          spec_cap=spec_cap))
     auto_tiers = None
     if tiers is not None:
-        from specflip.auto_sim import settled_tiers
-
         ladder = parse_tiers(tiers)
         if plain in ladder:
             raise CalibrateError(f"--tiers names the plain cfg {plain!r}")

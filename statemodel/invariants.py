@@ -168,21 +168,20 @@ def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
     if not verifying and not state.unprocessed:
         return []
     requests = state.requests
-    writing = [u for u in state.unprocessed if u.steps is not None or u.reserve_slot]
+    writing = [u for u in state.unprocessed if u.reserved_writes]
     per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
     # the common case first: every request's reserve covers the most any one request may need (the sum of all)
-    most = per_req + sum([1 if u.steps is None else u.steps + 1 for u in writing])
+    most = per_req + sum([u.reserved_writes for u in writing])
     if not any([r.kv_reserved < most and r.status is Status.RUNNING
                 for rids in [u.rids for u in writing] + [batch.rids if verifying else ()]  # type: ignore[union-attr]
                 for r in map(requests.__getitem__, rids)]):
         return []
     need: dict[int, int] = {}
     for result in writing:
-        if result.steps is not None or result.reserve_slot:
-            writes = 1 if result.steps is None else result.steps + 1
-            for rid in result.rids:
-                if requests[rid].status is Status.RUNNING:  # freed since: later writes land after, in stream order
-                    need[rid] = need.get(rid, 0) + writes
+        writes = result.reserved_writes
+        for rid in result.rids:
+            if requests[rid].status is Status.RUNNING:  # freed since: later writes land after, in stream order
+                need[rid] = need.get(rid, 0) + writes
     pending = dict(need)
     for rid in batch.rids if verifying else ():  # type: ignore[union-attr]
         if requests[rid].status is Status.RUNNING:  # released after its step was prepared: as above

@@ -276,6 +276,14 @@ class Unprocessed:
     def is_spec(self) -> bool:
         return self.steps is not None
 
+    @property
+    def reserved_writes(self) -> int:
+        """KV slots of the reserve this step may write per request: a verify every draft token (steps + 1), a plain
+        step its one slot when that slot is the v2 reserve's, else none."""
+        if self.steps is not None:
+            return self.steps + 1
+        return 1 if self.reserve_slot else 0
+
     def describe(self) -> str:
         what = "plain" if self.steps is None else f"verify(steps={self.steps})"
         return f"{what} rids={list(self.rids)}"

@@ -370,6 +370,10 @@ class V2Adapter:
 
     def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self._worker_reading = None  # any hook but a worker call's own: the worker call's readings end
+        self._run_in_worker_call(fn, *args, **kwargs)
+
+    def _run_in_worker_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """`_run` for a hook inside the speculative worker's call: the call's readings are kept."""
         rt = self.runtime
         if rt is not None and rt.active:
             rt.run(fn, *args, **kwargs)
@@ -382,9 +386,7 @@ class V2Adapter:
     def _with_guard_in_worker_call(self, step: Callable[[Guard], None]) -> None:
         """`_with_guard` for the hooks inside the speculative worker's call, which keep its readings
         (`observe_requests_in_worker_call`)."""
-        rt = self.runtime
-        if rt is not None and rt.active:
-            rt.run(self._call_with_guard, step)
+        self._run_in_worker_call(self._call_with_guard, step)
 
     def _call_with_guard(self, step: Callable[[Guard], None]) -> None:
         g = self.guard()

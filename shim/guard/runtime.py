@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from shim.guard.core import Guard, GuardConfig, Mode, SpecFlipViolation
 from shim.guard.rank_check import RankCheckConfigError, rank_check_enabled
 from shim.guard.trace import trace_path_for
@@ -123,12 +125,8 @@ class GuardRuntime:
             # the overlap loop: the design's variant checked under it (SGLang's double reserve), where there is one
             design = DESIGNS_BY_NAME.get(f"{design.name}_overlap", design)
         if num_steps and num_steps != design.num_steps and design.steps_choices(1) == (design.num_steps,):
-            import attrs
-
             design = attrs.evolve(design, num_steps=num_steps)
         if self.spec_cap is not None or self.plain_cap is not None:
-            import attrs
-
             scope = attrs.evolve(scope, spec_cap=self.spec_cap or scope.spec_cap,
                                  plain_cap=self.plain_cap or scope.plain_cap)
         trace_path = trace_path_for(self.trace_template, rank) if self.trace_template else None
