@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from statemodel import auto_policy as ap
@@ -58,11 +58,14 @@ class SimResult:
 
 def simulate(plain: Mapping[int, float], spec: Mapping[int, float], demands: Iterable[int], *, spec_cap: int = 48,
              state: ap.AutoState | None = None, spec_on: bool = True, window: int = 8, noise: float = 0.0,
-             seed: int = 0) -> SimResult:
-    """One decode step per demand in `demands`; returns the learner's final state, its flips and the throughput."""
+             seed: int = 0, traffic: Sequence[float] | None = None) -> SimResult:
+    """One decode step per demand in `demands`; returns the learner's final state, its flips and the throughput.
+    `traffic`, per step: the traffic's accept length relative to the table's (1.0: as measured; 0.5: requests that
+    draft at accept 1.0 where the table's drafted at 2.0); a speculative step keeps the table's time, its tokens
+    scale."""
     return _simulate(_points(plain, None), {None: (_points(spec, spec_cap), ACCEPT_LENGTH)}, demands,
                      spec_cap=spec_cap, state=state or ap.initial_state(), steps=None if spec_on else PLAIN_STEPS,
-                     window=window, noise=noise, seed=seed)
+                     window=window, noise=noise, seed=seed, traffic=traffic)
 
 
 PLAIN_STEPS = 0  # the simulation's step count of plain decoding
@@ -88,7 +91,7 @@ def simulate_tiers(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, 
 
 def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tuple[list[tuple[int, float]], float]],
               demands: Iterable[int], *, spec_cap: int, state: ap.AutoState, steps: int | None, window: int,
-              noise: float, seed: int) -> SimResult:
+              noise: float, seed: int, traffic: Sequence[float] | None = None) -> SimResult:
     """The loop of both: `spec` maps each step count (None: speculation without tiers) to its points and accept
     length; `steps` is the mode at the start (PLAIN_STEPS: plain)."""
     rng = random.Random(seed)
@@ -96,7 +99,7 @@ def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tupl
     pending: list[ap.Observation] = []
     spec_on = steps != PLAIN_STEPS
     tier = steps if spec_on else next(iter(spec))  # the tier speculation runs at (kept while off)
-    for demand in demands:
+    for i, demand in enumerate(demands):
         running = min(demand, spec_cap) if spec_on else demand
         decision = ap.decide(result.state, spec_on, demand, running, spec_cap, steps=tier)
         if decision.action is not None or decision.changes_tier:
@@ -117,6 +120,8 @@ def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tupl
         points, accept = spec[tier] if spec_on else (plain_pts, 1.0)
         tokens = batch * accept
         seconds = tokens / throughput_at(points, batch)
+        if spec_on and traffic is not None:
+            tokens *= traffic[i]
         if noise:
             seconds *= 1 + noise * (2 * rng.random() - 1)
         result.tokens += tokens

@@ -81,7 +81,7 @@ class AutoParams:
     probe_steps: int = 24  # a probe's length: settle + min_samples + the rank-agreement window (8), rounded up
     explore_fraction: float = 0.02  # the probe budget: 2 % of observed steps
     probe_credit: int = 4  # probes the budget holds at start and at most
-    stale_after: int = 8192  # steps after which an estimate is probed again
+    stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
 
     def __attrs_post_init__(self) -> None:
         if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 <= self.explore_fraction < 1

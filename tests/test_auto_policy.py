@@ -49,12 +49,13 @@ def test_same_observations_same_decisions() -> None:
 @pytest.mark.parametrize("conc", CONCS)
 def test_settles_on_the_better_mode_at_each_concurrency(conc: int) -> None:
     """A steady load at each of the table's concurrencies: the learner ends on the better mode (speculation up to
-    24, plain from 32), after one probe at most, and its throughput is >= 0.97 of the better mode's (simulated
-    steps, 4 % noise per step)."""
+    24, plain from 32), after one probe and one more per `stale_after` steps at most (each a flip and its return),
+    and its throughput is >= 0.97 of the better mode's (simulated steps, 4 % noise per step)."""
     res = simulate(PLAIN, SPEC, [conc] * 1500, noise=0.04, seed=conc)
     better_is_spec = SPEC[conc] > PLAIN[conc]
     assert res.modes[-1] is better_is_spec
-    assert len(res.decisions) <= 2 and res.state.probes <= 1
+    assert res.state.probes <= 1 + 1500 // ap.AutoParams().stale_after
+    assert len(res.decisions) <= 2 * res.state.probes + 1
     assert res.tok_s >= 0.97 * max(SPEC[conc], PLAIN[conc])
 
 
@@ -67,14 +68,21 @@ def test_a_sweep_up_and_down_settles_between_24_and_32() -> None:
 
 def test_no_thrash_at_the_boundary() -> None:
     """Demand jumping around the crossover every step (22..36) with 5 % noise: the flips are the probes and their
-    returns, a handful in 20,000 steps; without confirmation every dwell would end in a flip."""
+    returns (one probe per `stale_after` steps), none on the numbers in 20,000 steps; without confirmation every
+    dwell would end in a flip."""
     rng = random.Random(4)
     demands = [rng.randint(22, 36) for _ in range(20_000)]
     res = simulate(PLAIN, SPEC, demands, noise=0.05, seed=4)
-    assert len(res.decisions) <= 2 * res.state.probes + 2 <= 20
+    assert res.state.probes <= 1 + 20_000 // ap.AutoParams().stale_after
+    assert len(res.decisions) <= 2 * res.state.probes + 2
+
+    def on_the_numbers(r: Any) -> list[ap.Decision]:
+        return [d for d in r.decisions if d.reason not in ("probe", "probe_end")]
+
+    assert len(on_the_numbers(res)) <= 2
     hasty = simulate(PLAIN, SPEC, demands, noise=0.05, seed=4,
                      state=ap.initial_state(ap.AutoParams(confirm_steps=0)))
-    assert len(hasty.decisions) > 10 * len(res.decisions)  # the test can fail: confirmation is what holds it
+    assert len(on_the_numbers(hasty)) > 100  # the test can fail: confirmation is what holds it
 
 
 def bursty_demands(seed: int) -> list[int]:
@@ -92,11 +100,13 @@ def test_bursts_flip_once_per_phase_change() -> None:
     demands = bursty_demands(1)
     res = simulate(PLAIN, SPEC, demands, noise=0.03, seed=3)
     assert len(res.decisions) <= 19 + 2 * res.state.probes
-    # every burst runs plain and every quiet phase speculation, once settled (past dwell and confirmation)
+    # every burst runs plain and every quiet phase speculation, once settled (past dwell and confirmation): most of
+    # each phase's last 100 steps (a probe, 24 steps, may fall there)
     at = 0
     for phase in range(20):
         length = 400 if phase % 2 == 0 else 300
-        assert res.modes[at + length - 1] is (phase % 2 == 0)
+        tail = res.modes[at + length - 100:at + length]
+        assert (sum(tail) > 50) is (phase % 2 == 0), phase
         at += length
 
 
@@ -164,6 +174,27 @@ def test_stale_estimates_are_probed_again_rarely() -> None:
     probes = [d for d in res.decisions if d.reason == "probe"]
     assert 3 <= len(probes) <= 6  # first visit, then about every stale_after steps
     assert all(b.step - a.step >= params.stale_after for a, b in zip(probes, probes[1:], strict=False))
+
+
+def test_traffic_that_drafts_better_while_plain_runs_is_found_again() -> None:
+    """The H200 8B run of session 11 (bench/gpu/results/traces_s11_call2.tar.gz, tr/auto/): the warm-up's requests
+    drafted at accept 1.0-1.5 (prompts outside the counter draft's vocabulary), so at demand 1-2 plain won on the
+    numbers and held; the measured traffic drafted at 2.0, which a plain step cannot show, and with `stale_after`
+    8192 speculation was not visited again in the whole bursty run (auto 15.16 s against the switch's 12.23 s).
+    Simulated: 400 warm-up steps at half the table's accept length, then 4,000 at the table's; speculation is
+    probed again after `stale_after` steps and holds from then on (bar its own probes of plain). With 8192 the
+    same run stays plain."""
+    warm, measured = 400, 4000
+    for demand in (1, 2):
+        traffic = [0.5] * warm + [1.0] * measured
+        res = simulate(PLAIN, SPEC, [demand] * (warm + measured), noise=0.04, seed=3, traffic=traffic)
+        after = res.modes[warm:]
+        assert not res.modes[warm - 1]  # the warm-up's traffic did favour plain: the test starts from there
+        back = ap.AutoParams().stale_after + 100  # a probe, then the clear win
+        assert sum(after[back:]) / len(after[back:]) > 0.95 and sum(after) / measured > 0.7, demand  # bar probes
+        old = simulate(PLAIN, SPEC, [demand] * (warm + measured), noise=0.04, seed=3, traffic=traffic,
+                       state=ap.initial_state(ap.AutoParams(stale_after=8192)))
+        assert not any(old.modes[warm:])  # the test can fail: the session-11 learner never came back
 
 
 def test_never_flips_on_above_the_cap() -> None:
@@ -320,13 +351,15 @@ def varied_load(seed: int) -> list[int]:
 def test_without_tiers_the_decisions_are_the_two_mode_learners() -> None:
     """The learner generalised to tiers takes, with no tiers, the decisions the two-mode learner took before it
     (commit 99b4dff): the same flips, reasons, steps and counts, and the same mode at every step, on 13,000-step
-    loads with the default parameters and with small ones (319 decisions; the fingerprint was computed there)."""
+    loads with that commit's default parameters (stale_after 8192; 1024 since session 11) and with small ones (319
+    decisions; the fingerprint was computed there)."""
     import hashlib
 
+    then = ap.AutoParams(stale_after=8192)
     small = ap.AutoParams(min_dwell=6, confirm_steps=2, settle=1, min_samples=2, probe_steps=6, probe_credit=4,
                           explore_fraction=0.05, stale_after=500)
     trail: list[Any] = []
-    for seed, params in [(1, None), (2, small), (3, small)]:
+    for seed, params in [(1, then), (2, small), (3, small)]:
         res = simulate(PLAIN, SPEC, varied_load(seed), noise=0.05, seed=seed, state=ap.initial_state(params))
         trail.append([(d.action, d.reason, d.step, d.demand, d.running) for d in res.decisions])
         trail.append(res.modes)
@@ -354,7 +387,7 @@ def test_tiers_settle_on_the_best_mode_at_each_concurrency(conc: int) -> None:
     budget and ends on the best of the three (steps 1 up to 32, plain from 64), >= 0.97 of it (4 % step noise)."""
     res = simulate_tiers(T_PLAIN, T_TIERS, [conc] * 1500, noise=0.04, seed=conc)
     assert res.steps[-1] == _best_static(conc)
-    assert res.state.probes <= 3 and res.cap_breaches == 0
+    assert res.state.probes <= 3 + 1500 // ap.AutoParams().stale_after and res.cap_breaches == 0
     best = max(T_PLAIN[conc], T_STEPS3[conc], T_STEPS1[conc])
     assert res.tok_s >= 0.97 * best
 

@@ -36,6 +36,13 @@ def gen(url, ids, n, v, timeout):
     return time.time() - t, len(out), out == exp, meta.get("spec_accept_length"), None, cached, len(ids)
 
 
+def draft_range_prompt(vocab=2048):
+    """32 tokens whose last lies in [0, 300): the counter's 128 outputs stay inside the draft's vocabulary."""
+    q = [random.randrange(3, vocab) for _ in range(32)]
+    q[-1] = random.randrange(0, 300)
+    return q
+
+
 def run_round(url, c, prompts, new_tokens, vocab):
     """One measured round at concurrency c (after a warm-up of min(c, 4) requests): (tok/s, wall, results)."""
     with ThreadPoolExecutor(c) as ex:  # warm
@@ -98,7 +105,9 @@ def main():
         raise SystemExit("bench_client: give a configuration name or --servers")
     random.seed(1)
     for c in [int(x) for x in a.warmup.split(",") if x.strip()]:
-        prompts = [[random.randrange(3, a.vocab) for _ in range(32)] for _ in range(max(8, 2 * c))]
+        # the measured rounds' traffic (below): a warm-up over the whole vocabulary drafts at accept 1.0-1.5 with the
+        # counter draft, and SPECFLIP_SWITCH=auto learned that traffic instead of the measured one (session 11)
+        prompts = [draft_range_prompt(a.vocab) for _ in range(max(8, 2 * c))]
         for name, url in servers:
             tok_s, _, res = run_round(url, c, prompts, a.new_tokens, a.vocab)
             print(f"WARMUP {name} conc={c}: {tok_s} tok/s, exact {sum(r[2] for r in res)}/{len(res)}", flush=True)
@@ -114,9 +123,7 @@ def main():
         nreq = max(8, 2 * c) * max(1, a.scale)
         rounds = {name: [] for name, _ in servers}
         for k in range(max(1, a.rounds)):
-            prompts = [[random.randrange(3, a.vocab) for _ in range(32)] for _ in range(nreq)]
-            for q in prompts:
-                q[-1] = random.randrange(0, 300)
+            prompts = [draft_range_prompt(a.vocab) for _ in range(nreq)]
             # the same prompts on every server, one after the other, the order rotated each round: host noise
             # (rounds vary by up to 25 % on the H200 host) falls on every configuration alike
             for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:

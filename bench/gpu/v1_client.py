@@ -50,9 +50,21 @@ def generate(url: str, ids: list[int], tokens: int) -> dict:
             "accept": meta.get("spec_accept_length"), "t0": t0}
 
 
-def run_phase(name: str, url: str, conc: int, rnd: int, rng: random.Random, tokens: int) -> dict:
+def draft_range(prompts: list[list[int]], rng: random.Random, on: bool) -> list[list[int]]:
+    """--draft-range: each prompt's last token drawn from [0, 300), so the counter's outputs stay inside the draft's
+    1,024-token vocabulary (gen_models_sized.py, DV) and every request drafts at the pair's accept length (2.0);
+    without it about half the requests count past 1,024 and draft at 1.0, as the seeds' client did."""
+    if on:
+        for p in prompts:
+            p[-1] = rng.randrange(0, 300)
+    return prompts
+
+
+def run_phase(name: str, url: str, conc: int, rnd: int, rng: random.Random, tokens: int,
+              in_draft_range: bool = False) -> dict:
     count = max(2 * conc, 8)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(8 + 5 * (i % 9))] for i in range(count)]
+    prompts = draft_range([[rng.randrange(3, VOCAB) for _ in range(8 + 5 * (i % 9))] for i in range(count)], rng,
+                          in_draft_range)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as pool:
         res = list(pool.map(lambda p: generate(url, p, tokens), prompts))
@@ -113,6 +125,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--deadline-s", type=float, default=0.0)
     ap.add_argument("--tag", default="fresh")
+    ap.add_argument("--draft-range", action="store_true",
+                    help="sweep prompts whose counter outputs stay inside the draft's vocabulary (accept 2.0)")
     args = ap.parse_args()
     start = time.perf_counter()
     if args.name == "probe":
@@ -137,7 +151,8 @@ def main() -> int:
             for conc in concs:
                 seed = rng.randrange(1 << 30)  # the same prompts for every server of this (round, concurrency)
                 for name, url in order:
-                    phases.append(run_phase(name, url, conc, rnd, random.Random(seed), args.tokens))
+                    phases.append(run_phase(name, url, conc, rnd, random.Random(seed), args.tokens,
+                                            args.draft_range))
     else:
         rng = random.Random(7)
         for rnd in range(args.rounds):

@@ -10,6 +10,8 @@
 #
 # usage: BUDGET_S=540 [ROUNDS=6] [CONCS=1,5,10,32] [MODELS=8b|small] [MAX_TOKENS=30000] [SWITCH_T=5:4]
 #        bash bench/gpu/v1_run.sh [CONFIG...]
+#   DRAFT_RANGE=1: the sweep's prompts keep the counter inside the draft's vocabulary (accept 2.0; without it about half
+#   the requests draft at 1.0, as the seeds' client did: session 11's table, docs/v1.md)
 #   SWITCH_T: the switches' thresholds, 5:2 by default (issue 22 measured 5:4). At concurrency 5 with 5:4, demand
 #   is 4 after each finish until the client's next request arrives: a flip-on when it arrives late, and at the
 #   arrival a flip-off. A flip-on of this design retracts the running requests
@@ -65,7 +67,9 @@ if ! python3 -c "import attrs" 2>/dev/null; then
 fi
 python3 -c "import attrs, shim.switch.v1, shim.adapters.sglang_0_5_12; print('specflip importable, attrs', attrs.__version__)" || exit 5
 M=/tmp/models_$MODELS
-if [ "$MODELS" = 8b ]; then H=4096 L=32 I=14336 python3 "$K/gen_models_sized.py" $M > /dev/null || exit 4
+# a warm machine keeps /tmp between calls: a pair an earlier call generated (its .done marker) is reused
+if [ -f $M/.done ]; then echo "models reused"
+elif [ "$MODELS" = 8b ]; then H=4096 L=32 I=14336 python3 "$K/gen_models_sized.py" $M > /dev/null && touch $M/.done || exit 4
 else python3 "$K/gen_models.py" $M > /dev/null || exit 4; fi
 echo "== models $MODELS ready (t=$(el)s)"
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $M/draft --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
@@ -108,7 +112,7 @@ if [ -n "$SERVERS" ]; then
   echo "== sweep (t=$(el)s, ${left}s for it)"
   if [ $left -ge 30 ]; then
     timeout $(( left + 30 )) python3 bench/gpu/v1_client.py sweep "$OUT/sweep.json" --servers "$SERVERS" \
-        --concs ${CONCS:-1,5,10,32} --rounds ${ROUNDS:-6} --deadline-s $left || FAILED=1
+        --concs ${CONCS:-1,5,10,32} --rounds ${ROUNDS:-6} --deadline-s $left ${DRAFT_RANGE:+--draft-range} || FAILED=1
   else echo "== no time left for the sweep"; FAILED=1; fi
   timeout 40 python3 bench/gpu/v1_client.py probe "$OUT/probe_steady.json" --servers "$SERVERS" --tag steady || FAILED=1
 fi
