@@ -26,6 +26,9 @@
 #           the switch against a plain server, like for like)
 #   sync:   EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T SPECFLIP_SWITCH_DRAFT=sync: the old design (seeds_final) + guard assert
 #   switch54 (not in the default set): the new design at issue 22's 5:4, guard assert
+#   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
+#           forces on every EAGLE server (`off` runs the overlap loop, SGLang's default without speculation), so
+#           bare / off_nonoverlap is the plain path against a plain step in the same loop (session 11, docs/v1.md)
 # Sequence: start all, wait until every one is up; the first-flip probe on the fresh servers (v1_client.py probe:
 # 1 long request, then 5 short ones: demand 6 flips a 5:2 or 5:4 switch off, the long one alone flips it on); the sweep (v1_client.py sweep: for each
 # round and concurrency every server in turn, the order rotating, the same prompts for all, until the budget
@@ -77,6 +80,7 @@ FAILED=0; SERVERS=""; port=30000
 for cfg in "${CONFIGS[@]}"; do
   case $cfg in
     off)    envs=""; flags="" ;;
+    off_nonoverlap) envs=""; flags="--disable-overlap-schedule" ;;
     on)     envs="SPECFLIP_MODE=${ON_GUARD:-assert}"; flags="$SPEC" ;;
     switch) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;

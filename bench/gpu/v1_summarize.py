@@ -15,10 +15,10 @@ import os
 import statistics
 import sys
 
-ORDER = ("off", "on", "switch", "bare", "sync", "switch54")
+ORDER = ("off", "off_nonoverlap", "on", "switch", "bare", "sync", "switch54")
 # switch, on and sync run the guard (assert mode); off and bare do not: bare / off and switch / on are like for like
 RATIOS = (("bare", "off"), ("switch", "off"), ("switch", "on"), ("bare", "on"), ("sync", "off"), ("switch54", "off"),
-          ("on", "off"))
+          ("on", "off"), ("bare", "off_nonoverlap"), ("off_nonoverlap", "off"))
 
 
 def load(path: str) -> dict | None:
