@@ -22,7 +22,9 @@ run, times that batch: speculation runs min(d, spec cap) requests, plain decodin
   current mode and only the other is unknown, the learner *probes* it: a visit to the other mode for `probe_steps`
   steps, then back unless it won by the margin. Probes spend an exploration budget: `explore_fraction` of the steps
   observed (2 %), with `probe_credit` probes' worth at start; an estimate older than `stale_after` steps is probed
-  again (when the budget allows), so a drifting host is followed, slowly. A flip on the prior into an unknown mode
+  again (when the budget allows), so a drifting host is followed, and so is a traffic that drafts better than the
+  accept length learned last, which no plain step shows (the H200, session 11: the warm-up's traffic drafted at
+  1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). A flip on the prior into an unknown mode
   happens at most once per bucket and mode (after it the mode is known);
 - a flip for the numbers or the prior waits until the mode has run `min_dwell` steps and every decision of the
   last `confirm_steps` steps wanted it (demand jumping across the crossover flips nothing), unless the numbers
