@@ -909,8 +909,8 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     # seq_lens move at launch; under overlap the token reaches the output when the result is processed
     committed = 0 if scope.overlap else 1
     have = 0
-    changed: dict[int, Request] = {}
     requests = state.requests
+    updated = list(requests)  # every running request moves: stored in place, not through a dict (State.with_requests)
     for rid in rids:  # each request rebuilt once, with every field the step moves
         r = requests[rid]
         held, reserved = r.kv_held, r.kv_reserved
@@ -921,8 +921,8 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
                     held, reserved = held + 1, reserved - 1
             elif r.status is Status.FINISHED:
                 have += 1  # released after this step was prepared (overlap): its row still reads req_to_token
-        changed[rid] = r.replace(seq_len=r.seq_len + growth, committed=r.committed + committed, kv_held=held,
-                                 kv_reserved=reserved, draft_hidden_ready=False if clears_hidden else None)
+        updated[rid] = r.decoded(r.seq_len + growth, r.committed + committed, held, reserved, r.draft_kv_len,
+                                 False if clears_hidden else r.draft_hidden_ready)
     kv_free = state.kv_free
     if from_reserve:
         worker = worker.replace(out_cache_loc_width=have)
@@ -936,7 +936,7 @@ def _plain_decode(state: State, action: Action, design: Design, scope: Scope) ->
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     unprocessed = (*state.unprocessed, Unprocessed(rids, None, reserve_slot=from_reserve)) if scope.overlap \
         else state.unprocessed
-    return state.replace(requests=state.with_requests(changed), running=running, launched=worker,
+    return state.replace(requests=tuple(updated) if rids else requests, running=running, launched=worker,
                         kv_free=kv_free, stage=Stage.DECODED if syncs else Stage.SCHEDULE, unprocessed=unprocessed)
 
 
@@ -951,18 +951,19 @@ def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> S
 
 def _process_result(state: State, action: Action, design: Design, scope: Scope) -> State:
     head = state.unprocessed[0]
-    changed: dict[int, Request] = {}
     requests, reserve_slot, extended = state.requests, head.reserve_slot, head.draft_extended
-    for rid, (grown, kept) in result_growth(state, action, design).items():
+    growth = result_growth(state, action, design)
+    updated = list(requests)  # as in _plain_decode: stored in place
+    for rid, (grown, kept) in growth.items():
         r = requests[rid]  # requests[rid] is request rid (State.req)
         # a verify's accepted run moves from the reserve into held slots; so does a plain step's slot of the reserve
         moved = 1 if reserve_slot else grown
         used = moved if moved < r.kv_reserved else r.kv_reserved  # min(), without the call
         # the draft-extend that followed the verify on the device covered the accepted run too
         draft_kv_len = r.draft_kv_len + grown if extended else r.draft_kv_len
-        changed[rid] = r.replace(seq_len=r.seq_len + grown, committed=r.committed + kept, kv_held=r.kv_held + used,
-                                  kv_reserved=r.kv_reserved - used, draft_kv_len=draft_kv_len)
-    return state.replace(requests=state.with_requests(changed), unprocessed=state.unprocessed[1:],
+        updated[rid] = r.decoded(r.seq_len + grown, r.committed + kept, r.kv_held + used, r.kv_reserved - used,
+                                 draft_kv_len, r.draft_hidden_ready)
+    return state.replace(requests=tuple(updated) if growth else requests, unprocessed=state.unprocessed[1:],
                         launched=None)
 
 

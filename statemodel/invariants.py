@@ -7,6 +7,7 @@ Names are stable: they appear in `SpecFlipViolation` messages, proof reports, tr
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -139,8 +140,15 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
             f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
             expected=str(state.kv_pool_size), actual=str(accounted),
         ))
-    # one comprehension (most requests hold KV and are running: the status test first rules them out)
-    for r in [r for r in state.requests if r.status in _HOLDS_NO_KV and (r.kv_held or r.kv_reserved)]:
+    requests = state.requests
+    last = _LAST_HOLDING_NO_KV
+    if last[0] is requests:  # the same frozen tuple as the state checked before (see statemodel.state._LAST_HELD)
+        holding = last[1]
+    else:
+        # one comprehension (most requests hold KV and are running: the status test first rules them out)
+        holding = [r for r in requests if r.status in _HOLDS_NO_KV and (r.kv_held or r.kv_reserved)]
+        _LAST_HOLDING_NO_KV[:] = (requests, holding)
+    for r in holding:
         problems.append(Violation(
             "kv_conservation",
             f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
@@ -155,6 +163,12 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
         ) for r in state.requests if r.cached_len and (
             r.status in _HOLD_NO_KV or r.cached_len > len(state.prefix_cache)))
     return problems
+
+
+_LAST_HOLDING_NO_KV: list = [None, []]  # (requests, those holding KV in a status that holds none): kv_conservation
+# (requests, most, the rids tuples, whether a running one of them has fewer than `most` reserved): the common case
+# of kv_reserve_covers_writes
+_LAST_RESERVE_SHORT: list = [None, 0, [], False]
 
 
 def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
@@ -172,9 +186,16 @@ def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
     per_req = batch.spec_info.tokens_per_row if verifying else 0  # type: ignore[union-attr]
     # the common case first: every request's reserve covers the most any one request may need (the sum of all)
     most = per_req + sum([u.reserved_writes for u in writing])
-    if not any([r.kv_reserved < most and r.status is Status.RUNNING
-                for rids in [u.rids for u in writing] + [batch.rids if verifying else ()]  # type: ignore[union-attr]
-                for r in map(requests.__getitem__, rids)]):
+    groups = [u.rids for u in writing] + [batch.rids if verifying else ()]  # type: ignore[union-attr]
+    last = _LAST_RESERVE_SHORT
+    if (last[0] is requests and last[1] == most and len(last[2]) == len(groups)
+            and all(map(operator.is_, last[2], groups))):
+        short_any = last[3]  # the same frozen requests and rids as the state checked before (see _LAST_HOLDING_NO_KV)
+    else:
+        short_any = any([r.kv_reserved < most and r.status is Status.RUNNING
+                         for rids in groups for r in map(requests.__getitem__, rids)])
+        _LAST_RESERVE_SHORT[:] = (requests, most, groups, short_any)
+    if not short_any:
         return []
     need: dict[int, int] = {}
     for result in writing:

@@ -252,18 +252,22 @@ class V2Adapter:
             return self._observe_reqs(reqs, host_ints(mirror))  # the CPU mirror, read once for the batch
         return self._observe_reqs(reqs, [None] * len(reqs))
 
-    def observe_requests_in_worker_call(self, batch: Any) -> list[ObservedRequest]:
+    def observe_requests_in_worker_call(self, batch: Any, *, lengths: bool = True) -> list[ObservedRequest]:
         """`observe_requests(batch)` for a hook inside the speculative worker's call (`forward_batch_generation`):
         the readings the call's first hook took are reused when nothing but the worker ran since (no other hook of
         the guard's, `_run` drops them) on the same batch, the same reqs list of the same length, with the
         seq_lens_cpu values read now (one host list). Nothing the worker runs writes the fields read: no Req KV
         length, row, output, finish or prompt, no allocation or free (docs/guard.md, "Cost";
-        tests/test_guard_adapters.py holds SGLang's worker code to it)."""
+        tests/test_guard_adapters.py holds SGLang's worker code to it). `lengths` False: the caller takes no seq_len
+        from the reading (the draft-extend's steps compare none: `Guard.draft_extend_starts`), so a held reading is
+        taken as it is, without the tuples rebuilt for the lengths of now."""
         reqs = batch.reqs
         count = len(reqs)
+        held = self._worker_reading
+        if not lengths and held is not None and held[0] is batch and held[1] is reqs and held[2] == count:
+            return held[4]
         mirror = getattr(batch, "seq_lens_cpu", None)
         seq_lens = host_ints(mirror) if mirror is not None and tensor_width(mirror) == count else None
-        held = self._worker_reading
         if held is not None and held[0] is batch and held[1] is reqs and held[2] == count:
             if held[3] == seq_lens:
                 return held[4]
@@ -688,8 +692,9 @@ class V2Adapter:
             return
 
         def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
-            # called now or never (a round in flight only notes the extend): inside this worker call
-            reqs = self.observe_requests_in_worker_call(batch)
+            # called now or never (a round in flight only notes the extend): inside this worker call; the steps it
+            # feeds (draft_extend, draft_sync, draft_catch_up) take no seq_len from it
+            reqs = self.observe_requests_in_worker_call(batch, lengths=False)
             return self.observe_batch(batch, reqs=reqs), reqs, self.batch_pool(batch)
 
         def step(g: Guard) -> None:

@@ -113,7 +113,7 @@ class Adapter(V2Adapter):
             return SpecInfoKind.DRAFT_INPUT, tensor_width(spec_info.seq_lens), 1
         return super().spec_shape(spec_info)
 
-    def observe_requests_in_worker_call(self, batch: Any) -> list[ObservedRequest]:
+    def observe_requests_in_worker_call(self, batch: Any, *, lengths: bool = True) -> list[ObservedRequest]:
         """A fresh reading at every hook: 0.5.12's v1 worker writes what a reading takes inside its own call (its
         verify appends the accepted tokens to `output_ids` and frees the rejected draft slots), so the reuse the v2
         worker allows (`V2Adapter.observe_requests_in_worker_call`) would hand a later hook stale outputs."""

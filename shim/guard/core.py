@@ -131,7 +131,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self.settle_round()
         known_pending = self.state.pending
         # requests done at their prefill were filtered out of `pending` already; the model's merge drops them
-        if known_pending is None or self._live(known_pending) != {self.index.get(r, -1) for r in pending.rids}:
+        if known_pending is None or self._live(known_pending) != set(self._indices(pending.rids)[0]):
             self.state = attrs.evolve(self.state, pending=self._batch(pending))
         else:
             self.state = attrs.evolve(self.state, pending=attrs.evolve(
@@ -149,8 +149,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         """`running.filter_batch()` ran. `observe` reads the batch's requests and the pool: only when the filter is
         a step (SGLang filters the running batch every iteration; mostly nothing leaves it)."""
         self.settle_round()
-        get = self.index.get
-        observed = tuple([get(r, -1) for r in running.rids])
+        observed = self._indices(running.rids)[0]
         pending = self.state.pending
         if pending is not None and self.state.running.rids and set(observed) <= set(pending.rids):
             state = self.state
@@ -246,7 +245,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
             name = "draft_catch_up"
         batch, reqs, pool = observe()
         # the draft KV it writes is the batch's it ran on: a running request outside that batch is not covered
-        covered = {self.index.get(r, -1) for r in batch.rids}
+        covered = set(self._indices(batch.rids)[0])
         self._transition(Action(name), where, reqs=reqs, pool=pool, draft_covered=covered)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
@@ -281,20 +280,20 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
             return
         head = state.unprocessed[0]
         rows = set(result_rows(state))
+        names = self.names
         if head.steps is None:
             action = Action("process_result")
         else:
-            by_name = dict(zip(rids, accept_lens or [], strict=False))
-            accepts = []
-            for rid in head.rids:
-                run = by_name.get(self.names[rid])
-                accepts.append(max(0, run - 1) if rid in rows and run is not None else 0)
+            get = dict(zip(rids, accept_lens or [], strict=False)).get
+            # max(0, run - 1), without the call: once per request per result
+            accepts = [(run - 1 if run > 1 else 0) if rid in rows and (run := get(names[rid])) is not None else 0
+                       for rid in head.rids]
             action = Action("process_result", tuple(accepts))
         # the result shows the length after this step; a plain step launched after it grew the model's seq_len at
         # its launch already, so those requests' lengths are compared where that step's result is processed
         later_plain = {rid for u in state.unprocessed[1:] if not u.is_spec for rid in u.rids}
         self._transition(action, where, reqs=reqs, pool=pool,
-                         seq_rids={self.names[rid] for rid in rows - later_plain})
+                         seq_rids={names[rid] for rid in (rows - later_plain if later_plain else rows)})
 
     def flip_starting(self) -> None:
         """A switch is about to flip (`shim.guard.api.notify_flip_starting`): a round in flight settles now, on the
@@ -360,7 +359,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         if pending is None or self.state.running.rids:
             return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
         if running is not None:
-            live, observed = self._live(pending), {self.index.get(r, -1) for r in running.rids}
+            live, observed = self._live(pending), set(self._indices(running.rids)[0])
             # every live pending request turned up, but for done ones 0.5.23's exclusion (`_reqs_finishing_inflight`)
             # filtered out of the assigned batch (their queued prefill result finishes them)
             if not live <= observed and (not observed <= live

@@ -36,6 +36,10 @@ class ObservedStateSync:
     # (model request id, output tokens) of requests the last overlay saw holding more output tokens than the model's
     # `committed`: judged by the step that records it (statemodel.identity.output_bound; issue 18, token content)
     outputs_over_committed: list[tuple[int, int]]
+    # the last `_indices`: (SGLang rids, index, its length, model ids, all known)
+    _last_indices: tuple[tuple[str, ...], dict[str, int], int, tuple[int, ...], bool] | None = None
+    # the last overlay of requests: (reading, requests in, requests out, index, its length, outputs noted)
+    _overlay_memo: tuple | None = None
 
     def _live(self, batch: Batch) -> set[int]:
         return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
@@ -52,11 +56,24 @@ class ObservedStateSync:
         if self.trace is not None:
             self.trace.write({"kind": "compact", "rank": self.config.rank, "keep": keep})
 
-    def _batch(self, obs: ObservedBatch) -> Batch:
+    def _indices(self, rids: tuple[str, ...]) -> tuple[tuple[int, ...], bool]:
+        """The model's ids of SGLang's `rids` (-1 for a request the guard does not know), and whether it knows them
+        all. The hooks of one iteration name the same batch several times (the filter, the launch, the draft
+        sync...): the last answer is kept and taken again for an equal tuple (a C comparison of the same string
+        objects) while the numbering is the same (`_compact` makes a new index, `_arrive` grows it)."""
         index = self.index
-        try:
-            rids = tuple([index[r] for r in obs.rids])
-        except KeyError:
+        last = self._last_indices
+        if last is not None and last[1] is index and last[2] == len(index) and last[0] == rids:
+            return last[3], last[4]
+        get = index.get
+        ids = tuple([get(r, -1) for r in rids])
+        known = -1 not in ids
+        self._last_indices = (rids, index, len(index), ids, known)
+        return ids, known
+
+    def _batch(self, obs: ObservedBatch) -> Batch:
+        rids, known = self._indices(obs.rids)
+        if not known:
             rids = tuple(self._known(r) for r in obs.rids)  # raises GuardDesync naming the request
         return Batch(
             rids=rids, forward_mode=obs.forward_mode,
@@ -81,8 +98,37 @@ class ObservedStateSync:
                  seq_rids: Iterable[str] = ()) -> State:
         seq_rids = seq_rids if isinstance(seq_rids, set | frozenset) else set(seq_rids)
         requests = state.requests
+        index_of = self.index
+        memo = self._overlay_memo
+        if (memo is not None and reqs is memo[0] and (requests is memo[1] or requests is memo[2])
+                and index_of is memo[3] and len(index_of) == memo[4] and not seq_rids):
+            # the same reading over the requests the last pass read or wrote: that pass's result (a second pass over
+            # its own result changes nothing: it wrote what it compares), and the same outputs noted
+            overlaid = memo[2]
+            self.outputs_over_committed.extend(memo[5])
+        else:
+            overlaid = self._overlay_requests(requests, reqs, seq_rids)
+        changes: dict[str, object] = {}
+        if overlaid is not requests:
+            changes["requests"] = overlaid
+        if running is not None:
+            changes["running"] = self._running_from(state.running, running)
+        if launched is not None:
+            changes["launched"] = self._batch(launched)
+        if pool is not None:
+            changes["kv_free"] = pool.free
+            changes["kv_pool_size"] = pool.size
+        return state.replace(**changes) if changes else state  # type: ignore[arg-type]
+
+    def _overlay_requests(self, requests: tuple[Request, ...], reqs: Iterable[ObservedRequest],
+                          seq_rids: set[str] | frozenset[str]) -> tuple[Request, ...]:
+        """`requests` with the observed KV lengths (and seq_len, for `seq_rids`) put in; `requests` itself when
+        nothing differs. Remembered for the next overlay when `reqs` is a list (an adapter's reading, which the
+        hooks of one worker call share; it is held here, so its identity is not reused)."""
         updated: list[Request] | None = None  # copied on the first request that differs
         index_of = self.index
+        noted = self.outputs_over_committed
+        first_noted = len(noted)
         # the observation unpacked (ObservedRequest's fields in order: a tuple unpacks faster than 5 named reads)
         for rid, _, _, output_len, held, allocated, _, seen_len, holds_kv, _ in reqs:
             index = index_of.get(rid)
@@ -90,7 +136,7 @@ class ObservedStateSync:
                 continue
             r = requests[index]
             if output_len > r.committed:  # one comparison per request: the output check's common case
-                self.outputs_over_committed.append((index, output_len))
+                noted.append((index, output_len))
             if holds_kv:
                 reserved = allocated - held
             else:
@@ -101,17 +147,11 @@ class ObservedStateSync:
                 if updated is None:
                     updated = list(requests)
                 updated[index] = _with_observed(r, seq_len, held, reserved)
-        changes: dict[str, object] = {}
-        if updated is not None:
-            changes["requests"] = tuple(updated)
-        if running is not None:
-            changes["running"] = self._running_from(state.running, running)
-        if launched is not None:
-            changes["launched"] = self._batch(launched)
-        if pool is not None:
-            changes["kv_free"] = pool.free
-            changes["kv_pool_size"] = pool.size
-        return state.replace(**changes) if changes else state  # type: ignore[arg-type]
+        overlaid = requests if updated is None else tuple(updated)
+        # kept only for a list (a generator is spent) and no seq_rids (the hooks that share a reading pass none)
+        self._overlay_memo = (reqs, requests, overlaid, index_of, len(index_of), noted[first_noted:]) \
+            if type(reqs) is list and not seq_rids else None
+        return overlaid
 
 
 # `_overlay` unpacks an ObservedRequest by position: a field added, dropped or moved fails here at import
