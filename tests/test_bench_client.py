@@ -246,3 +246,17 @@ def test_first_step_after_a_flip_is_compared_with_steady_and_after_idle_steps_of
     assert rows[-2] == "| switch | spec | 1 | 6.70 (1) | 5.95 (2) | 1.13 | 6.90 (1) | 0.97 |"
     assert rows[-1] == "| switch | spec | 2 | 7.00 (1) | - | - | - | - |"  # no steady step at batch 2: no ratio
     assert summarize.first_step_table(events[1:3]) == []  # no flip: no table
+
+
+def test_first_steps_after_flips_are_pooled_over_batch_sizes() -> None:
+    """The per-batch cells hold 1-6 samples on the H200: every first step after a flip over the steady median of its
+    own batch size, pooled per configuration and kind; a batch size with no steady step gives no ratio."""
+    def timing(ms: float, bs: int, first: bool = False) -> tuple[str, dict]:
+        return ("switch", {"action": "timing", "kind": "spec", "bs": bs, "ms": ms, "first_after_flip": first,
+                           "gap_ms": 5.0})
+
+    events = [timing(6.0, 1), timing(6.0, 1), timing(6.6, 1, first=True), timing(8.0, 4), timing(12.0, 4, first=True),
+              timing(9.0, 4, first=True), timing(7.0, 2, first=True)]
+    lines = summarize.first_step_pooled(events)
+    assert lines[-1] == "- switch, spec: 1.12x (1.10-1.50, n=3)"  # 1.10 at batch 1, 1.50 and 1.125 at batch 4
+    assert summarize.first_step_pooled(events[:2]) == []  # no flip: nothing pooled

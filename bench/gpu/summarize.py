@@ -78,14 +78,34 @@ def step_class(ev):
     return "first after idle, no flip" if gap is not None and gap >= IDLE_GAP_MS else "steady"
 
 
-def first_step_table(events):
-    """Markdown: the first decode step after a flip against steady steps and first-after-idle steps of the same
-    kind and batch size (issue 17: <= 1.1x a steady step), per configuration, medians of the switch trace's CUDA
-    events; [] when no trace has both."""
+def timed_steps(events):
+    """The switch trace's CUDA-event step times by (configuration, kind, batch size, step_class)."""
     by = {}
     for cfg, ev in events:
         if ev.get("action") == "timing" and not ev.get("timer"):
             by.setdefault((cfg, ev["kind"], ev["bs"], step_class(ev)), []).append(ev["ms"])
+    return by
+
+
+def first_step_pooled(events):
+    """Markdown: per configuration and kind, every first step after a flip over the steady median of its own batch
+    size, pooled (the per-batch table's cells hold 1-6 samples each); [] when none has a steady median."""
+    by = timed_steps(events)
+    pooled = {}
+    for (cfg, kind, bs, which), first in by.items():
+        steady = by.get((cfg, kind, bs, "steady"))
+        if which == "first after a flip" and steady:
+            pooled.setdefault((cfg, kind), []).extend(ms / statistics.median(steady) for ms in first)
+    return ["", "First step after a flip over a steady step of its batch size, pooled (median, range, n):", ""] + [
+        f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
+        for (cfg, kind), r in sorted(pooled.items())] if pooled else []
+
+
+def first_step_table(events):
+    """Markdown: the first decode step after a flip against steady steps and first-after-idle steps of the same
+    kind and batch size (issue 17: <= 1.1x a steady step), per configuration, medians of the switch trace's CUDA
+    events; [] when no trace has both."""
+    by = timed_steps(events)
     rows = []
     for (cfg, kind, bs, which), first in sorted(by.items()):
         if which != "first after a flip":
@@ -261,6 +281,7 @@ def timing_lines(sources):
             md.append(f"- {cfg}, {what}, {which}: n={len(ms)}, median {statistics.median(ms):.2f} ms, "
                       f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
     md += first_step_table(events)
+    md += first_step_pooled(events)
     md += step_timer_lines(events)
     return md
 
