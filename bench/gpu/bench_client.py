@@ -36,10 +36,17 @@ def gen(url, ids, n, v, timeout):
     return time.time() - t, len(out), out == exp, meta.get("spec_accept_length"), None, cached, len(ids)
 
 
+def draft_range_token(rng=random):
+    """A prompt's last token from which the counter's outputs (at most 128 here) stay inside the draft's 1,024-token
+    vocabulary (gen_models_sized.py, DV): every request drafts at the pair's accept length (2.0). A last token
+    drawn over the whole vocabulary counts past 1,024 about half the time and drafts at accept 1.0 there."""
+    return rng.randrange(0, 300)
+
+
 def draft_range_prompt(vocab=2048):
-    """32 tokens whose last lies in [0, 300): the counter's 128 outputs stay inside the draft's vocabulary."""
+    """32 tokens whose last is a `draft_range_token`."""
     q = [random.randrange(3, vocab) for _ in range(32)]
-    q[-1] = random.randrange(0, 300)
+    q[-1] = draft_range_token()
     return q
 
 

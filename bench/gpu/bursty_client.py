@@ -30,7 +30,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench_client import gen, parse_servers
+from bench_client import draft_range_token, gen, parse_servers
 
 
 def percentile(xs, q):
@@ -79,7 +79,7 @@ def hit_rate(results, label):
 def follow_up(prompt, new_tokens, vocab):
     """The next turn of a conversation: the prompt, the counter's greedy answer to it, a new 16-token turn."""
     answer = [(prompt[-1] + 1 + k) % vocab for k in range(new_tokens)]
-    return prompt + answer + [random.randrange(3, vocab) for _ in range(15)] + [random.randrange(0, 300)]
+    return prompt + answer + [random.randrange(3, vocab) for _ in range(15)] + [draft_range_token()]
 
 
 def main():
@@ -122,7 +122,7 @@ def main():
             for label, conc, n in (("quiet", a.low_conc, a.low_requests), ("burst", a.burst_conc, a.burst_requests)):
                 if label == "burst":  # computed while the switch has speculation off; the next quiet phase hits it
                     prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
-                prompts = [prefix + [random.randrange(3, a.vocab) for _ in range(31)] + [random.randrange(0, 300)]
+                prompts = [prefix + [random.randrange(3, a.vocab) for _ in range(31)] + [draft_range_token()]
                            for _ in range(n)]
                 if label == "quiet" and a.follow_ups and burst_prompts:
                     earlier = burst_prompts[-a.follow_ups:]

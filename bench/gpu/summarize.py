@@ -95,7 +95,8 @@ def first_step_pooled(events):
     for (cfg, kind, bs, which), first in by.items():
         steady = by.get((cfg, kind, bs, "steady"))
         if which == "first after a flip" and steady:
-            pooled.setdefault((cfg, kind), []).extend(ms / statistics.median(steady) for ms in first)
+            base = statistics.median(steady)
+            pooled.setdefault((cfg, kind), []).extend(ms / base for ms in first)
     return ["", "First step after a flip over a steady step of its batch size, pooled (median, range, n):", ""] + [
         f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
         for (cfg, kind), r in sorted(pooled.items())] if pooled else []

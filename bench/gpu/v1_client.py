@@ -27,6 +27,8 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from bench_client import draft_range_token  # the same directory: run as bench/gpu/v1_client.py
+
 VOCAB = 2048
 PHASES = (1, 5, 10, 32, 10, 5, 1)
 
@@ -50,21 +52,13 @@ def generate(url: str, ids: list[int], tokens: int) -> dict:
             "accept": meta.get("spec_accept_length"), "t0": t0}
 
 
-def draft_range(prompts: list[list[int]], rng: random.Random, on: bool) -> list[list[int]]:
-    """--draft-range: each prompt's last token drawn from [0, 300), so the counter's outputs stay inside the draft's
-    1,024-token vocabulary (gen_models_sized.py, DV) and every request drafts at the pair's accept length (2.0);
-    without it about half the requests count past 1,024 and draft at 1.0, as the seeds' client did."""
-    if on:
-        for p in prompts:
-            p[-1] = rng.randrange(0, 300)
-    return prompts
-
-
 def run_phase(name: str, url: str, conc: int, rnd: int, rng: random.Random, tokens: int,
               in_draft_range: bool = False) -> dict:
     count = max(2 * conc, 8)
-    prompts = draft_range([[rng.randrange(3, VOCAB) for _ in range(8 + 5 * (i % 9))] for i in range(count)], rng,
-                          in_draft_range)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(8 + 5 * (i % 9))] for i in range(count)]
+    if in_draft_range:  # --draft-range; without it, the seeds' client's prompts (about half draft at accept 1.0)
+        for p in prompts:
+            p[-1] = draft_range_token(rng)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as pool:
         res = list(pool.map(lambda p: generate(url, p, tokens), prompts))
