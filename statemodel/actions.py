@@ -34,6 +34,7 @@ from statemodel.state import (
     Batch,
     ForwardMode,
     GraphShape,
+    LastByIdentity,
     Request,
     SpecInfo,
     SpecInfoKind,
@@ -418,17 +419,16 @@ def result_rows(state: State) -> tuple[int, ...]:
     """The requests the oldest unprocessed result applies to: running and not yet done on the host.
     A request finished (or done) since the step launched is skipped (batch_result_processor
     _resolve_spec_v2_tokens: `if req.finished() ... continue`); a retracted one left the result."""
-    last = _LAST_RESULT_ROWS
-    if last[0] is state:  # the guard, the step and its invariant ask in turn about the same frozen state
-        return last[1]
+    return _RESULT_ROWS(state, _result_rows)  # the guard, the step and its invariant ask in turn
+
+
+def _result_rows(state: State) -> tuple[int, ...]:
     requests = state.requests
-    rows = tuple([rid for rid in state.unprocessed[0].rids
+    return tuple([rid for rid in state.unprocessed[0].rids
                   if requests[rid].status is Status.RUNNING and not requests[rid].done])
-    _LAST_RESULT_ROWS[:] = (state, rows)
-    return rows
 
 
-_LAST_RESULT_ROWS: list = [None, ()]  # (state, rows) of the last result_rows
+_RESULT_ROWS: LastByIdentity[State, tuple[int, ...]] = LastByIdentity()
 
 
 def _process_result_choices(state: State) -> list[Action]:

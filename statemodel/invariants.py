@@ -14,7 +14,7 @@ import attrs
 
 from statemodel.actions import Action, result_growth, verify_growth
 from statemodel.design import Design, Scope
-from statemodel.state import Batch, ForwardMode, SpecInfoKind, SpecMode, State, Status
+from statemodel.state import Batch, ForwardMode, LastByIdentity, Request, SpecInfoKind, SpecMode, State, Status
 
 
 @attrs.frozen
@@ -140,15 +140,7 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
             f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
             expected=str(state.kv_pool_size), actual=str(accounted),
         ))
-    requests = state.requests
-    last = _LAST_HOLDING_NO_KV
-    if last[0] is requests:  # the same frozen tuple as the state checked before (see statemodel.state._LAST_HELD)
-        holding = last[1]
-    else:
-        # one comprehension (most requests hold KV and are running: the status test first rules them out)
-        holding = [r for r in requests if r.status in _HOLDS_NO_KV and (r.kv_held or r.kv_reserved)]
-        _LAST_HOLDING_NO_KV[:] = (requests, holding)
-    for r in holding:
+    for r in _HOLDING_NO_KV(state.requests, _holding_no_kv):
         problems.append(Violation(
             "kv_conservation",
             f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
@@ -165,7 +157,12 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
     return problems
 
 
-_LAST_HOLDING_NO_KV: list = [None, []]  # (requests, those holding KV in a status that holds none): kv_conservation
+def _holding_no_kv(requests: tuple[Request, ...]) -> list[Request]:
+    """The requests holding KV in a status that holds none (most hold KV and run: the status test rules them out)."""
+    return [r for r in requests if r.status in _HOLDS_NO_KV and (r.kv_held or r.kv_reserved)]
+
+
+_HOLDING_NO_KV: LastByIdentity[tuple[Request, ...], list[Request]] = LastByIdentity()  # kv_conservation
 # (requests, most, the rids tuples, whether a running one of them has fewer than `most` reserved): the common case
 # of kv_reserve_covers_writes
 _LAST_RESERVE_SHORT: list = [None, 0, [], False]
@@ -190,7 +187,7 @@ def kv_reserve_covers_writes(state: State, scope: Scope) -> list[Violation]:
     last = _LAST_RESERVE_SHORT
     if (last[0] is requests and last[1] == most and len(last[2]) == len(groups)
             and all(map(operator.is_, last[2], groups))):
-        short_any = last[3]  # the same frozen requests and rids as the state checked before (see _LAST_HOLDING_NO_KV)
+        short_any = last[3]  # the same frozen requests and rids as the state checked before (LastByIdentity's rule)
     else:
         short_any = any([r.kv_reserved < most and r.status is Status.RUNNING
                          for rids in groups for r in map(requests.__getitem__, rids)])

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 import inspect
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -363,13 +364,7 @@ class State:
 
     def in_flight_count(self) -> int:
         """Requests the running batch holds now or will once merged: pending and chunked ones count."""
-        requests = self.requests
-        last = _LAST_CHUNKED
-        if last[0] is requests:  # see _LAST_HELD
-            chunked = last[1]
-        else:
-            chunked = [r.status for r in requests].count(Status.PREFILLING)  # list.count: the loop in C
-            _LAST_CHUNKED[:] = (requests, chunked)
+        chunked = _CHUNKED(self.requests, _count_chunked)
         return self.running.size + (self.pending.size if self.pending else 0) + chunked
 
     def demand(self) -> int:
@@ -379,14 +374,7 @@ class State:
 
     def kv_accounted(self) -> int:
         """Slots free, held, reserved, or the radix tree's."""
-        requests = self.requests
-        last = _LAST_HELD
-        if last[0] is requests:
-            held = last[1]
-        else:
-            held = sum([r.kv_held + r.kv_reserved for r in requests])  # a list sums faster
-            _LAST_HELD[:] = (requests, held)
-        return self.kv_free + held + len(self.prefix_cache)
+        return self.kv_free + _HELD(self.requests, _held_and_reserved) + len(self.prefix_cache)
 
     def all_finished(self) -> bool:
         return all(r.status is Status.FINISHED for r in self.requests)
@@ -415,11 +403,40 @@ class State:
         return new
 
 
-# One-entry memos of the sums over a requests tuple (the tuple, the sum), by identity: the steps of one decode
-# iteration mostly keep the same tuple (a step that moves no request keeps it), and the guard checks the state
-# invariants after each of them. The tuple is frozen and held here, so the same object means the same sum.
-_LAST_HELD: list = [None, 0]  # kv_accounted: held + reserved slots
-_LAST_CHUNKED: list = [None, 0]  # in_flight_count: PREFILLING requests
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class LastByIdentity(Generic[_K, _V]):
+    """A one-entry memo: `compute(key)` for the last `key`, taken again while the same object comes back. For frozen
+    keys (a State, a requests tuple), which the guard's step and the invariants checked after it ask about in turn
+    (a step that moves no request keeps the tuple). The key is held here, so its id is not reused by another
+    object: the same object means the same answer."""
+
+    __slots__ = ("_key", "_value")
+
+    def __init__(self) -> None:
+        self._key: object = LastByIdentity  # no key yet: an object no caller passes
+        self._value: Any = None
+
+    def __call__(self, key: _K, compute: Callable[[_K], _V]) -> _V:
+        if key is self._key:
+            return self._value
+        value = compute(key)
+        self._key, self._value = key, value
+        return value
+
+
+def _held_and_reserved(requests: tuple[Request, ...]) -> int:
+    return sum([r.kv_held + r.kv_reserved for r in requests])  # a list sums faster
+
+
+def _count_chunked(requests: tuple[Request, ...]) -> int:
+    return [r.status for r in requests].count(Status.PREFILLING)  # list.count: the loop in C
+
+
+_HELD: LastByIdentity[tuple[Request, ...], int] = LastByIdentity()  # kv_accounted
+_CHUNKED: LastByIdentity[tuple[Request, ...], int] = LastByIdentity()  # in_flight_count
 
 
 (_set_s_requests, _set_s_running, _set_s_pending, _set_s_launched, _set_s_stage, _set_s_spec_mode, _set_s_num_steps,
