@@ -260,3 +260,19 @@ def test_first_steps_after_flips_are_pooled_over_batch_sizes() -> None:
     lines = summarize.first_step_pooled(events)
     assert lines[-1] == "- switch, spec: 1.12x (1.10-1.50, n=3)"  # 1.10 at batch 1, 1.50 and 1.125 at batch 4
     assert summarize.first_step_pooled(events[:2]) == []  # no flip: nothing pooled
+
+
+def test_first_steps_after_flips_that_followed_idle_are_pooled_against_first_steps_after_idle() -> None:
+    """A flip-on at a round's first arrival follows the server emptying: its first step is pooled a second time over
+    the first steps after idle without a flip of its batch size (the idle spell's own cost), and only those steps:
+    a flip under load (gap below the idle spell) is not."""
+    def timing(ms: float, bs: int, first: bool = False, gap: float = 5.0) -> tuple[str, dict]:
+        return ("switch", {"action": "timing", "kind": "spec", "bs": bs, "ms": ms, "first_after_flip": first,
+                           "gap_ms": gap})
+
+    events = [timing(6.0, 1), timing(6.0, 1), timing(7.0, 1, gap=900.0), timing(7.2, 1, gap=800.0),
+              timing(7.7, 1, first=True, gap=700.0), timing(6.6, 1, first=True)]
+    lines = summarize.first_step_pooled(events)
+    assert lines[3] == "- switch, spec: 1.19x (1.10-1.28, n=2)"  # over the steady 6.0: 7.7 and 6.6
+    assert lines[-1] == "- switch, spec: 1.08x (1.08-1.08, n=1)"  # 7.7 over the after-idle median 7.1 only
+    assert not any("idle spell" in line for line in summarize.first_step_pooled(events[:2] + events[-1:]))

@@ -89,17 +89,42 @@ def timed_steps(events):
 
 def first_step_pooled(events):
     """Markdown: per configuration and kind, every first step after a flip over the steady median of its own batch
-    size, pooled (the per-batch table's cells hold 1-6 samples each); [] when none has a steady median."""
+    size, pooled (the per-batch table's cells hold 1-6 samples each); then those of them that also followed an idle
+    spell (a flip-on at a round's first arrival: the server had emptied, its GPU clocked down) over the median of
+    the first steps after idle without a flip of their batch size, the baseline that separates the flip's cost from
+    the idle spell's. [] when no first step has a steady median."""
     by = timed_steps(events)
-    pooled = {}
+    gaps = {}  # (cfg, kind, bs) -> the gap_ms of each first step after a flip, in timed_steps' order
+    for cfg, ev in events:
+        if ev.get("action") == "timing" and not ev.get("timer") and ev["first_after_flip"]:
+            gaps.setdefault((cfg, ev["kind"], ev["bs"]), []).append(ev.get("gap_ms"))
+    pooled, after_idle = {}, {}
     for (cfg, kind, bs, which), first in by.items():
+        if which != "first after a flip":
+            continue
         steady = by.get((cfg, kind, bs, "steady"))
-        if which == "first after a flip" and steady:
+        if steady:
             base = statistics.median(steady)
             pooled.setdefault((cfg, kind), []).extend(ms / base for ms in first)
-    return ["", "First step after a flip over a steady step of its batch size, pooled (median, range, n):", ""] + [
-        f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
-        for (cfg, kind), r in sorted(pooled.items())] if pooled else []
+        idle = by.get((cfg, kind, bs, "first after idle, no flip"))
+        if idle:
+            base = statistics.median(idle)
+            pairs = zip(first, gaps[cfg, kind, bs], strict=True)
+            after_idle.setdefault((cfg, kind), []).extend(
+                ms / base for ms, gap in pairs if gap is not None and gap >= IDLE_GAP_MS)
+    if not pooled:
+        return []
+
+    def line(cfg, kind, r):
+        return f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
+    md = ["", "First step after a flip over a steady step of its batch size, pooled (median, range, n):", ""]
+    md += [line(cfg, kind, r) for (cfg, kind), r in sorted(pooled.items())]
+    after_idle = {k: r for k, r in after_idle.items() if r}
+    if after_idle:
+        md += ["", "First step after a flip that followed an idle spell, over a first step after idle without a flip "
+               "of its batch size, pooled (median, range, n):", ""]
+        md += [line(cfg, kind, r) for (cfg, kind), r in sorted(after_idle.items())]
+    return md
 
 
 def first_step_table(events):
