@@ -254,3 +254,41 @@ def test_gc_time_by_generation_every_report_period(tmp_path: Path, monkeypatch: 
     assert reports[0]["gc_collections"][0] >= 3 and reports[0]["gc_collections"][2] >= 3
     assert reports[1]["gc_collections"][2] >= 7 and reports[1]["gc_ms"][2] >= reports[1]["gc_max_ms"][2] > 0
     assert clock.started is None  # every start met its stop
+
+
+def test_the_first_decode_after_a_prefill_is_timed_with_the_idle_spell_before_it(tmp_path: Path) -> None:
+    """Whatever `every` says, the first decode step after a run of prefills gets its CUDA events, marked with the
+    loop's wait before the first prefill of the run: on a server that had emptied, the baseline for a switch's
+    first step after a flip-on (which follows the same idle spell and prefill). Steady steps stay every Nth."""
+    timer = StepTimer(StepTimerConfig(str(tmp_path), every=64), TimingEventCpuStandIn)
+    scheduler = SimpleNamespace(enable_overlap=False)
+    run = lambda sched, b: None  # noqa: E731 - the stood-in forward
+    timer.around_run_batch(run, scheduler, batch("DECODE", True, 2))
+    time.sleep(0.06)  # the server empties: an idle spell longer than IDLE_GAP_MS before the next arrival's prefill
+    for b in (batch("EXTEND", False, 1), batch("EXTEND", False, 1), batch("DECODE", True, 2),
+              batch("DECODE", True, 2), batch("EXTEND", False, 1), batch("DECODE", True, 3)):
+        timer.around_run_batch(run, scheduler, b)
+    timer.trace.drain(force=True)
+    timed = [e for e in read(tmp_path) if e["action"] == "timing"]
+    assert [(e["bs"], e["after_prefill"]) for e in timed] == [(2, True), (3, True)]  # the steady ones: every 64th
+    assert timed[0]["idle_ms"] >= 60.0  # the wait before the first prefill of the run, not the second's
+    assert timed[1]["idle_ms"] < 60.0  # a prefill under load: the decode step just before it
+
+
+def test_summarize_pools_the_timers_first_steps_after_idle_over_its_steady_steps() -> None:
+    """bench/gpu/summarize.py: the step timer's first decode after an idle spell's prefill, over the steady timed
+    steps of its kind and batch size; a first decode after a prefill under load is not pooled, and neither kind
+    enters the steady medians."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "gpu"))
+    import summarize
+
+    def timing(ms: float, bs: int, **extra: Any) -> tuple[str, dict]:
+        return ("spec", {"action": "timing", "kind": "spec", "bs": bs, "ms": ms, "first_after_flip": False,
+                         "timer": True, **extra})
+
+    events = [timing(6.0, 2), timing(6.2, 2), timing(7.2, 2, after_prefill=True, idle_ms=900.0),
+              timing(6.5, 2, after_prefill=True, idle_ms=8.0), timing(9.0, 4, after_prefill=True, idle_ms=900.0)]
+    assert summarize.first_step_after_idle_baseline(events)[-1] == "- spec, spec: 1.18x (1.18-1.18, n=1)"
+    assert summarize.first_step_after_idle_baseline(events[:2] + events[3:4]) == []
+    table = "\n".join(summarize.step_timer_lines(events))
+    assert "| spec | run_batch span (CUDA events) | - | 6.10 (2) |" in table

@@ -74,15 +74,19 @@ def step_class(ev):
     down: the baseline a flip-on's first step, which follows the server emptying, is compared with), or steady."""
     if ev["first_after_flip"]:
         return "first after a flip"
+    if ev.get("after_prefill"):  # the step timer's first decode after a prefill: idle before it, or under load
+        idle = ev.get("idle_ms")
+        return "first after idle, no flip" if idle is not None and idle >= IDLE_GAP_MS else "first after a prefill"
     gap = ev.get("gap_ms")
     return "first after idle, no flip" if gap is not None and gap >= IDLE_GAP_MS else "steady"
 
 
-def timed_steps(events):
-    """The switch trace's CUDA-event step times by (configuration, kind, batch size, step_class)."""
+def timed_steps(events, timer=False):
+    """The switch trace's CUDA-event step times (the step timer's with `timer`) by (configuration, kind, batch size,
+    step_class)."""
     by = {}
     for cfg, ev in events:
-        if ev.get("action") == "timing" and not ev.get("timer"):
+        if ev.get("action") == "timing" and bool(ev.get("timer")) == timer:
             by.setdefault((cfg, ev["kind"], ev["bs"], step_class(ev)), []).append(ev["ms"])
     return by
 
@@ -125,6 +129,25 @@ def first_step_pooled(events):
                "of its batch size, pooled (median, range, n):", ""]
         md += [line(cfg, kind, r) for (cfg, kind), r in sorted(after_idle.items())]
     return md
+
+
+def first_step_after_idle_baseline(events):
+    """Markdown: the step timer's first decode after a prefill that followed an idle spell, on any server (no switch
+    needed), over the steady timed steps of its kind and batch size, pooled per configuration: what a switch's first
+    step after a flip-on at a round's first arrival is to be compared with. [] without such steps."""
+    by = timed_steps(events, timer=True)
+    pooled = {}
+    for (cfg, kind, bs, which), first in by.items():
+        steady = by.get((cfg, kind, bs, "steady"))
+        if which == "first after idle, no flip" and steady:
+            base = statistics.median(steady)
+            pooled.setdefault((cfg, kind), []).extend(ms / base for ms in first)
+    if not pooled:
+        return []
+    return ["", "Step timer: the first decode step after a prefill on an emptied server (idle spell, no flip) over a "
+            "steady step of its batch size, pooled (median, range, n):", ""] + [
+        f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
+        for (cfg, kind), r in sorted(pooled.items())]
 
 
 def first_step_table(events):
@@ -308,6 +331,7 @@ def timing_lines(sources):
                       f"mean {statistics.mean(ms):.2f} ms, mean batch {statistics.mean(v[0] for v in vals):.1f}")
     md += first_step_table(events)
     md += first_step_pooled(events)
+    md += first_step_after_idle_baseline(events)
     md += step_timer_lines(events)
     return md
 
@@ -317,7 +341,8 @@ def step_timer_lines(events):
     buckets = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     by = {}
     for cfg, ev in events:
-        if ev.get("action") == "step_time" or (ev.get("action") == "timing" and ev.get("timer")):
+        if ev.get("action") == "step_time" or (ev.get("action") == "timing" and ev.get("timer")
+                                               and not ev.get("after_prefill")):
             bucket = next(b for b in buckets if ev["bs"] <= b or b == buckets[-1])
             what = "host" if ev["action"] == "step_time" else "device"
             by.setdefault((cfg, what), {}).setdefault(bucket, []).append(ev.get("host_ms", ev.get("ms")))

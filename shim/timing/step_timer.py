@@ -7,7 +7,8 @@ times its steps; a plain server had nothing to compare with. This hook records, 
 * `host_ms`: the time from the previous `Scheduler.run_batch` entry to this one, i.e. one loop iteration
   (a host-bound loop's step time), for every decode step that follows a decode step;
 * a CUDA event pair around `run_batch` on the forward stream (`timing` events, read back only once complete,
-  so no host sync), for every Nth decode step.
+  so no host sync), for every Nth decode step and the first after each run of prefills (marked `after_prefill`,
+  with `idle_ms`, the loop's wait before that run: on a server that had emptied, an idle spell).
 
 and for every prefill a `prefill` line (batch size, `run_batch`'s host time, the time since the previous
 `run_batch` and since the request reached the scheduler, hooked on `Scheduler.handle_generate_request`), then a
@@ -123,6 +124,8 @@ class StepTimer:
         self.last_was_decode = False
         self.last_was_prefill = False
         self.last_period: float | None = None
+        # the loop's wait before the latest run of prefills (None: none yet): an idle spell when the server had emptied
+        self.idle_before_prefill: float | None = None
         self.last_arrival: float | None = None  # the latest request handed to the scheduler (handle_generate_request)
         self.decode_steps = 0
         self.broken = False
@@ -159,6 +162,8 @@ class StepTimer:
         decode = batch.forward_mode.is_decode()
         steady = decode and self.last_was_decode and period is not None
         after_prefill = decode and self.last_was_prefill and period is not None
+        if batch.forward_mode.is_extend() and not self.last_was_prefill:
+            self.idle_before_prefill = period
         self.last_was_decode = decode
         self.last_was_prefill = batch.forward_mode.is_extend()
         self.last_period = period
@@ -171,7 +176,9 @@ class StepTimer:
             self._profile_window(now)
         if self.gc_clock is not None and self.decode_steps % GC_REPORT_STEPS == 0:
             self.trace.event("gc", decode_steps=self.decode_steps, **self.gc_clock.snapshot())
-        if self.decode_steps % self.config.every:
+        # the first decode after a prefill is always timed: on an emptied server it is the baseline for a switch's
+        # first step after a flip-on, which follows the same idle spell and prefill (bench/gpu/summarize.py)
+        if self.decode_steps % self.config.every and not after_prefill:
             return None
         kind = "plain" if batch.spec_algorithm.is_none() else "spec"
         bs = batch.batch_size()
@@ -182,7 +189,11 @@ class StepTimer:
         stream = getattr(scheduler, "forward_stream", None) if getattr(scheduler, "enable_overlap", False) else None
         start, end = self.event_factory(), self.event_factory()
         start.record(stream)
-        return start, end, stream, {"kind": kind, "bs": bs, "first_after_flip": False, "timer": True}
+        info: dict[str, Any] = {"kind": kind, "bs": bs, "first_after_flip": False, "timer": True}
+        if after_prefill:
+            idle = self.idle_before_prefill
+            info.update(after_prefill=True, idle_ms=None if idle is None else round(idle * 1e3, 4))
+        return start, end, stream, info
 
     def around_arrival(self, orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
         self.last_arrival = time.perf_counter()
