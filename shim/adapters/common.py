@@ -423,7 +423,9 @@ class V2Adapter:
         self._run_in_worker_call(self._call_with_guard, step)
 
     def _call_with_guard(self, step: Callable[[Guard], None]) -> None:
-        g = self.guard()
+        rt = self.runtime
+        # inside GuardRuntime.run, which runs only an active runtime: a built guard is the live one
+        g = rt.guard if rt is not None and rt.guard is not None else self.guard()
         if g is not None:
             step(g)
 

@@ -19,6 +19,8 @@ from statemodel.state import (
     Status,
 )
 
+_NO_RIDS: frozenset[str] = frozenset()
+
 
 class GuardDesync(RuntimeError):
     """The guard's picture lost track of SGLang's (a step it did not see): an error in the guard, not a
@@ -118,7 +120,10 @@ class ObservedStateSync:
     def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
                  reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
                  seq_rids: Iterable[str] = ()) -> State:
-        seq_rids = seq_rids if type(seq_rids) is set or isinstance(seq_rids, frozenset) else set(seq_rids)
+        if not seq_rids:
+            seq_rids = _NO_RIDS  # most overlays observe no seq_len: no empty set built for them
+        elif type(seq_rids) is not set and not isinstance(seq_rids, frozenset):
+            seq_rids = set(seq_rids)
         requests = state.requests
         index_of = self.index
         memo = self._overlay_memo
