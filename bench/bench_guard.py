@@ -19,12 +19,18 @@ switch's design): one step is one `event_loop_overlap` iteration, the result pro
 included. `--clock cpu` times with the scheduler thread's CPU time (`time.thread_time`): on a machine shared with
 other work the wall clock counts the time the thread waited for a core.
 
+`--line v1` drives SGLang 0.5.12's v1 EAGLEWorker on the non-overlap loop instead (run it with .venv12;
+tests/sglang12_cpu.py V1LoopServer, the v1 switch in its default draft mode retract): the H200's v1 line, where the
+guard's time is on the critical path. One step is one `event_loop_normal` iteration (get_next_batch_to_run, the
+worker call, the result's processing); "spec" keeps speculation on, "plain" flips it off first. Only assert mode.
+
 `--against REF` measures the guard of git revision REF (exported with `git archive` into a temporary folder) and
 of this checkout side by side: rounds alternate between the two (each a fresh process), so that a change in the
 machine's load falls on both; each cell keeps the fastest round per side. Only assert mode's in-guard time.
 
     .venv/bin/python bench/bench_guard.py [--steps N] [--sizes 1,16,64,256] [--repeat R]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --against main --rounds 3 --clock cpu [--loop overlap]
+    OMP_NUM_THREADS=1 .venv12/bin/python bench/bench_guard.py --line v1 --against main --rounds 5 --clock cpu
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def main() -> None:
                         help="the scheduler loop driven: normal (CATCH_UP) or overlap (the switch's V2_SWITCH)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: time.perf_counter; cpu: the thread's CPU time (time.thread_time)")
+    parser.add_argument("--line", choices=("v2", "v1"), default="v2",
+                        help="v2: sglang 0.5.23 objects (.venv); v1: 0.5.12's v1 EAGLEWorker, non-overlap (.venv12)")
     parser.add_argument("--against", metavar="REF", help="a git revision measured side by side with this checkout")
     parser.add_argument("--rounds", type=int, default=3, help="--against: alternating rounds per side")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
@@ -70,6 +78,16 @@ def main() -> None:
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    if args.line == "v1":
+        rows = _v1_rows(args, sizes, clock)
+        if args.json:
+            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
+        else:
+            print(f"in-guard time per v1 iteration, assert mode, {args.clock} clock, fastest of {args.repeat} "
+                  f"(microseconds)")
+            for size, kind, c in rows:
+                print(f"{size:>5} {kind:>5} {c['assert in']:>10.0f}")
+        return
 
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
@@ -167,6 +185,66 @@ def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind
     return drv.iteration
 
 
+def _v1_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], float]) -> list[Any]:
+    """The v1 line (sglang 0.5.12, v1 EAGLEWorker, non-overlap loop, the v1 switch in draft mode retract): the
+    in-guard time per iteration, assert mode."""
+    os.environ.setdefault("SGLANG_ENABLE_SPEC_V2", "0")
+    h = importlib.import_module("sglang12_cpu")
+    import sglang.srt.plugins as plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    import shim.guard.runtime
+    import shim.switch.v1 as sw
+    from shim.switch.config import SwitchConfig
+
+    h.install_gpu_stand_ins()
+    h.install_scheduler_loop_stand_in()
+    sw.install_switch(HookRegistry, SwitchConfig(t_off=1, t_on=0, draft_while_off="retract"))
+    os.environ["SPECFLIP_MODE"] = "assert"
+    plugins.load_plugins()
+    runtime = shim.guard.runtime.current()
+    assert runtime is not None and runtime.adapter.release == "0.5.12", "run --line v1 with .venv12"
+    in_guard = [0.0]
+    run = runtime.run
+
+    def timed_run(fn: object, *a: object, **k: object) -> None:
+        started = clock()
+        try:
+            run(fn, *a, **k)  # type: ignore[arg-type]
+        finally:
+            in_guard[0] += clock() - started
+
+    runtime.run = timed_run  # type: ignore[method-assign]
+    model_dir = h.write_tiny_model_config()
+    rows = []
+    for size in sizes:
+        for kind in ("spec", "plain"):
+            best = float("inf")
+            for _ in range(args.repeat):
+                runtime.reset()
+                runtime.paused = False
+                srv = h.V1LoopServer(h.build_pools(h.make_server_args(model_dir), kv_size=size * (args.steps * 8 + 64)
+                                                   + 64, max_reqs=size + 8))
+                # spec: a threshold above the batch keeps speculation on; plain: flipped off at the first iteration
+                t_off, t_on = (size + 1, size) if kind == "spec" else (1, 0)
+                rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on, spec_cap=max(48, size + 1),
+                                                 draft_while_off="retract"))
+                if kind == "plain":
+                    rt.plain_runner = h.CudaGraphRunnerCpuStandIn(num_tokens_per_bs=1)
+                srv.add(h.make_reqs("b", size, max_new_tokens=args.steps * 4 + 16))
+                for _ in range(3):  # the prefill, the merge, the first decode steps
+                    srv.iteration()
+                in_guard[0] = 0.0
+                for _ in range(args.steps):
+                    srv.iteration()
+                assert srv.kinds[-1] == kind, srv.kinds[-3:]
+                best = min(best, in_guard[0] / args.steps * 1e6)
+            rows.append((size, kind, {"assert in": best}))
+    runtime.reset()
+    runtime.paused = True
+    return rows
+
+
 def against(args: argparse.Namespace) -> None:
     """Side by side: REF's guard (git archive into a temporary folder) and this checkout's, alternating rounds."""
     base = Path(tempfile.mkdtemp(prefix="specflip-bench-base-"))
@@ -175,7 +253,8 @@ def against(args: argparse.Namespace) -> None:
         raise SystemExit(f"bench_guard: git archive {args.against}: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
-              "--sizes", args.sizes, "--repeat", str(args.repeat), "--loop", args.loop, "--clock", args.clock]
+              "--sizes", args.sizes, "--repeat", str(args.repeat), "--loop", args.loop, "--clock", args.clock,
+              "--line", args.line]
     best: dict[tuple[str, int, str], float] = {}
     loads = []
     try:
@@ -190,7 +269,8 @@ def against(args: argparse.Namespace) -> None:
                     best[key] = min(best.get(key, cells["assert in"]), cells["assert in"])
     finally:
         shutil.rmtree(base)  # the export this run made
-    print(f"in-guard time per decode step, assert mode, {args.loop} loop, {args.clock} clock, {args.steps} steps, "
+    loop = "v1 non-overlap" if args.line == "v1" else args.loop
+    print(f"in-guard time per decode step, assert mode, {loop} loop, {args.clock} clock, {args.steps} steps, "
           f"fastest of {args.rounds} alternating rounds x {args.repeat} (microseconds); {args.against} -> this "
           f"checkout; 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
     print(f"{'batch':>5} {'step':>5} {args.against:>10} {'branch':>10} {'ratio':>6}")

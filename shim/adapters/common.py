@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import pkgutil
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,18 @@ _FORWARD_MODES = {
     "MIXED": ForwardMode.MIXED, "TARGET_VERIFY": ForwardMode.TARGET_VERIFY,
     "DRAFT_EXTEND": ForwardMode.DRAFT_EXTEND, "DRAFT_EXTEND_V2": ForwardMode.DRAFT_EXTEND,
 }
+# SGLang's ForwardMode member (by id; the entry holds the member, so its id is not reused) -> the model's: an Enum's
+# `.name` and `__hash__` are Python-level calls, and every observed batch asks
+_MODE_BY_ID: dict[int, tuple[Any, ForwardMode]] = {}
+
+
+def _model_mode(member: Any) -> ForwardMode:
+    entry = _MODE_BY_ID.get(id(member))
+    if entry is None or entry[0] is not member:
+        entry = _MODE_BY_ID[id(member)] = (member, _FORWARD_MODES.get(member.name, ForwardMode.IDLE))
+    return entry[1]
+
+
 NO_CAP = 1 << 30
 _new_tuple = tuple.__new__
 
@@ -57,6 +70,23 @@ def host_ints(tensor: Any) -> list[int]:
     if values and type(values[0]) is int:
         return values  # an integer tensor's tolist() is python ints already (one dtype for every entry)
     return [int(x) for x in values]
+
+
+_CAPTURE_SIZES: list[Any] = [None, ()]  # (a copy of the last capture_bs list asked about, its sizes sorted)
+
+
+def sorted_capture_sizes(capture_bs: Any) -> tuple[int, ...]:
+    """A CUDA graph runner's captured batch sizes as sorted python ints. Asked at every verify and plain launch; a
+    server's list is 30-50 sizes, sorted once: the last answer is taken again while the list compares equal to a
+    copy of the one it came from (a C comparison of ints)."""
+    if type(capture_bs) is not list:  # only a list's == is a plain comparison of values (never a tensor's)
+        return tuple(sorted(int(b) for b in capture_bs))
+    last = _CAPTURE_SIZES
+    if last[0] == capture_bs:
+        return last[1]
+    sizes = tuple(sorted(int(b) for b in capture_bs))
+    _CAPTURE_SIZES[:] = [list(capture_bs), sizes]
+    return sizes
 
 
 def row_range(index: Any, req_to_token: Any) -> RowRange | None:
@@ -335,7 +365,7 @@ class V2Adapter:
         # an empty ScheduleBatch is no batch to SGLang (the scheduler drops it): no spec_info either
         kind, rows, per_row = self.spec_shape(batch.spec_info if spec_info is ... else spec_info) if batch.reqs \
             else (SpecInfoKind.NONE, 0, 0)
-        mode = forward_mode or _FORWARD_MODES.get(batch.forward_mode.name, ForwardMode.IDLE)
+        mode = forward_mode or _model_mode(batch.forward_mode)
         return ObservedBatch(
             rids=tuple([str(r.rid) for r in batch.reqs] if reqs is None else [o[0] for o in reqs]),
             forward_mode=mode, spec_kind=kind, spec_rows=rows,
@@ -355,11 +385,11 @@ class V2Adapter:
         per_req = getattr(spec_info, "num_tokens_per_req", -1) if spec_info is not None else -1
         if per_req is not None and per_req > 0 and per_req != width:
             return None
-        sizes = sorted(int(b) for b in runner.capture_bs)
-        fitting = [b for b in sizes if b >= batch_size]
-        if not fitting or batch_size > int(runner.max_bs):
+        sizes = sorted_capture_sizes(runner.capture_bs)
+        at = bisect_left(sizes, batch_size)  # the first captured size >= batch_size
+        if at == len(sizes) or batch_size > int(runner.max_bs):
             return None
-        return fitting[0], width
+        return sizes[at], width
 
     def remember_pool(self, req_to_token_pool: Any) -> None:
         if req_to_token_pool is not None:
@@ -393,7 +423,9 @@ class V2Adapter:
         self._run_in_worker_call(self._call_with_guard, step)
 
     def _call_with_guard(self, step: Callable[[Guard], None]) -> None:
-        g = self.guard()
+        rt = self.runtime
+        # inside GuardRuntime.run, which runs only an active runtime: a built guard is the live one
+        g = rt.guard if rt is not None and rt.guard is not None else self.guard()
         if g is not None:
             step(g)
 

@@ -24,12 +24,13 @@ seeds' line. What differs from the v2 lines (docs/correspondence-research.md sec
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from shim.adapters.common import V2Adapter, tensor_width
+from shim.adapters.common import V2Adapter, sorted_capture_sizes, tensor_width
 from shim.guard.api import announced_switch
 from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
@@ -37,6 +38,7 @@ from statemodel.design import Design
 from statemodel.designs import SEEDS_FINAL, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
 
+new_tuple = tuple.__new__
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _V1 = "sglang.srt.speculative.eagle_worker.EAGLEWorker"
 
@@ -127,7 +129,7 @@ class Adapter(V2Adapter):
         if obs.spec_kind is SpecInfoKind.DRAFT_INPUT and obs.spec_rows < len(obs.rids):
             finished = sum(1 for req in batch.reqs if req.finished())
             if obs.spec_rows + finished == len(obs.rids):  # v1 verify dropped the finished rows already
-                obs = attrs.evolve(obs, spec_rows=len(obs.rids))
+                obs = obs._replace(spec_rows=len(obs.rids))
         return obs
 
     def batch_pool(self, batch: Any) -> ObservedPool:
@@ -146,14 +148,19 @@ class Adapter(V2Adapter):
         runner = getattr(model_runner, "graph_runner", None)
         if runner is None or batch_size > int(runner.max_bs):
             return None
-        fitting = [b for b in sorted(int(b) for b in runner.capture_bs) if b >= batch_size]
-        return (fitting[0] if fitting else int(runner.max_bs)), int(runner.num_tokens_per_bs)
+        sizes = sorted_capture_sizes(runner.capture_bs)
+        at = bisect_left(sizes, batch_size)  # the first captured size >= batch_size
+        return (sizes[at] if at < len(sizes) else int(runner.max_bs)), int(runner.num_tokens_per_bs)
 
     def observe_requests_with_verify_slots(self, batch: Any, per_request: int) -> list[ObservedRequest]:
         """Requests as the model counts them while a v1 verify holds its slots: `per_request` slots each,
         allocated beyond kv_committed_len (they sit in batch.out_cache_loc, not in req.kv_allocated_len)."""
-        return [r._replace(kv_allocated=r.kv_committed + per_request) if r.holds_kv else r
-                for r in self.observe_requests(batch)]
+        # built by position (ObservedRequest's field order is checked at import, shim/guard/sync.py): a
+        # NamedTuple's _replace costs a Python call and a dict per request
+        return [new_tuple(ObservedRequest, (rid, prompt, most, out, own, own + per_request, committed, n, True, filled))
+                if holds else r
+                for r in self.observe_requests(batch)
+                for rid, prompt, most, out, own, _, committed, n, holds, filled in (r,)]
 
     # --- hooks --------------------------------------------------------------------------------------------
 

@@ -216,8 +216,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
                       *, where: str) -> None:
         """The verify batch as it launches: a second look at the state the draft step produced. Under the
         overlap schedule it is also the model's `verify` (the launch; the accepts come with the result)."""
-        state = self._overlay(self.state, reqs=reqs, pool=pool)
-        state = attrs.evolve(state, launched=self._batch(launched))
+        state = self._overlay(self.state, launched=launched, reqs=reqs, pool=pool)  # one new State, not two
         # the positions it writes, from the launch's seq_lens (identity: statemodel.identity.writes_within_allocation)
         self._refine(state, where, extra=self.write_violations(reqs, launched.spec_tokens_per_row, "verify"))
         if self.config.scope.overlap:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import attrs
-
 from statemodel.state import ForwardMode, SpecInfoKind
 
 
-@attrs.frozen
-class ObservedBatch:
-    """A ScheduleBatch (or the batch a forward launches with) as the model sees it."""
+class ObservedBatch(NamedTuple):
+    """A ScheduleBatch (or the batch a forward launches with) as the model sees it. A NamedTuple (as
+    ObservedRequest): several are built per step at any batch size, a tuple at a quarter of an attrs class's cost,
+    and the guard compares one with the last it turned into a model Batch (`ObservedStateSync._batch`)."""
 
     rids: tuple[str, ...]
     forward_mode: ForwardMode
@@ -48,8 +47,7 @@ class ObservedRequest(NamedTuple):
     prefilled_len: int = 0  # tokens prefilled so far (chunked prefill: less than the prompt)
 
 
-@attrs.frozen
-class ObservedPool:
+class ObservedPool(NamedTuple):
     """The KV pool as the model counts it: slots no request owns are free (the tree cache's included)."""
 
     free: int

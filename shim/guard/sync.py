@@ -19,6 +19,8 @@ from statemodel.state import (
     Status,
 )
 
+_NO_RIDS: frozenset[str] = frozenset()
+
 
 class GuardDesync(RuntimeError):
     """The guard's picture lost track of SGLang's (a step it did not see): an error in the guard, not a
@@ -40,6 +42,8 @@ class ObservedStateSync:
     _last_indices: tuple[tuple[str, ...], dict[str, int], int, tuple[int, ...], bool] | None = None
     # the last overlay of requests: (reading, requests in, requests out, index, its length, outputs noted)
     _overlay_memo: tuple | None = None
+    # `_batch`'s memo: (index, its length, {observation: the model's Batch})
+    _batches: tuple[dict[str, int], int, dict[ObservedBatch, Batch]] | None = None
 
     def _live(self, batch: Batch) -> set[int]:
         return {rid for rid in batch.rids if self.state.req(rid).status is not Status.FINISHED}
@@ -72,9 +76,26 @@ class ObservedStateSync:
         return ids, known
 
     def _batch(self, obs: ObservedBatch) -> Batch:
+        """The model's Batch of an observation. The hooks of an iteration observe a few batches over and over (the
+        running batch, the launched one): the Batches of the last few observations are kept while the numbering is
+        the same (frozen: the very object is handed out again for an equal observation)."""
+        index = self.index
+        memo = self._batches
+        if memo is None or memo[0] is not index or memo[1] != len(index):
+            memo = self._batches = (index, len(index), {})
+        made = memo[2].get(obs)
+        if made is not None:
+            return made
         rids, known = self._indices(obs.rids)
         if not known:
             rids = tuple(self._known(r) for r in obs.rids)  # raises GuardDesync naming the request
+        if len(memo[2]) >= 8:  # a few shapes per iteration: older ones are not asked for again
+            memo[2].clear()
+        made = memo[2][obs] = self._new_batch(obs, rids)
+        return made
+
+    @staticmethod
+    def _new_batch(obs: ObservedBatch, rids: tuple[int, ...]) -> Batch:
         return Batch(
             rids=rids, forward_mode=obs.forward_mode,
             spec_info=SpecInfo(obs.spec_kind, obs.spec_rows, obs.spec_tokens_per_row)
@@ -91,12 +112,18 @@ class ObservedStateSync:
 
     def _running_from(self, predicted: Batch, obs: ObservedBatch) -> Batch:
         real = self._batch(obs)
+        if (predicted.rids == real.rids and predicted.spec_algorithm_on is real.spec_algorithm_on
+                and predicted.spec_info == real.spec_info):
+            return predicted  # the model's batch already holds what was observed: no copy
         return predicted.replace(rids=real.rids, spec_info=real.spec_info, spec_algorithm_on=real.spec_algorithm_on)
 
     def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
                  reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
                  seq_rids: Iterable[str] = ()) -> State:
-        seq_rids = seq_rids if isinstance(seq_rids, set | frozenset) else set(seq_rids)
+        if not seq_rids:
+            seq_rids = _NO_RIDS  # most overlays observe no seq_len: no empty set built for them
+        elif type(seq_rids) is not set and not isinstance(seq_rids, frozenset):
+            seq_rids = set(seq_rids)
         requests = state.requests
         index_of = self.index
         memo = self._overlay_memo
@@ -112,10 +139,13 @@ class ObservedStateSync:
         if overlaid is not requests:
             changes["requests"] = overlaid
         if running is not None:
-            changes["running"] = self._running_from(state.running, running)
+            real = self._running_from(state.running, running)
+            if real is not state.running:
+                changes["running"] = real
         if launched is not None:
             changes["launched"] = self._batch(launched)
-        if pool is not None:
+        # what already holds the observed value is kept: a step that moved nothing observed stays the very state
+        if pool is not None and (pool.free != state.kv_free or pool.size != state.kv_pool_size):
             changes["kv_free"] = pool.free
             changes["kv_pool_size"] = pool.size
         return state.replace(**changes) if changes else state  # type: ignore[arg-type]
