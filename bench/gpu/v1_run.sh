@@ -10,6 +10,8 @@
 #
 # usage: BUDGET_S=540 [ROUNDS=6] [CONCS=1,5,10,32] [MODELS=8b|small] [MAX_TOKENS=30000] [SWITCH_T=5:4]
 #        bash bench/gpu/v1_run.sh [CONFIG...]
+#   FREEZE_GC=1: after the fresh probe, SGLang's /freeze_gc on every server (0.5.12 has it), as device_run.sh does:
+#   the guard's objects per step bring the collector round more often, and a full one walks the server's whole heap
 #   DRAFT_RANGE=1: the sweep's prompts keep the counter inside the draft's vocabulary (accept 2.0; without it about half
 #   the requests draft at 1.0, as the seeds' client did: session 11's table, docs/v1.md)
 #   SWITCH_T: the switches' thresholds, 5:2 by default (issue 22 measured 5:4). At concurrency 5 with 5:4, demand
@@ -112,6 +114,14 @@ done
 SERVERS=$UP
 if [ -n "$SERVERS" ]; then
   timeout 60 python3 bench/gpu/v1_client.py probe "$OUT/probe_fresh.json" --servers "$SERVERS" --tag fresh || FAILED=1
+  if [ -n "${FREEZE_GC:-}" ]; then  # as device_run.sh's FREEZE_GC: a full collection stops a scheduler for 100s of ms
+    python3 -c "
+import sys, urllib.request
+for item in sys.argv[1].split(','):
+    name, url = item.split('=', 1)
+    urllib.request.urlopen(urllib.request.Request(url + '/freeze_gc', method='POST'), timeout=60).read()
+    print('FREEZE_GC', name)" "$SERVERS" || FAILED=1
+  fi
   left=$(( BUDGET - $(el) - 70 ))
   echo "== sweep (t=$(el)s, ${left}s for it)"
   if [ $left -ge 30 ]; then
