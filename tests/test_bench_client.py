@@ -36,6 +36,7 @@ class CounterServerCpuStandIn:
         outer = self
         self.name, self.log, self.delay_s, self.wrong, self.freezes = name, log, delay_s, wrong, 0
         self.prompts: list[list[int]] = []
+        self.lengths: list[int] = []  # each request's max_new_tokens, in arrival order
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
@@ -51,6 +52,7 @@ class CounterServerCpuStandIn:
                 time.sleep(outer.delay_s)
                 ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
                 outer.prompts.append(ids)
+                outer.lengths.append(n)
                 out = [(ids[-1] + 1 + k + int(outer.wrong)) % VOCAB for k in range(n)]
                 # the slow stand-in plays a speculative server: it reports an accept length; both report the prompt
                 # tokens a prefix cache holding every earlier prompt would serve
@@ -276,3 +278,31 @@ def test_first_steps_after_flips_that_followed_idle_are_pooled_against_first_ste
     assert lines[3] == "- switch, spec: 1.19x (1.10-1.28, n=2)"  # over the steady 6.0: 7.7 and 6.6
     assert lines[-1] == "- switch, spec: 1.08x (1.08-1.08, n=1)"  # 7.7 over the after-idle median 7.1 only
     assert not any("idle spell" in line for line in summarize.first_step_pooled(events[:2] + events[-1:]))
+
+
+def test_bursty_stagger_spreads_the_burst_lengths_the_same_for_every_server(
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--stagger F: each burst request asks for --new-tokens times a factor in [1-F, 1+F], drawn once per round, so
+    every server gets the same lengths (a burst drains gradually: the switch flips back on with requests running);
+    quiet requests keep --new-tokens, a follow-up continues its burst request's own answer, and outputs stay exact."""
+    import bursty_client
+    (fast, slow, _), _ = servers
+    out = tmp_path / "bursty.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", f"plain={fast.url},spec={slow.url}",
+                                      "--cycles", "2", "--low-conc", "1", "--low-requests", "3", "--burst-conc", "1",
+                                      "--burst-requests", "6", "--rounds", "1", "--new-tokens", "8", "--stagger", "0.5",
+                                      "--follow-ups", "2", "--out", str(out)])
+    bursty_client.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["exact"], r["errors"]) for r in rows] == [(18, 0), (18, 0)]
+    assert fast.lengths == slow.lengths and fast.prompts == slow.prompts
+    bursts = fast.lengths[3:9] + fast.lengths[12:]  # quiet 3, burst 6, quiet 3, burst 6, in order
+    assert all(4 <= n <= 12 for n in bursts) and len(set(bursts)) > 1
+    assert fast.lengths[:3] == fast.lengths[9:12] == [8] * 3
+    for turn, earlier, n in zip(fast.prompts[9:11], fast.prompts[7:9], fast.lengths[7:9], strict=True):
+        assert turn[:len(earlier) + n] == earlier + [(earlier[-1] + 1 + k) % VOCAB for k in range(n)]
+    for bad in ("1", "-0.1"):
+        monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", "a=http://127.0.0.1:9", "--stagger", bad])
+        with pytest.raises(SystemExit) as e:
+            bursty_client.main()
+        assert e.value.code == 2

@@ -22,6 +22,11 @@ the burst's last N requests (the last to finish: the least likely to have been e
 N, which a 30,000-token pool had evicted by then): that request's prompt, its answer (the counter's greedy output,
 known in advance) and a new 16-token turn. Their answers were decoded while the switch had speculation off and
 entered the tree at finish (unless the switch keeps them out), so a follow-up hits tokens that have no draft KV.
+
+--stagger F: burst requests ask for --new-tokens times a factor drawn in [1-F, 1+F] (seeded, the same for every
+server). With equal lengths a burst's requests finish together, the server empties, and a switch flips speculation
+back on only at the next arrival, after an idle spell; staggered, the burst drains gradually and the flip-on comes
+with requests still running, so its first speculative step is measured under load (issue 17's first-step target).
 """
 import argparse
 import json
@@ -38,14 +43,15 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs)) - 1))]
 
 
-def run_schedule(url, phases, new_tokens, vocab, timeout):
-    """Run the phases [(label, concurrency, prompts)] in order: (total s, per-phase s, results tagged by label)."""
+def run_schedule(url, phases, vocab, timeout):
+    """Run the phases [(label, concurrency, prompts, new tokens of each)] in order: (total s, per-phase s, results
+    tagged by label)."""
     results, phase_s = [], []
     t_start = time.time()
-    for label, conc, prompts in phases:
+    for label, conc, prompts, lengths in phases:
         t0 = time.time()
         with ThreadPoolExecutor(conc) as ex:
-            res = list(ex.map(lambda q: gen(url, q, new_tokens, vocab, timeout), prompts))
+            res = list(ex.map(lambda q, n: gen(url, q, n, vocab, timeout), prompts, lengths))
         phase_s.append(round(time.time() - t0, 3))
         results += [(label, r) for r in res]
     return time.time() - t_start, phase_s, results
@@ -97,6 +103,10 @@ def main():
                    help="quiet-phase prompts that continue a burst's conversations (prompt + answer + new turn)")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--stagger", type=float, default=0.0,
+                   help="burst requests ask for --new-tokens times a factor drawn in [1-F, 1+F] (0 <= F < 1; the "
+                        "same draws for every server): a burst then drains gradually, and the switch flips back on "
+                        "with requests still running, not only once the server has emptied")
     p.add_argument("--timeout", type=float, default=120, help="seconds a request may take")
     p.add_argument("--deadline", type=float, default=1e9, help="start no new round after this many s")
     p.add_argument("--out")
@@ -106,6 +116,8 @@ def main():
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if a.shared_prefix < 0:
         p.error("--shared-prefix must be at least 0")
+    if not 0 <= a.stagger < 1:
+        p.error("--stagger must be at least 0 and below 1")
     if not 0 <= a.follow_ups <= min(a.low_requests, a.burst_requests):
         p.error("--follow-ups must be between 0 and the smaller of --low-requests and --burst-requests")
     servers = parse_servers(a.servers)
@@ -118,20 +130,24 @@ def main():
         phases = []
         prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
         burst_prompts: list[list[int]] = []
+        burst_lengths: list[int] = []
         for _ in range(a.cycles):
             for label, conc, n in (("quiet", a.low_conc, a.low_requests), ("burst", a.burst_conc, a.burst_requests)):
                 if label == "burst":  # computed while the switch has speculation off; the next quiet phase hits it
                     prefix = [random.randrange(3, a.vocab) for _ in range(a.shared_prefix)]
                 prompts = [prefix + [random.randrange(3, a.vocab) for _ in range(31)] + [draft_range_token()]
                            for _ in range(n)]
+                lengths = [a.new_tokens] * n
+                if label == "burst" and a.stagger:  # no draws without the flag: the same prompts as before it
+                    lengths = [round(a.new_tokens * (1 - a.stagger + 2 * a.stagger * random.random())) for _ in prompts]
                 if label == "quiet" and a.follow_ups and burst_prompts:
-                    earlier = burst_prompts[-a.follow_ups:]
-                    prompts[:a.follow_ups] = [follow_up(q, a.new_tokens, a.vocab) for q in earlier]
+                    earlier = zip(burst_prompts[-a.follow_ups:], burst_lengths[-a.follow_ups:], strict=True)
+                    prompts[:a.follow_ups] = [follow_up(q, m, a.vocab) for q, m in earlier]
                 if label == "burst":
-                    burst_prompts = prompts
-                phases.append((label, conc, prompts))
+                    burst_prompts, burst_lengths = prompts, lengths
+                phases.append((label, conc, prompts, lengths))
         for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:
-            total, phase_s, results = run_schedule(url, phases, a.new_tokens, a.vocab, a.timeout)
+            total, phase_s, results = run_schedule(url, phases, a.vocab, a.timeout)
             r = row(name, k, total, phase_s, results)
             print("BURSTY", json.dumps(r), flush=True)
             if a.out:
