@@ -97,17 +97,7 @@ def main() -> None:
     design = V2_SWITCH if args.loop == "overlap" else CATCH_UP
 
     runtime = gf.install_guard_plugin()
-    in_guard = [0.0]
-    run = runtime.run
-
-    def timed_run(fn: object, *a: object, **k: object) -> None:
-        started = clock()
-        try:
-            run(fn, *a, **k)  # type: ignore[arg-type]
-        finally:
-            in_guard[0] += clock() - started
-
-    runtime.run = timed_run  # type: ignore[method-assign]
+    in_guard = _time_guard_runs(runtime, clock)
     model_dir = h.write_tiny_model_config()
     trace_dir = Path(tempfile.mkdtemp(prefix="specflip-bench-"))
     rows = []
@@ -185,6 +175,23 @@ def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind
     return drv.iteration
 
 
+def _time_guard_runs(runtime: Any, clock: Callable[[], float]) -> list[float]:
+    """Wrap `runtime.run` (every guard step goes through it) so that its time adds up in the returned one-item
+    list, which the caller zeroes before the steps it measures."""
+    in_guard = [0.0]
+    run = runtime.run
+
+    def timed_run(fn: object, *a: object, **k: object) -> None:
+        started = clock()
+        try:
+            run(fn, *a, **k)  # type: ignore[arg-type]
+        finally:
+            in_guard[0] += clock() - started
+
+    runtime.run = timed_run  # type: ignore[method-assign]
+    return in_guard
+
+
 def _v1_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], float]) -> list[Any]:
     """The v1 line (sglang 0.5.12, v1 EAGLEWorker, non-overlap loop, the v1 switch in draft mode retract): the
     in-guard time per iteration, assert mode."""
@@ -204,17 +211,7 @@ def _v1_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], flo
     plugins.load_plugins()
     runtime = shim.guard.runtime.current()
     assert runtime is not None and runtime.adapter.release == "0.5.12", "run --line v1 with .venv12"
-    in_guard = [0.0]
-    run = runtime.run
-
-    def timed_run(fn: object, *a: object, **k: object) -> None:
-        started = clock()
-        try:
-            run(fn, *a, **k)  # type: ignore[arg-type]
-        finally:
-            in_guard[0] += clock() - started
-
-    runtime.run = timed_run  # type: ignore[method-assign]
+    in_guard = _time_guard_runs(runtime, clock)
     model_dir = h.write_tiny_model_config()
     rows = []
     for size in sizes:
