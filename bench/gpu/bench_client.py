@@ -36,6 +36,14 @@ def gen(url, ids, n, v, timeout):
     return time.time() - t, len(out), out == exp, meta.get("spec_accept_length"), None, cached, len(ids)
 
 
+def freeze_gc(servers):
+    """SGLang's /freeze_gc on every (name, url): a full collection stops a scheduler for 350-490 ms on the H200 host
+    (used by bench_client.py --freeze-gc and bench/gpu/v1_run.sh FREEZE_GC=1)."""
+    for name, url in servers:
+        with urllib.request.urlopen(urllib.request.Request(url + "/freeze_gc", method="POST"), timeout=60) as r:
+            print(f"FREEZE_GC {name}: {r.status} {r.read().decode().strip()}", flush=True)
+
+
 def draft_range_token(rng=random):
     """A prompt's last token from which the counter's outputs (at most 128 here) stay inside the draft's 1,024-token
     vocabulary (gen_models_sized.py, DV): every request drafts at the pair's accept length (2.0). A last token
@@ -118,9 +126,8 @@ def main():
         for name, url in servers:
             tok_s, _, res = run_round(url, c, prompts, a.new_tokens, a.vocab)
             print(f"WARMUP {name} conc={c}: {tok_s} tok/s, exact {sum(r[2] for r in res)}/{len(res)}", flush=True)
-    for name, url in servers if a.freeze_gc else ():
-        with urllib.request.urlopen(urllib.request.Request(url + "/freeze_gc", method="POST"), timeout=60) as r:
-            print(f"FREEZE_GC {name}: {r.status} {r.read().decode().strip()}", flush=True)
+    if a.freeze_gc:
+        freeze_gc(servers)
     random.seed(1)
     t_start = time.time()
     for c in [int(x) for x in a.concurrency.split(",") if int(x) > 0]:  # CONCS=0: no sweep

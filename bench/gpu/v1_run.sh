@@ -115,12 +115,8 @@ SERVERS=$UP
 if [ -n "$SERVERS" ]; then
   timeout 60 python3 bench/gpu/v1_client.py probe "$OUT/probe_fresh.json" --servers "$SERVERS" --tag fresh || FAILED=1
   if [ -n "${FREEZE_GC:-}" ]; then  # as device_run.sh's FREEZE_GC: a full collection stops a scheduler for 100s of ms
-    python3 -c "
-import sys, urllib.request
-for item in sys.argv[1].split(','):
-    name, url = item.split('=', 1)
-    urllib.request.urlopen(urllib.request.Request(url + '/freeze_gc', method='POST'), timeout=60).read()
-    print('FREEZE_GC', name)" "$SERVERS" || FAILED=1
+    python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); import bench_client as b
+b.freeze_gc(b.parse_servers(sys.argv[1]))" "$SERVERS" || FAILED=1
   fi
   left=$(( BUDGET - $(el) - 70 ))
   echo "== sweep (t=$(el)s, ${left}s for it)"
