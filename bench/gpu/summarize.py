@@ -91,6 +91,25 @@ def timed_steps(events, timer=False):
     return by
 
 
+def pooled_ratios(steps, by, base_class):
+    """Each timed step of `steps` [(cfg, event)] over the median of the `base_class` steps of its configuration, kind
+    and batch size in `by` (timed_steps), pooled per (configuration, kind); a step with no such base gives none."""
+    pooled, medians = {}, {}
+    for cfg, ev in steps:
+        key = (cfg, ev["kind"], ev["bs"], base_class)
+        if key not in medians:
+            medians[key] = statistics.median(by[key]) if by.get(key) else None
+        if medians[key] is not None:
+            pooled.setdefault((cfg, ev["kind"]), []).append(ev["ms"] / medians[key])
+    return pooled
+
+
+def pooled_lines(title, pooled):
+    """Markdown: `title`, then per (configuration, kind) the pooled ratios' median, range and count."""
+    return ["", title, ""] + [f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
+                              for (cfg, kind), r in sorted(pooled.items())]
+
+
 def first_step_pooled(events):
     """Markdown: per configuration and kind, every first step after a flip over the steady median of its own batch
     size, pooled (the per-batch table's cells hold 1-6 samples each); then those of them that also followed an idle
@@ -98,36 +117,18 @@ def first_step_pooled(events):
     the first steps after idle without a flip of their batch size, the baseline that separates the flip's cost from
     the idle spell's. [] when no first step has a steady median."""
     by = timed_steps(events)
-    gaps = {}  # (cfg, kind, bs) -> the gap_ms of each first step after a flip, in timed_steps' order
-    for cfg, ev in events:
-        if ev.get("action") == "timing" and not ev.get("timer") and ev["first_after_flip"]:
-            gaps.setdefault((cfg, ev["kind"], ev["bs"]), []).append(ev.get("gap_ms"))
-    pooled, after_idle = {}, {}
-    for (cfg, kind, bs, which), first in by.items():
-        if which != "first after a flip":
-            continue
-        steady = by.get((cfg, kind, bs, "steady"))
-        if steady:
-            base = statistics.median(steady)
-            pooled.setdefault((cfg, kind), []).extend(ms / base for ms in first)
-        idle = by.get((cfg, kind, bs, "first after idle, no flip"))
-        if idle:
-            base = statistics.median(idle)
-            pairs = zip(first, gaps[cfg, kind, bs], strict=True)
-            after_idle.setdefault((cfg, kind), []).extend(
-                ms / base for ms, gap in pairs if gap is not None and gap >= IDLE_GAP_MS)
+    flips = [(cfg, ev) for cfg, ev in events
+             if ev.get("action") == "timing" and not ev.get("timer") and ev["first_after_flip"]]
+    pooled = pooled_ratios(flips, by, "steady")
     if not pooled:
         return []
-
-    def line(cfg, kind, r):
-        return f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
-    md = ["", "First step after a flip over a steady step of its batch size, pooled (median, range, n):", ""]
-    md += [line(cfg, kind, r) for (cfg, kind), r in sorted(pooled.items())]
-    after_idle = {k: r for k, r in after_idle.items() if r}
+    after_idle = pooled_ratios([(cfg, ev) for cfg, ev in flips if ev.get("gap_ms") is not None
+                                and ev["gap_ms"] >= IDLE_GAP_MS], by, "first after idle, no flip")
+    md = pooled_lines("First step after a flip over a steady step of its batch size, pooled (median, range, n):",
+                      pooled)
     if after_idle:
-        md += ["", "First step after a flip that followed an idle spell, over a first step after idle without a flip "
-               "of its batch size, pooled (median, range, n):", ""]
-        md += [line(cfg, kind, r) for (cfg, kind), r in sorted(after_idle.items())]
+        md += pooled_lines("First step after a flip that followed an idle spell, over a first step after idle "
+                           "without a flip of its batch size, pooled (median, range, n):", after_idle)
     return md
 
 
@@ -136,18 +137,12 @@ def first_step_after_idle_baseline(events):
     needed), over the steady timed steps of its kind and batch size, pooled per configuration: what a switch's first
     step after a flip-on at a round's first arrival is to be compared with. [] without such steps."""
     by = timed_steps(events, timer=True)
-    pooled = {}
-    for (cfg, kind, bs, which), first in by.items():
-        steady = by.get((cfg, kind, bs, "steady"))
-        if which == "first after idle, no flip" and steady:
-            base = statistics.median(steady)
-            pooled.setdefault((cfg, kind), []).extend(ms / base for ms in first)
-    if not pooled:
-        return []
-    return ["", "Step timer: the first decode step after a prefill on an emptied server (idle spell, no flip) over a "
-            "steady step of its batch size, pooled (median, range, n):", ""] + [
-        f"- {cfg}, {kind}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}, n={len(r)})"
-        for (cfg, kind), r in sorted(pooled.items())]
+    firsts = [(cfg, ev) for cfg, ev in events if ev.get("action") == "timing" and ev.get("timer")
+              and step_class(ev) == "first after idle, no flip"]
+    pooled = pooled_ratios(firsts, by, "steady")
+    return pooled_lines("Step timer: the first decode step after a prefill on an emptied server (idle spell, no "
+                        "flip) over a steady step of its batch size, pooled (median, range, n):", pooled) if pooled \
+        else []
 
 
 def first_step_table(events):
