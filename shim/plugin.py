@@ -19,6 +19,9 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
     `sglang_adaptive_warm` with --speculative-adaptive, else `plain_off_catch_up`).
   * `SPECFLIP_SPEC_CAP`, `SPECFLIP_PLAIN_CAP` running-request caps per mode (default: max_running_requests).
   * `SPECFLIP_RANK_CHECK=on|off` the per-step rank agreement check under TP > 1 (default on; docs/tp.md).
+  * Measurement only: `SPECFLIP_COUNT_SYNCS=1` counts the guard steps' host-device syncs (CUDA);
+    `SPECFLIP_GUARD_CLOCK=1` (or the seconds per line) logs the guard steps' thread CPU time per hook and their
+    share of the thread's (shim/guard/clock.py).
   A bad SPECFLIP_* guard setting (an unknown mode or design, a cap that is not an integer) stops start-up with
   one line naming the variable, unless `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, the guard off). An
   unsupported release or configuration logs one message and leaves the guard off.

@@ -27,6 +27,10 @@
 #   bare:   the switch without the guard (the guard's Python per request per step is its own cost: bare / off is
 #           the switch against a plain server, like for like)
 #   sync:   EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T SPECFLIP_SWITCH_DRAFT=sync: the old design (seeds_final) + guard assert
+#   switch_syncs (not in the default set): the switch with SPECFLIP_COUNT_SYNCS=1, the guard's own host-device syncs
+#           counted by call site (torch's sync debug mode; catching its warnings costs time: not a speed figure)
+#   GUARD_ENV='VAR=value ...': added to every config that runs the guard, e.g. GUARD_ENV=SPECFLIP_GUARD_CLOCK=10 (the
+#           guard's own thread CPU time per hook, a line every 10 s: shim/guard/clock.py; all lines in guard_clock.txt)
 #   switch54 (not in the default set): the new design at issue 22's 5:4, guard assert
 #   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
 #           forces on every EAGLE server (`off` runs the overlap loop, SGLang's default without speculation), so
@@ -85,11 +89,14 @@ for cfg in "${CONFIGS[@]}"; do
     off_nonoverlap) envs=""; flags="--disable-overlap-schedule" ;;
     on)     envs="SPECFLIP_MODE=${ON_GUARD:-assert}"; flags="$SPEC" ;;
     switch) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
+    switch_syncs) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_COUNT_SYNCS=1"
+            flags="$SPEC" ;;
     bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;
     *) echo "unknown config $cfg"; exit 2 ;;
   esac
+  case $envs in *SPECFLIP_MODE=*) envs="$envs ${GUARD_ENV:-}";; esac   # GUARD_ENV: more settings of every guard
   TR=$OUT/tr/$cfg; mkdir -p "$TR"
   echo "== start $cfg on :$port (t=$(el)s) env='$envs'"
   # the trace times the first steps after each flip and every 16th other one (a timed step costs host time)
@@ -134,7 +141,10 @@ for cfg in "${CONFIGS[@]}"; do
   grep -nE 'specflip|SpecFlipViolation|Traceback|Error|Capture cuda graph|max_running' "$TR/server.log" \
     | grep -v 'Decode batch' | cut -c1-300 | head -12
   [ "$n" -gt 0 ] && { grep 'broken by' "$TR/server.log" | cut -c1-400 | head -3; FAILED=1; }
+  grep -h 'specflip guard clock\|host-device syncs in' "$TR/server.log" | sed "s|^|$cfg: |" >> "$OUT/guard_clock.txt"
+  grep -h 'specflip guard clock\|host-device syncs in' "$TR/server.log" | tail -2 | cut -c1-700
 done
+[ -s "$OUT/guard_clock.txt" ] || rm -f "$OUT/guard_clock.txt"
 python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache12.tar.xz" /tmp/jitcache 2>/dev/null
 python3 bench/gpu/v1_summarize.py "$OUT" | tee "$OUT/v1_summary.md"
 echo "== done (t=$(el)s) FAILED=$FAILED"

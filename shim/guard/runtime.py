@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from shim.guard.clock import ENV_GUARD_CLOCK, GuardClock, hook_name
 from shim.guard.core import Guard, GuardConfig, Mode, SpecFlipViolation
 from shim.guard.rank_check import RankCheckConfigError, rank_check_enabled
 from shim.guard.trace import trace_path_for
@@ -80,6 +81,7 @@ class GuardRuntime:
         self.paused = False  # hooks stay installed but pass through (tests share one process)
         self.internal_errors = 0
         self.sync_counter: SyncCounter | None = None
+        self.clock: GuardClock | None = None  # SPECFLIP_GUARD_CLOCK: the guard steps timed (shim/guard/clock.py)
         self.rank_check = True  # SPECFLIP_RANK_CHECK: the per-step rank agreement check where TP > 1
 
     @classmethod
@@ -101,6 +103,16 @@ class GuardRuntime:
             raise ConfigError(str(exc)) from None
         if env.get(ENV_COUNT_SYNCS, "").strip() not in ("", "0"):
             runtime.sync_counter = SyncCounter()
+        raw_clock = env.get(ENV_GUARD_CLOCK, "").strip()
+        if raw_clock not in ("", "0"):
+            try:
+                every = 30.0 if raw_clock == "1" else float(raw_clock)
+            except ValueError:
+                every = -1.0
+            if not every > 0:
+                raise ConfigError(f"{ENV_GUARD_CLOCK}={raw_clock!r}: expected 1 (a line every 30 s) or the seconds "
+                                  "between lines")
+            runtime.clock = GuardClock(log_every_s=every)
         return runtime
 
     @property
@@ -146,10 +158,12 @@ class GuardRuntime:
         if not self.active:
             return
         try:
-            if self.sync_counter is not None:
-                self.sync_counter.run(fn, *args, **kwargs)
-            else:
+            if self.clock is None and self.sync_counter is None:  # the production path: one call
                 fn(*args, **kwargs)
+            elif self.clock is not None:  # the clock times the step with the sync counter's work, if on
+                self.clock.run(hook_name(fn, args), self._step, fn, *args, **kwargs)
+            else:
+                self._step(fn, *args, **kwargs)
         except SpecFlipViolation:
             raise
         except Exception:
@@ -158,6 +172,12 @@ class GuardRuntime:
                 raise
             logger.exception("specflip guard: internal error; the guard switches itself off and serving goes on")
             self.disable("internal error (logged above)")
+
+    def _step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if self.sync_counter is not None:
+            self.sync_counter.run(fn, *args, **kwargs)
+        else:
+            fn(*args, **kwargs)
 
 
 class SyncCounter:
