@@ -306,3 +306,27 @@ def test_bursty_stagger_spreads_the_burst_lengths_the_same_for_every_server(
         with pytest.raises(SystemExit) as e:
             bursty_client.main()
         assert e.value.code == 2
+
+
+def test_flips_on_under_load_report_the_retracted_and_the_wait_to_the_first_speculative_step() -> None:
+    def ev(t: float, action: str, **kw: object) -> tuple[str, dict]:
+        return "switch", {"t": t, "action": action, **kw}
+
+    events = [
+        ev(1.0, "flip_on", running=0, retracted=0),  # an empty server: nothing waits
+        ev(1.1, "timing", kind="spec", bs=1, ms=6.0, first_after_flip=True),
+        ev(2.0, "flip_off", running=40),
+        ev(3.0, "flip_on", running=3, retracted=3),
+        ev(3.05, "timing", kind="plain", bs=3, ms=5.0, first_after_flip=False),
+        ("switch", {"t": 3.06, "action": "timing", "kind": "spec", "bs": 3, "ms": 7.0, "timer": True,
+                    "first_after_flip": False}),  # the step timer's, not the switch's
+        ev(3.12, "timing", kind="spec", bs=3, ms=7.0, first_after_flip=True),
+        ev(4.0, "flip_off", running=40),
+        ev(5.0, "flip_on", running=2, retracted=2),
+        ev(5.01, "flip_off", running=40),  # off again before a speculative step: no wait to report
+        ev(5.5, "timing", kind="spec", bs=2, ms=7.0, first_after_flip=True),
+    ]
+    lines = summarize.flip_on_under_load(events)
+    assert lines[-1] == ("- switch: 1 flips on with requests running, 3-3 retracted each; the flip to the end of the "
+                         "first speculative step: median 120 ms (120-120)")
+    assert summarize.flip_on_under_load(events[:3]) == []

@@ -18,6 +18,8 @@
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl
+# JIT_PER_SERVER=1: every server its own copy of the triton cache (see start(): the first server to meet a shape no
+#   longer builds its kernels for the others)
 # SAVE_JIT=1: write the JIT cache back ($OUT/jitcache.tar.xz; put it in .whl/ to start faster next time).
 # SIDE_BY_SIDE=1: every server starts at once on one GPU (ports 30000, 30001, ...; each KV pool capped at
 #   MAX_TOKENS, idle servers sleep), the bench servers are measured together, their rounds interleaved
@@ -67,7 +69,15 @@ start() {
   local mem=0.5; [ "$models" = small ] && mem=0.3
   [ -n "${SIDE_BY_SIDE:-}" ] && mem=0.85   # with the KV pool capped, this only sets the activation headroom
   echo "== start $name on :$1 (t=$(el)s) env='$envs' flags='$flags $2'"
-  env $envs SPECFLIP_SWITCH_TRACE=$TR setsid python3 -m sglang.launch_server --model-path $M/target \
+  # JIT_PER_SERVER=1: each server its own triton cache (a copy of the restored one), so a kernel that a new shape
+  # specialises is built by every server that meets it, not only by the first in a round (a shared cache lets
+  # the others load what that one built)
+  local jit=""
+  if [ -n "${JIT_PER_SERVER:-}" ]; then
+    jit=TRITON_CACHE_DIR=/tmp/jitcache/triton-$name; rm -rf "${jit#*=}"; mkdir -p /tmp/jitcache/triton
+    cp -r /tmp/jitcache/triton "${jit#*=}"
+  fi
+  env $envs $jit SPECFLIP_SWITCH_TRACE=$TR setsid python3 -m sglang.launch_server --model-path $M/target \
       --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init --mem-fraction-static $mem \
       --port $1 --cuda-graph-max-bs 256 $flags $2 > "$TR/server.log" 2>&1 &
   PIDS+=($!)
@@ -169,6 +179,12 @@ python3 bench/gpu/summarize.py "$OUT" 2>&1 | tail -n 60 || true
 # the guard's findings per server (warn mode logs each one, rate-limited, with a count per invariant)
 for d in "$OUT"/tr/*/; do [ -f "$d/server.log" ] && echo "== findings $(basename "$d"): $(grep -c 'broken by' "$d/server.log")" \
   "$(grep -o '[a-z_]* broken by [a-z_]*' "$d/server.log" | sort | uniq -c | tr '\n' ';')"; done
+# SPECFLIP_GUARD_CLOCK / SPECFLIP_COUNT_SYNCS lines (the guard's own time per hook, its syncs): all of them into
+# guard_clock.txt, each server's last one here
+for d in "$OUT"/tr/*/; do [ -f "$d/server.log" ] || continue
+  grep -h 'specflip guard clock\|host-device syncs in' "$d/server.log" | sed "s|^|$(basename "$d"): |" >> "$OUT/guard_clock.txt"
+  grep -h 'specflip guard clock' "$d/server.log" | tail -1 | cut -c1-700; done
+[ -s "$OUT/guard_clock.txt" ] || rm -f "$OUT/guard_clock.txt"
 [ -n "${SAVE_JIT:-}" ] && python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache.tar.xz" /tmp/jitcache 2>/dev/null
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 ls -la "$OUT"; echo "== done (t=$(el)s)"

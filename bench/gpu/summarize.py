@@ -170,6 +170,35 @@ def first_step_table(events):
             "ratio |", "|---|---|---|---|---|---|---|---|"] + rows
 
 
+def flip_on_under_load(events):
+    """Markdown: per configuration, the flips on with requests running (the switch's default design retracts them,
+    and their re-prefill rebuilds the draft KV): the requests each retracted, and the time from the flip to the end
+    of the first speculative step after it (the switch trace's host clock: the re-prefill and that step, what the
+    running requests wait through). [] when no flip on had a request running."""
+    per_cfg = {}
+    for cfg, ev in events:
+        if not ev.get("timer"):
+            per_cfg.setdefault(cfg, []).append(ev)
+    md = []
+    for cfg, evs in sorted(per_cfg.items()):
+        flip, waits, retracted = None, [], []
+        for ev in sorted(evs, key=lambda e: e.get("t", 0.0)):
+            act = ev.get("action")
+            if act == "flip_on":
+                flip = ev if ev.get("running") else None
+            elif act == "flip_off":
+                flip = None
+            elif flip is not None and act == "timing" and ev["kind"] == "spec":
+                waits.append((ev["t"] - flip["t"]) * 1e3)
+                retracted.append(flip.get("retracted", 0))
+                flip = None
+        if waits:
+            md.append(f"- {cfg}: {len(waits)} flips on with requests running, {min(retracted)}-{max(retracted)} "
+                      f"retracted each; the flip to the end of the first speculative step: median "
+                      f"{statistics.median(waits):.0f} ms ({min(waits):.0f}-{max(waits):.0f})")
+    return ["", "Flips on under load (switch trace):", ""] + md if md else []
+
+
 def timings(events):
     by = {}
     for cfg, ev in events:
@@ -327,6 +356,7 @@ def timing_lines(sources):
     md += first_step_table(events)
     md += first_step_pooled(events)
     md += first_step_after_idle_baseline(events)
+    md += flip_on_under_load(events)
     md += step_timer_lines(events)
     return md
 
