@@ -330,3 +330,61 @@ def test_flips_on_under_load_report_the_retracted_and_the_wait_to_the_first_spec
     assert lines[-1] == ("- switch: 1 flips on with requests running, 3-3 retracted each; the flip to the end of the "
                          "first speculative step: median 120 ms (120-120)")
     assert summarize.flip_on_under_load(events[:3]) == []
+
+
+def test_open_loop_arrivals_are_seeded_poisson_per_phase_with_spread_lengths() -> None:
+    import random
+
+    import open_loop_client as ol
+    a = ol.arrivals([5.0, 50.0], 2.0, 2, 100, 0.5, VOCAB, random.Random(7))
+    assert a == ol.arrivals([5.0, 50.0], 2.0, 2, 100, 0.5, VOCAB, random.Random(7))  # the same for every server
+    assert [t for t, *_ in a] == sorted(t for t, *_ in a) and 0 < a[0][0] and a[-1][0] < 8.0
+    for t, prompt, n, i in a:
+        assert i == int(t // 2.0) % 2  # phase k of the profile covers [2k, 2k + 2) s
+        assert 50 <= n <= 150 and len(prompt) == 32 and 0 <= prompt[-1] < 300  # the draft's range (accept 2.0)
+    fast = sum(1 for *_, i in a if i == 1)
+    assert 100 < fast < 300 and sum(1 for *_, i in a if i == 0) < fast / 3  # about 2 x 2 x 50 and 2 x 2 x 5
+    assert {n for _, _, n, _ in ol.arrivals([5.0], 4.0, 1, 100, 0.0, VOCAB, random.Random(1))} == {100}
+
+
+def test_open_loop_sends_the_same_schedule_to_every_server_and_times_from_arrival(
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import open_loop_client as ol
+    (fast, slow, wrong), log = servers
+    out = tmp_path / "open_loop.jsonl"
+    spec = f"plain={fast.url},spec={slow.url},switch={wrong.url}"
+    monkeypatch.setattr(sys, "argv", ["open_loop_client.py", "--servers", spec, "--rates", "20,80", "--phase-s",
+                                      "0.4", "--rounds", "2", "--new-tokens", "4", "--out", str(out)])
+    ol.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["cfg"], r["round"]) for r in rows] == [("plain", 0), ("spec", 0), ("switch", 0),
+                                                      ("spec", 1), ("switch", 1), ("plain", 1)]
+    n = rows[0]["requests"]
+    assert n > 10 and all(r["requests"] == n and r["errors"] == 0 for r in rows)
+    assert [r["exact"] for r in rows] == [n, n, 0, n, 0, n]  # the counter check catches a wrong server
+    assert sorted(fast.prompts[:n]) == sorted(slow.prompts[:n]) == sorted(wrong.prompts[:n])  # one schedule
+    for r in rows:
+        assert len(r["rate_p99"]) == 2 and r["lat_p99"] >= r["lat_p50"] > 0 and r["in_flight"] > 0
+    slow_rows = [r for r in rows if r["cfg"] == "spec"]
+    assert all(r["lat_p50"] >= 0.015 for r in slow_rows)  # its 15 ms per request counts from the arrival
+    assert all(r["accept"] == 2.0 for r in slow_rows) and all(r["accept"] is None for r in rows if r["cfg"] == "plain")
+    lines = summarize.open_loop_table([str(tmp_path)])
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
+    assert float(table["plain decoding"][9]) == 1.0 and float(table["EAGLE-3 always on"][9]) < 1.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", "0,4"], "must be above 0"),
+    (["--rates", "fast"], "is not a number"),
+    (["--spread", "1"], "--spread must be at least 0 and below 1"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+])
+def test_open_loop_client_refuses_bad_input_in_one_line(argv: list[str], message: str,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    import open_loop_client as ol
+    monkeypatch.setattr(sys, "argv", ["open_loop_client.py", "--servers", "a=http://127.0.0.1:9", *argv])
+    with pytest.raises(SystemExit) as e:
+        ol.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err

@@ -18,6 +18,8 @@
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl
+# OPENLOOP_ROUNDS=N, OPENLOOP_ARGS: then N paired rounds of the open-loop load (open_loop_client.py: Poisson arrivals on
+#   a fixed rate profile, e.g. '--rates 2,40,8,120 --phase-s 8'), open_loop.jsonl
 # JIT_PER_SERVER=1: every server its own copy of the triton cache (see start(): the first server to meet a shape no
 #   longer builds its kernels for the others)
 # SAVE_JIT=1: write the JIT cache back ($OUT/jitcache.tar.xz; put it in .whl/ to start faster next time).
@@ -69,7 +71,9 @@ start() {
   local mem=0.5; [ "$models" = small ] && mem=0.3
   [ -n "${SIDE_BY_SIDE:-}" ] && mem=0.85   # with the KV pool capped, this only sets the activation headroom
   echo "== start $name on :$1 (t=$(el)s) env='$envs' flags='$flags $2'"
-  # JIT_PER_SERVER=1: each server its own triton cache (a copy of the restored one), so a kernel that a new shape
+  # OPENLOOP_ROUNDS=N, OPENLOOP_ARGS: then N paired rounds of the open-loop load (open_loop_client.py: Poisson arrivals on
+#   a fixed rate profile, e.g. '--rates 2,40,8,120 --phase-s 8'), open_loop.jsonl
+# JIT_PER_SERVER=1: each server its own triton cache (a copy of the restored one), so a kernel that a new shape
   # specialises is built by every server that meets it, not only by the first in a round (a shared cache lets
   # the others load what that one built)
   local jit=""
@@ -144,6 +148,11 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty2: $servers (t=$(el)s, ${rem}s) ${BURSTY2_ARGS:-}"
       timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY2_ROUNDS" \
         ${BURSTY2_ARGS:-} --out "$OUT/bursty_2.jsonl" --deadline $(( rem - 30 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty_2.log"
+    fi
+    if [ -n "${OPENLOOP_ROUNDS:-}" ]; then   # the open-loop load (open_loop_client.py): arrivals on a fixed schedule
+      rem=$(( BUDGET - $(el) - 20 )); echo "== open loop: $servers (t=$(el)s, ${rem}s) ${OPENLOOP_ARGS:-}"
+      timeout $rem python3 bench/gpu/open_loop_client.py --servers "$servers" --rounds "$OPENLOOP_ROUNDS" \
+        ${OPENLOOP_ARGS:-} --out "$OUT/open_loop.jsonl" --deadline $(( rem - 60 )) 2>&1 | grep -E 'OPENLOOP|Error|error' | tee "$OUT/tr/open_loop.log"
     fi
   fi
   for s in "${specs[@]}"; do

@@ -536,6 +536,60 @@ def bursty_lines(rows):
     return lines
 
 
+def open_loop_table(paths):
+    """The open-loop load (open_loop_client.py rows, open_loop.jsonl): per configuration the medians over its rounds
+    of the schedule's seconds, tok/s, p50 and p99 latency (from each request's arrival) and p99 per rate of the
+    profile, the mean requests in flight, and the better static setting's p50 and p99 over its own in the same round
+    (> 1: lower latency than the better of plain and always on)."""
+    md = []
+    for p in paths:
+        f = os.path.join(p, "open_loop.jsonl") if os.path.isdir(p) else p
+        if not os.path.exists(f):
+            continue
+        with open(f) as fh:
+            rows = [json.loads(x) for x in fh if x.strip()]
+        if rows:
+            md += [f"## Open-loop load, {os.path.basename(f)} (open_loop_client.py: arrivals on a fixed schedule; "
+                   "paired rounds)", ""] + open_loop_lines(rows) + [""]
+    return md
+
+
+def open_loop_lines(rows):
+    by = {}
+    for r in rows:
+        by.setdefault(r["cfg"], {})[r["round"]] = r
+    cfgs = [c for c in CFG_ORDER if c in by] + sorted(set(by) - set(CFG_ORDER))
+    statics = [b for b in ("plain", "spec") if b in by]
+
+    def best(key, k):
+        got = [by[b][k][key] for b in statics if k in by[b]]
+        return min(got) if got else None
+
+    head = ["configuration", "rounds", "seconds", "tok/s", "p50 s", "p99 s", "p99 s per rate", "in flight", "exact",
+            "best static p50 / this", "best static p99 / this"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    med = statistics.median
+    for c in cfgs:
+        rs = list(by[c].values())
+        if any(r["errors"] for r in rs):
+            lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | failed: {sum(r['errors'] for r in rs)} requests "
+                         "with errors |" + " - |" * (len(head) - 3))
+            continue
+        per_rate = [med(got) if (got := [r["rate_p99"][j] for r in rs if r["rate_p99"][j] is not None]) else None
+                    for j in range(len(rs[0]["rate_p99"]))]
+        def ratio(key, rounds=by[c]):
+            got = [b / r[key] for k, r in rounds.items() if (b := best(key, k)) is not None]
+            return f"{med(got):.3f}" if got else "-"
+
+        lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | {med(r['total_s'] for r in rs):.2f} | "
+                     f"{med(r['tok_s'] for r in rs):,.0f} | {med(r['lat_p50'] for r in rs):.2f} | "
+                     f"{med(r['lat_p99'] for r in rs):.2f} | "
+                     f"{', '.join('-' if x is None else f'{x:.2f}' for x in per_rate)} | "
+                     f"{med(r['in_flight'] for r in rs):.1f} | {sum(r['exact'] for r in rs)}/"
+                     f"{sum(r['requests'] for r in rs)} | {ratio('lat_p50')} | {ratio('lat_p99')} |")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("sources", nargs="+", help="a run's $OUT folder or bench JSONL files")
@@ -561,6 +615,7 @@ def main():
           "## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
     md += timing_lines(traces)
     md += [""] + bursty_table([s for s in a.sources if os.path.isdir(s)])
+    md += open_loop_table([s for s in a.sources if os.path.isdir(s)])
     text = "\n".join(md)
     print(text)
     if a.md:
