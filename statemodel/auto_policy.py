@@ -33,6 +33,20 @@ run, times that batch: speculation runs min(d, spec cap) requests, plain decodin
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
+The catch-up's cost (the draining burst of session 13 on the H200). Under the switch's default design a flip-on
+retracts the running requests, and their re-prefill (target and draft over prompt and output) is the draft's
+catch-up: every running request waits through it (110 ms for 21-24 requests of about 170 tokens there). Closed-loop
+loads flip on at an emptied server, where it costs nothing; a batch that drains gradually, or traffic that never
+stops, flips on with requests running. So a flip-on on the numbers with requests running must also pay for its
+catch-up: the learner keeps the catch-up's seconds per re-prefilled token (`observe_catch_up`: the flip to the
+first speculative decode launch, agreed across ranks like the steps), and `gate_catch_up` lets such a flip-on
+through only when the time speculation saves over the running requests' remaining tokens, at the two modes'
+throughputs at this demand, exceeds the catch-up those requests cost: R x (1/plain - 1/spec) > c x T (R: output
+tokens the running requests may still ask for, T: tokens their re-prefill runs). Until a catch-up has been
+observed, nothing is gated; probes and the prior are not gated (they learn what the numbers do not know yet). A
+held flip-on waits like a dwell (`reason` "catch_up"); as the batch drains, R and T shrink together but speculation's
+gain at the lower demand grows, so it flips on later, with fewer requests to retract.
+
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
 the cap) checks every such sequence, probes included. The learner never proposes flip_on above the cap, so its
@@ -49,10 +63,11 @@ step count, which design plain_off_retract_catch_up_tiers (statemodel.design.Tie
 every draft) allows at every draft. With no tiers (`tiers=()`) there are two modes, plain and speculation at whatever
 step count the server runs, and the learner is the two-mode one above, decision for decision.
 
-Use: `state = initial_state()` (tiers: `initial_state(tiers=(3, 1))`); per reported step `state = observe(state, obs)`;
-per scheduling point `decision = decide(state, spec_on, demand, running, spec_cap)` (tiers: `steps=` the tier
-running now); once the switch performed `decision.action` and, with tiers, runs `decision.steps` (or there was no
-change) `state = commit(state, decision)`.
+Use: `state = initial_state()` (tiers: `initial_state(tiers=(3, 1))`); per reported step `state = observe(state, obs)`
+(per observed catch-up `state = observe_catch_up(state, tokens, seconds)`); per scheduling point `decision =
+decide(state, spec_on, demand, running, spec_cap)` (tiers: `steps=` the tier running now), and for a flip-on with
+requests running `decision = gate_catch_up(state, decision, remaining, catch_up_tokens)`; once the switch performed
+`decision.action` and, with tiers, runs `decision.steps` (or there was no change) `state = commit(state, decision)`.
 """
 
 from __future__ import annotations
@@ -119,7 +134,7 @@ class Decision:
     still change the tier: `changes_tier`)."""
 
     action: str | None
-    reason: str  # measured | prior | probe | probe_end | probing | dwell | confirming | cap | idle
+    reason: str  # measured | prior | probe | probe_end | probing | dwell | confirming | cap | idle | catch_up
     incumbent: int  # the mode held on the numbers after this decision (PLAIN, or a speculative mode; no tiers: 1)
     demand: int
     running: int
@@ -130,6 +145,8 @@ class Decision:
     steps: int | None = None  # tiers: the step count speculation runs at after this decision (None: plain; no tiers)
     changes_tier: bool = False  # tiers: speculation stays on at another step count (no flip)
     values: tuple[float | None, ...] = ()  # tiers: every mode's value (plain, then the ladder), for the trace
+    saved_s: float | None = None  # gate_catch_up: the seconds speculation would save over the running requests
+    catch_up_s: float | None = None  # ... and the seconds their catch-up (re-prefill) would cost
 
 
 @attrs.frozen
@@ -151,6 +168,7 @@ class AutoState:
     probes: int = 0
     flips: int = 0
     tier_changes: int = 0
+    catch_up: Estimate | None = None  # seconds per token a flip-on's catch-up (re-prefill) takes, learned
 
     def estimate(self, mode: int, bucket: int) -> Estimate | None:
         for key, est in self.estimates:
@@ -249,6 +267,37 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         accept = _ewma(state.accept_of(mode), obs.tokens / obs.batch, step, p)
         accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
     return attrs.evolve(base, estimates=estimates, accepts=accepts)
+
+
+def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState:
+    """The state after a flip-on's catch-up was observed: `tokens` re-prefilled (the retracted requests' prompts and
+    outputs) in `seconds` (the flip to the first speculative decode launch). Learned per token, as the steps are: a
+    running mean, then the EWMA, clipped to [1/2, 2] x the estimate once it has `min_samples` samples."""
+    if tokens <= 0 or not seconds > 0:
+        return state
+    p = state.params
+    rate = seconds / tokens
+    old = state.catch_up
+    if old is not None and old.samples >= p.min_samples:
+        rate = min(max(rate, old.rate / 2), old.rate * 2)
+    return attrs.evolve(state, catch_up=_ewma(old, rate, state.step, p))
+
+
+def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int) -> Decision:
+    """`decision`, or no flip (reason "catch_up") where it is a flip-on on the numbers with requests running whose
+    catch-up costs more than speculation saves them: `remaining` output tokens the running requests may still ask
+    for (negative: no bound known, nothing is gated), `catch_up_tokens` tokens their re-prefill runs. Deterministic:
+    the batch's counts are the same on every rank, and the estimates are agreed."""
+    if decision.action != FLIP_ON or decision.reason != "measured" or catch_up_tokens <= 0 or remaining < 0 \
+            or state.catch_up is None or not decision.spec_value or not decision.plain_value:
+        return decision
+    saved = remaining * (1.0 / decision.plain_value - 1.0 / decision.spec_value)
+    cost = state.catch_up.rate * catch_up_tokens
+    if saved > cost:
+        return attrs.evolve(decision, saved_s=saved, catch_up_s=cost)
+    # held like a dwell: the incumbent stays, the want is kept (commit records want_since)
+    return attrs.evolve(decision, action=None, reason="catch_up", incumbent=state.incumbent, wants_flip=True,
+                        steps=state.steps_of(PLAIN), changes_tier=False, saved_s=saved, catch_up_s=cost)
 
 
 def _batch(mode: int, demand: int, spec_cap: int) -> int:

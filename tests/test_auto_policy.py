@@ -526,3 +526,94 @@ def test_tiers_on_bursts_against_the_threshold_tiers(seed: int) -> None:
     assert res.cap_breaches == 0
     assert res.tok_s >= threshold_tiers_tok_s(demands)
     assert res.tok_s > simulate(T_PLAIN, T_STEPS3, demands, noise=0.03, seed=seed).tok_s
+
+
+# --- the catch-up's cost (a flip-on with requests running retracts them) -----------------------------------------
+
+
+def table_tok_s(table: dict[int, int], batch: int) -> float:
+    """The 8B table's tok/s at `batch`, linear between its concurrencies."""
+    lo = max(c for c in CONCS if c <= batch)
+    hi = min(c for c in CONCS if c >= batch)
+    return float(table[lo]) if lo == hi else table[lo] + (table[hi] - table[lo]) * (batch - lo) / (hi - lo)
+
+
+def learned_plain_state() -> ap.AutoState:
+    """A learner fed 12 steps of each mode at every batch from 1 to 24 at the 8B table's rates (accept 2.0), holding
+    plain (the incumbent) as a burst drains: both modes known everywhere a drain passes."""
+    state = ap.initial_state()
+    for spec_on, table in ((True, SPEC), (False, PLAIN)):
+        for b in range(1, 25):
+            tokens = 2.0 * b if spec_on else float(b)
+            for _ in range(12):
+                state = ap.observe(state, ap.Observation(spec_on=spec_on, batch=b, tokens=tokens,
+                                                         seconds=tokens / table_tok_s(table, b)))
+    state = attrs.evolve(state, incumbent=ap.PLAIN)
+    # a half-octave bucket holds two batch sizes (4 and 5 here): its rate per request is theirs, mixed
+    assert ap.value(state, ap.PLAIN, 4, 48) == pytest.approx(PLAIN[4], rel=0.03)
+    assert ap.value(state, 1, 4, 48) == pytest.approx(SPEC[4], rel=0.06)
+    return state
+
+
+def test_the_catch_up_is_learned_per_token() -> None:
+    state = ap.initial_state()
+    assert ap.observe_catch_up(state, 0, 0.1) is state and ap.observe_catch_up(state, 100, 0.0) is state
+    once = ap.observe_catch_up(state, 4000, 0.12)
+    assert once.catch_up == ap.Estimate(rate=0.12 / 4000, samples=1, updated=0)
+    twice = ap.observe_catch_up(once, 1000, 0.01)
+    assert twice.catch_up is not None and twice.catch_up.rate == pytest.approx((3e-5 + 1e-5) / 2)
+
+
+def test_a_flip_on_with_requests_running_waits_until_speculation_saves_more_than_the_catch_up() -> None:
+    """Demand 4 with 4 requests running: speculation wins by 45 % on the table (a clear win, no dwell). With a
+    learned catch-up of 30 us per token, 4 requests with 40 tokens left and 800 to re-prefill save 15 ms and cost
+    24 ms: held ("catch_up", the want kept, plain still the incumbent); with 400 left they save 147 ms: it flips,
+    the two figures on the decision. Before any catch-up was observed, and for the prior and probes, nothing is held."""
+    state = learned_plain_state()
+    d = ap.decide(state, False, 4, 4, 48)
+    assert (d.action, d.reason) == (ap.FLIP_ON, "measured")
+    assert ap.gate_catch_up(state, d, 40, 800) is d  # nothing learned yet: as before
+    costly = ap.observe_catch_up(state, 1000, 0.03)
+    held = ap.gate_catch_up(costly, d, 40, 800)
+    assert (held.action, held.reason, held.wants_flip, held.incumbent) == (None, "catch_up", True, ap.PLAIN)
+    assert held.saved_s == pytest.approx(40 * (1 / d.plain_value - 1 / d.spec_value)) and held.saved_s < 0.024
+    assert held.catch_up_s == pytest.approx(0.024)
+    committed = ap.commit(costly, held)
+    assert committed.want_since == costly.step and committed.incumbent == ap.PLAIN and committed.flips == costly.flips
+    through = ap.gate_catch_up(costly, d, 400, 800)
+    assert through.action == ap.FLIP_ON and through.saved_s > through.catch_up_s == pytest.approx(0.024)
+    assert ap.gate_catch_up(costly, d, -1, 800) is d  # no bound on the remaining tokens: not gated
+    assert ap.gate_catch_up(costly, d, 40, 0) is d  # nothing to re-prefill (an emptied server)
+    for other in (attrs.evolve(d, reason="prior"), attrs.evolve(d, reason="probe"), attrs.evolve(d, action=None)):
+        assert ap.gate_catch_up(costly, other, 40, 800) is other
+
+
+def drain(state: ap.AutoState, gate: bool, left: int = 60, prefill: int = 170) -> int | None:
+    """A burst of 24 draining one request per 20 plain steps (each request with `left` tokens to go and `prefill` to
+    re-prefill; the steps observed at the learned plain rate): the running count at the flip-on, None without one.
+    Every decision is no flip or a flip-on."""
+    for running in range(24, 0, -1):
+        seconds = running / ap.value(state, ap.PLAIN, running, 48)
+        for _ in range(20):
+            state = ap.observe(state, ap.Observation(spec_on=False, batch=running, tokens=running, seconds=seconds))
+            d = ap.decide(state, False, running, running, 48)
+            assert d.action in (None, ap.FLIP_ON)
+            if gate:
+                d = ap.gate_catch_up(state, d, running * left, running * prefill)
+            state = ap.commit(state, d)
+            if d.action == ap.FLIP_ON:
+                return running
+    return None
+
+
+def test_as_a_burst_drains_the_flip_on_comes_when_the_gain_pays_for_the_catch_up() -> None:
+    """At 24 running speculation gains 6.5 % on the table: without the gate the learner flips on there (after its
+    confirmation) and retracts 24 requests. With a catch-up of 30 us per token and 60 tokens left per request, the
+    retraction costs more than that gain saves until fewer run and speculation's gain has grown: the flip-on comes
+    later, with fewer to retract; with more tokens left it comes earlier."""
+    state = ap.observe_catch_up(learned_plain_state(), 1000, 0.03)
+    ungated = drain(state, gate=False)
+    gated = drain(state, gate=True)
+    assert ungated == 24 and gated is not None and 4 <= gated < 16
+    longer = drain(state, gate=True, left=600)
+    assert longer is not None and gated < longer <= 24

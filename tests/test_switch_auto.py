@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from real_sglang_cpu import require_sglang_cpu
 
@@ -82,8 +83,9 @@ class StepClockCpuStandIn:
     a request, for 1; speculation wins by 28 % at one request and 13 % at two, plain by 5 % at four, 30 % at
     eight)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefill_s_per_token: float = 0.0) -> None:
         self.now = 0.0
+        self.prefill_s_per_token = prefill_s_per_token  # a prefill's time (the flip-on's catch-up is one)
 
     def __call__(self) -> float:
         return self.now
@@ -112,6 +114,8 @@ class AutoDriver(ol.OverlapDriver):
             out = switch_v2._run_batch_around(ol.OverlapDriver.run_batch, self, batch)
         if batch.forward_mode.is_decode():
             self.clock.now += self.clock.step_seconds(not batch.spec_algorithm.is_none(), batch.batch_size())
+        elif batch.forward_mode.is_extend():
+            self.clock.now += getattr(self.clock, "prefill_s_per_token", 0.0) * int(batch.extend_num_tokens or 0)
         return out
 
     def process_batch_result(self, batch: Any, result: Any) -> None:
@@ -155,6 +159,48 @@ def test_auto_flips_where_its_observations_say(runtime: Any, model_dir: Path) ->
     assert all(f["policy"] == "auto" and "digest" in f and "demand" in f for f in flips)
     assert auto.agreements > 0 and auto.state.step > 0 and auto.accept_mean > 1.0  # verify accepts were read
     assert len(flips) <= 4 * len(ends)  # no thrash: a few flips per phase at most
+
+
+PREFILL_S = 2e-4  # the stand-in clock's prefill time per token: a catch-up of a few requests costs tens of ms
+
+
+def test_a_flip_on_with_requests_running_learns_its_catch_up_and_then_waits_for_it_to_pay(
+        runtime: Any, model_dir: Path) -> None:
+    """Phases whose requests finish one by one, so the flips on come with requests running: each retracts them, and
+    the learner records the catch-up (the retracted requests' prompt and output tokens, the seconds from the flip to
+    the first speculative decode: the stand-in clock's prefill time per token, so nothing else is timed).
+    Then, with a catch-up the learner holds to cost a second per token, draining bursts keep plain decoding while
+    requests run where the numbers alone would flip on. Outputs greedy-exact, the guard (assert) finds nothing."""
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    drv.clock.prefill_s_per_token = PREFILL_S
+    auto = drv.switch.policy.auto
+    reqs, _ = drive_phases(drv, [(2, 40), (8, 50), (1, 30), (8, 50)])
+
+    def flips_on_with_requests_running(since: int = 0) -> list[dict[str, Any]]:
+        return [f for f in flips_of(drv)[since:] if f["action"] == "flip_on" and f["running"] > 0]
+
+    under_load = flips_on_with_requests_running()
+    assert under_load and all(f["retracted"] == f["running"] for f in under_load)
+    # one catch-up learned per flip-on with requests running, at the prefill clock's 20 us per re-prefilled token
+    # (a flip-on undone before its first speculative decode, or followed by an idle spell, times nothing)
+    assert auto.state.catch_up is not None and 1 <= auto.state.catch_up.samples <= len(under_load)
+    assert auto.state.catch_up.rate == pytest.approx(PREFILL_S)
+
+    # a catch-up of a second per token, learned long ago: a flip-on with requests running never pays for it now
+    auto.state = attrs.evolve(auto.state, catch_up=ap.Estimate(rate=1.0, samples=100, updated=auto.state.step))
+    learned = len(flips_of(drv))
+    for k in range(3):  # bursts of 8 whose requests finish one by one (6, 11, ... 41 tokens)
+        wave = [h.make_req(f"e{k}_{i}", gf.SYSTEM_PROMPT + [500 + 8 * k + i] * 3, max_new_tokens=6 + 5 * i)
+                for i in range(8)]
+        reqs += wave
+        drv.add(wave)
+        drv.run_until_idle(max_iterations=400)
+    # the numbers wanted speculation with requests running and waited; what still flipped on under load was the
+    # prior (a mode not known yet at that demand) or a probe, which learn what the numbers do not know
+    assert auto.catch_up_holds > 0
+    assert {f["reason"] for f in flips_on_with_requests_running(learned)} <= {"prior", "probe", "probe_end"}
+    assert runtime.guard.found == [] and ol_greedy(reqs) == [] and drv.switch.policy.refused == 0
 
 
 def drive_phases(drv: Any, phases: list[tuple[int, int]]) -> tuple[list[Any], list[int]]:

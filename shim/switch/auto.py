@@ -15,6 +15,9 @@ What it observes, on the host, with no host-device sync:
 - with tiers (SPECFLIP_TIERS beside SPECFLIP_SWITCH=auto): each step's step count, and each verify result's accept
   lengths summed per step count (the switch tells which result ran at which: `on_launched`), so the learner learns
   the accept length per tier.
+- a flip-on's catch-up: the tokens the retracted requests re-prefill (`on_flip_on`) and the seconds from the flip to
+  the first speculative decode launch (statemodel.auto_policy.gate_catch_up: a flip-on on the numbers with requests
+  running must save them more than their catch-up costs; `decide` takes the batch's counts lazily, `batch_work`).
 
 Rank agreement (issue 16): every rank runs the same batches, so the decode-step count, the modes and the batch
 sizes are the same on every rank; the seconds are not (per-rank clocks). Every `window` decode steps, counted
@@ -64,16 +67,25 @@ class AutoSwitch:
     tier: int | None = None  # tiers: the step count of the last committed decision (what the switch runs)
     agreements: int = 0
     rank: int = 0  # the scheduler's TP rank (trace records only)
+    # a flip-on's catch-up: (clock at the flip, tokens re-prefilled) until the first speculative decode launch, then
+    # (tokens, seconds) until the window's agreement
+    catch_up_started: tuple[float, int] | None = None
+    catch_up_seen: tuple[int, float] | None = None
+    catch_up_holds: int = 0  # scheduling points where a flip-on on the numbers waited for its catch-up to pay
 
     # --- decisions ------------------------------------------------------------------------------------------
 
-    def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0,
-               steps: int | None = None) -> ap.Decision:
+    def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0, steps: int | None = None,
+               batch_work: Callable[[], tuple[int, int]] | None = None) -> ap.Decision:
         """The learner's decision for these counts (the switch checks it against the model and performs it);
-        `steps`: with tiers, the step count speculation runs at now."""
-        self.last = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap,
-                              steps=steps)
-        return self.last
+        `steps`: with tiers, the step count speculation runs at now; `batch_work`: (output tokens the running requests
+        may still ask for, tokens their re-prefill would run), read only for a flip-on with requests running."""
+        d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps)
+        if d.action == ap.FLIP_ON and d.reason == "measured" and running + chunked > 0 and batch_work is not None:
+            d = ap.gate_catch_up(self.state, d, *batch_work())
+            self.catch_up_holds += d.reason == "catch_up"
+        self.last = d
+        return d
 
     def commit(self, decision: ap.Decision) -> None:
         """The switch performed `decision` (its flip or tier change, or it had none)."""
@@ -91,6 +103,8 @@ class AutoSwitch:
                 "plain_value": None if d.plain_value is None else round(d.plain_value, 3),
                 "incumbent": self.mode_name(d.incumbent), "probes": self.state.probes,
                 "digest": self.state.digest(),
+                **({} if d.catch_up_s is None else {"saved_s": round(d.saved_s or 0.0, 4),
+                                                     "catch_up_s": round(d.catch_up_s, 4)}),
                 **({} if not self.state.tiers else
                    {"steps": d.steps, "values": {self.mode_name(m): None if v is None else round(v, 3)
                                                  for m, v in enumerate(d.values)}})}
@@ -113,6 +127,10 @@ class AutoSwitch:
         now = self.clock()
         self.rank = tp_rank(scheduler)
         spec_on = not batch.spec_algorithm.is_none()
+        if self.catch_up_started is not None:  # the first decode after the flip-on: speculative, or flipped off again
+            started, tokens = self.catch_up_started
+            self.catch_up_seen = (tokens, now - started) if spec_on else self.catch_up_seen
+            self.catch_up_started = None
         bs = batch.batch_size()
         prev = self.prev
         if prev is not None and prev[1] == spec_on and prev[3] == flips:
@@ -124,9 +142,16 @@ class AutoSwitch:
         if self.decode_steps % self.window == 0:
             self.agree(scheduler, trace)
 
+    def on_flip_on(self, catch_up_tokens: int) -> None:
+        """The switch flipped speculation on, retracting requests whose re-prefill runs `catch_up_tokens` tokens (0:
+        none running, nothing to time)."""
+        self.catch_up_started = (self.clock(), catch_up_tokens) if catch_up_tokens > 0 else None
+
     def on_idle(self) -> None:
-        """An iteration with nothing to run: the next decode's interval would contain the idle time."""
+        """An iteration with nothing to run: the next decode's interval would contain the idle time (and so would a
+        catch-up being timed)."""
         self.prev = None
+        self.catch_up_started = None
 
     def on_launched(self, result: Any, steps: int) -> None:
         """After `Scheduler.run_batch` launched a speculative decode at `steps` (tiers): its result's step count,
@@ -153,8 +178,12 @@ class AutoSwitch:
         """Agree the window across ranks (MAX over the TP CPU group; nothing at TP 1), then feed the learner."""
         tiers = self.state.tiers  # every rank has the same ladder: the same length of values
         per_tier = [float(x) for s in tiers for x in self.accept_by_steps.get(s, (0, 0))]
-        values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows), *per_tier]
+        catch_up = self.catch_up_seen or (0, 0.0)  # its tokens are the same on every rank, its seconds are not
+        values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows), *per_tier,
+                  float(catch_up[0]), catch_up[1]]
         values = all_reduce_max(scheduler, values)
+        catch_up_tokens, catch_up_s = int(values[-2]), values[-1]
+        values = values[:-2]
         n = len(self.seconds)
         seconds, (tokens, rows) = values[:n], values[n:n + 2]
         # the verify results processed in this window: under the overlap schedule, those of the steps launched from
@@ -171,12 +200,17 @@ class AutoSwitch:
             tok = (None if step_mean is None else bs * step_mean) if spec_on else float(bs)
             self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec,
                                                                steps=steps))
+        if catch_up_tokens > 0:
+            self.state = ap.observe_catch_up(self.state, catch_up_tokens, catch_up_s)
+        self.catch_up_seen = None
         self.agreements += 1
         if trace is not None:
             trace.event("auto_observe", rank=self.rank, decode_step=self.decode_steps, n=len(self.pending),
                         spec=sum(1 for s, _ in self.pending if s), seconds=round(sum(seconds), 6),
                         accept_mean=None if mean is None else round(mean, 4), learner_step=self.state.step,
                         digest=self.state.digest(),
+                        **({} if not catch_up_tokens else {"catch_up_tokens": catch_up_tokens,
+                                                           "catch_up_s": round(catch_up_s, 6)}),
                         **({} if not tiers else {"accept_by_steps": {
                             str(s): None if m is None else round(m, 4) for s, m in tier_means.items()}}))
         self.pending, self.pending_steps, self.seconds = [], [], []

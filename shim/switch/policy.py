@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shim.switch.auto import AutoSwitch
@@ -51,14 +52,16 @@ class SwitchPolicy:
         self.tier = steps
         return steps
 
-    def wants(self, running: int, waiting: int, chunked: int = 0) -> Flip | None:
+    def wants(self, running: int, waiting: int, chunked: int = 0,
+              batch_work: Callable[[], tuple[int, int]] | None = None) -> Flip | None:
         """The flip for these counts (`running` running, `chunked` prefilling, `waiting` waiting requests), or
-        None, without changing the mode. A Flip is a str: "flip_off" / "flip_on", the model action's name."""
+        None, without changing the mode. A Flip is a str: "flip_off" / "flip_on", the model action's name.
+        `batch_work` (auto only): the running requests' remaining output tokens and re-prefill tokens, on demand."""
         c = self.config
         if self.auto is None:
             return decide_flip(self.spec_on, running + chunked + waiting, running + chunked, c.t_off, c.t_on,
                                c.spec_cap if self.clamp else None)
-        decision = self.auto.decide(self.spec_on, running, waiting, chunked, steps=self.tier)
+        decision = self.auto.decide(self.spec_on, running, waiting, chunked, steps=self.tier, batch_work=batch_work)
         ladder = c.tiers.steps if c.tiers is not None and self.tier is not None else ()
         if (decision.action is not None and decision.action not in model_free_flips(
                 self.design_name or c.design_name, self.spec_on, running, waiting, chunked, c.spec_cap)) \

@@ -186,7 +186,7 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     if pending is not None:
         in_batch += [r for r in pending.reqs if not r.finished()]
     waiting = len(scheduler.waiting_queue)
-    action = rt.policy.wants(len(in_batch), waiting, 0)
+    action = rt.policy.wants(len(in_batch), waiting, 0, batch_work=lambda: catch_up_work(in_batch))
     if action is None:
         steps = rt.policy.follow_tier(len(in_batch) + waiting)
         if steps is not None:
@@ -216,6 +216,8 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
             running_batch.filter_batch()  # what update_running_batch would do first (the guard sees it)
         in_batch = list(running_batch.reqs)
         if in_batch:
+            if rt.policy.auto is not None:  # the catch-up the learner times (to the first speculative decode)
+                rt.policy.auto.on_flip_on(catch_up_work(in_batch)[1])
             retract_all_running(scheduler, in_batch)
             retracted = len(in_batch)
         running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
@@ -234,6 +236,22 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
                    **rt.policy.trace_fields())
     guard_api.notify_flip(action == "flip_on", running_batch)  # empty: the guard still reads its pool
     return last_batch
+
+
+def catch_up_work(reqs: list[Any]) -> tuple[int, int]:
+    """(output tokens `reqs` may still ask for, tokens their re-prefill runs: prompt and output): what a flip-on's
+    retraction of `reqs` would save and cost (statemodel.auto_policy.gate_catch_up); remaining -1 when a request
+    sets no max_new_tokens (no bound: nothing is gated). Python ints and lists only."""
+    remaining = catch_up = 0
+    for req in reqs:
+        out = len(req.output_ids)
+        limit = req.sampling_params.max_new_tokens
+        if limit is None:
+            remaining = -1
+        elif remaining >= 0:
+            remaining += max(0, int(limit) - out)
+        catch_up += len(req.origin_input_ids) + out
+    return remaining, catch_up
 
 
 def _process_result_around(orig: Any, self: Any, batch: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
