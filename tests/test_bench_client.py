@@ -374,8 +374,9 @@ def test_open_loop_sends_the_same_schedule_to_every_server_and_times_from_arriva
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rates", "0,4"], "must be above 0"),
-    (["--rates", "fast"], "is not a number"),
+    (["--rates", "0,4"], "every rate must be above 0"),
+    (["--rates", "fast"], "is not a list of numbers"),
+    (["--phase-s", "0"], "--phase-s must be above 0"),
     (["--spread", "1"], "--spread must be at least 0 and below 1"),
     (["--rounds", "0"], "--rounds must be at least 1"),
 ])

@@ -85,6 +85,20 @@ def summary_row(name, c, nreq, rounds):
                 outputs=len(everything))
 
 
+def rotated(servers, k):
+    """The servers in round k's order: the list rotated by k, so each configuration goes first in turn and host
+    drift falls on every one alike."""
+    return servers[k % len(servers):] + servers[:k % len(servers)]
+
+
+def emit(tag, row, out=None):
+    """One result row: printed with its tag (BENCH, BURSTY, OPENLOOP: what device_run.sh greps), appended to `out`."""
+    print(tag, json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def parse_servers(text):
     servers = []
     for item in text.split(","):
@@ -140,14 +154,10 @@ def main():
             prompts = [draft_range_prompt(a.vocab) for _ in range(nreq)]
             # the same prompts on every server, one after the other, the order rotated each round: host noise
             # (rounds vary by up to 25 % on the H200 host) falls on every configuration alike
-            for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:
+            for name, url in rotated(servers, k):
                 rounds[name].append(run_round(url, c, prompts, a.new_tokens, a.vocab))
         for name, _ in servers:
-            row = summary_row(name, c, nreq, rounds[name])
-            print("BENCH", json.dumps(row), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit("BENCH", summary_row(name, c, nreq, rounds[name]), a.out)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,12 @@ back on only at the next arrival, after an idle spell; staggered, the burst drai
 with requests still running, so its first speculative step is measured under load (issue 17's first-step target).
 """
 import argparse
-import json
 import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench_client import draft_range_token, gen, parse_servers
+from bench_client import draft_range_token, emit, gen, parse_servers, rotated
 
 
 def percentile(xs, q):
@@ -146,13 +145,9 @@ def main():
                 if label == "burst":
                     burst_prompts, burst_lengths = prompts, lengths
                 phases.append((label, conc, prompts, lengths))
-        for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:
+        for name, url in rotated(servers, k):
             total, phase_s, results = run_schedule(url, phases, a.vocab, a.timeout)
-            r = row(name, k, total, phase_s, results)
-            print("BURSTY", json.dumps(r), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(r) + "\n")
+            emit("BURSTY", row(name, k, total, phase_s, results), a.out)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,12 @@ the profile), exact outputs (the counter check), errors, the mean accept length,
 flight (Little's law: the latencies summed over the seconds).
 """
 import argparse
-import json
 import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench_client import draft_range_token, gen, parse_servers
+from bench_client import draft_range_token, emit, gen, parse_servers, rotated
 from bursty_client import percentile
 
 
@@ -72,19 +71,15 @@ def row(name, k, rates, total, results):
                 accept=round(statistics.fmean(accepts), 3) if accepts else None)
 
 
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
-
-
 def rate_list(text):
     """Comma-separated request rates (requests per second), each above 0."""
-    return [positive_float(x) for x in text.split(",")]
+    try:
+        rates = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers") from None
+    if not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: every rate must be above 0")
+    return rates
 
 
 def main():
@@ -92,7 +87,7 @@ def main():
     p.add_argument("--servers", required=True, help="NAME=URL,...: the servers, measured one after the other")
     p.add_argument("--rates", type=rate_list, default=[2.0, 40.0, 8.0, 120.0],
                    help="arrival rates, requests per second, one phase each (default: 2,40,8,120)")
-    p.add_argument("--phase-s", type=positive_float, default=8.0, help="seconds each rate lasts")
+    p.add_argument("--phase-s", type=float, default=8.0, help="seconds each rate lasts")
     p.add_argument("--cycles", type=int, default=1, help="times the rate profile repeats")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--spread", type=float, default=0.5,
@@ -108,6 +103,8 @@ def main():
     for flag in ("cycles", "new_tokens", "rounds", "max_in_flight"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if not a.phase_s > 0:
+        p.error("--phase-s must be above 0")
     if not 0 <= a.spread < 1:
         p.error("--spread must be at least 0 and below 1")
     servers = parse_servers(a.servers)
@@ -120,13 +117,9 @@ def main():
         if time.time() - t_start > a.deadline:
             print(f"OPENLOOP_SKIP round={k}: deadline", flush=True)
             break
-        for name, url in servers[k % len(servers):] + servers[:k % len(servers)]:
+        for name, url in rotated(servers, k):
             total, results = run_open_loop(url, schedule, a.vocab, a.timeout, a.max_in_flight)
-            r = row(name, k, a.rates, total, results)
-            print("OPENLOOP", json.dumps(r), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(r) + "\n")
+            emit("OPENLOOP", row(name, k, a.rates, total, results), a.out)
 
 
 if __name__ == "__main__":
