@@ -89,11 +89,14 @@ def test_plain_path_decision_reads_shared_scheduler_state_only() -> None:
     unfinished requests, the waiting queue's length; the fault injection's rank read comes after the decision."""
     part = decision_part(switch_v2.plain_path_flip, "action")
     assert per_rank_reads(part) == set()
+    # auto: the running requests' remaining and re-prefill tokens (catch_up_work), python ints every rank holds alike
     allowed = {"scheduler", "chunked_req", "last_batch", "_pending_prefill", "pending", "running_batch", "in_batch",
-               "r", "reqs", "finished", "waiting", "waiting_queue", "len", "action", "rt", "policy", "wants", "None"}
+               "r", "reqs", "finished", "waiting", "waiting_queue", "len", "action", "rt", "policy", "wants", "None",
+               "batch_work", "catch_up_work"}
     read = set().union(*(names_read(s) for s in part))
     assert read <= allowed, read - allowed
     assert per_rank_reads(function_ast(switch_v2._pending_prefill)) == set()
+    assert per_rank_reads(function_ast(switch_v2.catch_up_work)) == set()
     whole = function_ast(switch_v2.plain_path_flip)
     assert "late_flip" in names_read(whole)  # the fault injection, after the decision (shim/switch/faults.py)
     # the normal-loop switch (draft modes sync and none) decides in flip() on the same kind of counts
