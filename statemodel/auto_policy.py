@@ -45,7 +45,10 @@ throughputs at this demand, exceeds the catch-up those requests cost: R x (1/pla
 tokens the running requests may still ask for, T: tokens their re-prefill runs). Until a catch-up has been
 observed, nothing is gated; probes and the prior are not gated (they learn what the numbers do not know yet). A
 held flip-on waits like a dwell (`reason` "catch_up"); as the batch drains, R and T shrink together but speculation's
-gain at the lower demand grows, so it flips on later, with fewer requests to retract.
+gain at the lower demand grows, so it flips on later, with fewer requests to retract. R counts only the requests
+running now, but speculation also serves those still to come: once every request that ran at the first hold has
+finished and the numbers still want speculation, the load is steady, not draining, and the flip-on goes through
+(`turned_over`; without it a steady low load of long prompts would stay plain for good).
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
@@ -283,17 +286,21 @@ def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState
     return attrs.evolve(state, catch_up=_ewma(old, rate, state.step, p))
 
 
-def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int) -> Decision:
+def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int,
+                  turned_over: bool = False) -> Decision:
     """`decision`, or no flip (reason "catch_up") where it is a flip-on on the numbers with requests running whose
     catch-up costs more than speculation saves them: `remaining` output tokens the running requests may still ask
-    for (negative: no bound known, nothing is gated), `catch_up_tokens` tokens their re-prefill runs. Deterministic:
-    the batch's counts are the same on every rank, and the estimates are agreed."""
+    for (negative: no bound known, nothing is gated), `catch_up_tokens` tokens their re-prefill runs. `turned_over`:
+    every request that ran when this flip-on was first held has finished since, and the numbers still want it: the
+    load is steady, not a draining batch, and speculation will serve the requests still to come too, which the
+    running requests' tokens do not count: it goes through. Deterministic: the batch's counts and requests are the
+    same on every rank, and the estimates are agreed."""
     if decision.action != FLIP_ON or decision.reason != "measured" or catch_up_tokens <= 0 or remaining < 0 \
             or state.catch_up is None or not decision.spec_value or not decision.plain_value:
         return decision
     saved = remaining * (1.0 / decision.plain_value - 1.0 / decision.spec_value)
     cost = state.catch_up.rate * catch_up_tokens
-    if saved > cost:
+    if saved > cost or turned_over:
         return attrs.evolve(decision, saved_s=saved, catch_up_s=cost)
     # held like a dwell: the incumbent stays, the want is kept (commit records want_since)
     return attrs.evolve(decision, action=None, reason="catch_up", incumbent=state.incumbent, wants_flip=True,

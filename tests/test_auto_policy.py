@@ -617,3 +617,34 @@ def test_as_a_burst_drains_the_flip_on_comes_when_the_gain_pays_for_the_catch_up
     assert ungated == 24 and gated is not None and 4 <= gated < 16
     longer = drain(state, gate=True, left=600)
     assert longer is not None and gated < longer <= 24
+
+
+def test_a_hold_ends_once_the_batch_has_turned_over() -> None:
+    """A steady low load of long prompts: at every moment 4 requests run, 40 output tokens left between them and
+    2,000 prompt tokens to re-prefill, so no single batch's remaining tokens pay for a catch-up of 30 us per token.
+    But speculation would serve the requests still to come as well: once every request running at the first hold
+    has finished (the batch turned over) and the numbers still want speculation, the auto switch flips on. In a
+    draining batch, where the held requests are still running, it keeps holding."""
+    from shim.switch.auto import AutoSwitch
+
+    state = ap.observe_catch_up(learned_plain_state(), 1000, 0.03)
+    d = ap.decide(state, False, 4, 4, 48)
+    assert ap.gate_catch_up(state, d, 40, 2000).reason == "catch_up"
+    assert ap.gate_catch_up(state, d, 40, 2000, turned_over=True).action == ap.FLIP_ON
+
+    def run(batches: list[frozenset[str]]) -> list[str | None]:
+        auto = AutoSwitch(spec_cap=48, state=state)
+        actions = []
+        for rids in batches:
+            decision = auto.decide(False, 4, 0, batch_work=lambda rids=rids: (40, 2000, rids))
+            auto.commit(decision)
+            actions.append(decision.action)
+            if decision.action is not None:
+                break
+        return actions
+
+    steady = [frozenset({"a", "b", "c", "d"}), frozenset({"b", "c", "d", "e"}), frozenset({"c", "d", "e", "f"}),
+              frozenset({"d", "e", "f", "g"}), frozenset({"e", "f", "g", "h"}), frozenset({"f", "g", "h", "i"})]
+    assert run(steady) == [None, None, None, None, ap.FLIP_ON]  # a-d all finished by the fifth decision
+    draining = [frozenset({"a", "b", "c", "d"})] * 6
+    assert run(draining) == [None] * 6

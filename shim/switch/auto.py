@@ -72,18 +72,27 @@ class AutoSwitch:
     catch_up_started: tuple[float, int] | None = None
     catch_up_seen: tuple[int, float] | None = None
     catch_up_holds: int = 0  # scheduling points where a flip-on on the numbers waited for its catch-up to pay
+    held_rids: frozenset[str] | None = None  # the requests running when the current hold began
 
     # --- decisions ------------------------------------------------------------------------------------------
 
     def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0, steps: int | None = None,
-               batch_work: Callable[[], tuple[int, int]] | None = None) -> ap.Decision:
+               batch_work: Callable[[], tuple[int, int, frozenset[str]]] | None = None) -> ap.Decision:
         """The learner's decision for these counts (the switch checks it against the model and performs it);
         `steps`: with tiers, the step count speculation runs at now; `batch_work`: (output tokens the running requests
-        may still ask for, tokens their re-prefill would run), read only for a flip-on with requests running."""
+        may still ask for, tokens their re-prefill would run, their rids), read only for a flip-on with requests
+        running."""
         d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps)
         if d.action == ap.FLIP_ON and d.reason == "measured" and running + chunked > 0 and batch_work is not None:
-            d = ap.gate_catch_up(self.state, d, *batch_work())
-            self.catch_up_holds += d.reason == "catch_up"
+            remaining, catch_up, rids = batch_work()
+            # held before, and every request held then has finished: the batch turned over (a steady load)
+            turned_over = self.held_rids is not None and self.held_rids.isdisjoint(rids)
+            d = ap.gate_catch_up(self.state, d, remaining, catch_up, turned_over=turned_over)
+            held = d.reason == "catch_up"
+            self.catch_up_holds += held
+            self.held_rids = (self.held_rids or rids) if held else None
+        elif not d.wants_flip:
+            self.held_rids = None  # the numbers no longer want speculation: a later hold starts afresh
         self.last = d
         return d
 

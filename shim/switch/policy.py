@@ -53,10 +53,10 @@ class SwitchPolicy:
         return steps
 
     def wants(self, running: int, waiting: int, chunked: int = 0,
-              batch_work: Callable[[], tuple[int, int]] | None = None) -> Flip | None:
+              batch_work: Callable[[], tuple[int, int, frozenset[str]]] | None = None) -> Flip | None:
         """The flip for these counts (`running` running, `chunked` prefilling, `waiting` waiting requests), or
         None, without changing the mode. A Flip is a str: "flip_off" / "flip_on", the model action's name.
-        `batch_work` (auto only): the running requests' remaining output tokens and re-prefill tokens, on demand."""
+        `batch_work` (auto only): the running requests' remaining output and re-prefill tokens and rids, on demand."""
         c = self.config
         if self.auto is None:
             return decide_flip(self.spec_on, running + chunked + waiting, running + chunked, c.t_off, c.t_on,

@@ -238,10 +238,10 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
     return last_batch
 
 
-def catch_up_work(reqs: list[Any]) -> tuple[int, int]:
-    """(output tokens `reqs` may still ask for, tokens their re-prefill runs: prompt and output): what a flip-on's
-    retraction of `reqs` would save and cost (statemodel.auto_policy.gate_catch_up); remaining -1 when a request
-    sets no max_new_tokens (no bound: nothing is gated). Python ints and lists only."""
+def catch_up_work(reqs: list[Any]) -> tuple[int, int, frozenset[str]]:
+    """(output tokens `reqs` may still ask for, tokens their re-prefill runs: prompt and output, their rids): what a
+    flip-on's retraction of `reqs` would save and cost (statemodel.auto_policy.gate_catch_up); remaining -1 when a
+    request sets no max_new_tokens (no bound: nothing is gated). Python ints, lists and strings only."""
     remaining = catch_up = 0
     for req in reqs:
         out = len(req.output_ids)
@@ -251,7 +251,7 @@ def catch_up_work(reqs: list[Any]) -> tuple[int, int]:
         elif remaining >= 0:
             remaining += max(0, int(limit) - out)
         catch_up += len(req.origin_input_ids) + out
-    return remaining, catch_up
+    return remaining, catch_up, frozenset(str(req.rid) for req in reqs)
 
 
 def _process_result_around(orig: Any, self: Any, batch: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
