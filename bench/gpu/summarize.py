@@ -39,14 +39,33 @@ CFG_ORDER = list(CFG_LABEL)
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
+def jsonl_files(path, pattern):
+    """The files of `pattern` in a run folder, sorted; a file given is itself."""
+    return sorted(glob.glob(os.path.join(path, pattern))) if os.path.isdir(path) else [path]
+
+
+def read_jsonl(path):
+    with open(path) as fh:
+        return [json.loads(x) for x in fh if x.strip()]
+
+
 def load_rows(paths):
-    rows = []
-    for p in paths:
-        files = sorted(glob.glob(os.path.join(p, "bench*.jsonl"))) if os.path.isdir(p) else [p]
-        for f in files:
-            with open(f) as fh:
-                rows += [json.loads(x) for x in fh if x.strip()]
-    return rows
+    return [r for p in paths for f in jsonl_files(p, "bench*.jsonl") for r in read_jsonl(f)]
+
+
+def load_sections(paths, pattern, title, lines):
+    """Markdown: per file of `pattern` in each run folder with rows, `title` (its `{name}` the file's) and `lines` of
+    its rows."""
+    return [x for p in paths for f in jsonl_files(p, pattern) if (rows := read_jsonl(f))
+            for x in [title.format(name=os.path.basename(f)), "", *lines(rows), ""]]
+
+
+def by_cfg_round(rows):
+    """{configuration: {round: row}} and the configurations in table order."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["cfg"], {})[r["round"]] = r
+    return by, [c for c in CFG_ORDER if c in by] + sorted(set(by) - set(CFG_ORDER))
 
 
 def trace_events(sources):
@@ -495,23 +514,12 @@ def bursty_table(paths):
     over its rounds, and its paired-round time against the better static setting (plain, always on) and SGLang's
     adaptive switch in the same round (> 1: faster); with the quiet phases' mean accept length and prefix-cache hit
     rate. One table per file (bursty.jsonl, bursty_prefix.jsonl: the --shared-prefix load)."""
-    md = []
-    for p in paths:
-        files = sorted(glob.glob(os.path.join(p, "bursty*.jsonl"))) if os.path.isdir(p) else [p]
-        for f in files:
-            with open(f) as fh:
-                rows = [json.loads(x) for x in fh if x.strip()]
-            if rows:
-                md += [f"## Bursty load, {os.path.basename(f)} (bursty_client.py: quiet phases and bursts; paired "
-                       "rounds)", ""] + bursty_lines(rows) + [""]
-    return md
+    return load_sections(paths, "bursty*.jsonl", "## Bursty load, {name} (bursty_client.py: quiet phases and bursts; "
+                         "paired rounds)", bursty_lines)
 
 
 def bursty_lines(rows):
-    by = {}
-    for r in rows:
-        by.setdefault(r["cfg"], {})[r["round"]] = r
-    cfgs = [c for c in CFG_ORDER if c in by] + sorted(set(by) - set(CFG_ORDER))
+    by, cfgs = by_cfg_round(rows)
     best_static = {k: min(by[b][k]["total_s"] for b in ("plain", "spec") if b in by and k in by[b])
                    for k in {k for b in ("plain", "spec") if b in by for k in by[b]}}
     head = ["configuration", "rounds", "total s (median)", "tok/s", "p99 latency s", "quiet p99 s", "exact",
@@ -541,24 +549,12 @@ def open_loop_table(paths):
     of the schedule's seconds, tok/s, p50 and p99 latency (from each request's arrival) and p99 per rate of the
     profile, the mean requests in flight, and the better static setting's p50 and p99 over its own in the same round
     (> 1: lower latency than the better of plain and always on)."""
-    md = []
-    for p in paths:
-        f = os.path.join(p, "open_loop.jsonl") if os.path.isdir(p) else p
-        if not os.path.exists(f):
-            continue
-        with open(f) as fh:
-            rows = [json.loads(x) for x in fh if x.strip()]
-        if rows:
-            md += [f"## Open-loop load, {os.path.basename(f)} (open_loop_client.py: arrivals on a fixed schedule; "
-                   "paired rounds)", ""] + open_loop_lines(rows) + [""]
-    return md
+    return load_sections(paths, "open_loop.jsonl", "## Open-loop load, {name} (open_loop_client.py: arrivals on a "
+                         "fixed schedule; paired rounds)", open_loop_lines)
 
 
 def open_loop_lines(rows):
-    by = {}
-    for r in rows:
-        by.setdefault(r["cfg"], {})[r["round"]] = r
-    cfgs = [c for c in CFG_ORDER if c in by] + sorted(set(by) - set(CFG_ORDER))
+    by, cfgs = by_cfg_round(rows)
     statics = [b for b in ("plain", "spec") if b in by]
 
     def best(key, k):

@@ -41,11 +41,11 @@ class GuardClock:
         self.windows = 0
         self.window_cpu0: int | None = None  # the first window starts at the first guard step, in the thread that
         self.window_wall0 = 0                # runs the steps (thread CPU time is per thread)
-        self.by_hook: dict[str, list[int]] = {}
+        self.by_hook: dict[str, list[int]] = {}  # hook -> [steps, cpu ns, wall ns], this window
 
     def _start_window(self, cpu: int, wall: int) -> None:
         self.window_cpu0, self.window_wall0 = cpu, wall
-        self.by_hook: dict[str, list[int]] = {}  # hook -> [steps, cpu ns, wall ns]
+        self.by_hook = {}
 
     def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """`fn(*args, **kwargs)`, its thread CPU and wall time added to hook `name`."""
