@@ -1,4 +1,5 @@
-"""The batch state that matters across spec-on and spec-off steps, as frozen attrs classes.
+"""The batch state that matters across spec-on and spec-off steps, as frozen attrs classes (and one NamedTuple,
+`Request`: see its docstring).
 
 Every class here is immutable and hashable so that the checker can deduplicate states by hash.
 Field names follow SGLang where SGLang has a name (`forward_mode`, `spec_info`, `out_cache_loc`,
@@ -10,7 +11,7 @@ from __future__ import annotations
 import enum
 import inspect
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
 
@@ -165,8 +166,7 @@ _new_object = object.__new__
 EMPTY_BATCH = Batch()
 
 
-@attrs.frozen(cache_hash=True)
-class Request:
+class Request(NamedTuple):
     """One request's share of the state.
 
     `seq_len` is tokens in the target's KV (SGLang's `seq_lens`), `committed` the output tokens the
@@ -176,6 +176,10 @@ class Request:
     step starts from exists. `cached_len` (radix cache only): the leading tokens of the request that
     are the radix tree's slots (matched or checkpointed), locked by it and not in `kv_held`; the draft
     KV there is whatever the tree's slots hold (`State.prefix_cache`), which `draft_kv_len` does not see.
+
+    The one model record that is not an attrs class: a NamedTuple is built, hashed and compared in C. The actions
+    rebuild every running request at every step (the checker's and the guard's hot loop: a third of the guard's time
+    at 256 requests went to building attrs instances), and frozen-and-hashable is all the model asks of it.
     """
 
     rid: int
@@ -208,75 +212,47 @@ class Request:
                 committed: int | None = None, kv_held: int | None = None, kv_reserved: int | None = None,
                 draft_kv_len: int | None = None, draft_hidden_ready: bool | None = None,
                 cached_len: int | None = None) -> Request:
-        """`attrs.evolve(self, ...)` for the fields a step moves, at a third of its cost: the actions rebuild
-        every request of the batch at every step (the checker's and the guard's hot loop). No field is
+        """A copy with the fields a step moves changed (rid, prompt_len and max_new_tokens never move). No field is
         optional, so None means "keep"."""
-        new = _new_object(Request)
-        _set_rid(new, self.rid)
-        _set_prompt_len(new, self.prompt_len)
-        _set_max_new_tokens(new, self.max_new_tokens)
-        _set_status(new, self.status if status is None else status)
-        _set_prefilled_len(new, self.prefilled_len if prefilled_len is None else prefilled_len)
-        _set_seq_len(new, self.seq_len if seq_len is None else seq_len)
-        _set_committed(new, self.committed if committed is None else committed)
-        _set_kv_held(new, self.kv_held if kv_held is None else kv_held)
-        _set_kv_reserved(new, self.kv_reserved if kv_reserved is None else kv_reserved)
-        _set_draft_kv_len(new, self.draft_kv_len if draft_kv_len is None else draft_kv_len)
-        _set_draft_hidden_ready(new, self.draft_hidden_ready if draft_hidden_ready is None else draft_hidden_ready)
-        _set_cached_len(new, self.cached_len if cached_len is None else cached_len)
-        _set_cached_hash(new, None)
-        return new
+        return _new_tuple(Request, (
+            self[0], self[1], self[2],
+            self[3] if status is None else status,
+            self[4] if prefilled_len is None else prefilled_len,
+            self[5] if seq_len is None else seq_len,
+            self[6] if committed is None else committed,
+            self[7] if kv_held is None else kv_held,
+            self[8] if kv_reserved is None else kv_reserved,
+            self[9] if draft_kv_len is None else draft_kv_len,
+            self[10] if draft_hidden_ready is None else draft_hidden_ready,
+            self[11] if cached_len is None else cached_len))
 
     def decoded(self, seq_len: int, committed: int, kv_held: int, kv_reserved: int, draft_kv_len: int,
                 draft_hidden_ready: bool) -> Request:
         """`replace` of the six fields a decode step or its result moves, all given, by position: the steps that
         rebuild every running request at every iteration (`_plain_decode`, `_process_result`) skip the keyword
-        parsing and the keep tests (about a tenth of a rebuild). Held to `replace` at import."""
-        new = _new_object(Request)
-        _set_rid(new, self.rid)
-        _set_prompt_len(new, self.prompt_len)
-        _set_max_new_tokens(new, self.max_new_tokens)
-        _set_status(new, self.status)
-        _set_prefilled_len(new, self.prefilled_len)
-        _set_seq_len(new, seq_len)
-        _set_committed(new, committed)
-        _set_kv_held(new, kv_held)
-        _set_kv_reserved(new, kv_reserved)
-        _set_draft_kv_len(new, draft_kv_len)
-        _set_draft_hidden_ready(new, draft_hidden_ready)
-        _set_cached_len(new, self.cached_len)
-        _set_cached_hash(new, None)
-        return new
+        parsing and the keep tests. Held to `replace` at import."""
+        return _new_tuple(Request, (self[0], self[1], self[2], self[3], self[4], seq_len, committed, kv_held,
+                                    kv_reserved, draft_kv_len, draft_hidden_ready, self[11]))
 
 
-# Request.replace sets the slots directly (attrs' own __init__ makes a bound setattr call per field):
-# every field, and the hash cache attrs.frozen(cache_hash=True) keeps, exactly as __init__ sets them.
-(_set_rid, _set_prompt_len, _set_max_new_tokens, _set_status, _set_prefilled_len, _set_seq_len, _set_committed,
- _set_kv_held, _set_kv_reserved, _set_draft_kv_len, _set_draft_hidden_ready, _set_cached_len, _set_cached_hash) = (
-    Request.__dict__[name].__set__ for name in (
-        "rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed", "kv_held",
-        "kv_reserved", "draft_kv_len", "draft_hidden_ready", "cached_len", "_attrs_cached_hash"))
+_new_tuple = tuple.__new__
 
 
 def _check_request_replace() -> None:
-    """Request.replace must build what __init__ builds: a field, a validator or a converter added to
-    Request, or a change in attrs' hash cache, fails here at import."""
-    fields = attrs.fields(Request)
-    if tuple(a.name for a in fields) != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len",
-                                         "committed", "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready",
-                                         "cached_len"):
-        raise ImportError("statemodel.state: Request's fields changed; update Request.replace")
-    if any(a.validator is not None or a.converter is not None for a in fields):
-        raise ImportError("statemodel.state: Request has a validator or converter; Request.replace skips __init__")
+    """Request.replace and Request.decoded index the fields by position: a field added, removed or moved fails
+    here at import."""
+    if Request._fields != ("rid", "prompt_len", "max_new_tokens", "status", "prefilled_len", "seq_len", "committed",
+                           "kv_held", "kv_reserved", "draft_kv_len", "draft_hidden_ready", "cached_len"):
+        raise ImportError("statemodel.state: Request's fields changed; update Request.replace and Request.decoded")
     base = Request(7, 5, 9, Status.RUNNING, 5, 6, 2, 6, 3, 6, True, 2)
     built = Request(7, 5, 9, Status.WAITING, 4, 3, 2, 1, 0, 3, False, 1)
     fast = base.replace(status=Status.WAITING, prefilled_len=4, seq_len=3, kv_held=1, kv_reserved=0, draft_kv_len=3,
                         draft_hidden_ready=False, cached_len=1)
-    if fast != built or hash(fast) != hash(built) or fast.__getstate__() != built.__getstate__():
+    if fast != built or type(fast) is not Request or base.replace() != base:
         raise ImportError("statemodel.state: Request.replace no longer builds what Request() builds")
     decoded = base.decoded(8, 3, 7, 2, 8, False)
-    want = base.replace(seq_len=8, committed=3, kv_held=7, kv_reserved=2, draft_kv_len=8, draft_hidden_ready=False)
-    if decoded != want or hash(decoded) != hash(want) or decoded.__getstate__() != want.__getstate__():
+    want = base._replace(seq_len=8, committed=3, kv_held=7, kv_reserved=2, draft_kv_len=8, draft_hidden_ready=False)
+    if decoded != want or type(decoded) is not Request:
         raise ImportError("statemodel.state: Request.decoded no longer builds what Request.replace builds")
 
 
@@ -535,5 +511,5 @@ def _fast_cached_hash(cls: type) -> None:
     cls.__hash__ = namespace["__hash__"]  # type: ignore[method-assign]
 
 
-for _cls in (SpecInfo, GraphShape, Batch, Request, Unprocessed, Thresholds, State):
+for _cls in (SpecInfo, GraphShape, Batch, Unprocessed, Thresholds, State):
     _fast_cached_hash(_cls)

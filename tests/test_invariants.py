@@ -128,7 +128,7 @@ def test_kv_conservation_catches_leak_and_double_free() -> None:
     assert "1 slots leaked" in leak[0].message
     double = kv_conservation(attrs.evolve(state, kv_free=state.kv_free + 2), SCOPE)
     assert "freed twice" in double[0].message
-    finished_holding = attrs.evolve(TWO[0], status=Status.FINISHED)
+    finished_holding = TWO[0].replace(status=Status.FINISHED)
     held = kv_conservation(make_state((finished_holding, TWO[1]), RUNNING_SPEC), SCOPE)
     assert any("finished but still holds" in v.message for v in held)
 
@@ -167,10 +167,10 @@ def test_seq_lens_grow_by_accepted_plus_one() -> None:
                      spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 2, 3), spec_algorithm_on=True)
     before = make_state(TWO, RUNNING_SPEC, launched, stage=Stage.DRAFTED)
     verify = Action("verify", (2, 0))
-    good = tuple(attrs.evolve(r, seq_len=r.seq_len + n, committed=r.committed + n)
+    good = tuple(r.replace(seq_len=r.seq_len + n, committed=r.committed + n)
                  for r, n in zip(TWO, (3, 1), strict=True))
     assert seq_lens_growth(before, verify, attrs.evolve(before, requests=good), SCOPE, CATCH_UP) == []
-    bad = tuple(attrs.evolve(r, seq_len=r.seq_len + n) for r, n in zip(TWO, (3, 2), strict=True))
+    bad = tuple(r.replace(seq_len=r.seq_len + n) for r, n in zip(TWO, (3, 2), strict=True))
     found = seq_lens_growth(before, verify, attrs.evolve(before, requests=bad), SCOPE, CATCH_UP)
     assert [v.rids for v in found] == [(1,)]
     assert found[0].expected == "5" and found[0].actual == "6"
@@ -185,8 +185,8 @@ def test_seq_lens_growth_at_a_finish_follows_the_designs_worker() -> None:
     before = make_state(near_done, RUNNING_SPEC, launched, stage=Stage.DRAFTED)
     verify = Action("verify", (2, 0))
     for design, grown, other, other_grown in ((SEEDS_FINAL, 2, CATCH_UP, 3), (CATCH_UP, 3, SEEDS_FINAL, 2)):
-        after = attrs.evolve(before, requests=(attrs.evolve(near_done[0], seq_len=5 + grown, committed=5),
-                                               attrs.evolve(near_done[1], seq_len=5, committed=3)))
+        after = attrs.evolve(before, requests=(near_done[0].replace(seq_len=5 + grown, committed=5),
+                                               near_done[1].replace(seq_len=5, committed=3)))
         assert seq_lens_growth(before, verify, after, SCOPE, design) == []
         found = seq_lens_growth(before, verify, after, SCOPE, other)
         assert [v.rids for v in found] == [(0,)]
@@ -195,7 +195,7 @@ def test_seq_lens_growth_at_a_finish_follows_the_designs_worker() -> None:
 
 def test_committed_tokens_are_never_lost() -> None:
     before = make_state(TWO, RUNNING_SPEC)
-    fewer = (attrs.evolve(TWO[0], committed=1), TWO[1])
+    fewer = (TWO[0].replace(committed=1), TWO[1])
     found = committed_never_lost(before, Action("retract", (0,)), attrs.evolve(before, requests=fewer), SCOPE,
                                  CATCH_UP)
     assert found[0].message == "retract dropped request 0's output from 2 to 1 tokens"
@@ -231,7 +231,7 @@ def test_unprocessed_verify_keeps_its_worst_case_reserved_under_overlap() -> Non
                            unprocessed=(n,))
     assert [v.rids for v in kv_reserve_covers_writes(between, overlap)] == [(1,)]
     # a plain step's result writes nothing more; a finished request needs nothing
-    finished = attrs.evolve(running_req(1), status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    finished = running_req(1).replace(status=Status.FINISHED, kv_held=0, kv_reserved=0)
     done = attrs.evolve(make_state((running_req(0, reserved=3), finished), RUNNING_SPEC),
                         unprocessed=(n, Unprocessed(rids=(0,), steps=None)))
     assert kv_reserve_covers_writes(done, overlap) == []
@@ -245,10 +245,10 @@ def test_process_result_must_grow_seq_len_by_the_accepted_run() -> None:
     before = attrs.evolve(make_state((running_req(0, reserved=6),), RUNNING_SPEC),
                           unprocessed=(Unprocessed(rids=(0,), steps=2, draft_extended=True),))
     action = Action("process_result", (1,))
-    good = attrs.evolve(before, unprocessed=(), requests=(attrs.evolve(
-        before.req(0), seq_len=6, committed=4, kv_held=6, kv_reserved=4, draft_kv_len=6),))
+    good = attrs.evolve(before, unprocessed=(), requests=(before.req(0).replace(
+        seq_len=6, committed=4, kv_held=6, kv_reserved=4, draft_kv_len=6),))
     assert seq_lens_growth(before, action, good, overlap, design) == []
-    short = attrs.evolve(good, requests=(attrs.evolve(good.req(0), seq_len=5),))
+    short = attrs.evolve(good, requests=(good.req(0).replace(seq_len=5),))
     assert [v.expected for v in seq_lens_growth(before, action, short, overlap, design)] == ["6"]
     # the launch itself grows nothing under overlap
     assert [v.expected for v in seq_lens_growth(before, Action("verify"), good, overlap, design)] == ["4"]

@@ -85,10 +85,15 @@ def first_cells(tables: dict[str, list[list[str]]], table: str) -> list[str]:
     return [row[0].strip("`") for row in tables.get(table, [])]
 
 
+def _field_names(cls: type) -> tuple[str, ...]:
+    """An attrs class's fields, or a NamedTuple's (statemodel.state.Request)."""
+    return cls._fields if issubclass(cls, tuple) else tuple(f.name for f in attrs.fields(cls))  # type: ignore[attr-defined]
+
+
 def model_names() -> dict[str, list[str]]:
     """Every name the doc must document, per table, read from the model."""
     return {
-        FIELD_TABLE: [f"{cls.__name__}.{f.name}" for cls in FIELD_CLASSES for f in attrs.fields(cls)],
+        FIELD_TABLE: [f"{cls.__name__}.{name}" for cls in FIELD_CLASSES for name in _field_names(cls)],
         ENUM_TABLE: [f"{cls.__name__}.{m.name}" for cls in ENUM_CLASSES for m in cls],
         ACTION_TABLE: [a.name for a in ACTION_CATALOGUE],
         INVARIANT_TABLE: list(INVARIANT_NAMES),

@@ -71,9 +71,7 @@ start() {
   local mem=0.5; [ "$models" = small ] && mem=0.3
   [ -n "${SIDE_BY_SIDE:-}" ] && mem=0.85   # with the KV pool capped, this only sets the activation headroom
   echo "== start $name on :$1 (t=$(el)s) env='$envs' flags='$flags $2'"
-  # OPENLOOP_ROUNDS=N, OPENLOOP_ARGS: then N paired rounds of the open-loop load (open_loop_client.py: Poisson arrivals on
-#   a fixed rate profile, e.g. '--rates 2,40,8,120 --phase-s 8'), open_loop.jsonl
-# JIT_PER_SERVER=1: each server its own triton cache (a copy of the restored one), so a kernel that a new shape
+  # JIT_PER_SERVER=1: each server its own triton cache (a copy of the restored one), so a kernel that a new shape
   # specialises is built by every server that meets it, not only by the first in a round (a shared cache lets
   # the others load what that one built)
   local jit=""

@@ -101,7 +101,7 @@ def batch_from_json(data: dict[str, Any] | None) -> Batch | None:
     )
 
 
-_REQUEST_NAMES = tuple(a.name for a in attrs.fields(Request))
+_REQUEST_NAMES = Request._fields
 _request_values = operator.attrgetter(*_REQUEST_NAMES)
 
 
@@ -249,7 +249,7 @@ def compact_state(state: State, keep: list[int]) -> State:
             return None
         return attrs.evolve(b, rids=tuple(renumber[r] for r in b.rids))
 
-    requests = tuple(attrs.evolve(state.requests[old], rid=new) for new, old in enumerate(keep))
+    requests = tuple(state.requests[old]._replace(rid=new) for new, old in enumerate(keep))
     unprocessed = tuple(attrs.evolve(u, rids=tuple(renumber[r] for r in u.rids)) for u in state.unprocessed)
     return attrs.evolve(state, requests=requests, running=batch(state.running), pending=batch(state.pending),
                         launched=batch(state.launched), unprocessed=unprocessed)

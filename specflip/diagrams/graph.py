@@ -121,17 +121,17 @@ def _perturbed(state: State, field: str) -> State:
     if field == "out_cache_loc":
         return attrs.evolve(state, running=attrs.evolve(running, out_cache_loc_width=running.out_cache_loc_width + 1))
     if field == "seq_lens":
-        return attrs.evolve(state, requests=tuple(attrs.evolve(r, seq_len=r.seq_len + 1) for r in state.requests))
+        return attrs.evolve(state, requests=tuple(r.replace(seq_len=r.seq_len + 1) for r in state.requests))
     if field == "KV":  # one reserved slot of the first running request back to the free list
         held = [r for r in (state.req(rid) for rid in running.rids) if r.kv_reserved]
         if not held:
             return attrs.evolve(state, kv_free=state.kv_free - 1)
         r = held[0]
-        changed = {r.rid: attrs.evolve(r, kv_reserved=r.kv_reserved - 1)}
+        changed = {r.rid: r.replace(kv_reserved=r.kv_reserved - 1)}
         return attrs.evolve(state, requests=state.with_requests(changed), kv_free=state.kv_free + 1)
     if field == "draft KV":
         return attrs.evolve(state, requests=tuple(
-            attrs.evolve(r, draft_hidden_ready=not r.draft_hidden_ready) for r in state.requests))
+            r.replace(draft_hidden_ready=not r.draft_hidden_ready) for r in state.requests))
     raise ValueError(field)
 
 
