@@ -3,10 +3,11 @@
 The CPU benchmark (bench/bench_guard.py) times the guard on real SGLang objects on this machine; a server's
 throughput loss with the guard on is a second, indirect figure. This clock is the figure in between: the thread
 CPU time and the wall time inside every guard step of the running server, by hook, logged every `log_every_s`
-seconds of wall time as one line, with the share of the thread's own CPU time those steps took in the window. When
-a loop is bound by its host time, that share is what the guard costs in throughput; a loss well above it points
-outside the guard's steps (a synchronisation: SPECFLIP_COUNT_SYNCS, or the hooks' wrappers). Measurement only: two
-clock reads per guard step.
+seconds of wall time as one line, with the share of the thread's own CPU time those steps took in the window. The
+per-hook times are the figure to read: on a GPU server the scheduler thread spins in CUDA synchronisation while it
+waits, so its CPU time follows its wall time and the share overstates the throughput cost. A loss well above what
+the per-hook times add to an iteration points outside the guard's steps (a synchronisation: SPECFLIP_COUNT_SYNCS, or
+the hooks' wrappers). Measurement only: two clock reads per guard step.
 """
 
 from __future__ import annotations
