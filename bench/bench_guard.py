@@ -14,10 +14,13 @@ own steps (`GuardRuntime.run`), the figure that does not depend on the stand-ins
 OMP_NUM_THREADS=1 on a busy machine: torch's spinning worker threads slow the stand-ins' tensor ops
 by orders of magnitude when the cores are oversubscribed.
 
-`--loop overlap` drives SGLang's overlap schedule instead (tests/overlap_loop.py: what a GPU server runs, the
-switch's design): one step is one `event_loop_overlap` iteration, the result processing of the step before
-included. `--clock cpu` times with the scheduler thread's CPU time (`time.thread_time`): on a machine shared with
-other work the wall clock counts the time the thread waited for a core.
+`--loop overlap` drives SGLang's overlap schedule instead (tests/overlap_loop.py: what a GPU server runs): one step
+is one `event_loop_overlap` iteration, the result processing of the step before included. `--draft` picks the
+switch's design there: `sync` (v2_switch_reserve_sync, a draft sync after every plain step; the default, as the
+figures in docs/guard.md were measured) or `retract` (plain_off_retract_catch_up, `SPECFLIP_SWITCH_DRAFT=retract`:
+the switch's default on a server, whose plain step is SGLang's own plain decode). `--clock cpu` times with the
+scheduler thread's CPU time (`time.thread_time`): on a machine shared with other work the wall clock counts the time
+the thread waited for a core.
 
 `--line v1` drives SGLang 0.5.12's v1 EAGLEWorker on the non-overlap loop instead (run it with .venv12;
 tests/sglang12_cpu.py V1LoopServer, the v1 switch in its default draft mode retract): the H200's v1 line, where the
@@ -30,6 +33,7 @@ machine's load falls on both; each cell keeps the fastest round per side. Only a
 
     .venv/bin/python bench/bench_guard.py [--steps N] [--sizes 1,16,64,256] [--repeat R]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --against main --rounds 3 --clock cpu [--loop overlap]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --loop overlap --draft retract --clock cpu --sizes 64,256
     OMP_NUM_THREADS=1 .venv12/bin/python bench/bench_guard.py --line v1 --against main --rounds 5 --clock cpu
 """
 
@@ -62,7 +66,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,16,64,256")
     parser.add_argument("--repeat", type=int, default=3, help="timings per cell; the fastest is kept")
     parser.add_argument("--loop", choices=("normal", "overlap"), default="normal",
-                        help="the scheduler loop driven: normal (CATCH_UP) or overlap (the switch's V2_SWITCH)")
+                        help="the scheduler loop driven: normal (CATCH_UP) or overlap (the switch, --draft)")
+    parser.add_argument("--draft", choices=("sync", "retract"), default="sync",
+                        help="--loop overlap: the switch's design, sync (V2_SWITCH) or retract (RETRACT_CATCH_UP, "
+                             "the switch's default on a server)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: time.perf_counter; cpu: the thread's CPU time (time.thread_time)")
     parser.add_argument("--line", choices=("v2", "v1"), default="v2",
@@ -92,9 +99,9 @@ def main() -> None:
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
     from shim.guard.core import Mode
-    from statemodel.designs import CATCH_UP, V2_SWITCH
+    from statemodel.designs import CATCH_UP, RETRACT_CATCH_UP, V2_SWITCH
 
-    design = V2_SWITCH if args.loop == "overlap" else CATCH_UP
+    design = CATCH_UP if args.loop == "normal" else RETRACT_CATCH_UP if args.draft == "retract" else V2_SWITCH
 
     runtime = gf.install_guard_plugin()
     in_guard = _time_guard_runs(runtime, clock)
@@ -113,7 +120,7 @@ def main() -> None:
                     runtime.design_name = design.name
                     runtime.trace_template = str(trace_dir / f"{size}-{kind}.jsonl") if label == "trace" else None
                     steps = args.steps
-                    step = _overlap_steps(gf, h, model_dir, size, steps, kind) if args.loop == "overlap" \
+                    step = _overlap_steps(gf, h, model_dir, size, steps, kind, design) if args.loop == "overlap" \
                         else _normal_steps(gf, model_dir, size, steps, kind, design)
                     in_guard[0] = 0.0
                     started = clock()
@@ -154,24 +161,32 @@ def _normal_steps(gf: Any, model_dir: Path, size: int, steps: int, kind: str, de
     return lambda: drv.decode(accepts=[2])
 
 
-def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind: str) -> Callable[[], Any]:
-    """The overlap loop (tests/overlap_loop.py OverlapDriver, the switch's design): `size` requests decoding,
-    speculation flipped off for "plain"; returns one loop iteration, warmed up."""
-    from statemodel.designs import V2_SWITCH
+def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind: str,
+                   design: Any) -> Callable[[], Any]:
+    """The overlap loop (tests/overlap_loop.py OverlapDriver) under the switch's `design`: `size` requests decoding,
+    speculation off for "plain"; returns one loop iteration, warmed up. The sync design flips when told; the retract
+    design's switch decides at get_next_batch_to_run from its thresholds (off at 1 running for "plain", never for
+    "spec")."""
+    from shim.switch.config import SwitchConfig
+    from statemodel.design import DraftWhileOff
 
     ol = importlib.import_module("overlap_loop")
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
                             num_draft_tokens=4, max_running_requests=size + 1)
     sa.disable_overlap_schedule = False
     pools = h.build_pools(sa, kv_size=size * (size // 2 + steps * 8 + 80) + 64, max_reqs=size + 1)
-    drv = ol.OverlapDriver(pools, V2_SWITCH)
+    retract = design.draft_while_off is DraftWhileOff.RETRACT_ON_ENABLE
+    config = SwitchConfig(t_off=1 if kind == "plain" else size + 1, t_on=0) if retract else None
+    drv = ol.OverlapDriver(pools, design, switch_config=config)
     drv.add(gf.make_reqs("b", size, max_new_tokens=10 * steps + 20))
     for _ in range(3):  # prefill, merge, the first decode steps
         drv.iteration()
-    if kind == "plain":
+    if kind == "plain" and not retract:
         drv.iteration(flip="off")
     for _ in range(2):
         drv.iteration()
+    if retract and drv.launched[-1][1] != kind:
+        raise SystemExit(f"bench_guard: the retract switch runs {drv.launched[-1][1]} steps, not {kind}")
     return drv.iteration
 
 
@@ -250,8 +265,8 @@ def against(args: argparse.Namespace) -> None:
         raise SystemExit(f"bench_guard: git archive {args.against}: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
-              "--sizes", args.sizes, "--repeat", str(args.repeat), "--loop", args.loop, "--clock", args.clock,
-              "--line", args.line]
+              "--sizes", args.sizes, "--repeat", str(args.repeat), "--loop", args.loop, "--draft", args.draft,
+              "--clock", args.clock, "--line", args.line]
     best: dict[tuple[str, int, str], float] = {}
     loads = []
     try:
