@@ -14,7 +14,18 @@ import attrs
 
 from statemodel.actions import Action, result_growth, verify_growth
 from statemodel.design import Design, Scope
-from statemodel.state import Batch, ForwardMode, LastByIdentity, Request, SpecInfoKind, SpecMode, State, Status
+from statemodel.state import (
+    FEW_OF_MANY,
+    Batch,
+    FoldByIdentity,
+    ForwardMode,
+    Request,
+    SpecInfoKind,
+    SpecMode,
+    State,
+    Status,
+    changed_indices,
+)
 
 
 @attrs.frozen
@@ -140,7 +151,7 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
             f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
             expected=str(state.kv_pool_size), actual=str(accounted),
         ))
-    for r in _HOLDING_NO_KV(state.requests, _holding_no_kv):
+    for r in _HOLDING_NO_KV(state.requests, _holding_no_kv, _move_holding_no_kv):
         problems.append(Violation(
             "kv_conservation",
             f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",
@@ -162,7 +173,20 @@ def _holding_no_kv(requests: tuple[Request, ...]) -> list[Request]:
     return [r for r in requests if r.status in _HOLDS_NO_KV and (r.kv_held or r.kv_reserved)]
 
 
-_HOLDING_NO_KV: LastByIdentity[tuple[Request, ...], list[Request]] = LastByIdentity()  # kv_conservation
+def _move_holding_no_kv(value: list[Request], old: Request, new: Request) -> list[Request]:
+    """`_holding_no_kv` after request `old` became `new`: in request order (requests[rid] is request rid)."""
+    moved = [r for r in value if r.rid != old.rid]
+    if new.status in _HOLDS_NO_KV and (new.kv_held or new.kv_reserved):
+        moved.append(new)
+        moved.sort(key=_rid)
+    return moved
+
+
+def _rid(r: Request) -> int:
+    return r.rid
+
+
+_HOLDING_NO_KV: FoldByIdentity[list[Request]] = FoldByIdentity()  # kv_conservation
 # (requests, most, the rids tuples, whether a running one of them has fewer than `most` reserved): the common case
 # of kv_reserve_covers_writes
 _LAST_RESERVE_SHORT: list = [None, 0, [], False]
@@ -245,6 +269,11 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
     if not expected_growth and before.requests is after.requests:
         return []  # no request changed, and none had to
     before_requests, after_requests = before.requests, after.requests
+    if not expected_growth and len(before_requests) >= FEW_OF_MANY and len(before_requests) == len(after_requests):
+        # a step that moves a few requests of a large batch (a finish, a retraction): only those can have grown
+        moved = changed_indices(before_requests, after_requests)
+        if moved is not None and all([after_requests[i].seq_len == before_requests[i].seq_len for i in moved]):
+            return []
     if len(before_requests) == len(after_requests):
         # the common case as one comprehension: every request grew by what it had to (the loop below finds nothing)
         grown = [b.seq_len - a.seq_len for a, b in zip(before_requests, after_requests, strict=True)]
@@ -354,9 +383,16 @@ def _tree_prefix_without_draft(before: State, action: Action) -> list[Violation]
 def committed_never_lost(before: State, action: Action, after: State, scope: Scope,
                          design: Design) -> list[Violation]:
     """No step takes away an output token a request has committed, retraction included."""
-    if before.requests is after.requests:
+    before_requests, after_requests = before.requests, after.requests
+    if before_requests is after_requests:
         return []
-    lost = [(a, b) for a, b in zip(before.requests, after.requests, strict=True) if b.committed < a.committed]
+    moved = changed_indices(before_requests, after_requests) \
+        if len(before_requests) >= FEW_OF_MANY and len(before_requests) == len(after_requests) else None
+    if moved is not None:  # a few requests of a large batch moved: only they can have lost output
+        lost = [(before_requests[i], after_requests[i]) for i in moved
+                if after_requests[i].committed < before_requests[i].committed]
+    else:
+        lost = [(a, b) for a, b in zip(before_requests, after_requests, strict=True) if b.committed < a.committed]
     return [Violation(
         "committed_never_lost",
         f"{action.name} dropped request {a.rid}'s output from {a.committed} to {b.committed} tokens",

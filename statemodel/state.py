@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import compress
+from operator import is_not
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
@@ -340,7 +342,7 @@ class State:
 
     def in_flight_count(self) -> int:
         """Requests the running batch holds now or will once merged: pending and chunked ones count."""
-        chunked = _CHUNKED(self.requests, _count_chunked)
+        chunked = _CHUNKED(self.requests, _count_chunked, _move_chunked)
         return self.running.size + (self.pending.size if self.pending else 0) + chunked
 
     def demand(self) -> int:
@@ -350,7 +352,7 @@ class State:
 
     def kv_accounted(self) -> int:
         """Slots free, held, reserved, or the radix tree's."""
-        return self.kv_free + _HELD(self.requests, _held_and_reserved) + len(self.prefix_cache)
+        return self.kv_free + _HELD(self.requests, _held_and_reserved, _move_held_and_reserved) + len(self.prefix_cache)
 
     def all_finished(self) -> bool:
         return all(r.status is Status.FINISHED for r in self.requests)
@@ -403,16 +405,80 @@ class LastByIdentity(Generic[_K, _V]):
         return value
 
 
+# a batch this large that a step moves a few requests of is folded by those requests only (FoldByIdentity, the
+# invariants' fast paths): below it a fresh pass costs less than finding them (the checker's scopes are far below)
+FEW_OF_MANY = 16
+
+
+def changed_indices(before: Sequence[object], after: Sequence[object]) -> list[int] | None:
+    """The positions at which `after` (as long as `before`, not empty) holds another object than `before`, in order,
+    when at most an eighth of them do; None otherwise (also, without the scan, when two of four probes differ). The
+    scan runs in C: a finish or a retraction moves one request of a running batch, and the guard checks each such
+    step against the whole state."""
+    last = _LAST_CHANGED
+    if before is last[0] and after is last[1]:
+        return last[2]  # the folds and the step invariants of one step ask about the same pair in turn
+    n = len(before)
+    if (before[0] is not after[0]) + (before[n >> 2] is not after[n >> 2]) + (before[n >> 1] is not after[n >> 1]) \
+            + (before[-1] is not after[-1]) > 1:
+        return None  # a step that moved the batch (a decode, a result): not worth the scan
+    flags = list(map(is_not, before, after))
+    moved = None if flags.count(True) > len(flags) >> 3 else list(compress(range(len(flags)), flags))
+    last[:] = (before, after, moved)  # held, so that their ids are not reused while remembered
+    return moved
+
+
+_LAST_CHANGED: list = [None, None, None]  # changed_indices' last (before, after, answer)
+
+
+class FoldByIdentity(Generic[_V]):
+    """`LastByIdentity` for a fold over a requests tuple (a sum, a count, a filter): for a tuple as long as the last
+    one (at least FEW_OF_MANY) in which a few requests are other objects (`changed_indices`), the last value moved
+    by those requests alone, `move(value, old, new)`; otherwise `compute(requests)` afresh. `move` must give what
+    `compute` gives (tests/test_invariants.py holds each use to it), as a new value: the old one is not changed."""
+
+    __slots__ = ("_key", "_value")
+
+    def __init__(self) -> None:
+        self._key: tuple[Request, ...] | None = None
+        self._value: Any = None
+
+    def __call__(self, requests: tuple[Request, ...], compute: Callable[[tuple[Request, ...]], _V],
+                 move: Callable[[_V, Request, Request], _V]) -> _V:
+        last = self._key
+        if requests is last:
+            return self._value
+        if last is not None and len(requests) >= FEW_OF_MANY and len(last) == len(requests):
+            moved = changed_indices(last, requests)
+            if moved is not None:
+                value = self._value
+                for i in moved:
+                    value = move(value, last[i], requests[i])
+                self._key, self._value = requests, value
+                return value
+        value = compute(requests)
+        self._key, self._value = requests, value
+        return value
+
+
 def _held_and_reserved(requests: tuple[Request, ...]) -> int:
     return sum([r.kv_held + r.kv_reserved for r in requests])  # a list sums faster
+
+
+def _move_held_and_reserved(value: int, old: Request, new: Request) -> int:
+    return value - old.kv_held - old.kv_reserved + new.kv_held + new.kv_reserved
 
 
 def _count_chunked(requests: tuple[Request, ...]) -> int:
     return [r.status for r in requests].count(Status.PREFILLING)  # list.count: the loop in C
 
 
-_HELD: LastByIdentity[tuple[Request, ...], int] = LastByIdentity()  # kv_accounted
-_CHUNKED: LastByIdentity[tuple[Request, ...], int] = LastByIdentity()  # in_flight_count
+def _move_chunked(value: int, old: Request, new: Request) -> int:
+    return value - (old.status is Status.PREFILLING) + (new.status is Status.PREFILLING)
+
+
+_HELD: FoldByIdentity[int] = FoldByIdentity()  # kv_accounted
+_CHUNKED: FoldByIdentity[int] = FoldByIdentity()  # in_flight_count
 
 
 (_set_s_requests, _set_s_running, _set_s_pending, _set_s_launched, _set_s_stage, _set_s_spec_mode, _set_s_num_steps,

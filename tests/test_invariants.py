@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import statemodel.invariants as invariants_module
+import statemodel.state as state_module
 from statemodel.actions import Action
 from statemodel.design import Scope
 from statemodel.designs import CATCH_UP, SEEDS_FINAL
@@ -24,6 +28,7 @@ from statemodel.invariants import (
 )
 from statemodel.state import (
     Batch,
+    FoldByIdentity,
     ForwardMode,
     GraphShape,
     Request,
@@ -34,6 +39,7 @@ from statemodel.state import (
     State,
     Status,
     Unprocessed,
+    changed_indices,
 )
 
 SCOPE = Scope()
@@ -252,3 +258,78 @@ def test_process_result_must_grow_seq_len_by_the_accepted_run() -> None:
     assert [v.expected for v in seq_lens_growth(before, action, short, overlap, design)] == ["6"]
     # the launch itself grows nothing under overlap
     assert [v.expected for v in seq_lens_growth(before, Action("verify"), good, overlap, design)] == ["4"]
+
+
+# --- a step that moves a few requests of a large batch (statemodel.state.FoldByIdentity, changed_indices) -----------
+
+def _batch_of(count: int) -> tuple[Request, ...]:
+    return tuple(running_req(i, seq_len=4 + i % 3, reserved=i % 2) for i in range(count))
+
+
+_FOLDS = (
+    (state_module._held_and_reserved, state_module._move_held_and_reserved),
+    (state_module._count_chunked, state_module._move_chunked),
+    (invariants_module._holding_no_kv, invariants_module._move_holding_no_kv),
+)
+_EDIT = st.tuples(st.integers(0, 63), st.sampled_from(list(Status)), st.integers(0, 9), st.integers(0, 3),
+                  st.integers(0, 9))
+
+
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 64), edits=st.lists(_EDIT, max_size=12))
+def test_a_fold_moved_by_the_requests_a_step_changed_is_the_fold_computed_afresh(
+        count: int, edits: list[tuple[int, Status, int, int, int]]) -> None:
+    before = _batch_of(count)
+    after = list(before)
+    for index, status, held, reserved, committed in edits:
+        after[index % count] = after[index % count].replace(status=status, kv_held=held, kv_reserved=reserved,
+                                                            committed=committed)
+    after_t = tuple(after)
+    for compute, move in _FOLDS:
+        fold: FoldByIdentity = FoldByIdentity()
+        assert fold(before, compute, move) == compute(before)
+        assert fold(after_t, compute, move) == compute(after_t), compute.__name__
+
+
+def test_a_fold_of_a_large_batch_is_moved_by_the_changed_requests_only() -> None:
+    """The fast path is taken where it should be (the property above holds without it too): a finish of one request
+    of 32 moves the fold, and a step that moves every request computes it afresh."""
+    before = _batch_of(32)
+    finished = before[7].replace(status=Status.FINISHED, kv_held=0, kv_reserved=0)
+    after = before[:7] + (finished,) + before[8:]
+    computed = []
+
+    def compute(requests: tuple[Request, ...]) -> int:
+        computed.append(requests)
+        return state_module._held_and_reserved(requests)
+
+    fold: FoldByIdentity = FoldByIdentity()
+    fold(before, compute, state_module._move_held_and_reserved)
+    assert fold(after, compute, state_module._move_held_and_reserved) == state_module._held_and_reserved(after)
+    assert computed == [before]  # the second value was moved, not computed
+    grown = tuple(r.replace(kv_held=r.kv_held + 1) for r in after)
+    assert fold(grown, compute, state_module._move_held_and_reserved) == state_module._held_and_reserved(grown)
+    assert computed[-1] is grown
+    assert changed_indices(before, after) == [7]
+    assert changed_indices(after, grown) is None  # more than an eighth moved
+
+
+def test_a_finish_in_a_large_batch_still_breaks_the_step_invariants_it_breaks() -> None:
+    """seq_lens_growth and committed_never_lost look only at the requests a step changed when few of many did: a
+    finish that also moves its seq_len or drops its output is still caught, and a clean one is clean."""
+    requests = _batch_of(32)
+    running = Batch(rids=tuple(range(32)), forward_mode=ForwardMode.DECODE, spec_info=draft_input(32),
+                    spec_algorithm_on=True)
+    before = make_state(requests, running, pool=400)
+    finish = Action("finish", (5,))
+
+    def after_with(r: Request) -> State:
+        return attrs.evolve(before, requests=requests[:5] + (r,) + requests[6:])
+
+    clean = after_with(requests[5].replace(status=Status.FINISHED, kv_held=0, kv_reserved=0))
+    assert seq_lens_growth(before, finish, clean, SCOPE, CATCH_UP) == []
+    assert committed_never_lost(before, finish, clean, SCOPE, CATCH_UP) == []
+    grew = after_with(requests[5].replace(status=Status.FINISHED, seq_len=requests[5].seq_len + 1))
+    assert [v.rids for v in seq_lens_growth(before, finish, grew, SCOPE, CATCH_UP)] == [(5,)]
+    dropped = after_with(requests[5].replace(status=Status.FINISHED, committed=0))
+    assert [v.rids for v in committed_never_lost(before, finish, dropped, SCOPE, CATCH_UP)] == [(5,)]
