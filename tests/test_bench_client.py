@@ -312,24 +312,33 @@ def test_flips_on_under_load_report_the_retracted_and_the_wait_to_the_first_spec
     def ev(t: float, action: str, **kw: object) -> tuple[str, dict]:
         return "switch", {"t": t, "action": action, **kw}
 
+    spec = ("prepare_for_decode", "draft", "verify", "draft_extend")
+    plain = ("prepare_for_decode", "plain_decode")
     events = [
         ev(1.0, "flip_on", running=0, retracted=0),  # an empty server: nothing waits
+        ev(1.05, "step", actions=spec, bs=1),
         ev(1.1, "timing", kind="spec", bs=1, ms=6.0, first_after_flip=True),
         ev(2.0, "flip_off", running=40),
         ev(3.0, "flip_on", running=3, retracted=3),
+        ev(3.04, "step", actions=plain, bs=40),  # the step launched before the flip, traced after it
         ev(3.05, "timing", kind="plain", bs=3, ms=5.0, first_after_flip=False),
         ("switch", {"t": 3.06, "action": "timing", "kind": "spec", "bs": 3, "ms": 7.0, "timer": True,
                     "first_after_flip": False}),  # the step timer's, not the switch's
-        ev(3.12, "timing", kind="spec", bs=3, ms=7.0, first_after_flip=True),
-        ev(4.0, "flip_off", running=40),
-        ev(5.0, "flip_on", running=2, retracted=2),
-        ev(5.01, "flip_off", running=40),  # off again before a speculative step: no wait to report
-        ev(5.5, "timing", kind="spec", bs=2, ms=7.0, first_after_flip=True),
+        ev(3.08, "step", actions=spec, bs=3),  # the first speculative step's launch: the wait ends here
+        ev(3.09, "step", actions=spec, bs=3),
+        # read back at a later traced step: its record's time is not the step's
+        ev(9.0, "timing", kind="spec", bs=3, ms=7.5, first_after_flip=True),
+        ev(10.0, "flip_off", running=40),
+        ev(11.0, "flip_on", running=2, retracted=2),
+        ev(11.01, "flip_off", running=40),  # off again before a speculative step: no wait to report
+        ev(11.5, "step", actions=spec, bs=2),
+        ev(11.6, "timing", kind="spec", bs=2, ms=7.0, first_after_flip=True),
     ]
     lines = summarize.flip_on_under_load(events)
-    assert lines[-1] == ("- switch: 1 flips on with requests running, 3-3 retracted each; the flip to the end of the "
-                         "first speculative step: median 120 ms (120-120)")
-    assert summarize.flip_on_under_load(events[:3]) == []
+    assert lines[-1] == ("- switch: 1 flips on with requests running, 3-3 retracted each; the flip to the launch of "
+                         "the first speculative step: median 80 ms (80-80); that step 7.5 ms on the device (median; "
+                         "7.5-7.5)")
+    assert summarize.flip_on_under_load(events[:4]) == []
 
 
 def test_open_loop_arrivals_are_seeded_poisson_per_phase_with_spread_lengths() -> None:

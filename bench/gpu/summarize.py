@@ -191,30 +191,39 @@ def first_step_table(events):
 
 def flip_on_under_load(events):
     """Markdown: per configuration, the flips on with requests running (the switch's default design retracts them,
-    and their re-prefill rebuilds the draft KV): the requests each retracted, and the time from the flip to the end
-    of the first speculative step after it (the switch trace's host clock: the re-prefill and that step, what the
-    running requests wait through). [] when no flip on had a request running."""
+    and their re-prefill rebuilds the draft KV): the requests each retracted, the time from the flip to the launch of
+    the first speculative step after it (the switch trace's host clock: the re-prefill and that step's launch, what
+    the running requests wait through; its `step` record is written at the launch), and that step's device time.
+    A `timing` record's own time is when the trace read its CUDA events back, at a later traced step: up to a whole
+    trace interval after the step (SPECFLIP_SWITCH_TRACE_EVERY), so it is not the step's time.
+    [] when no flip on had a request running."""
     per_cfg = {}
     for cfg, ev in events:
         if not ev.get("timer"):
             per_cfg.setdefault(cfg, []).append(ev)
     md = []
     for cfg, evs in sorted(per_cfg.items()):
-        flip, waits, retracted = None, [], []
+        flip, launched, waits, retracted, device = None, False, [], [], []
         for ev in sorted(evs, key=lambda e: e.get("t", 0.0)):
             act = ev.get("action")
             if act == "flip_on":
-                flip = ev if ev.get("running") else None
+                flip, launched = (ev if ev.get("running") else None), False
             elif act == "flip_off":
                 flip = None
-            elif flip is not None and act == "timing" and ev["kind"] == "spec":
+            elif flip is not None and not launched and act == "step" and "verify" in ev.get("actions", ()):
                 waits.append((ev["t"] - flip["t"]) * 1e3)
                 retracted.append(flip.get("retracted", 0))
+                launched = True
+            elif flip is not None and launched and act == "timing" and ev["kind"] == "spec" \
+                    and ev.get("first_after_flip"):
+                device.append(ev["ms"])
                 flip = None
         if waits:
+            steps = (f"; that step {statistics.median(device):.1f} ms on the device (median; "
+                     f"{min(device):.1f}-{max(device):.1f})") if device else ""
             md.append(f"- {cfg}: {len(waits)} flips on with requests running, {min(retracted)}-{max(retracted)} "
-                      f"retracted each; the flip to the end of the first speculative step: median "
-                      f"{statistics.median(waits):.0f} ms ({min(waits):.0f}-{max(waits):.0f})")
+                      f"retracted each; the flip to the launch of the first speculative step: median "
+                      f"{statistics.median(waits):.0f} ms ({min(waits):.0f}-{max(waits):.0f}){steps}")
     return ["", "Flips on under load (switch trace):", ""] + md if md else []
 
 
