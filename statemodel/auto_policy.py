@@ -35,20 +35,21 @@ run, times that batch: speculation runs min(d, spec cap) requests, plain decodin
 
 The catch-up's cost (the draining burst of session 13 on the H200). Under the switch's default design a flip-on
 retracts the running requests, and their re-prefill (target and draft over prompt and output) is the draft's
-catch-up: every running request waits through it (110 ms for 21-24 requests of about 170 tokens there). Closed-loop
-loads flip on at an emptied server, where it costs nothing; a batch that drains gradually, or traffic that never
-stops, flips on with requests running. So a flip-on on the numbers with requests running must also pay for its
-catch-up: the learner keeps the catch-up's seconds per re-prefilled token (`observe_catch_up`: the flip to the
-first speculative decode launch, agreed across ranks like the steps), and `gate_catch_up` lets such a flip-on
-through only when the time speculation saves over the running requests' remaining tokens, at the two modes'
-throughputs at this demand, exceeds the catch-up those requests cost: R x (1/plain - 1/spec) > c x T (R: output
-tokens the running requests may still ask for, T: tokens their re-prefill runs). Until a catch-up has been
-observed, nothing is gated; probes and the prior are not gated (they learn what the numbers do not know yet). A
-held flip-on waits like a dwell (`reason` "catch_up"); as the batch drains, R and T shrink together but speculation's
-gain at the lower demand grows, so it flips on later, with fewer requests to retract. R counts only the requests
-running now, but speculation also serves those still to come: once every request that ran at the first hold has
-finished and the numbers still want speculation, the load is steady, not draining, and the flip-on goes through
-(`turned_over`; without it a steady low load of long prompts would stay plain for good).
+catch-up: every running request waits through it (there, for 21-24 requests of about 170 tokens, 31 ms median from
+the flip to the first speculative step's launch, 28-247 ms). Closed-loop loads flip on at an emptied server, where
+it costs nothing; a batch that drains gradually, or traffic that never stops, flips on with requests running. So a
+flip-on on the numbers with requests running must also pay for its catch-up: the learner keeps the catch-up's
+seconds per re-prefilled token (`observe_catch_up`: the flip to the first speculative decode launch, agreed across
+ranks like the steps), and `gate_catch_up` lets such a flip-on through only when the time speculation saves over the
+running requests' remaining tokens, at the two modes' throughputs at this demand, exceeds the catch-up those
+requests cost: R x (1/plain - 1/spec) > c x T (R: output tokens the running requests may still ask for, T: tokens
+their re-prefill runs). Until a catch-up has been observed, nothing is gated; probes and the prior are not gated
+(they learn what the numbers do not know yet). A held flip-on waits like a dwell (`reason` "catch_up"); as the batch
+drains, R and T shrink together but speculation's gain at the lower demand grows, so it flips on later, with fewer
+requests to retract. R counts only the requests running now, but speculation also serves those still to come: once
+every request that ran at the first hold has finished and the numbers still want speculation, the load is steady,
+not draining, and the flip-on goes through (`turned_over`; without it a steady low load of long prompts would stay
+plain for good).
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within

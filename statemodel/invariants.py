@@ -15,7 +15,6 @@ import attrs
 from statemodel.actions import Action, result_growth, verify_growth
 from statemodel.design import Design, Scope
 from statemodel.state import (
-    FEW_OF_MANY,
     Batch,
     FoldByIdentity,
     ForwardMode,
@@ -269,7 +268,7 @@ def seq_lens_growth(before: State, action: Action, after: State, scope: Scope, d
     if not expected_growth and before.requests is after.requests:
         return []  # no request changed, and none had to
     before_requests, after_requests = before.requests, after.requests
-    if not expected_growth and len(before_requests) >= FEW_OF_MANY and len(before_requests) == len(after_requests):
+    if not expected_growth:
         # a step that moves a few requests of a large batch (a finish, a retraction): only those can have grown
         moved = changed_indices(before_requests, after_requests)
         if moved is not None and all([after_requests[i].seq_len == before_requests[i].seq_len for i in moved]):
@@ -386,8 +385,7 @@ def committed_never_lost(before: State, action: Action, after: State, scope: Sco
     before_requests, after_requests = before.requests, after.requests
     if before_requests is after_requests:
         return []
-    moved = changed_indices(before_requests, after_requests) \
-        if len(before_requests) >= FEW_OF_MANY and len(before_requests) == len(after_requests) else None
+    moved = changed_indices(before_requests, after_requests)
     if moved is not None:  # a few requests of a large batch moved: only they can have lost output
         lost = [(before_requests[i], after_requests[i]) for i in moved
                 if after_requests[i].committed < before_requests[i].committed]

@@ -411,14 +411,16 @@ FEW_OF_MANY = 16
 
 
 def changed_indices(before: Sequence[object], after: Sequence[object]) -> list[int] | None:
-    """The positions at which `after` (as long as `before`, not empty) holds another object than `before`, in order,
-    when at most an eighth of them do; None otherwise (also, without the scan, when two of four probes differ). The
-    scan runs in C: a finish or a retraction moves one request of a running batch, and the guard checks each such
-    step against the whole state."""
+    """The positions at which `after` holds another object than `before`, in order, when both are as long, at least
+    FEW_OF_MANY, and at most an eighth of the positions changed; None otherwise (also, without the scan, when two of
+    four probes differ). The scan runs in C: a finish or a retraction moves one request of a running batch, and the
+    guard checks each such step against the whole state."""
+    n = len(before)
+    if n < FEW_OF_MANY or n != len(after):
+        return None
     last = _LAST_CHANGED
     if before is last[0] and after is last[1]:
         return last[2]  # the folds and the step invariants of one step ask about the same pair in turn
-    n = len(before)
     if (before[0] is not after[0]) + (before[n >> 2] is not after[n >> 2]) + (before[n >> 1] is not after[n >> 1]) \
             + (before[-1] is not after[-1]) > 1:
         return None  # a step that moved the batch (a decode, a result): not worth the scan
@@ -432,8 +434,8 @@ _LAST_CHANGED: list = [None, None, None]  # changed_indices' last (before, after
 
 
 class FoldByIdentity(Generic[_V]):
-    """`LastByIdentity` for a fold over a requests tuple (a sum, a count, a filter): for a tuple as long as the last
-    one (at least FEW_OF_MANY) in which a few requests are other objects (`changed_indices`), the last value moved
+    """`LastByIdentity` for a fold over a requests tuple (a sum, a count, a filter): for a tuple in which a few
+    requests are other objects than in the last one (`changed_indices`), the last value moved
     by those requests alone, `move(value, old, new)`; otherwise `compute(requests)` afresh. `move` must give what
     `compute` gives (tests/test_invariants.py holds each use to it), as a new value: the old one is not changed."""
 
@@ -448,7 +450,7 @@ class FoldByIdentity(Generic[_V]):
         last = self._key
         if requests is last:
             return self._value
-        if last is not None and len(requests) >= FEW_OF_MANY and len(last) == len(requests):
+        if last is not None:
             moved = changed_indices(last, requests)
             if moved is not None:
                 value = self._value

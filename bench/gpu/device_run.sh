@@ -71,10 +71,7 @@ start() {
   local mem=0.5; [ "$models" = small ] && mem=0.3
   [ -n "${SIDE_BY_SIDE:-}" ] && mem=0.85   # with the KV pool capped, this only sets the activation headroom
   echo "== start $name on :$1 (t=$(el)s) env='$envs' flags='$flags $2'"
-  # JIT_PER_SERVER=1: each server its own triton cache (a copy of the restored one), so a kernel that a new shape
-  # specialises is built by every server that meets it, not only by the first in a round (a shared cache lets
-  # the others load what that one built)
-  local jit=""
+  local jit=""  # JIT_PER_SERVER (header): this server's own copy of the restored triton cache
   if [ -n "${JIT_PER_SERVER:-}" ]; then
     jit=TRITON_CACHE_DIR=/tmp/jitcache/triton-$name; rm -rf "${jit#*=}"; mkdir -p /tmp/jitcache/triton
     cp -r /tmp/jitcache/triton "${jit#*=}"

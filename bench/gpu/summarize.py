@@ -570,6 +570,11 @@ def open_loop_lines(rows):
         got = [by[b][k][key] for b in statics if k in by[b]]
         return min(got) if got else None
 
+    def ratio(key, rounds):
+        """The better static setting's `key` over this configuration's, paired by round (median)."""
+        got = [b / r[key] for k, r in rounds.items() if (b := best(key, k)) is not None]
+        return f"{statistics.median(got):.3f}" if got else "-"
+
     head = ["configuration", "rounds", "seconds", "tok/s", "p50 s", "p99 s", "p99 s per rate", "in flight", "exact",
             "best static p50 / this", "best static p99 / this"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -582,16 +587,12 @@ def open_loop_lines(rows):
             continue
         per_rate = [med(got) if (got := [r["rate_p99"][j] for r in rs if r["rate_p99"][j] is not None]) else None
                     for j in range(len(rs[0]["rate_p99"]))]
-        def ratio(key, rounds=by[c]):
-            got = [b / r[key] for k, r in rounds.items() if (b := best(key, k)) is not None]
-            return f"{med(got):.3f}" if got else "-"
-
         lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | {med(r['total_s'] for r in rs):.2f} | "
                      f"{med(r['tok_s'] for r in rs):,.0f} | {med(r['lat_p50'] for r in rs):.2f} | "
                      f"{med(r['lat_p99'] for r in rs):.2f} | "
                      f"{', '.join('-' if x is None else f'{x:.2f}' for x in per_rate)} | "
                      f"{med(r['in_flight'] for r in rs):.1f} | {sum(r['exact'] for r in rs)}/"
-                     f"{sum(r['requests'] for r in rs)} | {ratio('lat_p50')} | {ratio('lat_p99')} |")
+                     f"{sum(r['requests'] for r in rs)} | {ratio('lat_p50', by[c])} | {ratio('lat_p99', by[c])} |")
     return lines
 
 
