@@ -148,6 +148,22 @@ def test_pooled_ratios_take_the_better_base_each_round_and_say_when_the_target_i
         summarize.pooled([_call(tmp_path / "c.jsonl", {"plain": {1: [1.0]}})])
 
 
+def test_over_pairs_every_configuration_with_the_base_and_ratio_names_the_columns(tmp_path: Path) -> None:
+    """--over: round k of each configuration over round k of the base (not the medians: the rounds are pairs);
+    --ratio: the configurations given a column over the better of plain and always on."""
+    rows = [{"cfg": cfg, "conc": 64, "round_tok_s_in_order": r, "tok_s": sorted(r)[1], "lat_mean": 1.0, "nreq": 8,
+             "exact": 8} for cfg, r in (("switch", [100, 120, 80]), ("guard", [96, 120, 40]), ("plain", [50, 50, 50]))]
+    lines = summarize.over_table(rows, "switch").splitlines()
+    assert lines[0] == ("| concurrency | guard / switch (paired median, min-max) "
+                        "| plain / switch (paired median, min-max) |")
+    assert lines[2].startswith("| 64 | 0.960 (0.500-1.000) | 0.500 (0.417-0.625) |")
+    default = summarize.table(rows).splitlines()[0]
+    assert "guard / best" not in default and "switch / best(plain, always on)" in default
+    named = summarize.table(rows, ("guard",)).splitlines()
+    assert "guard / best, paired rounds" in named[0] and "switch / best" not in named[0]
+    assert named[2].endswith("| 1.92 (0.80-2.40) |")  # 96/50, 120/50, 40/50: paired, not 96/50 from the medians
+
+
 def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_setting(
         servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import bursty_client

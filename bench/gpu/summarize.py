@@ -34,7 +34,14 @@ CFG_LABEL = {
     "specflip_v0": "specflip (sync), before the admission fix",
     "specflip_none_v0": "specflip (none), before the admission fix",
     "specflip_t1_v0": "specflip (sync), t_off 1 / t_on 0, before the fix",
+    "spec_steps2": "EAGLE-3 always on, steps 2",
+    "spec_steps1": "EAGLE-3 always on, steps 1",
+    "tiers": "specflip tiers switch (thresholds)",
+    "auto_tiers": "specflip tiers switch, SPECFLIP_SWITCH=auto",
 }
+# the configurations with a "/ best(plain, always on)" column unless --ratio names others
+RATIO_CFGS = ("switch", "auto", "switch_guard", "auto_guard", "specflip", "specflip_none", "specflip_retract",
+              "specflip_retract_eagerprefill")
 CFG_ORDER = list(CFG_LABEL)
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
@@ -255,13 +262,12 @@ def fmt_cell(r):
     return cell if r["exact"] == total else cell + f" ({r['exact']}/{total} exact)"
 
 
-def table(rows):
+def table(rows, ratio_cfgs=RATIO_CFGS):
     concs = sorted({r["conc"] for r in rows})
     cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
     cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
     get = {(r["cfg"], r["conc"]): r for r in rows}
-    ratio_cfgs = [c for c in ("switch", "auto", "switch_guard", "auto_guard", "specflip", "specflip_none",
-                              "specflip_retract", "specflip_retract_eagerprefill") if c in cfgs]
+    ratio_cfgs = [c for c in ratio_cfgs if c in cfgs]
     paired = any("round_tok_s_in_order" in r for r in rows)  # side by side: round k of each config is a pair
     head = ["concurrency"] + [CFG_LABEL.get(c, c) for c in cfgs] + [f"{c} / best(plain, always on)" for c in ratio_cfgs]
     head += [f"{c} / best, paired rounds (median, min-max)" for c in ratio_cfgs] if paired else []
@@ -286,6 +292,22 @@ def paired_ratios(row, base):
     if not row or not base or "round_tok_s_in_order" not in row or "round_tok_s_in_order" not in base:
         return []
     return [a / b for a, b in zip(row["round_tok_s_in_order"], base["round_tok_s_in_order"], strict=False) if b]
+
+
+def over_table(rows, base):
+    """Every other configuration over `base`, round by round (side by side: round k of each is a pair), per
+    concurrency: the paired median and range, e.g. a guarded switch over the bare one."""
+    get = {(r["cfg"], r["conc"]): r for r in rows}
+    cfgs = [c for c in dict.fromkeys(r["cfg"] for r in rows) if c != base]
+    head = ["concurrency"] + [f"{c} / {base} (paired median, min-max)" for c in cfgs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for conc in sorted({r["conc"] for r in rows if r["cfg"] == base}):
+        cells = []
+        for c in cfgs:
+            ratios = paired_ratios(get.get((c, conc)), get.get((base, conc)))
+            cells.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})" if ratios else "-")
+        lines.append(f"| {conc} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def paired_best_ratios(get, cfg, conc):
@@ -605,6 +627,10 @@ def main():
     p.add_argument("--pool", action="store_true", help="pool the switch's paired ratios over these calls' files")
     p.add_argument("--cfg", default="specflip_retract", help="--pool: the configuration whose ratios are pooled")
     p.add_argument("--target", type=float, default=0.95, help="--pool: the ratio each pooled median must reach")
+    p.add_argument("--ratio", type=lambda v: tuple(c for c in v.split(",") if c), default=RATIO_CFGS,
+                   metavar="CFG,...", help="the configurations given a '/ best(plain, always on)' column "
+                                           f"(default: {','.join(RATIO_CFGS)})")
+    p.add_argument("--over", metavar="CFG", help="also every configuration over CFG, paired rounds")
     a = p.parse_args()
     if a.pool:
         text = pooled(a.sources, a.target, a.cfg)
@@ -617,8 +643,12 @@ def main():
         return 0
     rows = load_rows(a.sources)
     traces = a.traces if a.traces is not None else [s for s in a.sources if os.path.isdir(s)]
-    md = ["## Throughput / mean latency", "", table(rows) if rows else "(no bench rows)", "",
-          "## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
+    md = ["## Throughput / mean latency", "", table(rows, a.ratio) if rows else "(no bench rows)", ""]
+    if a.over and rows:
+        if not any(r["cfg"] == a.over for r in rows):
+            p.error(f"--over {a.over}: no such configuration in the bench rows")
+        md += [f"## Over {a.over}, paired rounds", "", over_table(rows, a.over), ""]
+    md += ["## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
     md += timing_lines(traces)
     md += [""] + bursty_table([s for s in a.sources if os.path.isdir(s)])
     md += open_loop_table([s for s in a.sources if os.path.isdir(s)])

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shim.switch.warmup import is_warmup_batch
 from statemodel import auto_policy as ap
 
 AGREE_WINDOW = 8  # decode steps between agreements (AutoParams.probe_steps counts it in)
@@ -73,6 +74,7 @@ class AutoSwitch:
     catch_up_seen: tuple[int, float] | None = None
     catch_up_holds: int = 0  # scheduling points where a flip-on on the numbers waited for its catch-up to pay
     held_rids: frozenset[str] | None = None  # the requests running when the current hold began
+    warming: bool = False  # the start-up warm-up's decodes are running (shim/switch/warmup.py): nothing learned
 
     # --- decisions ------------------------------------------------------------------------------------------
 
@@ -131,6 +133,14 @@ class AutoSwitch:
         `steps`: with tiers, the step count this (speculative) batch runs at. A tier change does not cut the
         interval: it swaps graphs inside the next forward, after this clock read; the learner skips the first
         steps of every mode anyway (`settle`)."""
+        if batch is not None and is_warmup_batch(batch):  # its steps pay kernel builds: not the steady state
+            self.warming, self.prev, self.catch_up_started = True, None, None
+            return
+        if self.warming and batch is not None:  # the first batch after the warm-up: the learner starts afresh
+            self.warming = False
+            self.state = ap.initial_state(self.state.params, tiers=self.state.tiers)
+            self.accept_tokens = self.accept_rows = 0
+            self.accept_by_steps = {}
         if batch is None or not batch.forward_mode.is_decode():
             return  # a prefill between two decodes: its time counts to the decode step before it
         now = self.clock()
@@ -172,7 +182,7 @@ class AutoSwitch:
         """After `Scheduler.process_batch_result`: a verify's accept lengths, already on the host."""
         steps = self.result_steps.pop(id(result), None)
         accept = getattr(result, "accept_lens", None)
-        if accept is None or batch is None or not batch.forward_mode.is_decode():
+        if accept is None or batch is None or not batch.forward_mode.is_decode() or self.warming:
             return
         if getattr(accept, "is_cpu", False):  # never a device tensor: reading one would sync
             tokens, rows = int(accept.sum()), int(accept.numel())

@@ -121,6 +121,8 @@ class SwitchConfig:
     # exact, acceptance drops). keep_out leaked KV slots on 0.5.16 in session 8 (a kept-out chunked prefill, fixed by
     # radix_keep_out.resume_chunk_kept_out); session 9's H200 rerun at concurrency 256 served 512/512, no leak
     radix: str = "keep_out"
+    # SPECFLIP_SWITCH_WARMUP=on|off: run every path a flip takes before the server listens (shim/switch/warmup.py)
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.tiers is not None:
@@ -199,9 +201,12 @@ class SwitchConfig:
                                     f"{env['SPECFLIP_SWITCH_TRACE_EVERY']!r}") from None
         tiers_text = env.get(ENV_TIERS, "").strip()
         tiers = TierLadder.parse(tiers_text) if tiers_text else None
+        warmup = env.get("SPECFLIP_SWITCH_WARMUP", "on").strip().lower() or "on"
+        if warmup not in ("on", "off"):
+            raise SwitchConfigError(f"SPECFLIP_SWITCH_WARMUP must be on or off, got {env['SPECFLIP_SWITCH_WARMUP']!r}")
         return cls(t_off=off, t_on=on, spec_cap=cap, tiers=tiers,
                    draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
                    trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto,
-                   radix=env.get("SPECFLIP_SWITCH_RADIX", "keep_out").strip() or "keep_out")
+                   radix=env.get("SPECFLIP_SWITCH_RADIX", "keep_out").strip() or "keep_out", warmup=warmup == "on")

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shim.guard import api as guard_api
-from shim.switch import v1_plain_path
+from shim.switch import v1_plain_path, warmup
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.policy import SwitchPolicy
 from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
@@ -425,6 +425,7 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
             continue  # only the trace reads it: one wrapper less per step
         hook, kind = hooks[target]
         registry.register(target, hook, kind)
+    warmup.install(registry, config)  # every path a flip takes, before the server listens
     return True
 
 

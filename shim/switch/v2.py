@@ -30,6 +30,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_PLAIN_GRAPHS   decode (default: capture a plain decode runner) | eager
   SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
                           PlainPrefillOnTargetGraphs) | eager (as SGLang would run them: a mode mismatch)
+  SPECFLIP_SWITCH_WARMUP  on (default: before the server listens, two waves of requests run every path a flip
+                          takes, so no flip meets a kernel build; shim/switch/warmup.py) | off
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_SWITCH_RADIX   keep_out (default; issue 24's fix through SGLang's skip_radix_cache_insert: tokens
                           computed while off stay out of the radix tree; its session-8 leak through chunked prefill
@@ -57,7 +59,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from shim.guard import api as guard_api
-from shim.switch import faults
+from shim.switch import faults, warmup
 from shim.switch.auto import AutoSwitch
 from shim.switch.config import (
     SwitchConfig,
@@ -446,6 +448,7 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
     if config.tiers is not None:
         registry.register(T_ACTIVATE_STEPS, _activate_steps_around, HookType.AROUND)
         registry.register(T_VERIFY_DONE, _verify_done_around, HookType.AROUND)
+    warmup.install(registry, config)  # every path a flip takes, before the server listens
     return True
 
 
