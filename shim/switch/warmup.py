@@ -18,6 +18,8 @@ one request at a time:
    flips on with requests running: their retraction, their re-prefill with the draft (the catch-up) and speculative
    decode down to 1 again.
 
+On the H200 (8B-class pair, `32:24`, `--max-running-requests 256`, an empty triton cache; docs/gpu-results.md, session
+15) it took 4.2 + 11.1 s of start-up and paid there the builds the server beside it, without it, met on traffic.
 `SPECFLIP_SWITCH_WARMUP=off` leaves it out. The `auto` learner does not learn from these steps (their times include
 the builds): it starts afresh at the first decode after them (`is_warmup_batch`, shim/switch/auto.py).
 
