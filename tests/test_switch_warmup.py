@@ -110,6 +110,19 @@ def test_install_names_the_warmup_in_a_real_server_args_and_registers_it(model_d
     assert sa.warmups == "voice_chat,specflip"
 
 
+def test_a_release_without_custom_warmups_keeps_the_switch(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """No `sglang.srt.entrypoints.warmup`: one warning, nothing registered, no exception (the plugin goes on to
+    install the guard)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.entrypoints.warmup", None)  # import fails as if absent
+    registered: list[Any] = []
+    registry = type("Registry", (), {"register": lambda self, *a: registered.append(a)})()
+    with caplog.at_level("WARNING", logger="specflip.switch"):
+        assert not warmup.install(registry, CONFIG)
+    assert registered == [] and "specflip warm-up off: this SGLang has no custom warm-up registry" in caplog.text
+
+
 class TokenizerManagerCpuStandIn:
     """What cannot run on a CPU here: the tokenizer manager's round trip to a scheduler process. It checks each request
     as SGLang's own normalisation does, and answers at once."""

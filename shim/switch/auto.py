@@ -141,6 +141,7 @@ class AutoSwitch:
             self.state = ap.initial_state(self.state.params, tiers=self.state.tiers)
             self.accept_tokens = self.accept_rows = 0
             self.accept_by_steps = {}
+            self.held_rids = None
         if batch is None or not batch.forward_mode.is_decode():
             return  # a prefill between two decodes: its time counts to the decode step before it
         now = self.clock()

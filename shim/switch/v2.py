@@ -31,7 +31,7 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
   SPECFLIP_PLAIN_PREFILL  graphs (default: the plain path's prefills replay the target's prefill CUDA graphs, see
                           PlainPrefillOnTargetGraphs) | eager (as SGLang would run them: a mode mismatch)
   SPECFLIP_SWITCH_WARMUP  on (default: before the server listens, two waves of requests run every path a flip
-                          takes, so no flip meets a kernel build; shim/switch/warmup.py) | off
+                          takes, so a cold cache's kernel builds fall at start-up; shim/switch/warmup.py) | off
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_SWITCH_RADIX   keep_out (default; issue 24's fix through SGLang's skip_radix_cache_insert: tokens
                           computed while off stay out of the radix tree; its session-8 leak through chunked prefill

@@ -121,8 +121,13 @@ def install(registry: Any, config: SwitchConfig) -> bool:
     one."""
     if not config.warmup:
         return False
-    from sglang.srt.entrypoints.warmup import warmup
     from sglang.srt.plugins.hook_registry import HookType
+
+    try:
+        from sglang.srt.entrypoints.warmup import warmup
+    except ImportError as exc:  # a release without custom warm-ups: the switch and the guard still install
+        logger.warning("specflip warm-up off: this SGLang has no custom warm-up registry (%s)", exc)
+        return False
 
     async def specflip_warmup(disaggregation_mode: str, tokenizer_manager: Any) -> None:
         if disaggregation_mode != "null":
