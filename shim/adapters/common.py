@@ -143,6 +143,9 @@ class V2Adapter:
         # worker call (draft, trivial verify input, plain target forward) for the later hooks of the same call
         # (verify, draft-extend): `observe_requests_in_worker_call`. Dropped at every other hook.
         self._worker_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
+        # the same, taken by `prepare_for_decode`'s hook for a plain batch, for that batch's launch (the worker
+        # call's first hook): `before_target_forward` takes it when nothing moved the batch in between
+        self._prepared_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
         # the per-step rank agreement check (TP > 1); False: decided off for this process
         self._rank_checker: RankChecker | bool | None = None
         self._req_to_token: Any = None  # the req_to_token tensor frees are attributed to (ReqToTokenPool's)
@@ -404,6 +407,7 @@ class V2Adapter:
 
     def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self._worker_reading = None  # any hook but a worker call's own: the worker call's readings end
+        self._prepared_reading = None  # and so does prepare_for_decode's (its own hook sets it after this)
         self._run_in_worker_call(fn, *args, **kwargs)
 
     def _run_in_worker_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -511,13 +515,19 @@ class V2Adapter:
             self.remember_running(batch)
             spec_path = not batch.spec_algorithm.is_none()
             # the speculative path leaves out_cache_loc to the worker: no slots of this step in it
-            reqs, pool = self.observe_requests(batch), self.batch_pool(batch)
+            batch_reqs = batch.reqs
+            mirror = getattr(batch, "seq_lens_cpu", None)
+            seq_lens = host_ints(mirror) if mirror is not None and tensor_width(mirror) == len(batch_reqs) else None
+            reqs = self._observe_reqs(batch_reqs, [None] * len(batch_reqs) if seq_lens is None else seq_lens)
+            pool = self.batch_pool(batch)
             running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None, reqs=reqs)
             self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
             try:
                 g.prepare_for_decode(running, reqs, pool)
             finally:
                 self._read_now = None
+            if not spec_path:  # for the launch of this plain batch (before_target_forward)
+                self._prepared_reading = (batch, batch_reqs, len(batch_reqs), seq_lens, reqs)
         self._with_guard(step)
 
     def around_merge_batch(self, original: Callable[..., Any], batch: Any, other: Any, *args: Any,
@@ -606,6 +616,7 @@ class V2Adapter:
         """`TokenToKVPoolAllocator.free(index)`: inside a window the guard opened (a release, a flip), the row
         positions `index` views, from tensor metadata only."""
         self._worker_reading = None  # a free moves the pool (none happens inside a worker call; if one did: re-read)
+        self._prepared_reading = None
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
         if g is None or not g.free_windows or self._req_to_token is None:
@@ -661,6 +672,7 @@ class V2Adapter:
 
         def step(g: Guard) -> None:
             graph = self.graph_for(worker.model_runner, len(batch.reqs), batch.spec_info)
+            self._take_prepared_reading(batch)
             reqs = self.observe_requests_in_worker_call(batch)
             launched = self.observe_batch(batch, graph=graph, reqs=reqs)
             g.plain_decode(launched, reqs, self.batch_pool(batch),
@@ -668,6 +680,19 @@ class V2Adapter:
                            seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
         self._with_guard_in_worker_call(step)
         return None
+
+    def _take_prepared_reading(self, batch: Any) -> None:
+        """The launch of a plain batch reads what `prepare_for_decode`'s hook read, when nothing moved the batch in
+        between: no other hook of the guard's ran (`_run` drops the reading, and so does a free), the batch and its
+        reqs list are the same objects, no request's output grew (a result processed in between appends tokens,
+        with no hook of the guard's when it is a prefill's: 0.5.16's loop without overlap runs it there), and
+        `observe_requests_in_worker_call` then compares the seq_lens mirror. Between the two SGLang runs
+        `is_disable_overlap_for_batch`, that result processing, and run_batch's reads of the batch."""
+        held, self._prepared_reading = self._prepared_reading, None
+        if held is None or held[0] is not batch or held[1] is not batch.reqs or self._worker_reading is not None:
+            return
+        if [len(r.output_ids) for r in held[1]] == [o[3] for o in held[4]]:  # ObservedRequest.output_len
+            self._worker_reading = held
 
     def _round_observer(self, batch: Any) -> Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]:
         def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
