@@ -34,7 +34,10 @@ def readings(adapter: Any) -> Iterator[list[str]]:
     original = adapter._observe_reqs
 
     def counted(reqs: list[Any], seq_lens: Any) -> Any:
-        reads.append(sys._getframe(1).f_code.co_qualname.split(".")[1])
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "_read_batch":  # a batch's reading: the hook that asked for it
+            caller = caller.f_back
+        reads.append(caller.f_code.co_qualname.split(".")[1])
         return original(reqs, seq_lens)
 
     adapter._observe_reqs = counted

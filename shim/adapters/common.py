@@ -279,11 +279,16 @@ class V2Adapter:
         return self._observe_reqs([req], [seq_len])[0]
 
     def observe_requests(self, batch: Any) -> list[ObservedRequest]:
+        return self._read_batch(batch)[1]
+
+    def _read_batch(self, batch: Any) -> tuple[list[int] | None, list[ObservedRequest]]:
+        """(the seq_lens_cpu values, None without the mirror; the requests' readings)."""
         reqs = batch.reqs
         mirror = getattr(batch, "seq_lens_cpu", None)
         if mirror is not None and tensor_width(mirror) == len(reqs):
-            return self._observe_reqs(reqs, host_ints(mirror))  # the CPU mirror, read once for the batch
-        return self._observe_reqs(reqs, [None] * len(reqs))
+            seq_lens = host_ints(mirror)  # the CPU mirror, read once for the batch
+            return seq_lens, self._observe_reqs(reqs, seq_lens)
+        return None, self._observe_reqs(reqs, [None] * len(reqs))
 
     def observe_requests_in_worker_call(self, batch: Any, *, lengths: bool = True) -> list[ObservedRequest]:
         """`observe_requests(batch)` for a hook inside the speculative worker's call (`forward_batch_generation`):
@@ -516,9 +521,7 @@ class V2Adapter:
             spec_path = not batch.spec_algorithm.is_none()
             # the speculative path leaves out_cache_loc to the worker: no slots of this step in it
             batch_reqs = batch.reqs
-            mirror = getattr(batch, "seq_lens_cpu", None)
-            seq_lens = host_ints(mirror) if mirror is not None and tensor_width(mirror) == len(batch_reqs) else None
-            reqs = self._observe_reqs(batch_reqs, [None] * len(batch_reqs) if seq_lens is None else seq_lens)
+            seq_lens, reqs = self._read_batch(batch)
             pool = self.batch_pool(batch)
             running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None, reqs=reqs)
             self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
