@@ -130,11 +130,14 @@ class TokenizerManagerCpuStandIn:
     class model_config:  # noqa: N801 - the attribute the warm-up reads
         vocab_size = 256
 
-    def __init__(self) -> None:
+    def __init__(self, refuse_after: int | None = None) -> None:
         self.requests: list[Any] = []
+        self.refuse_after = refuse_after  # requests beyond this many are refused, as a full queue refuses them
 
     async def generate_request(self, obj: Any, request: Any = None) -> Any:
         obj.normalize_batch_and_arguments()
+        if self.refuse_after is not None and len(self.requests) >= self.refuse_after:
+            raise ValueError("The request queue is full.")
         self.requests.append(obj)
         yield {"meta_info": {"id": obj.rid}}
 
@@ -144,8 +147,8 @@ def test_run_waves_sends_sglangs_own_requests_wave_by_wave() -> None:
 
     tm = TokenizerManagerCpuStandIn()
     waves = warmup.warmup_waves(CONFIG)
-    took = asyncio.run(warmup.run_waves(waves, tm))
-    assert len(took) == 2 and len(tm.requests) == sum(len(w) for w in waves)
+    took, failed = asyncio.run(warmup.run_waves(waves, tm))
+    assert len(took) == 2 and failed == [] and len(tm.requests) == sum(len(w) for w in waves)
     assert all(isinstance(r, GenerateReqInput) for r in tm.requests)
     assert [r.rid for r in tm.requests] == [r.rid for w in waves for r in w]
     for req, plan in zip(tm.requests, [r for w in waves for r in w], strict=True):
@@ -189,3 +192,23 @@ def test_auto_learns_nothing_from_the_warmup_and_starts_afresh_after_it() -> Non
     # the window (2 decodes) agreed: the one interval between the user's two steps, nothing of the warm-up
     assert auto.pending == [] and auto.agreements == 1 and auto.state.step == 1
     assert ap.initial_state().params == auto.state.params
+
+
+def test_refused_warmup_requests_are_one_warning_and_the_server_starts(caplog: Any) -> None:
+    """A server whose admission refuses part of a wave (a small --max-queued-requests): the registered warm-up says
+    so in one line and returns; it does not stop the start-up."""
+    from sglang.srt.entrypoints import warmup as sglang_warmup
+
+    registry = type("Registry", (), {"register": lambda self, *a: None})()
+    assert warmup.install(registry, CONFIG)
+    registered = sglang_warmup._warmup_registry[warmup.WARMUP_NAME]
+    tm = TokenizerManagerCpuStandIn(refuse_after=10)
+    with caplog.at_level("INFO", logger="specflip.switch"):
+        asyncio.run(registered("null", tm))
+    lines = [r.getMessage() for r in caplog.records if r.name == "specflip.switch"]
+    assert len(lines) == 1 and lines[0].startswith("specflip warm-up: 13 of 7 + 16 requests failed (the first: "
+                                                   "ValueError: The request queue is full.)")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="specflip.switch"):
+        asyncio.run(registered("null", TokenizerManagerCpuStandIn()))
+    assert [r.getMessage() for r in caplog.records][-1].startswith("specflip warm-up: 7 + 16 requests in ")
