@@ -31,6 +31,16 @@ pytestmark = pytest.mark.sglang
 CONFIG = SwitchConfig(t_off=8, t_on=4, draft_while_off="retract", plain_graphs="decode")
 
 
+class RecordingRegistry:
+    """What `warmup.install` registers (SGLang's HookRegistry is process-wide)."""
+
+    def __init__(self) -> None:
+        self.hooks: list[tuple[str, Any, Any]] = []
+
+    def register(self, target: str, fn: Any, kind: Any) -> None:
+        self.hooks.append((target, fn, kind))
+
+
 def _reqs(wave: list[warmup.WarmupRequest]) -> list[Any]:
     return [h.make_req(r.rid, list(range(10, 10 + r.prompt_len)), max_new_tokens=r.max_new_tokens) for r in wave]
 
@@ -88,14 +98,7 @@ def test_install_names_the_warmup_in_a_real_server_args_and_registers_it(model_d
     from sglang.srt.entrypoints import warmup as sglang_warmup
     from sglang.srt.plugins.hook_registry import HookType
 
-    class Registry:
-        def __init__(self) -> None:
-            self.hooks: list[tuple[str, Any, Any]] = []
-
-        def register(self, target: str, fn: Any, kind: Any) -> None:
-            self.hooks.append((target, fn, kind))
-
-    reg = Registry()
+    reg = RecordingRegistry()
     assert not warmup.install(reg, SwitchConfig(t_off=32, t_on=24, warmup=False)) and reg.hooks == []
     assert warmup.install(reg, CONFIG)
     assert reg.hooks == [(warmup.T_CHECK_SERVER_ARGS, warmup.name_warmup, HookType.BEFORE)]
@@ -116,11 +119,10 @@ def test_a_release_without_custom_warmups_keeps_the_switch(monkeypatch: pytest.M
     import sys
 
     monkeypatch.setitem(sys.modules, "sglang.srt.entrypoints.warmup", None)  # import fails as if absent
-    registered: list[Any] = []
-    registry = type("Registry", (), {"register": lambda self, *a: registered.append(a)})()
+    reg = RecordingRegistry()
     with caplog.at_level("WARNING", logger="specflip.switch"):
-        assert not warmup.install(registry, CONFIG)
-    assert registered == [] and "specflip warm-up off: this SGLang has no custom warm-up registry" in caplog.text
+        assert not warmup.install(reg, CONFIG)
+    assert reg.hooks == [] and "specflip warm-up off: this SGLang has no custom warm-up registry" in caplog.text
 
 
 class TokenizerManagerCpuStandIn:
@@ -199,8 +201,7 @@ def test_refused_warmup_requests_are_one_warning_and_the_server_starts(caplog: A
     so in one line and returns; it does not stop the start-up."""
     from sglang.srt.entrypoints import warmup as sglang_warmup
 
-    registry = type("Registry", (), {"register": lambda self, *a: None})()
-    assert warmup.install(registry, CONFIG)
+    assert warmup.install(RecordingRegistry(), CONFIG)
     registered = sglang_warmup._warmup_registry[warmup.WARMUP_NAME]
     tm = TokenizerManagerCpuStandIn(refuse_after=10)
     with caplog.at_level("INFO", logger="specflip.switch"):
