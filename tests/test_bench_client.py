@@ -5,6 +5,7 @@ greedy outputs (what the GPU host's models give) and records the order requests 
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import threading
@@ -294,6 +295,34 @@ def test_first_steps_after_flips_that_followed_idle_are_pooled_against_first_ste
     assert lines[3] == "- switch, spec: 1.19x (1.10-1.28, n=2)"  # over the steady 6.0: 7.7 and 6.6
     assert lines[-1] == "- switch, spec: 1.08x (1.08-1.08, n=1)"  # 7.7 over the after-idle median 7.1 only
     assert not any("idle spell" in line for line in summarize.first_step_pooled(events[:2] + events[-1:]))
+
+
+def test_the_warmups_steps_and_flips_are_left_out_of_the_first_step_figures(tmp_path: Path) -> None:
+    """The switch's start-up warm-up pays the kernel builds (the H200, session 16: a first plain step of 8.95 s): its
+    records are reported apart. Tagged by the switch, or, for a trace written before the tag, everything before the
+    server log's warm-up line."""
+    def timing(t: float, ms: float, first: bool = False, **tag: bool) -> dict:
+        return {"t": t, "action": "timing", "kind": "plain", "bs": 256, "ms": ms, "first_after_flip": first,
+                "gap_ms": 5.0, **tag}
+
+    done = datetime.datetime(2026, 12, 2, 15, 23, 40, tzinfo=datetime.UTC).timestamp()
+    tagged = [timing(done - 9, 8952.8, first=True, warmup=True),
+              {"t": done - 9, "action": "flip_off", "warmup": True}, {"t": done + 5, "action": "flip_off"},
+              timing(done + 5, 9.0, first=True), timing(done + 6, 8.8), timing(done + 7, 8.8)]
+    untagged = [{k: v for k, v in ev.items() if k != "warmup"} for ev in tagged]
+    for name, trace in (("tagged", tagged), ("logged", untagged)):
+        folder = tmp_path / "tr" / name
+        folder.mkdir(parents=True)
+        (folder / "switch-1.jsonl").write_text("".join(json.dumps(ev) + "\n" for ev in trace))
+        (folder / "server.log").write_text("[2026-12-02 15:23:26] Running warmup specflip\n[2026-12-02 15:23:40] "
+                                           "specflip warm-up: 31 + 256 requests in 3.8 + 10.5 s\n")
+    lines = summarize.timing_lines([str(tmp_path)])
+    for name in ("tagged", "logged"):
+        assert f"| {name} | plain | 256 | 9.00 (1) | 8.80 (2) | 1.02 | - | - |" in lines
+        assert f"- {name}: 1 timed steps, the longest 8952.8 ms (plain, batch 256); 1 flips off, 0 on" in lines
+    (tmp_path / "tr" / "logged" / "server.log").write_text("no warm-up ran\n")  # nothing to go by: all steady
+    assert "| logged | plain | 256 | 4480.90 (2) | 8.80 (2) | 509.19 | - | - |" in summarize.timing_lines(
+        [str(tmp_path)])
 
 
 def test_bursty_stagger_spreads_the_burst_lengths_the_same_for_every_server(

@@ -169,6 +169,62 @@ def _batch(rid: str, mode: str, bs: int) -> Any:
     return batch
 
 
+class TimingEventCpuStandIn:
+    """torch.cuda.Event(enable_timing=True) stand-in: complete once `done` is set."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: Any) -> float:
+        return 9000.0
+
+
+@pytest.mark.parametrize("line", ["v2", "v1"])
+def test_the_switch_trace_tags_the_warmups_records(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record of the warm-up's steps says "warmup", a timing record written after the warm-up ended too (its
+    CUDA events complete a step later); nothing after the warm-up does (bench/gpu/summarize.py leaves them out)."""
+    import json
+    from types import SimpleNamespace
+
+    from shim.switch import v1 as switch_v1
+    from shim.switch import v2 as switch_v2
+    from shim.switch.policy import SwitchPolicy
+    from shim.timing.jsonl import JsonlTrace
+
+    trace = JsonlTrace(str(tmp_path))
+    config = SwitchConfig(t_off=8, t_on=4, draft_while_off="retract", plain_graphs="decode", trace_dir=str(tmp_path))
+    module = switch_v2 if line == "v2" else switch_v1
+    rt = module.SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=trace)
+    monkeypatch.setattr(module, "_RUNTIME", rt)
+
+    def forward_cpu_stand_in(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(can_run_cuda_graph=False)
+
+    def run_batch(batch: Any) -> None:
+        if line == "v2":
+            switch_v2._run_batch_around(forward_cpu_stand_in, object(), batch)
+        else:
+            switch_v1._run_batch_around(forward_cpu_stand_in, object(), batch)
+
+    run_batch(_batch(warmup.WARMUP_RID_PREFIX, "prefill", 2))
+    assert trace.tag == {"warmup": True}
+    start, end = TimingEventCpuStandIn(), TimingEventCpuStandIn()
+    trace.timed(start, end, {"kind": "spec", "bs": 2, "first_after_flip": False})  # the warm-up's step, in flight
+    trace.event("flip_off")
+    run_batch(_batch("user-", "prefill", 1))
+    assert trace.tag == {}
+    trace.event("flip_on")
+    end.done = True
+    trace.drain(force=True)
+    records = [json.loads(x) for x in Path(trace.path).read_text().splitlines()]
+    tagged = [(r["action"], r.get("warmup", False)) for r in records]
+    prefills = [("prefill", True), ("prefill", False)] if line == "v2" else []  # v1 traces decode steps only
+    assert sorted(tagged) == sorted([*prefills, ("flip_off", True), ("flip_on", False), ("timing", True)])
+
+
 def test_auto_learns_nothing_from_the_warmup_and_starts_afresh_after_it() -> None:
     """The warm-up's steps are timed with their kernel builds in them: the learner skips them, and what it decided
     on the way (the prior's flips) is forgotten at the first batch after the warm-up."""

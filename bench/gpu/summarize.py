@@ -6,11 +6,13 @@ usage: python bench/gpu/summarize.py OUTDIR_OR_JSONL... [--traces DIR_OR_TGZ...]
        switch's paired-round ratios against the better of plain and always on, pooled over the calls)
 """
 import argparse
+import datetime
 import glob
 import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import tarfile
@@ -77,22 +79,72 @@ def by_cfg_round(rows):
 
 def trace_events(sources):
     """(config name, event) of every line of every switch and step-timer trace under a run's $OUT
-    (tr/NAME/switch-*.jsonl, tr/NAME/steps-*.jsonl) or its tgz, read and parsed once for all the reports."""
-    out = []
+    (tr/NAME/switch-*.jsonl, tr/NAME/steps-*.jsonl) or its tgz, read and parsed once for all the reports. The
+    switch's start-up warm-up's records carry "warmup" (shim/switch/warmup.py tags them); a trace written before that
+    tag gets it from the server log beside it (`mark_warmup_from_log`)."""
+    out, logs = [], {}
     for src in sources:
         if os.path.isdir(src):
             for f in (glob.glob(os.path.join(src, "tr", "*", "switch-*.jsonl"))
                       + glob.glob(os.path.join(src, "tr", "*", "steps-*.jsonl"))):
                 with open(f) as fh:
                     out.append((f.split(os.sep)[-2], fh.read()))
-        elif src.endswith(".tar.gz"):
+            for f in glob.glob(os.path.join(src, "tr", "*", "server.log")):
+                with open(f, errors="replace") as fh:
+                    logs[f.split(os.sep)[-2]] = fh.read()
+        elif src.endswith((".tar.gz", ".tar.xz")):
             with tarfile.open(src) as t:
                 for m in t.getmembers():
                     if m.isfile() and ("/switch-" in m.name or "/steps-" in m.name):
                         out.append((m.name.split("/")[-2], t.extractfile(m).read().decode()))
-    return [(cfg, json.loads(line)) for cfg, text in out for line in text.splitlines()]
+                    elif m.isfile() and m.name.endswith("/server.log"):
+                        logs[m.name.split("/")[-2]] = t.extractfile(m).read().decode(errors="replace")
+    events = [(cfg, json.loads(line)) for cfg, text in out for line in text.splitlines()]
+    return mark_warmup_from_log(events, logs)
 
 
+# the line the switch's warm-up logs when it is done (shim/switch/warmup.py), SGLang's log time in front (UTC on the
+# device host)
+WARMUP_DONE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] specflip warm-up: ", re.M)
+# the records of the server's steps and flips; the configuration and capture records come before the warm-up
+STEP_ACTIONS = {"step", "timing", "prefill", "flip_off", "flip_on", "tier", "tier_applied", "auto_observe"}
+
+
+def mark_warmup_from_log(events, logs):
+    """`events` with "warmup" set on a configuration's step and flip records before its server log's warm-up line
+    (plus 1 s: the log's time has whole seconds), for traces written before the switch tagged them. A configuration
+    whose trace has a tag of its own, or whose log has no such line, is left as it is."""
+    tagged = {cfg for cfg, ev in events if "warmup" in ev}
+    ends = {}
+    for cfg, text in logs.items():
+        m = WARMUP_DONE.search(text)
+        if m and cfg not in tagged:
+            done = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+            ends[cfg] = done.replace(tzinfo=datetime.UTC).timestamp() + 1.0
+    if not ends:
+        return events
+    return [(cfg, {**ev, "warmup": True} if cfg in ends and ev.get("action") in STEP_ACTIONS
+             and ev.get("t", 0.0) < ends[cfg] else ev) for cfg, ev in events]
+
+
+def warmup_lines(events):
+    """Markdown: per configuration, what its start-up warm-up's records hold (left out of every other report): the
+    timed steps (their kernel builds) and the flips."""
+    per = {}
+    for cfg, ev in events:
+        if ev.get("warmup"):
+            per.setdefault(cfg, []).append(ev)
+    md = []
+    for cfg, evs in sorted(per.items()):
+        timed = [e for e in evs if e.get("action") == "timing"]
+        flips = [e["action"] for e in evs if e.get("action") in ("flip_off", "flip_on")]
+        longest = max(timed, key=lambda e: e["ms"], default=None)
+        md.append(f"- {cfg}: {len(timed)} timed steps"
+                  + (f", the longest {longest['ms']:.1f} ms ({longest['kind']}, batch {longest['bs']})"
+                     if longest else "")
+                  + f"; {flips.count('flip_off')} flips off, {flips.count('flip_on')} on")
+    return ["", "The switch's start-up warm-up (shim/switch/warmup.py), left out of the figures above:", ""] + md \
+        if md else []
 
 
 def step_class(ev):
@@ -389,7 +441,8 @@ def plot_pooled_svg(stats, path, target=0.95):
 
 
 def timing_lines(sources):
-    events = trace_events(sources)
+    everything = trace_events(sources)
+    events = [(cfg, ev) for cfg, ev in everything if not ev.get("warmup")]
     md = []
     for (cfg, kind, which), vals in sorted(timings(events).items()):
         ms = [v[1] for v in vals]
@@ -408,6 +461,7 @@ def timing_lines(sources):
     md += first_step_after_idle_baseline(events)
     md += flip_on_under_load(events)
     md += step_timer_lines(events)
+    md += warmup_lines(everything)
     return md
 
 

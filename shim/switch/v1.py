@@ -367,6 +367,8 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
     time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
     rt = _RUNTIME
+    if rt is not None and rt.trace.enabled:
+        warmup.mark_trace(rt.trace, batch)  # the warm-up's records say so (bench/gpu/summarize.py leaves them out)
     if rt is None or not rt.plain_path or not rt.trace.enabled or not batch.forward_mode.is_decode():
         return orig(scheduler, batch, *args, **kwargs)
     kind = "plain" if batch.spec_algorithm.is_none() else "spec"

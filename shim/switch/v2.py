@@ -301,6 +301,8 @@ def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: An
 
 def _run_batch_traced(orig: Any, rt: SwitchRuntime | None, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """`Scheduler.run_batch`, with its plain decode steps (and plain prefills) traced when the trace is on."""
+    if rt is not None and rt.trace.enabled:
+        warmup.mark_trace(rt.trace, batch)  # every record of the warm-up's steps (speculative ones too) says so
     if rt is None or not rt.trace.enabled or not batch.spec_algorithm.is_none():
         return orig(self, batch, *args, **kwargs)
     if not batch.forward_mode.is_decode():

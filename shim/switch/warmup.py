@@ -87,6 +87,18 @@ def is_warmup_batch(batch: Any) -> bool:
     return bool(reqs) and str(getattr(reqs[0], "rid", "")).startswith(WARMUP_RID_PREFIX)
 
 
+WARMUP_TAG = {"warmup": True}
+
+
+def mark_trace(trace: Any, batch: Any) -> None:
+    """Tag the switch trace's records while the warm-up's batches run (`JsonlTrace.tag`): a warm-up batch sets the
+    tag, the first other batch clears it. Its steps pay the kernel builds and its flips are no traffic's, so
+    bench/gpu/summarize.py leaves them out of the first-step-after-a-flip figures and reports them apart."""
+    warm = is_warmup_batch(batch)
+    if warm != bool(trace.tag):
+        trace.tag = dict(WARMUP_TAG) if warm else {}
+
+
 def name_warmup(server_args: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE `ServerArgs.check_server_args` (in the launching process, before the HTTP server starts): add the
     warm-up to `--warmups`."""

@@ -23,6 +23,9 @@ class JsonlTrace:
         self._lock = threading.Lock()
         self._pending: list[tuple[Any, Any, dict[str, Any]]] = []
         self._flushed = 0.0
+        # fields every record carries while set: {"warmup": True} through the switch's start-up warm-up
+        # (shim/switch/warmup.py), so that a summary can leave its steps and flips out of the steady state
+        self.tag: dict[str, Any] = {}
         if trace_dir:
             os.makedirs(trace_dir, exist_ok=True)
             self.path = os.path.join(trace_dir, f"{prefix}-{os.getpid()}.jsonl")
@@ -46,7 +49,7 @@ class JsonlTrace:
             return
         now = time.time()
         with self._lock:
-            self._fh.write(json.dumps({"t": round(now, 6), "action": action, **info}) + "\n")
+            self._fh.write(json.dumps({"t": round(now, 6), "action": action, **self.tag, **info}) + "\n")
             if now - self._flushed > 0.5:  # a live replay reads the file while the server runs
                 self._fh.flush()
                 self._flushed = now
@@ -54,7 +57,8 @@ class JsonlTrace:
     def timed(self, start: Any, end: Any, info: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        self._pending.append((start, end, info))
+        # the tag as the step ran: its record is written once its events complete, at a later step
+        self._pending.append((start, end, {**self.tag, **info} if self.tag else info))
         self.drain()
 
     def drain(self, force: bool = False) -> None:
