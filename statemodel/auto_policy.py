@@ -59,12 +59,13 @@ decisions are a subset of what that design explores (tests/test_auto_policy.py c
 Tiers (issue 23, SPECFLIP_SWITCH=auto with SPECFLIP_TIERS=3,1): the modes are plain decoding and speculation at each
 step count of the ladder (`AutoState.tiers`, from low load to high; mode 0 is plain, mode i the ladder's i-th). Every
 rule above holds per mode: an estimate per (mode, bucket); the accept length per tier (it depends on the step
-count); the numbers compare every known mode against the incumbent with the margin; the prior is the ladder's first
-tier (its low-load end: steps 3 in 3,1) while demand fits under the cap, plain above; a probe visits the first
-stale mode (plain, then the ladder in order) on the same budget; dwell, confirmation and the clear win apply to every
-mode change, a tier change included. A tier change is no flip: speculation stays on and the next decode runs another
-step count, which design plain_off_retract_catch_up_tiers (statemodel.design.TierFlips: free flips, any tier at
-every draft) allows at every draft. With no tiers (`tiers=()`) there are two modes, plain and speculation at whatever
+count); the numbers compare every known mode against the incumbent with the margin (above the cap only with plain
+among them: two tiers known there, plain not, would hold speculation where the prior runs plain); the prior is the
+ladder's first tier (its low-load end: steps 3 in 3,1) while demand fits under the cap, plain above; a probe visits
+the first stale mode (plain, then the ladder in order) on the same budget; dwell, confirmation and the clear win apply
+to every mode change, a tier change included. A tier change is no flip: speculation stays on and the next decode runs
+another step count, which design plain_off_retract_catch_up_tiers (statemodel.design.TierFlips: free flips, any tier
+at every draft) allows at every draft. With no tiers (`tiers=()`) there are two modes, plain and speculation at whatever
 step count the server runs, and the learner is the two-mode one above, decision for decision.
 
 Use: `state = initial_state()` (tiers: `initial_state(tiers=(3, 1))`); per reported step `state = observe(state, obs)`
@@ -367,7 +368,11 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         return answer(None, "probing")
     known = {m: v for m, v in enumerate(values) if v is not None}
     clear = False
-    if (cur in known and state.incumbent in known) if probing else len(known) >= 2:
+    # on the numbers: a probe against the incumbent; otherwise two modes known, plain among them wherever the prior
+    # would not speculate (with tiers, two known step counts compare the tiers only: above the cap, where the prior
+    # runs plain, they would hold speculation at a demand plain decoding was never measured at)
+    if (cur in known and state.incumbent in known) if probing \
+            else len(known) >= 2 and (PLAIN in known or demand <= spec_cap):
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held

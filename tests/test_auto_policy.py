@@ -431,6 +431,27 @@ def test_tiers_prior_probes_and_tier_changes() -> None:
     assert res.state.tier_changes >= 1 and res.state.flips == 2 and res.steps[-1] == 1
 
 
+def test_tiers_above_the_cap_with_plain_never_measured_there_follow_the_prior() -> None:
+    """Both step counts known at the cap's batch (48) and plain never measured at 256: a demand of 256 runs
+    speculation at 48 requests, and comparing the two tiers alone would hold it there (on this session 16 table
+    0.39-0.44x plain at 256). The prior says plain above the cap, and the learner flips off after its dwell. Found
+    by the simulation of a sweep that jumps from 64 to 256 (bench/gpu/results/bench_s16_call3.jsonl's rows)."""
+    state = ap.initial_state(tiers=(3, 1))
+    for steps, seconds in [(3, 0.0142), (1, 0.0127)]:
+        for _ in range(12):
+            state = ap.observe(state, ap.Observation(True, 48, 96.0, seconds, steps=steps))
+    assert ap.value(state, 1, 256, 48) is not None and ap.value(state, 2, 256, 48) is not None
+    assert ap.value(state, ap.PLAIN, 256, 48) is None
+    on_steps1 = attrs.evolve(state, incumbent=2)  # running steps 1, the better tier, on the numbers
+    d = ap.decide(on_steps1, True, 256, 48, 48, steps=1)
+    assert (d.reason, d.wants_flip) == ("confirming", True)  # the prior's plain, after the dwell and confirmation
+    d = ap.decide(state, True, 48, 48, 48, steps=3)  # within the cap the tiers compare on the numbers: steps 1
+    assert (d.reason, d.wants_flip, ap.value(state, 2, 48, 48) > 1.03 * ap.value(state, 1, 48, 48)) == (
+        "confirming", True, True)
+    res = simulate_tiers(T_PLAIN, T_TIERS, [256] * 200, state=on_steps1, steps=1)
+    assert res.steps[-1] == 0 and res.decisions[0].action == ap.FLIP_OFF
+
+
 def test_tiers_are_deterministic_and_the_digest_sees_the_ladder() -> None:
     rng = random.Random(8)
     demands = [d for _ in range(30) for d in [rng.choice([2, 8, 20, 28, 40, 100])] * 60]
