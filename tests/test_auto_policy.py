@@ -177,7 +177,7 @@ def test_stale_estimates_are_probed_again_rarely() -> None:
 
 
 def test_traffic_that_drafts_better_while_plain_runs_is_found_again() -> None:
-    """The H200 8B run of session 11 (bench/gpu/results/traces_s11_call2.tar.gz, tr/auto/): the warm-up's requests
+    """The H200 8B run of session 11 (bench/gpu/results/traces_s11_call2.tar.xz, tr/auto/): the warm-up's requests
     drafted at accept 1.0-1.5 (prompts outside the counter draft's vocabulary), so at demand 1-2 plain won on the
     numbers and held; the measured traffic drafted at 2.0, which a plain step cannot show, and with `stale_after`
     8192 speculation was not visited again in the whole bursty run (auto 15.16 s against the switch's 12.23 s).
@@ -285,7 +285,7 @@ def replay_windows(windows: list[dict[str, Any]]) -> ap.AutoState:
 
 def test_recorded_session7_windows_value_speculation_at_its_rate() -> None:
     """The H200 8B run of session 7 (call 2, bursty; tests/regressions/recorded/auto_s7_call2_windows.json, from
-    traces_s7_call2.tar.gz): at batch 1 speculation was seen only in warm-up windows whose requests drafted at
+    traces_s7_call2.tar.xz): at batch 1 speculation was seen only in warm-up windows whose requests drafted at
     accept 1.0 (SGLang's own log there: accept len 1.4-1.7), at 5.3-5.8 ms a step; the quiet phase later ran at
     batch 2 with accept 2.0. Learned per bucket (before the fix), batch 1 kept accept 1.0 and valued speculation at
     about 181 tok/s against plain's 223 here (the trace's flips: 181 against 183), half its rate (call 1: 327 tok/s
