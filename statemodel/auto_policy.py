@@ -5,17 +5,20 @@ observations and the same questions give the same decisions, on every rank (docs
 What it learns. Each decode step the switch reports an `Observation`: the mode, the batch size, the tokens the step
 committed (speculative: the verify's accept lengths summed; plain: one per request) and its seconds. Per mode and
 per batch-size bucket (half octaves: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...) the learner keeps an estimate of
-the steps per second each request makes (1 / seconds; plain: tokens / (batch x seconds), the same): a running mean over
-the first `min_samples` steps, an EWMA after (weight `alpha`), each step's rate clipped to [1/2, 2] x the estimate
-once it is known, so one stalled step does not move it far. Speculation's tokens per step, the mean accept length,
+the seconds a step takes (plain: per token each request gets, batch x seconds / tokens, the same): a running mean over
+the first `min_samples` steps, an EWMA after (weight `alpha`), each step's seconds clipped to [1/2, 2] x the estimate
+once it is known, so one stalled step does not move it far. Seconds and not their inverse, since a throughput is a
+ratio of sums: a mean of rates overrates a mode whose steps vary (session 16: speculation at 48, where most decode
+intervals hold a prefill and some do not). Speculation's tokens per step, the mean accept length,
 is learned apart, over every speculative step at any batch (the same running mean, then EWMA): it is a property of
 the traffic, not of the batch, and a bucket visited only when the traffic drafted badly (session 7: warm-up requests
 at accept 1.0) would otherwise keep that accept length until the bucket is probed again, thousands of steps later.
 The first `settle` steps after each mode change are not used (the flip-on's re-prefill and the first steps of a
 mode are not its steady state).
 
-What it decides. At demand d (running + waiting requests) a mode's throughput is its estimate at the batch it would
-run, times that batch: speculation runs min(d, spec cap) requests, plain decoding d. Then:
+What it decides. At demand d (running + waiting requests) a mode's throughput is the batch it would run over its
+estimate's seconds (speculation: times its accept length); speculation runs min(d, spec cap) requests, plain
+decoding d. Then:
 - both modes known at d: the *incumbent* (the mode last chosen on the numbers) stays unless the other beats it by
   `margin`: a hysteresis band of 2 x margin around the break-even, so noise within it flips nothing;
 - otherwise the prior: speculation on while d fits under its running cap, off above. Where the prior keeps the
@@ -128,7 +131,7 @@ class Observation:
 
 @attrs.frozen
 class Estimate:
-    rate: float  # tokens per request-second
+    mean: float  # what is estimated: a bucket's seconds per step, an accept length, the catch-up's seconds per token
     samples: int
     updated: int  # the learner's step count at the last sample
 
@@ -242,9 +245,9 @@ def bucket_floor(bucket: int) -> int:
 def _ewma(old: Estimate | None, sample: float, step: int, p: AutoParams) -> Estimate:
     """A running mean over the first samples, then an EWMA with weight alpha."""
     if old is None:
-        return Estimate(rate=sample, samples=1, updated=step)
+        return Estimate(mean=sample, samples=1, updated=step)
     n = old.samples + 1
-    return Estimate(rate=old.rate + max(1.0 / n, p.alpha) * (sample - old.rate), samples=n, updated=step)
+    return Estimate(mean=old.mean + max(1.0 / n, p.alpha) * (sample - old.mean), samples=n, updated=step)
 
 
 def observe(state: AutoState, obs: Observation) -> AutoState:
@@ -259,13 +262,17 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         return base
     if mode == PLAIN and not (obs.tokens is not None and obs.tokens > 0):
         return base
-    # speculation: the bucket keeps its verify steps per second, the accept length is learned apart (below)
-    rate = 1.0 / obs.seconds if mode != PLAIN else obs.tokens / (obs.batch * obs.seconds)
+    # the bucket keeps the seconds a step takes (plain: per token each request gets, the same), the accept length is
+    # learned apart (below). Seconds, not their inverse: a throughput is tokens over seconds summed, and a mean of
+    # 1 / seconds overrates a mode whose steps vary (a decode with a prefill in its interval, one without: 8 and 16 ms
+    # average 12 ms, their rates 1 / 10.7 ms)
+    seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
     key = (mode, bucket_of(obs.batch))
     old = state.estimate(*key)
     if old is not None and old.samples >= p.min_samples:
-        rate = min(max(rate, old.rate / 2), old.rate * 2)
-    estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key] + [(key, _ewma(old, rate, step, p))]))
+        seconds = min(max(seconds, old.mean / 2), old.mean * 2)
+    estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
+                             + [(key, _ewma(old, seconds, step, p))]))
     accepts = state.accepts
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
@@ -281,11 +288,11 @@ def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState
     if tokens <= 0 or not seconds > 0:
         return state
     p = state.params
-    rate = seconds / tokens
+    per_token = seconds / tokens
     old = state.catch_up
     if old is not None and old.samples >= p.min_samples:
-        rate = min(max(rate, old.rate / 2), old.rate * 2)
-    return attrs.evolve(state, catch_up=_ewma(old, rate, state.step, p))
+        per_token = min(max(per_token, old.mean / 2), old.mean * 2)
+    return attrs.evolve(state, catch_up=_ewma(old, per_token, state.step, p))
 
 
 def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int,
@@ -301,7 +308,7 @@ def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up
             or state.catch_up is None or not decision.spec_value or not decision.plain_value:
         return decision
     saved = remaining * (1.0 / decision.plain_value - 1.0 / decision.spec_value)
-    cost = state.catch_up.rate * catch_up_tokens
+    cost = state.catch_up.mean * catch_up_tokens
     if saved > cost or turned_over:
         return attrs.evolve(decision, saved_s=saved, catch_up_s=cost)
     # held like a dwell: the incumbent stays, the want is kept (commit records want_since)
@@ -326,10 +333,10 @@ def value(state: AutoState, mode: int, demand: int, spec_cap: int) -> float | No
     est = _known(state, mode, batch)
     if est is None:
         return None
-    if mode != PLAIN:  # the bucket's step rate times the mode's accept length, at whatever batch it was learned
+    if mode != PLAIN:  # the bucket's steps per second times the mode's accept length, at whatever batch it was learned
         accept = state.accept_of(mode)
-        return None if accept is None else est.rate * accept.rate * batch
-    return est.rate * batch
+        return None if accept is None else accept.mean * batch / est.mean
+    return batch / est.mean
 
 
 def _stale(state: AutoState, mode: int, demand: int, spec_cap: int) -> bool:

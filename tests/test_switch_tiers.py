@@ -318,7 +318,7 @@ def test_auto_tiers_learn_plain_and_every_tier_on_real_objects(runtime: Any, mod
     spec_steps = {o.steps for o in observed if o.spec_on}
     assert spec_steps == {1, 3} and all(o.steps is None for o in observed if not o.spec_on)
     acc3, acc1 = auto.state.accept_of(1), auto.state.accept_of(2)
-    assert acc3 is not None and acc1 is not None and acc1.rate <= 2.0 < acc3.rate
+    assert acc3 is not None and acc1 is not None and acc1.mean <= 2.0 < acc3.mean
 
 
 @pytest.mark.sglang
