@@ -5,16 +5,16 @@ observations and the same questions give the same decisions, on every rank (docs
 What it learns. Each decode step the switch reports an `Observation`: the mode, the batch size, the tokens the step
 committed (speculative: the verify's accept lengths summed; plain: one per request) and its seconds. Per mode and
 per batch-size bucket (half octaves: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...) the learner keeps an estimate of
-the seconds a step takes (plain: per token each request gets, batch x seconds / tokens, the same): a running mean over
-the first `min_samples` steps, an EWMA after (weight `alpha`), each step's seconds clipped to [1/2, 2] x the estimate
-once it is known, so one stalled step does not move it far. Seconds and not their inverse, since a throughput is a
-ratio of sums: a mean of rates overrates a mode whose steps vary (session 16: speculation at 48, where most decode
-intervals hold a prefill and some do not). Speculation's tokens per step, the mean accept length,
-is learned apart, over every speculative step at any batch (the same running mean, then EWMA): it is a property of
-the traffic, not of the batch, and a bucket visited only when the traffic drafted badly (session 7: warm-up requests
-at accept 1.0) would otherwise keep that accept length until the bucket is probed again, thousands of steps later.
-The first `settle` steps after each mode change are not used (the flip-on's re-prefill and the first steps of a
-mode are not its steady state).
+the seconds a step takes (plain: per token each request gets, batch x seconds / tokens, the same): a running mean
+over the first `min_samples` steps, an EWMA after (weight `alpha`), each step's seconds clipped to [1/2, 2] x the
+estimate once it is known, so one stalled step does not move it far. Seconds and not their inverse, since a
+throughput is a ratio of sums: a mean of rates overrates a mode whose steps vary (speculation's near its cap under a
+closed loop, where a prefill falls into most decode intervals but not all: session 16). Speculation's tokens per
+step, the mean accept length, is learned apart, over every speculative step at any batch (the same running mean,
+then EWMA): it is a property of the traffic, not of the batch, and a bucket visited only when the traffic drafted
+badly (session 7: warm-up requests at accept 1.0) would otherwise keep that accept length until the bucket is probed
+again, thousands of steps later. The first `settle` steps after each mode change are not used (the flip-on's
+re-prefill and the first steps of a mode are not its steady state).
 
 What it decides. At demand d (running + waiting requests) a mode's throughput is the batch it would run over its
 estimate's seconds (speculation: times its accept length); speculation runs min(d, spec cap) requests, plain
