@@ -15,9 +15,10 @@ What it observes, on the host, with no host-device sync:
 - with tiers (SPECFLIP_TIERS beside SPECFLIP_SWITCH=auto): each step's step count, and each verify result's accept
   lengths summed per step count (the switch tells which result ran at which: `on_launched`), so the learner learns
   the accept length per tier.
-- a flip-on's catch-up: the tokens the retracted requests re-prefill (`on_flip_on`) and the seconds from the flip to
-  the first speculative decode launch (statemodel.auto_policy.gate_catch_up: a flip-on on the numbers with requests
-  running must save them more than their catch-up costs; `decide` takes the batch's counts lazily, `batch_work`).
+- a flip-on's catch-up: the tokens the retracted requests re-prefill (`on_flip_on`) and those of waiting requests
+  admitted into the same prefills, and the seconds from the flip to the first speculative decode launch
+  (statemodel.auto_policy.gate_catch_up: a flip-on on the numbers with requests running must save them more than
+  their catch-up costs; `decide` takes the batch's counts lazily, `batch_work`).
 
 Rank agreement (issue 16): every rank runs the same batches, so the decode-step count, the modes and the batch
 sizes are the same on every rank; the seconds are not (per-rank clocks). Every `window` decode steps, counted
@@ -70,7 +71,8 @@ class AutoSwitch:
     rank: int = 0  # the scheduler's TP rank (trace records only)
     # a flip-on's catch-up: (clock at the flip, tokens re-prefilled) until the first speculative decode launch, then
     # (tokens, seconds) until the window's agreement
-    catch_up_started: tuple[float, int] | None = None
+    # (the flip's clock, tokens so far, rids counted): the retracted requests', then any admitted with their re-prefill
+    catch_up_started: tuple[float, int, frozenset[str]] | None = None
     catch_up_seen: tuple[int, float] | None = None
     catch_up_holds: int = 0  # scheduling points where a flip-on on the numbers waited for its catch-up to pay
     held_rids: frozenset[str] | None = None  # the requests running when the current hold began
@@ -143,12 +145,14 @@ class AutoSwitch:
             self.accept_by_steps = {}
             self.held_rids = None
         if batch is None or not batch.forward_mode.is_decode():
+            if batch is not None and self.catch_up_started is not None and batch.forward_mode.is_extend():
+                self._count_admitted(batch)
             return  # a prefill between two decodes: its time counts to the decode step before it
         now = self.clock()
         self.rank = tp_rank(scheduler)
         spec_on = not batch.spec_algorithm.is_none()
         if self.catch_up_started is not None:  # the first decode after the flip-on: speculative, or flipped off again
-            started, tokens = self.catch_up_started
+            started, tokens, _ = self.catch_up_started
             self.catch_up_seen = (tokens, now - started) if spec_on else self.catch_up_seen
             self.catch_up_started = None
         bs = batch.batch_size()
@@ -162,10 +166,22 @@ class AutoSwitch:
         if self.decode_steps % self.window == 0:
             self.agree(scheduler, trace)
 
-    def on_flip_on(self, catch_up_tokens: int) -> None:
-        """The switch flipped speculation on, retracting requests whose re-prefill runs `catch_up_tokens` tokens (0:
-        none running, nothing to time)."""
-        self.catch_up_started = (self.clock(), catch_up_tokens) if catch_up_tokens > 0 else None
+    def on_flip_on(self, catch_up_tokens: int, retracted: frozenset[str] = frozenset()) -> None:
+        """The switch flipped speculation on, retracting the requests `retracted`, whose re-prefill runs
+        `catch_up_tokens` tokens (0: none running, nothing to time)."""
+        self.catch_up_started = (self.clock(), catch_up_tokens, retracted) if catch_up_tokens > 0 else None
+
+    def _count_admitted(self, batch: Any) -> None:
+        """A prefill before the catch-up's first speculative decode: waiting requests admitted into it beside the
+        retracted ones count their tokens too (prompt and output, as the retracted requests' do), since its seconds
+        hold their prefill; each request once (a chunked prompt comes back in several prefills). The same on every
+        rank: the batch is."""
+        started, tokens, counted = self.catch_up_started
+        admitted = [req for req in batch.reqs if str(req.rid) not in counted]
+        if admitted:
+            tokens += sum(len(req.origin_input_ids) + len(req.output_ids) for req in admitted)
+            counted = counted | {str(req.rid) for req in admitted}
+            self.catch_up_started = (started, tokens, counted)
 
     def on_idle(self) -> None:
         """An iteration with nothing to run: the next decode's interval would contain the idle time (and so would a

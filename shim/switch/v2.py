@@ -219,7 +219,8 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
         in_batch = list(running_batch.reqs)
         if in_batch:
             if rt.policy.auto is not None:  # the catch-up the learner times (to the first speculative decode)
-                rt.policy.auto.on_flip_on(catch_up_work(in_batch)[1])
+                _, tokens, rids = catch_up_work(in_batch)
+                rt.policy.auto.on_flip_on(tokens, rids)
             retract_all_running(scheduler, in_batch)
             retracted = len(in_batch)
         running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
