@@ -593,3 +593,56 @@ def test_every_hook_of_a_v1_worker_call_reads_the_requests_afresh(server: Any, p
     stale = V2Adapter.observe_requests_in_worker_call(adapter, batch)
     assert stale[0].output_len == shared[0].output_len == later[0].output_len
     adapter._worker_reading = None
+
+
+def test_the_start_up_warmup_runs_every_path_a_flip_takes_on_the_v1_loop(loop: Any, plugin: Any) -> None:
+    """The switch's start-up warm-up (shim/switch/warmup.py), its two waves through 0.5.12's non-overlap loop with the
+    v1 switch (retract) and the guard in assert mode: speculation at every batch size below t_off, one flip off,
+    plain decode, one flip on that retracts t_on running requests, speculation down to 1 again; outputs greedy-exact,
+    every slot back, no finding. Session 14's first-flip stall on the H200 was kernels first built after a flip:
+    these are the paths the warm-up makes the server build before it listens."""
+    from shim.switch import warmup
+
+    config = SwitchConfig(t_off=8, t_on=4, draft_while_off="retract")
+    rt = retract_switch(config.t_off, config.t_on)
+    loop.worker.accept_lens_cpu_stand_in = [2]  # the counter draft's accept length on the H200 (2.0 at every step)
+    spec_wave, flip_wave = warmup.warmup_waves(config, max_running=48)
+    sizes: list[tuple[str, int]] = []
+    spec_decode, plain_decode = loop._spec_decode, loop._plain_decode
+
+    def spec(batch: Any) -> None:
+        sizes.append(("spec", len(batch.reqs)))
+        spec_decode(batch)
+
+    def plain(batch: Any) -> None:
+        sizes.append(("plain", len(batch.reqs)))
+        plain_decode(batch)
+
+    loop._spec_decode, loop._plain_decode = spec, plain
+
+    def reqs(wave: list[warmup.WarmupRequest]) -> list[Any]:
+        return [h.make_req(r.rid, list(range(10, 10 + r.prompt_len)), max_new_tokens=r.max_new_tokens) for r in wave]
+
+    first = reqs(spec_wave)
+    loop.add(first)
+    loop.run_until_idle()
+    assert rt.counters.get("flip_off") is None and {n for kind, n in sizes if kind == "spec"} == set(range(1, 8))
+    spec_only = len(sizes)
+    second = reqs(flip_wave)
+    loop.add(second)
+    loop.run_until_idle()
+    assert rt.counters.get("flip_off") == 1 and rt.counters.get("flip_on") == 1, rt.counters
+    later = sizes[spec_only:]
+    plain_at = [i for i, (kind, _) in enumerate(later) if kind == "plain"]
+    assert plain_at and max(n for kind, n in later if kind == "plain") == len(flip_wave)
+    after_on = later[plain_at[-1] + 1:]
+    assert after_on and all(kind == "spec" for kind, _ in after_on)
+    assert {n for _, n in after_on} == set(range(1, config.t_on + 1))  # the retracted t_on, down to 1
+    assert sum(r.retraction_count for r in second) == config.t_on  # the flip on retracted what was running
+    done = first + second
+    assert all(r.finished() and r.output_ids == h.expected_output(r) for r in done)
+    tree = loop.pools.tree_cache
+    assert loop.pools.allocator.available_size() + tree.evictable_size() + tree.protected_size() \
+        == loop.pools.allocator.size
+    assert warmup.is_warmup_batch(type("Batch", (), {"reqs": second})())
+    assert plugin.guard is not None and plugin.guard.found == []  # assert mode: a finding would have raised
