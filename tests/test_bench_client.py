@@ -325,6 +325,25 @@ def test_the_warmups_steps_and_flips_are_left_out_of_the_first_step_figures(tmp_
         [str(tmp_path)])
 
 
+def test_the_auto_learners_values_are_set_beside_what_the_servers_made() -> None:
+    """Session 16: `auto` held steps 1 at 48 valuing it 1.33x what always-on steps 1 made there. The report sets each
+    mode's learned value (median over the decisions at a demand) beside the server of that mode at that
+    concurrency; the warm-up's decisions and demands no concurrency matches give no ratio."""
+    rows = [{"cfg": "plain", "conc": 48, "tok_s": 8000.0}, {"cfg": "spec_steps1", "conc": 48, "tok_s": 7500.0}]
+
+    def decision(demand: int, plain: float | None, steps1: float, **tag: bool) -> tuple[str, dict]:
+        return ("auto_tiers31", {"action": "tier", "policy": "auto", "demand": demand,
+                                 "values": {"plain": plain, "steps=3": None, "steps=1": steps1}, **tag})
+
+    events = [decision(48, None, 9900.0), decision(48, 8800.0, 10100.0), decision(48, 1.0, 1.0, warmup=True),
+              decision(69, 12000.0, 8000.0), ("switch", {"action": "flip_off", "policy": "thresholds", "demand": 48})]
+    lines = summarize.learner_values_lines(events, rows)
+    assert "| auto_tiers31 | 48 | plain | 8,800 (1) | plain: 8,000 | 1.10 |" in lines
+    assert "| auto_tiers31 | 48 | steps=1 | 10,000 (2) | spec_steps1: 7,500 | 1.33 |" in lines
+    assert "| auto_tiers31 | 69 | plain | 12,000 (1) | - | - |" in lines
+    assert summarize.learner_values_lines(events[-1:], rows) == []
+
+
 def test_bursty_stagger_spreads_the_burst_lengths_the_same_for_every_server(
         servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--stagger F: each burst request asks for --new-tokens times a factor in [1-F, 1+F], drawn once per round, so

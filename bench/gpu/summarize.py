@@ -147,6 +147,39 @@ def warmup_lines(events):
         if md else []
 
 
+# the server configuration whose always-on throughput a learner mode is to be compared with
+MODE_SERVER = {"plain": "plain", "spec": "spec", "steps=3": "spec", "steps=2": "spec_steps2", "steps=1": "spec_steps1"}
+
+
+def learner_values_lines(events, rows):
+    """Markdown: what an `auto` server's learner valued each mode at (tok/s, the median over its flip and tier records
+    at that demand) beside what the server running that mode always made at the same concurrency in the same call
+    (bench rows; a demand no concurrency matches gives none). The learner times decode intervals; the client, whole
+    requests: this says how far apart the two are, mode by mode. [] without such records."""
+    tok_s = {(r["cfg"], r["conc"]): r["tok_s"] for r in rows}
+    per = {}
+    for cfg, ev in events:
+        if ev.get("policy") != "auto" or ev.get("warmup") or ev.get("demand") is None:
+            continue
+        values = ev.get("values") or {"plain": ev.get("plain_value"), "spec": ev.get("spec_value")}
+        for mode, v in values.items():
+            if v is not None:
+                per.setdefault((cfg, ev["demand"], mode), []).append(v)
+    lines = []
+    for (cfg, demand, mode), vals in sorted(per.items()):
+        server = MODE_SERVER.get(mode)
+        made = tok_s.get((server, demand))
+        learned = statistics.median(vals)
+        lines.append(f"| {cfg} | {demand} | {mode} | {learned:,.0f} ({len(vals)}) | "
+                     + (f"{server}: {made:,.0f} | {learned / made:.2f} |" if made else "- | - |"))
+    if not lines:
+        return []
+    return ["", "The `auto` learner's values against what the servers made (tok/s; the learner's: median over its "
+            "decisions at that demand, n in brackets):", "",
+            "| configuration | demand | mode | learner | server at that concurrency | learner / server |",
+            "|---|---|---|---|---|---|"] + lines
+
+
 def step_class(ev):
     """A timed decode step: the first after a flip, the first after an idle spell without a flip (its GPU clocked
     down: the baseline a flip-on's first step, which follows the server emptying, is compared with), or steady."""
@@ -704,6 +737,8 @@ def main():
         md += [f"## Over {a.over}, paired rounds", "", over_table(rows, a.over), ""]
     md += ["## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
     md += timing_lines(traces)
+    if rows:
+        md += learner_values_lines(trace_events(traces), rows)
     md += [""] + bursty_table([s for s in a.sources if os.path.isdir(s)])
     md += open_loop_table([s for s in a.sources if os.path.isdir(s)])
     text = "\n".join(md)
