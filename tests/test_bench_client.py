@@ -166,7 +166,7 @@ def test_over_pairs_every_configuration_with_the_base_and_ratio_names_the_column
 
 
 def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_setting(
-        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import bursty_client
     (fast, slow, wrong), log = servers
     out = tmp_path / "bursty.jsonl"
@@ -190,6 +190,14 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     assert float(table["plain decoding"][7]) == 1.0  # plain is the better static setting in each round
     assert float(table["EAGLE-3 always on"][7]) < 1.0
     assert table["specflip switch, calibrated thresholds"][6] == "0/44"
+    # a committed bursty file given by itself is that table, not bench rows (bench/gpu/results/bursty_*.jsonl)
+    committed = tmp_path / "results" / "bursty_s0_call1.jsonl"
+    committed.parent.mkdir()
+    committed.write_text(out.read_text())
+    monkeypatch.setattr(sys, "argv", ["summarize.py", str(committed), "--traces"])
+    summarize.main()
+    printed = capsys.readouterr().out
+    assert "(no bench rows)" in printed and "## Bursty load, bursty_s0_call1.jsonl" in printed
 
 
 def test_bursty_shared_prefix_spans_a_burst_and_the_quiet_phase_after_it(
@@ -316,13 +324,13 @@ def test_the_warmups_steps_and_flips_are_left_out_of_the_first_step_figures(tmp_
         (folder / "switch-1.jsonl").write_text("".join(json.dumps(ev) + "\n" for ev in trace))
         (folder / "server.log").write_text("[2026-12-02 15:23:26] Running warmup specflip\n[2026-12-02 15:23:40] "
                                            "specflip warm-up: 31 + 256 requests in 3.8 + 10.5 s\n")
-    lines = summarize.timing_lines([str(tmp_path)])
+    lines = summarize.timing_lines(summarize.trace_events([str(tmp_path)]))
     for name in ("tagged", "logged"):
         assert f"| {name} | plain | 256 | 9.00 (1) | 8.80 (2) | 1.02 | - | - |" in lines
         assert f"- {name}: 1 timed steps, the longest 8952.8 ms (plain, batch 256); 1 flips off, 0 on" in lines
     (tmp_path / "tr" / "logged" / "server.log").write_text("no warm-up ran\n")  # nothing to go by: all steady
     assert "| logged | plain | 256 | 4480.90 (2) | 8.80 (2) | 509.19 | - | - |" in summarize.timing_lines(
-        [str(tmp_path)])
+        summarize.trace_events([str(tmp_path)]))
 
 
 def test_the_auto_learners_values_are_set_beside_what_the_servers_made() -> None:

@@ -473,8 +473,8 @@ def plot_pooled_svg(stats, path, target=0.95):
     return path
 
 
-def timing_lines(sources):
-    everything = trace_events(sources)
+def timing_lines(everything):
+    """Markdown: the switch traces' reports from `trace_events`' (configuration, event) pairs, the warm-up's apart."""
     events = [(cfg, ev) for cfg, ev in everything if not ev.get("warmup")]
     md = []
     for (cfg, kind, which), vals in sorted(timings(events).items()):
@@ -728,19 +728,24 @@ def main():
             with open(a.md, "w") as fh:
                 fh.write(text + "\n")
         return 0
-    rows = load_rows(a.sources)
-    traces = a.traces if a.traces is not None else [s for s in a.sources if os.path.isdir(s)]
+    # a run folder holds every kind of file; a file given is one kind, by its name (bench_*, bursty_*, open_loop*)
+    dirs = [s for s in a.sources if os.path.isdir(s)]
+    named = {kind: [s for s in a.sources if not os.path.isdir(s) and os.path.basename(s).startswith(kind)]
+             for kind in ("bursty", "open_loop")}
+    rows = load_rows([s for s in a.sources if s not in named["bursty"] + named["open_loop"]])
+    traces = a.traces if a.traces is not None else dirs
     md = ["## Throughput / mean latency", "", table(rows, a.ratio) if rows else "(no bench rows)", ""]
     if a.over and rows:
         if not any(r["cfg"] == a.over for r in rows):
             p.error(f"--over {a.over}: no such configuration in the bench rows")
         md += [f"## Over {a.over}, paired rounds", "", over_table(rows, a.over), ""]
     md += ["## Switch step timings (GPU ms per decode step, CUDA events around the worker call)", ""]
-    md += timing_lines(traces)
+    events = trace_events(traces)  # read and parsed once for every report of them
+    md += timing_lines(events)
     if rows:
-        md += learner_values_lines(trace_events(traces), rows)
-    md += [""] + bursty_table([s for s in a.sources if os.path.isdir(s)])
-    md += open_loop_table([s for s in a.sources if os.path.isdir(s)])
+        md += learner_values_lines(events, rows)
+    md += [""] + bursty_table(dirs + named["bursty"])
+    md += open_loop_table(dirs + named["open_loop"])
     text = "\n".join(md)
     print(text)
     if a.md:

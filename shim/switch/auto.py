@@ -69,9 +69,9 @@ class AutoSwitch:
     tier: int | None = None  # tiers: the step count of the last committed decision (what the switch runs)
     agreements: int = 0
     rank: int = 0  # the scheduler's TP rank (trace records only)
-    # a flip-on's catch-up: (clock at the flip, tokens re-prefilled) until the first speculative decode launch, then
-    # (tokens, seconds) until the window's agreement
-    # (the flip's clock, tokens so far, rids counted): the retracted requests', then any admitted with their re-prefill
+    # a flip-on's catch-up: (clock at the flip, tokens re-prefilled so far, rids counted: the retracted requests',
+    # then any admitted into their re-prefill) until the first speculative decode launch, then (tokens, seconds)
+    # until the window's agreement
     catch_up_started: tuple[float, int, frozenset[str]] | None = None
     catch_up_seen: tuple[int, float] | None = None
     catch_up_holds: int = 0  # scheduling points where a flip-on on the numbers waited for its catch-up to pay
