@@ -19,24 +19,7 @@ from shim.timing.step_timer import StepTimer, StepTimerConfig, StepTimerConfigEr
 # what SGLang imports but a CPU machine lacks (torchvision...): the project's named CPU stand-ins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins" / "cpu"))
 
-
-class TimingEventCpuStandIn:
-    """torch.cuda.Event(enable_timing=True) on the host clock: record, query, elapsed_time in ms."""
-
-    def __init__(self) -> None:
-        self.at: float | None = None
-        self.streams: list[Any] = []
-
-    def record(self, stream: Any = None) -> None:
-        self.at = time.perf_counter()
-        self.streams.append(stream)
-
-    def query(self) -> bool:
-        return self.at is not None
-
-    def elapsed_time(self, end: TimingEventCpuStandIn) -> float:
-        assert self.at is not None and end.at is not None
-        return (end.at - self.at) * 1e3
+from timing_stand_in import TimingEventCpuStandIn  # noqa: E402
 
 
 def batch(mode: str, spec: bool, size: int) -> Any:

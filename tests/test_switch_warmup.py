@@ -19,6 +19,7 @@ require_sglang_cpu()
 gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
+TimingEventCpuStandIn = importlib.import_module("timing_stand_in").TimingEventCpuStandIn
 
 from shim.switch import auto as auto_switch  # noqa: E402
 from shim.switch import warmup  # noqa: E402
@@ -169,19 +170,6 @@ def _batch(rid: str, mode: str, bs: int) -> Any:
     return batch
 
 
-class TimingEventCpuStandIn:
-    """torch.cuda.Event(enable_timing=True) stand-in: complete once `done` is set."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def elapsed_time(self, end: Any) -> float:
-        return 9000.0
-
-
 @pytest.mark.parametrize("line", ["v2", "v1"])
 def test_the_switch_trace_tags_the_warmups_records(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every record of the warm-up's steps says "warmup", a timing record written after the warm-up ended too (its
@@ -212,13 +200,14 @@ def test_the_switch_trace_tags_the_warmups_records(line: str, tmp_path: Path, mo
     run_batch(_batch(warmup.WARMUP_RID_PREFIX, "prefill", 2))
     assert trace.tag == {"warmup": True}
     start, end = TimingEventCpuStandIn(), TimingEventCpuStandIn()
+    start.record()
     trace.timed(start, end, {"kind": "spec", "bs": 2, "first_after_flip": False})  # the warm-up's step, in flight
     trace.event("flip_off")
     run_batch(_batch("user-", "prefill", 1))
     assert trace.tag == {}
     trace.event("flip_on")
-    end.done = True
-    trace.drain(force=True)
+    end.record()  # the step's events complete after the warm-up ended
+    trace.drain(force=True)  # and the file flushed
     records = [json.loads(x) for x in Path(trace.path).read_text().splitlines()]
     tagged = [(r["action"], r.get("warmup", False)) for r in records]
     prefills = [("prefill", True), ("prefill", False)] if line == "v2" else []  # v1 traces decode steps only
