@@ -250,6 +250,14 @@ def _ewma(old: Estimate | None, sample: float, step: int, p: AutoParams) -> Esti
     return Estimate(mean=old.mean + max(1.0 / n, p.alpha) * (sample - old.mean), samples=n, updated=step)
 
 
+def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams) -> Estimate:
+    """`_ewma` with the sample clipped to [1/2, 2] x the estimate once it has `min_samples`: one stalled step (or
+    catch-up) does not move a known estimate far."""
+    if old is not None and old.samples >= p.min_samples:
+        sample = min(max(sample, old.mean / 2), old.mean * 2)
+    return _ewma(old, sample, step, p)
+
+
 def observe(state: AutoState, obs: Observation) -> AutoState:
     """The state after one more observed decode step."""
     p = state.params
@@ -268,11 +276,8 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     # average 12 ms, their rates 1 / 10.7 ms)
     seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
     key = (mode, bucket_of(obs.batch))
-    old = state.estimate(*key)
-    if old is not None and old.samples >= p.min_samples:
-        seconds = min(max(seconds, old.mean / 2), old.mean * 2)
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
-                             + [(key, _ewma(old, seconds, step, p))]))
+                             + [(key, _clipped_ewma(state.estimate(*key), seconds, step, p))]))
     accepts = state.accepts
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
@@ -287,12 +292,7 @@ def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState
     running mean, then the EWMA, clipped to [1/2, 2] x the estimate once it has `min_samples` samples."""
     if tokens <= 0 or not seconds > 0:
         return state
-    p = state.params
-    per_token = seconds / tokens
-    old = state.catch_up
-    if old is not None and old.samples >= p.min_samples:
-        per_token = min(max(per_token, old.mean / 2), old.mean * 2)
-    return attrs.evolve(state, catch_up=_ewma(old, per_token, state.step, p))
+    return attrs.evolve(state, catch_up=_clipped_ewma(state.catch_up, seconds / tokens, state.step, state.params))
 
 
 def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int,
