@@ -102,16 +102,17 @@ class AutoParams:
     clear_win: float = 0.25  # a win this large needs no confirmation (far from the crossover: a burst, not noise)
     settle: int = 2  # steps after a mode change not used for estimates
     min_samples: int = 8  # steps before an estimate is trusted
-    alpha: float = 0.125  # EWMA weight once known
+    alpha: float = 0.125  # EWMA weight once known: the accept length, the catch-up's seconds per token
+    step_alpha: float = 1 / 64  # ... and a bucket's step seconds: they follow the requests' lives (below)
     probe_steps: int = 24  # a probe's length: settle + min_samples + the rank-agreement window (8), rounded up
     explore_fraction: float = 0.02  # the probe budget: 2 % of observed steps
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
 
     def __attrs_post_init__(self) -> None:
-        if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 <= self.explore_fraction < 1
-                and self.clear_win >= self.margin):
-            raise ValueError(f"auto policy: margin, alpha, explore_fraction out of range: {self}")
+        if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 < self.step_alpha <= 1
+                and 0 <= self.explore_fraction < 1 and self.clear_win >= self.margin):
+            raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
                self.stale_after) < 0 or self.min_samples < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples >= 1): {self}")
@@ -242,20 +243,20 @@ def bucket_floor(bucket: int) -> int:
     return (3 << (k - 1)) if half else (1 << k)
 
 
-def _ewma(old: Estimate | None, sample: float, step: int, p: AutoParams) -> Estimate:
-    """A running mean over the first samples, then an EWMA with weight alpha."""
+def _ewma(old: Estimate | None, sample: float, step: int, alpha: float) -> Estimate:
+    """A running mean over the first samples, then an EWMA with weight `alpha`."""
     if old is None:
         return Estimate(mean=sample, samples=1, updated=step)
     n = old.samples + 1
-    return Estimate(mean=old.mean + max(1.0 / n, p.alpha) * (sample - old.mean), samples=n, updated=step)
+    return Estimate(mean=old.mean + max(1.0 / n, alpha) * (sample - old.mean), samples=n, updated=step)
 
 
-def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams) -> Estimate:
+def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams, alpha: float) -> Estimate:
     """`_ewma` with the sample clipped to [1/2, 2] x the estimate once it has `min_samples`: one stalled step (or
     catch-up) does not move a known estimate far."""
     if old is not None and old.samples >= p.min_samples:
         sample = min(max(sample, old.mean / 2), old.mean * 2)
-    return _ewma(old, sample, step, p)
+    return _ewma(old, sample, step, alpha)
 
 
 def observe(state: AutoState, obs: Observation) -> AutoState:
@@ -277,11 +278,11 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
     key = (mode, bucket_of(obs.batch))
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
-                             + [(key, _clipped_ewma(state.estimate(*key), seconds, step, p))]))
+                             + [(key, _clipped_ewma(state.estimate(*key), seconds, step, p, p.step_alpha))]))
     accepts = state.accepts
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
-        accept = _ewma(state.accept_of(mode), obs.tokens / obs.batch, step, p)
+        accept = _ewma(state.accept_of(mode), obs.tokens / obs.batch, step, p.alpha)
         accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
     return attrs.evolve(base, estimates=estimates, accepts=accepts)
 
@@ -292,7 +293,8 @@ def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState
     running mean, then the EWMA, clipped to [1/2, 2] x the estimate once it has `min_samples` samples."""
     if tokens <= 0 or not seconds > 0:
         return state
-    return attrs.evolve(state, catch_up=_clipped_ewma(state.catch_up, seconds / tokens, state.step, state.params))
+    return attrs.evolve(state, catch_up=_clipped_ewma(state.catch_up, seconds / tokens, state.step, state.params,
+                                                             state.params.alpha))
 
 
 def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int,
@@ -326,17 +328,46 @@ def _known(state: AutoState, mode: int, batch: int) -> Estimate | None:
     return est if est is not None and est.samples >= state.params.min_samples else None
 
 
-def value(state: AutoState, mode: int, demand: int, spec_cap: int) -> float | None:
-    """A mode's estimated throughput (tokens/s) at this demand, None when its estimate is not known yet. `mode`:
-    PLAIN (False) or a speculative mode (no tiers: True, i.e. 1)."""
-    batch = _batch(mode, demand, spec_cap)
+def _step_seconds(state: AutoState, mode: int, batch: int) -> tuple[float, bool] | None:
+    """A mode's seconds per step at `batch`, and whether its own bucket measured them: that bucket's estimate once
+    known; unknown there, interpolated linearly in the batch between the nearest buckets known below and above (at
+    their floors: a decode step's seconds grow about linearly with its batch, a fixed cost plus one per request);
+    None outside the known buckets. A sweep or a burst reaches a bucket the other mode never ran at (session 16:
+    plain at 48, between its known 32 and 128), and the probe budget may not cover it before the load moves on."""
     est = _known(state, mode, batch)
-    if est is None:
+    if est is not None:
+        return est.mean, True
+    bucket, below, above = bucket_of(batch), None, None
+    for (m, b), e in state.estimates:  # sorted: the last known bucket below is the nearest
+        if m == mode and e.samples >= state.params.min_samples:
+            if b < bucket:
+                below = (bucket_floor(b), e.mean)
+            elif above is None:
+                above = (bucket_floor(b), e.mean)
+    if below is None or above is None:
+        return None
+    (lo, s_lo), (hi, s_hi) = below, above
+    return s_lo + (batch - lo) / (hi - lo) * (s_hi - s_lo), False
+
+
+def _value(state: AutoState, mode: int, demand: int, spec_cap: int) -> tuple[float, bool] | None:
+    """`value`, and whether the mode's own bucket measured it (False: interpolated)."""
+    batch = _batch(mode, demand, spec_cap)
+    seconds = _step_seconds(state, mode, batch)
+    if seconds is None:
         return None
     if mode != PLAIN:  # the bucket's steps per second times the mode's accept length, at whatever batch it was learned
         accept = state.accept_of(mode)
-        return None if accept is None else accept.mean * batch / est.mean
-    return batch / est.mean
+        return None if accept is None else (accept.mean * batch / seconds[0], seconds[1])
+    return batch / seconds[0], seconds[1]
+
+
+def value(state: AutoState, mode: int, demand: int, spec_cap: int) -> float | None:
+    """A mode's estimated throughput (tokens/s) at this demand, None when it is not known yet (neither its bucket
+    nor a bucket on each side of it: `_step_seconds`). `mode`: PLAIN (False) or a speculative mode (no tiers: True,
+    i.e. 1)."""
+    known = _value(state, mode, demand, spec_cap)
+    return None if known is None else known[0]
 
 
 def _stale(state: AutoState, mode: int, demand: int, spec_cap: int) -> bool:
@@ -357,7 +388,9 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
-    values = tuple(value(state, m, demand, spec_cap) for m in state.modes)
+    valued = [_value(state, m, demand, spec_cap) for m in state.modes]
+    values = tuple(None if v is None else v[0] for v in valued)
+    measured = {m for m, v in enumerate(valued) if v is not None and v[1]}  # the rest: interpolated, or unknown
     spec_known = [v for v in values[1:] if v is not None]
     v_spec, v_plain = (max(spec_known) if spec_known else None), values[PLAIN]
 
@@ -383,7 +416,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
-        clear = cur in known and known[want] >= known[cur] * (1 + p.clear_win)
+        # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win
+        clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win)
         reason = "measured"
     elif probing:
         want, reason = state.incumbent, "probe_end"
