@@ -6,8 +6,11 @@ What it learns. Each decode step the switch reports an `Observation`: the mode, 
 committed (speculative: the verify's accept lengths summed; plain: one per request) and its seconds. Per mode and
 per batch-size bucket (half octaves: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...) the learner keeps an estimate of
 the seconds a step takes (plain: per token each request gets, batch x seconds / tokens, the same): a running mean
-over the first `min_samples` steps, an EWMA after (weight `alpha`), each step's seconds clipped to [1/2, 2] x the
-estimate once it is known, so one stalled step does not move it far. Seconds and not their inverse, since a
+over the first 64 steps, an EWMA after (weight `step_alpha`, 1/64), each step's seconds clipped to [1/2, 2] x the
+estimate once it has `min_samples`, so one stalled step does not move it far. 64 steps, not 8: a step's seconds grow
+with its requests' contexts, and an 8-step memory rated a mode by the part of its requests' lives it saw last (the
+H200, session 17's look at session 16: speculation at 48 from 9.5 to 12.7 ms a step over each wave of 128-token
+requests, plain flat; at a wave's start speculation was valued 30 % above its mean). Seconds and not their inverse, since a
 throughput is a ratio of sums: a mean of rates overrates a mode whose steps vary (speculation's near its cap under a
 closed loop, where a prefill falls into most decode intervals but not all: session 16). Speculation's tokens per
 step, the mean accept length, is learned apart, over every speculative step at any batch (the same running mean,
@@ -18,7 +21,10 @@ re-prefill and the first steps of a mode are not its steady state).
 
 What it decides. At demand d (running + waiting requests) a mode's throughput is the batch it would run over its
 estimate's seconds (speculation: times its accept length); speculation runs min(d, spec cap) requests, plain
-decoding d. Then:
+decoding d. A bucket a mode never ran at, between two it ran at, takes its step seconds interpolated linearly in the
+batch between them (a decode step costs about a fixed part plus one per request): a sweep reaches buckets the probe
+budget has not covered (session 16: plain at 48, between its known 32 and 128). Such a value is an inference: it
+counts as known for the numbers below, never for a clear win, and the bucket is still probed. Then:
 - both modes known at d: the *incumbent* (the mode last chosen on the numbers) stays unless the other beats it by
   `margin`: a hysteresis band of 2 x margin around the break-even, so noise within it flips nothing;
 - otherwise the prior: speculation on while d fits under its running cap, off above. Where the prior keeps the
