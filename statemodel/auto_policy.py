@@ -10,9 +10,9 @@ over the first 64 steps, an EWMA after (weight `step_alpha`, 1/64), each step's 
 estimate once it has `min_samples`, so one stalled step does not move it far. 64 steps, not 8: a step's seconds grow
 with its requests' contexts, and an 8-step memory rated a mode by the part of its requests' lives it saw last (the
 H200, session 17's look at session 16: speculation at 48 from 9.5 to 12.7 ms a step over each wave of 128-token
-requests, plain flat; at a wave's start speculation was valued 30 % above its mean). Seconds and not their inverse, since a
-throughput is a ratio of sums: a mean of rates overrates a mode whose steps vary (speculation's near its cap under a
-closed loop, where a prefill falls into most decode intervals but not all: session 16). Speculation's tokens per
+requests, plain flat; at a wave's start speculation was valued 30 % above its mean). Seconds and not their inverse,
+since a throughput is a ratio of sums: a mean of rates overrates a mode whose steps vary (speculation's near its cap
+under a closed loop, where a prefill falls into most decode intervals but not all: session 16). Speculation's tokens per
 step, the mean accept length, is learned apart, over every speculative step at any batch (the same running mean,
 then EWMA): it is a property of the traffic, not of the batch, and a bucket visited only when the traffic drafted
 badly (session 7: warm-up requests at accept 1.0) would otherwise keep that accept length until the bucket is probed
