@@ -141,6 +141,7 @@ class Estimate:
     mean: float  # what is estimated: a bucket's seconds per step, an accept length, the catch-up's seconds per token
     samples: int
     updated: int  # the learner's step count at the last sample
+    at: float = 0.0  # a bucket's: the batch its samples ran at, averaged with the same weights (0 for the others)
 
 
 @attrs.frozen
@@ -249,20 +250,23 @@ def bucket_floor(bucket: int) -> int:
     return (3 << (k - 1)) if half else (1 << k)
 
 
-def _ewma(old: Estimate | None, sample: float, step: int, alpha: float) -> Estimate:
-    """A running mean over the first samples, then an EWMA with weight `alpha`."""
+def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: float = 0.0) -> Estimate:
+    """A running mean over the first samples, then an EWMA with weight `alpha`; `at` (a bucket's batch size of this
+    sample) is averaged with the same weights."""
     if old is None:
-        return Estimate(mean=sample, samples=1, updated=step)
+        return Estimate(mean=sample, samples=1, updated=step, at=at)
     n = old.samples + 1
-    return Estimate(mean=old.mean + max(1.0 / n, alpha) * (sample - old.mean), samples=n, updated=step)
+    w = max(1.0 / n, alpha)
+    return Estimate(mean=old.mean + w * (sample - old.mean), samples=n, updated=step, at=old.at + w * (at - old.at))
 
 
-def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams, alpha: float) -> Estimate:
+def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams, alpha: float,
+                  at: float = 0.0) -> Estimate:
     """`_ewma` with the sample clipped to [1/2, 2] x the estimate once it has `min_samples`: one stalled step (or
     catch-up) does not move a known estimate far."""
     if old is not None and old.samples >= p.min_samples:
         sample = min(max(sample, old.mean / 2), old.mean * 2)
-    return _ewma(old, sample, step, alpha)
+    return _ewma(old, sample, step, alpha, at)
 
 
 def observe(state: AutoState, obs: Observation) -> AutoState:
@@ -284,7 +288,8 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
     key = (mode, bucket_of(obs.batch))
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
-                             + [(key, _clipped_ewma(state.estimate(*key), seconds, step, p, p.step_alpha))]))
+                             + [(key, _clipped_ewma(state.estimate(*key), seconds, step, p, p.step_alpha,
+                                                    at=float(obs.batch)))]))
     accepts = state.accepts
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
@@ -335,25 +340,23 @@ def _known(state: AutoState, mode: int, batch: int) -> Estimate | None:
 
 
 def _step_seconds(state: AutoState, mode: int, batch: int) -> tuple[float, bool] | None:
-    """A mode's seconds per step at `batch`, and whether its own bucket measured them: that bucket's estimate once
-    known; unknown there, interpolated linearly in the batch between the nearest buckets known below and above (at
-    their floors: a decode step's seconds grow about linearly with its batch, a fixed cost plus one per request);
-    None outside the known buckets. A sweep or a burst reaches a bucket the other mode never ran at (session 16:
-    plain at 48, between its known 32 and 128), and the probe budget may not cover it before the load moves on."""
-    est = _known(state, mode, batch)
-    if est is not None:
-        return est.mean, True
-    bucket, below, above = bucket_of(batch), None, None
-    for (m, b), e in state.estimates:  # sorted: the last known bucket below is the nearest
-        if m == mode and e.samples >= state.params.min_samples:
-            if b < bucket:
-                below = (bucket_floor(b), e.mean)
-            elif above is None:
-                above = (bucket_floor(b), e.mean)
-    if below is None or above is None:
-        return None
+    """A mode's seconds per step at `batch`, and whether its own bucket measured them. Each known bucket is a point
+    (the batch its samples ran at, its seconds); the seconds at `batch` lie on the line between the known points on
+    either side (a decode step costs about a fixed part plus one per request), flat beyond the outermost one. Not
+    the bucket's seconds alone: a bucket spans half an octave, and speculation's step grows across it far more than
+    plain decoding's (the H200, session 17: 9.8 ms at 32, 12.6 ms at 48, plain 5.0 and 5.2), so a demand of 46 valued
+    at bucket 32's seconds overrated speculation by a quarter, and the closed loop's demand, dipping from 48 to 46 as
+    requests turned over, cut every confirmation of the flip off short. A bucket never measured, between two that
+    were, is an inference (False), the same line (session 16: plain at 48, between its known 32 and 128); None
+    outside the known buckets."""
+    points = [(e.at, e.mean) for (m, _), e in state.estimates if m == mode and e.samples >= state.params.min_samples]
+    below = next((pt for pt in reversed(points) if pt[0] <= batch), None)  # sorted by bucket, and so by batch
+    above = next((pt for pt in points if pt[0] >= batch), None)
+    measured = _known(state, mode, batch) is not None
+    if below is None or above is None:  # beyond the known points: the nearest, when it is the batch's own bucket
+        return ((below or above)[1], True) if measured else None
     (lo, s_lo), (hi, s_hi) = below, above
-    return s_lo + (batch - lo) / (hi - lo) * (s_hi - s_lo), False
+    return (s_lo if hi == lo else s_lo + (batch - lo) / (hi - lo) * (s_hi - s_lo)), measured
 
 
 def _value(state: AutoState, mode: int, demand: int, spec_cap: int) -> tuple[float, bool] | None:

@@ -332,6 +332,27 @@ def test_which_intervals_are_observed() -> None:
     assert auto.accept_mean == 2.0 and auto.state.step == 3 and auto.pending == [] and auto.agreements == 1
 
 
+def test_the_trace_records_each_change_of_decision_once() -> None:
+    """`auto_decide`: a record where the decision differs from the one before it (reason, wanted flip, action,
+    incumbent), none for a repeat: between flips it shows what the learner wanted and what held the flip."""
+    state = ap.initial_state(PARAMS)
+    for spec_on, seconds in [(True, 0.0125)] * 8 + [(False, 0.0052)] * 8:
+        state = ap.observe(state, ap.Observation(spec_on, 48, 48 * (2.0 if spec_on else 1.0), seconds))
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=8, state=attrs.evolve(state, flip_step=state.step))
+    trace = ol.RecordedSwitchTrace()
+    keys = []
+    for demand in [48, 48, 48, 2, 2, 48]:
+        d = auto.decide(True, demand, 0)
+        auto.trace_decision(trace, demand, 0)
+        keys.append((d.reason, d.wants_flip, d.action, d.incumbent))
+        auto.commit(d)
+    changes = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]
+    assert [(e["reason"], e["wants_flip"], e["flip"]) for e in trace.events] == [k[:3] for k in changes]
+    assert keys[0] == ("dwell", True, None, 1) and len(trace.events) < len(keys)
+    assert all(e["action"] == "auto_decide" and {"demand", "running", "want_since", "flip_step", "spec_value",
+                                                 "plain_value"} <= e.keys() for e in trace.events)
+
+
 def test_accept_lengths_across_the_overlap_schedule() -> None:
     """Under the overlap schedule a step's verify result is processed after the next step launched, so a window can
     close before any of its speculative steps' results are in (here: a window of 2 right after a flip on). Its

@@ -77,6 +77,7 @@ class AutoSwitch:
     catch_up_holds: int = 0  # scheduling points where a flip-on on the numbers waited for its catch-up to pay
     held_rids: frozenset[str] | None = None  # the requests running when the current hold began
     warming: bool = False  # the start-up warm-up's decodes are running (shim/switch/warmup.py): nothing learned
+    traced: tuple[Any, ...] | None = None  # the last decision's key written by `trace_decision`
 
     # --- decisions ------------------------------------------------------------------------------------------
 
@@ -121,6 +122,18 @@ class AutoSwitch:
                 **({} if not self.state.tiers else
                    {"steps": d.steps, "values": {self.mode_name(m): None if v is None else round(v, 3)
                                                  for m, v in enumerate(d.values)}})}
+
+    def trace_decision(self, trace: Any, running: int, waiting: int) -> None:
+        """A decision unlike the one before it (reason, wanted flip, action or incumbent) in the switch trace
+        (`auto_decide`): what the learner wanted between flips, where a flip that never came was held (a dwell, a
+        confirmation cut short, a catch-up). Only while tracing; one record per change, not per step."""
+        d = self.last
+        key = None if d is None else (d.reason, d.wants_flip, d.action, d.incumbent)
+        if key is None or key == self.traced:
+            return
+        self.traced = key
+        trace.event("auto_decide", running=running, waiting=waiting, wants_flip=d.wants_flip, flip=d.action,
+                    flip_step=self.state.flip_step, want_since=self.state.want_since, **self.trace_fields())
 
     def mode_name(self, mode: int) -> str:
         """A learner mode as traces name it: plain, spec (no tiers) or steps=N."""

@@ -189,6 +189,8 @@ def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_
         in_batch += [r for r in pending.reqs if not r.finished()]
     waiting = len(scheduler.waiting_queue)
     action = rt.policy.wants(len(in_batch), waiting, 0, batch_work=lambda: catch_up_work(in_batch))
+    if rt.policy.auto is not None and rt.trace.enabled:
+        rt.policy.auto.trace_decision(rt.trace, len(in_batch), waiting)
     if action is None:
         steps = rt.policy.follow_tier(len(in_batch) + waiting)
         if steps is not None:
