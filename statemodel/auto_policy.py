@@ -5,7 +5,8 @@ observations and the same questions give the same decisions, on every rank (docs
 What it learns. Each decode step the switch reports an `Observation`: the mode, the batch size, the tokens the step
 committed (speculative: the verify's accept lengths summed; plain: one per request) and its seconds. Per mode and
 per batch-size bucket (half octaves: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...) the learner keeps an estimate of
-the seconds a step takes (plain: per token each request gets, batch x seconds / tokens, the same): a running mean
+the seconds a step takes (plain: per token each request gets, batch x seconds / tokens, the same) and of the batch
+those steps ran at (the bucket's point: a batch, its seconds; the same weights): a running mean
 over the first 64 steps, an EWMA after (weight `step_alpha`, 1/64), each step's seconds clipped to [1/2, 2] x the
 estimate once it has `min_samples`, so one stalled step does not move it far. 64 steps, not 8: a step's seconds grow
 with its requests' contexts, and an 8-step memory rated a mode by the part of its requests' lives it saw last (the
@@ -20,11 +21,14 @@ again, thousands of steps later. The first `settle` steps after each mode change
 re-prefill and the first steps of a mode are not its steady state).
 
 What it decides. At demand d (running + waiting requests) a mode's throughput is the batch it would run over its
-estimate's seconds (speculation: times its accept length); speculation runs min(d, spec cap) requests, plain
-decoding d. A bucket a mode never ran at, between two it ran at, takes its step seconds interpolated linearly in the
-batch between them (a decode step costs about a fixed part plus one per request): a sweep reaches buckets the probe
-budget has not covered (session 16: plain at 48, between its known 32 and 128). Such a value is an inference: it
-counts as known for the numbers below, never for a clear win, and the bucket is still probed. Then:
+seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec cap) requests,
+plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side of it (a
+decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
+bucket: a bucket spans half an octave, and speculation's step grows across it far more than plain decoding's (the
+H200, session 17: 46 requests valued at bucket 32's seconds made speculation 2 % ahead where it was 15 % behind).
+A bucket a mode never ran at, between two it ran at, gets the same line: a sweep reaches buckets the probe budget has
+not covered (session 16: plain at 48, between its known 32 and 128). Such a value is an inference: it counts as
+known for the numbers below, never for a clear win, and the bucket is still probed. Then:
 - both modes known at d: the *incumbent* (the mode last chosen on the numbers) stays unless the other beats it by
   `margin`: a hysteresis band of 2 x margin around the break-even, so noise within it flips nothing;
 - otherwise the prior: speculation on while d fits under its running cap, off above. Where the prior keeps the
