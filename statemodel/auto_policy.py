@@ -91,6 +91,7 @@ requests running `decision = gate_catch_up(state, decision, remaining, catch_up_
 from __future__ import annotations
 
 import hashlib
+import math
 
 import attrs
 
@@ -118,13 +119,14 @@ class AutoParams:
     explore_fraction: float = 0.02  # the probe budget: 2 % of observed steps
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
+    hold_steps: int = 16  # a decision values the most requests seen within the last 16 steps (a wave's turnover)
 
     def __attrs_post_init__(self) -> None:
         if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 < self.step_alpha <= 1
                 and 0 <= self.explore_fraction < 1 and self.clear_win >= self.margin):
             raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
-               self.stale_after) < 0 or self.min_samples < 1:
+               self.stale_after, self.hold_steps) < 0 or self.min_samples < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples >= 1): {self}")
 
 
@@ -167,6 +169,7 @@ class Decision:
     values: tuple[float | None, ...] = ()  # tiers: every mode's value (plain, then the ladder), for the trace
     saved_s: float | None = None  # gate_catch_up: the seconds speculation would save over the running requests
     catch_up_s: float | None = None  # ... and the seconds their catch-up (re-prefill) would cost
+    load: int = 0  # the demand valued: `demand`, or the most seen within the last `hold_steps` steps
 
 
 @attrs.frozen
@@ -183,6 +186,8 @@ class AutoState:
     run_length: int = 0  # observations in that mode in a row
     flip_step: int = -(1 << 30)  # `step` at the last mode change (none yet: no dwell owed)
     want_since: int | None = None  # `step` since which every decision wanted another mode
+    peak: int = 0  # the most requests a decision saw within `hold_steps` steps before `peak_step`
+    peak_step: int = -(1 << 30)
     incumbent: int = 1  # the server starts with speculation on (with tiers: the ladder's first)
     credit: float = 0.0  # exploration budget left, in steps
     probes: int = 0
@@ -354,6 +359,8 @@ def _step_seconds(state: AutoState, mode: int, batch: int) -> tuple[float, bool]
     were, is an inference (False), the same line (session 16: plain at 48, between its known 32 and 128); None
     outside the known buckets."""
     points = [(e.at, e.mean) for (m, _), e in state.estimates if m == mode and e.samples >= state.params.min_samples]
+    least = math.inf  # a step with more requests takes no less: a point is capped at the least seconds above it
+    points = [(at, least := min(least, sec)) for at, sec in reversed(points)][::-1]
     below = next((pt for pt in reversed(points) if pt[0] <= batch), None)  # sorted by bucket, and so by batch
     above = next((pt for pt in points if pt[0] >= batch), None)
     measured = _known(state, mode, batch) is not None
@@ -401,7 +408,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
-    valued = [_value(state, m, demand, spec_cap) for m in state.modes]
+    load = max(demand, state.peak) if state.step - state.peak_step <= p.hold_steps else demand
+    valued = [_value(state, m, load, spec_cap) for m in state.modes]
     values = tuple(None if v is None else v[0] for v in valued)
     measured = {m for m, v in enumerate(valued) if v is not None and v[1]}  # the rest: interpolated, or unknown
     spec_known = [v for v in values[1:] if v is not None]
@@ -411,7 +419,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                to: int = cur) -> Decision:
         return Decision(action, reason, incumbent, demand, running, v_spec, v_plain, state.step, wants,
                         steps=state.steps_of(to), changes_tier=bool(state.tiers) and PLAIN != to != cur != PLAIN,
-                        values=values if state.tiers else ())
+                        values=values if state.tiers else (), load=load)
 
     if demand <= 0:
         return answer(None, "idle")
@@ -425,7 +433,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     # would not speculate (with tiers, two known step counts compare the tiers only: above the cap, where the prior
     # runs plain, they would hold speculation at a demand plain decoding was never measured at)
     if (cur in known and state.incumbent in known) if probing \
-            else len(known) >= 2 and (PLAIN in known or demand <= spec_cap):
+            else len(known) >= 2 and (PLAIN in known or load <= spec_cap):
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
@@ -435,12 +443,12 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     elif probing:
         want, reason = state.incumbent, "probe_end"
     else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above
-        want, reason = (1 if demand <= spec_cap else PLAIN), "prior"
+        want, reason = (1 if load <= spec_cap else PLAIN), "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
     if want == cur:
         if not probing and values[cur] is not None and state.credit >= p.probe_steps and dwell >= p.min_dwell:
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
-                if other != cur and _stale(state, other, demand, spec_cap) \
+                if other != cur and _stale(state, other, load, spec_cap) \
                         and (other == PLAIN or cur != PLAIN or within_spec_cap(running, spec_cap)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
@@ -469,6 +477,8 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     """The state after the switch acted on `decision` (performed its flip or tier change, or it had none). A flip
     the switch put off (it waits for a prefilled batch to merge) is not committed: the next scheduling point decides
     again."""
+    if decision.demand >= state.peak or state.step - state.peak_step > state.params.hold_steps:
+        state = attrs.evolve(state, peak=decision.demand, peak_step=state.step)
     if decision.action is None and not decision.changes_tier:
         want_since = (state.step if state.want_since is None else state.want_since) if decision.wants_flip else None
         if decision.incumbent == state.incumbent and want_since == state.want_since:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.sglang
 
 # small enough for a CPU run of a few hundred iterations; the defaults are for a GPU server
 PARAMS = ap.AutoParams(min_dwell=6, confirm_steps=2, settle=1, min_samples=2, probe_steps=6, probe_credit=4,
-                       explore_fraction=0.05)
+                       explore_fraction=0.05, hold_steps=2)
 
 
 def test_env_parsing() -> None:

@@ -152,19 +152,20 @@ MODE_SERVER = {"plain": "plain", "spec": "spec", "steps=3": "spec", "steps=2": "
 
 
 def learner_values_lines(events, rows):
-    """Markdown: what an `auto` server's learner valued each mode at (tok/s, the median over its flip and tier records
-    at that demand) beside what the server running that mode always made at the same concurrency in the same call
-    (bench rows; a demand no concurrency matches gives none). The learner times decode intervals; the client, whole
-    requests: this says how far apart the two are, mode by mode. [] without such records."""
+    """Markdown: what an `auto` server's learner valued each mode at (tok/s, the median over its flip, tier and
+    decision records at that demand) beside what the server running that mode always made at the same concurrency
+    in the same call (bench rows; a demand no concurrency matches gives none). The learner times decode intervals;
+    the client, whole requests: this says how far apart the two are, mode by mode. [] without such records."""
     tok_s = {(r["cfg"], r["conc"]): r["tok_s"] for r in rows}
     per = {}
     for cfg, ev in events:
-        if ev.get("policy") != "auto" or ev.get("warmup") or ev.get("demand") is None:
+        demand = ev.get("load") or ev.get("demand")  # the demand the values are for (`load` since session 18)
+        if ev.get("policy") != "auto" or ev.get("warmup") or not demand:
             continue
         values = ev.get("values") or {"plain": ev.get("plain_value"), "spec": ev.get("spec_value")}
         for mode, v in values.items():
             if v is not None:
-                per.setdefault((cfg, ev["demand"], mode), []).append(v)
+                per.setdefault((cfg, demand, mode), []).append(v)
     lines = []
     for (cfg, demand, mode), vals in sorted(per.items()):
         server = MODE_SERVER.get(mode)

@@ -112,7 +112,8 @@ class AutoSwitch:
         d = self.last
         if d is None:
             return {}
-        return {"policy": "auto", "rank": self.rank, "reason": d.reason, "demand": d.demand, "learner_step": d.step,
+        return {"policy": "auto", "rank": self.rank, "reason": d.reason, "demand": d.demand, "load": d.load,
+                "learner_step": d.step,
                 "spec_value": None if d.spec_value is None else round(d.spec_value, 3),
                 "plain_value": None if d.plain_value is None else round(d.plain_value, 3),
                 "incumbent": self.mode_name(d.incumbent), "probes": self.state.probes,
