@@ -20,15 +20,20 @@ badly (session 7: warm-up requests at accept 1.0) would otherwise keep that acce
 again, thousands of steps later. The first `settle` steps after each mode change are not used (the flip-on's
 re-prefill and the first steps of a mode are not its steady state).
 
-What it decides. At demand d (running + waiting requests) a mode's throughput is the batch it would run over its
-seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec cap) requests,
-plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side of it (a
-decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
-bucket: a bucket spans half an octave, and speculation's step grows across it far more than plain decoding's (the
-H200, session 17: 46 requests valued at bucket 32's seconds made speculation 2 % ahead where it was 15 % behind).
-A bucket a mode never ran at, between two it ran at, gets the same line: a sweep reaches buckets the probe budget has
-not covered (session 16: plain at 48, between its known 32 and 128). Such a value is an inference: it counts as
-known for the numbers below, never for a clear win, and the bucket is still probed. Then:
+What it decides. The demand d a decision values is the most requests (running + waiting) any decision saw within the
+last `hold_steps` steps, or now's when more: a closed loop's requests of equal length finish together and their
+clients' next ones arrive one by one, so at a wave's turnover the demand reads 1 for a moment (the H200, session 18:
+speculation, a clear win at 1, came on at every wave at 48). At demand d a mode's throughput is the batch it would run
+over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec cap)
+requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side of
+it (a decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
+bucket, each point capped at the least seconds of any point above it (more requests take no less: a probe that fell on
+a turnover had made plain at 48 slower than at 128, session 18). Not a bucket's seconds alone: it spans half an
+octave, and speculation's step grows across it far more than plain decoding's (the H200, session 17: 46 requests
+valued at bucket 32's seconds made speculation 2 % ahead where it was 15 % behind). A bucket a mode never ran at,
+between two it ran at, gets the same line: a sweep reaches buckets the probe budget has not covered (session 16: plain
+at 48, between its known 32 and 128). Such a value is an inference: it counts as known for the numbers below, never
+for a clear win, and the bucket is still probed. Then:
 - both modes known at d: the *incumbent* (the mode last chosen on the numbers) stays unless the other beats it by
   `margin`: a hysteresis band of 2 x margin around the break-even, so noise within it flips nothing;
 - otherwise the prior: speculation on while d fits under its running cap, off above. Where the prior keeps the

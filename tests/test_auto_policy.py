@@ -159,7 +159,7 @@ def test_a_burst_after_a_lull_flips_off_at_once(hold_steps: int) -> None:
             lulls_on += 1
             assert not any(res.modes[lull + LULL + 10:lull + LULL + 60]), k  # plain again in the second wave
     if hold_steps:
-        assert lulls_on <= 2  # the hold keeps the lull plain (2 of 8: the first, and one a probe had turned on)
+        assert lulls_on <= 2  # the hold keeps the lulls plain (2 of 8 here, where the hold had run out)
     else:
         assert lulls_on >= 4  # the lulls did flip speculation on: the test exercises the case
     assert res.tok_s >= 0.97 * threshold_switch_tok_s(lulled_bursts(0))
