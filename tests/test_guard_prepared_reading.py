@@ -1,5 +1,6 @@
-"""A plain batch's launch reads what `prepare_for_decode`'s hook read (shim/adapters/common.py
-`_take_prepared_reading`), on SGLang 0.5.23's real objects under the overlap loop with the switch's plain path
+"""A batch's launch (plain, or a speculative worker call's first hook) reads what `prepare_for_decode`'s hook read
+(shim/adapters/common.py `_take_prepared_reading`), on SGLang 0.5.23's real objects under the overlap loop with the
+switch's plain path
 (tests/overlap_loop.py), the guard in assert mode: one reading of the batch fewer per plain iteration, and none
 saved when a request's output grew in between (a result processed there with no hook of the guard's, as 0.5.16's
 loop does without overlap)."""
@@ -95,3 +96,24 @@ def test_a_request_whose_output_grew_in_between_is_read_again(runtime: Any, mode
         drv.iteration()
     assert "committed_output_kept broken by plain_decode" in str(caught.value) and f"'{req.rid}'" in str(caught.value)
     assert reads == ["after_prepare_for_decode", "observe_requests_in_worker_call"]  # the launch read again
+
+
+def test_a_speculative_launch_reads_what_prepare_read(runtime: Any, model_dir: Path) -> None:
+    """A speculative iteration: the worker call's first hook (the draft) takes prepare_for_decode's reading; the
+    previous step's result is read again."""
+    gf.configure_guard(runtime, RETRACT_CATCH_UP)
+    config = SwitchConfig(t_off=64, t_on=0, draft_while_off="retract")  # speculation stays on
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir, kv_size=4096), RETRACT_CATCH_UP, switch_config=config)
+    drv.reqs = gf.make_reqs("s", 8, max_new_tokens=40)
+    drv.add(drv.reqs)
+    for _ in range(4):  # prefill, merge, speculative steps
+        drv.iteration()
+    with readings(runtime.adapter) as reads:
+        for _ in range(3):
+            drv.iteration()
+    assert [mode for _, mode, _ in drv.launched[-3:]] == ["spec"] * 3
+    assert reads == ["after_prepare_for_decode", "after_normalize_decode_outputs"] * 3
+    assert runtime.guard.found == []
+    drv.run_until_idle()
+    assert runtime.guard.found == [] and gf.pool_accounted(drv.pools)
+    assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in drv.reqs)

@@ -143,8 +143,8 @@ class V2Adapter:
         # worker call (draft, trivial verify input, plain target forward) for the later hooks of the same call
         # (verify, draft-extend): `observe_requests_in_worker_call`. Dropped at every other hook.
         self._worker_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
-        # the same, taken by `prepare_for_decode`'s hook for a plain batch, for that batch's launch (the worker
-        # call's first hook): `before_target_forward` takes it when nothing moved the batch in between
+        # the same, taken by `prepare_for_decode`'s hook, for that batch's launch (the worker call's first hook:
+        # `_take_prepared_reading`) when nothing moved the batch in between
         self._prepared_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
         # the per-step rank agreement check (TP > 1); False: decided off for this process
         self._rank_checker: RankChecker | bool | None = None
@@ -529,8 +529,9 @@ class V2Adapter:
                 g.prepare_for_decode(running, reqs, pool)
             finally:
                 self._read_now = None
-            if not spec_path:  # for the launch of this plain batch (before_target_forward)
-                self._prepared_reading = (batch, batch_reqs, len(batch_reqs), seq_lens, reqs)
+            # for the launch of this batch: the worker call's first hook (before_target_forward for a plain batch,
+            # before_draft / before_trivial_verify_input for a speculative one)
+            self._prepared_reading = (batch, batch_reqs, len(batch_reqs), seq_lens, reqs)
         self._with_guard(step)
 
     def around_merge_batch(self, original: Callable[..., Any], batch: Any, other: Any, *args: Any,
@@ -685,12 +686,15 @@ class V2Adapter:
         return None
 
     def _take_prepared_reading(self, batch: Any) -> None:
-        """The launch of a plain batch reads what `prepare_for_decode`'s hook read, when nothing moved the batch in
+        """The launch of a batch (plain, or a speculative worker call's first hook) reads what `prepare_for_decode`'s
+        hook read, when nothing moved the batch in
         between: no other hook of the guard's ran (`_run` drops the reading, and so does a free), the batch and its
         reqs list are the same objects, no request's output grew (a result processed in between appends tokens,
         with no hook of the guard's when it is a prefill's: 0.5.16's loop without overlap runs it there), and
         `observe_requests_in_worker_call` then compares the seq_lens mirror. Between the two SGLang runs
-        `is_disable_overlap_for_batch`, that result processing, and run_batch's reads of the batch."""
+        `is_disable_overlap_for_batch`, that result processing, and run_batch's reads of the batch; for a speculative
+        batch also EAGLEWorkerV2.forward_batch_generation up to its draft (an idle draft input made when the batch
+        has none), which writes nothing a reading takes (tests/test_guard_adapters.py, the worker call's scan)."""
         held, self._prepared_reading = self._prepared_reading, None
         if held is None or held[0] is not batch or held[1] is not batch.reqs or self._worker_reading is not None:
             return
@@ -711,6 +715,7 @@ class V2Adapter:
 
         def step(g: Guard) -> None:
             steps = int(draft_worker.speculative_num_steps)
+            self._take_prepared_reading(batch)
             g.draft(steps, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
                     self._round_observer(batch), where="EagleDraftWorker.draft")
         self._with_guard_in_worker_call(step)
@@ -721,6 +726,7 @@ class V2Adapter:
             return None
 
         def step(g: Guard) -> None:
+            self._take_prepared_reading(batch)
             g.draft(0, self.observe_requests_in_worker_call(batch), self.batch_pool(batch), self._round_observer(batch),
                     where="EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
         self._with_guard_in_worker_call(step)
