@@ -208,23 +208,87 @@ def _worker_call_writes(path: Path, rel: str) -> list[str]:
     for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]:
         if (rel, func.name) in _NOT_IN_A_WORKER_CALL or (rel, "*") in _NOT_IN_A_WORKER_CALL:
             continue
-        for node in ast.walk(func):
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
-            for t in targets:
-                for sub in ast.walk(t):
-                    if isinstance(sub, ast.Attribute) and sub.attr in _READ_FIELDS and isinstance(sub.ctx, ast.Store):
-                        found.append(f"{rel}:{node.lineno} {func.name}: stores .{sub.attr}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
-                name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
-                owner = node.func.value if isinstance(node.func, ast.Attribute) else None
-                if name in ("append", "extend"):
-                    if isinstance(owner, ast.Attribute) and owner.attr == "output_ids":
-                        found.append(f"{rel}:{node.lineno} {func.name}: output_ids.{name}")
-                elif name in _POOL_CALLS and (owner is None or "alloc" in ast.unparse(owner)
-                                              or "pool" in ast.unparse(owner) or "cache" in ast.unparse(owner)):
-                    found.append(f"{rel}:{node.lineno} {func.name}: calls {ast.unparse(node.func)}")
+        found += _writes_in(func, rel, func.name)
     return found
+
+
+def _writes_in(code: ast.AST, rel: str, name: str) -> list[str]:
+    """`_worker_call_writes`'s findings in one function (or a part of one: `code`)."""
+    found = []
+    for node in ast.walk(code):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute) and sub.attr in _READ_FIELDS and isinstance(sub.ctx, ast.Store):
+                    found.append(f"{rel}:{node.lineno} {name}: stores .{sub.attr}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            owner = node.func.value if isinstance(node.func, ast.Attribute) else None
+            if called in ("append", "extend"):
+                if isinstance(owner, ast.Attribute) and owner.attr == "output_ids":
+                    found.append(f"{rel}:{node.lineno} {name}: output_ids.{called}")
+            elif called in _POOL_CALLS and (owner is None or "alloc" in ast.unparse(owner)
+                                            or "pool" in ast.unparse(owner) or "cache" in ast.unparse(owner)):
+                found.append(f"{rel}:{node.lineno} {name}: calls {ast.unparse(node.func)}")
+    return found
+
+
+def _method(srt: Path, rel: str, cls: str, name: str) -> ast.FunctionDef:
+    tree = ast.parse((srt / rel).read_text())
+    owner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return next(n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+# What 0.5.23's overlap loop runs between prepare_for_decode of step N+1 (its hook's reading) and the hook after step
+# N's `_normalize_decode_outputs` (shim/adapters/common.py `V2Adapter._result_reading`), the worker call aside (the
+# scan above): (file, class, method), and of process_batch_result_decode only what precedes that call
+_BEFORE_A_PLAIN_RESULT = (
+    ("managers/scheduler.py", "Scheduler", "is_disable_overlap_for_batch"),
+    ("managers/scheduler.py", "Scheduler", "run_batch"),
+    ("managers/scheduler.py", "Scheduler", "_apply_war_barrier"),
+    ("managers/scheduler.py", "Scheduler", "process_batch_result"),
+    ("managers/schedule_batch.py", "ScheduleBatch", "copy"),
+    ("managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
+     "snapshot_auxiliary_output_starts"),
+    ("managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
+     "_visible_output_len"),
+    ("managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
+     "materialize_sampling_mask_output"),
+    ("managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
+     "_normalize_decode_outputs"),
+)
+
+
+def test_a_plain_result_moves_nothing_a_reading_takes_before_its_hook() -> None:
+    """Between a plain overlap iteration's prepare_for_decode and the hook of the result it processes, 0.5.23's
+    scheduler writes no Req field a reading takes and moves no pool slot (the worker call: the test above): what lets
+    that hook take the iteration's reading (`Adapter.PLAIN_RESULT_TAKES_READING`). The loop's order is held too."""
+    root = installed_root()
+    if root is None or not (root / "sglang" / "srt").is_dir():
+        pytest.skip("no sglang 0.5.23 source here")
+    assert Adapter0523.PLAIN_RESULT_TAKES_READING and not Adapter0516.PLAIN_RESULT_TAKES_READING
+    srt = root / "sglang" / "srt"
+    found = [w for rel, cls, name in _BEFORE_A_PLAIN_RESULT
+             for w in _writes_in(_method(srt, rel, cls, name), rel, name)]
+    decode = _method(srt, "managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
+                     "process_batch_result_decode")
+    at = next(i for i, stmt in enumerate(decode.body) if "self._normalize_decode_outputs(" in ast.unparse(stmt))
+    found += [w for stmt in decode.body[:at] for w in _writes_in(stmt, "batch_result_processor", decode.name)]
+    assert found == []
+    # the plain branch of _normalize_decode_outputs only lists the tokens; the speculative one commits KV elsewhere
+    normalize = "".join(ast.unparse(_method(srt, "managers/scheduler_components/batch_result_processor.py",
+                                             "SchedulerBatchResultProcessor", "_normalize_decode_outputs")).split())
+    assert "ifnotbatch.spec_algorithm.is_none():next_token_ids=self._resolve_spec_v2_tokens(" in normalize
+    # event_loop_overlap: prepare (get_next_batch_to_run), the launch, the copy queued, then the last result
+    loop = ast.unparse(_method(srt, "managers/scheduler.py", "Scheduler", "event_loop_overlap"))
+    order = [loop.index(s) for s in ("self.get_next_batch_to_run(", "self.is_disable_overlap_for_batch(",
+                                     "self.run_batch(batch)", "batch.copy()", "if not disable_overlap_for_batch:")]
+    assert order == sorted(order)
+    # the scan sees a write where there is one: the speculative branch's commit (why only a plain result takes it)
+    resolve = _method(srt, "managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
+                      "_resolve_spec_v2_tokens")
+    assert any("stores .kv_committed_len" in w for w in _writes_in(resolve, "batch_result_processor", resolve.name))
 
 
 @pytest.mark.parametrize(("adapter", "root_of"), RELEASES)

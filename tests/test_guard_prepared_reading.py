@@ -1,9 +1,8 @@
-"""A batch's launch (plain, or a speculative worker call's first hook) reads what `prepare_for_decode`'s hook read
-(shim/adapters/common.py `_take_prepared_reading`), on SGLang 0.5.23's real objects under the overlap loop with the
-switch's plain path
-(tests/overlap_loop.py), the guard in assert mode: one reading of the batch fewer per plain iteration, and none
-saved when a request's output grew in between (a result processed there with no hook of the guard's, as 0.5.16's
-loop does without overlap)."""
+"""A batch's launch reads what `prepare_for_decode`'s hook read (shim/adapters/common.py `_take_prepared_reading`),
+and so does the plain result processed in the same iteration (`_result_reading`), on SGLang 0.5.23's real objects under
+the overlap loop with the switch's plain path (tests/overlap_loop.py), the guard in assert mode: one reading of the
+batch per plain iteration, and none saved when a request's output grew in between (a result processed there with no
+hook of the guard's, as 0.5.16's loop does without overlap)."""
 
 from __future__ import annotations
 
@@ -66,8 +65,8 @@ def test_a_plain_launch_reads_what_prepare_read(runtime: Any, model_dir: Path) -
         for _ in range(3):
             drv.iteration()
     assert [mode for _, mode, _ in drv.launched[-3:]] == ["plain"] * 3
-    # per plain iteration: prepare_for_decode, then the previous step's result; the launch reads nothing new
-    assert reads == ["after_prepare_for_decode", "after_normalize_decode_outputs"] * 3
+    # per plain iteration one reading, prepare_for_decode's: the launch and the previous step's result read nothing new
+    assert reads == ["after_prepare_for_decode"] * 3
     assert runtime.guard.found == []
     drv.run_until_idle()
     assert runtime.guard.found == [] and gf.pool_accounted(drv.pools)
@@ -100,7 +99,7 @@ def test_a_request_whose_output_grew_in_between_is_read_again(runtime: Any, mode
 
 def test_a_speculative_launch_reads_what_prepare_read(runtime: Any, model_dir: Path) -> None:
     """A speculative iteration: the worker call's first hook (the draft) takes prepare_for_decode's reading; the
-    previous step's result is read again."""
+    previous step's result is read again (`_resolve_spec_v2_tokens` committed its accepted tokens' KV)."""
     gf.configure_guard(runtime, RETRACT_CATCH_UP)
     config = SwitchConfig(t_off=64, t_on=0, draft_while_off="retract")  # speculation stays on
     drv = ol.OverlapDriver(ol.overlap_pools(model_dir, kv_size=4096), RETRACT_CATCH_UP, switch_config=config)
@@ -117,3 +116,27 @@ def test_a_speculative_launch_reads_what_prepare_read(runtime: Any, model_dir: P
     drv.run_until_idle()
     assert runtime.guard.found == [] and gf.pool_accounted(drv.pools)
     assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in drv.reqs)
+
+
+def test_a_result_whose_output_grew_after_the_launch_is_read_again(runtime: Any, model_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the launch of step N+1 and the processing of step N's result two tokens land in one request's output
+    with no hook of the guard's: the result hook reads the batch again (not the reading prepare_for_decode took), and
+    its check names the request at the result (a reused reading would have let it pass to the next hook)."""
+    from shim.guard.report import SpecFlipViolation
+
+    gf.configure_guard(runtime, RETRACT_CATCH_UP)
+    drv = plain_driver(model_dir)
+    req = drv.running.reqs[0]
+    process = drv.process_batch_result
+
+    def append_then_process(batch: Any, result: Any) -> None:
+        req.output_ids.extend(req.output_ids[-1:] * 2)
+        process(batch, result)
+
+    monkeypatch.setattr(drv, "process_batch_result", append_then_process)
+    with readings(runtime.adapter) as reads, pytest.raises(SpecFlipViolation) as caught:
+        drv.iteration()
+    assert "committed_output_kept broken by process_result" in str(caught.value)
+    assert f"'{req.rid}'" in str(caught.value)
+    assert reads == ["after_prepare_for_decode", "after_normalize_decode_outputs"]  # the result read again

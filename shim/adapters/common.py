@@ -133,6 +133,11 @@ class V2Adapter:
     release = "unknown"
     # (dotted target, hook type name, method name on this adapter)
     TARGETS: tuple[tuple[str, str, str], ...] = ()
+    # a plain decode result's processing writes nothing a reading takes before `_normalize_decode_outputs` returns
+    # (checked against this release's source: tests/test_guard_adapters.py), so the result hook may take the reading
+    # the iteration's prepare_for_decode / launch took of the same requests (`_result_reading`)
+    PLAIN_RESULT_TAKES_READING = False
+
     def __init__(self) -> None:
         self.runtime: GuardRuntime | None = None
         self._running_ref: Callable[[], Any] | None = None
@@ -144,7 +149,8 @@ class V2Adapter:
         # (verify, draft-extend): `observe_requests_in_worker_call`. Dropped at every other hook.
         self._worker_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
         # the same, taken by `prepare_for_decode`'s hook, for that batch's launch (the worker call's first hook:
-        # `_take_prepared_reading`) when nothing moved the batch in between
+        # `_take_prepared_reading`) when nothing moved the batch in between, and for the result processed in the
+        # same iteration (`_result_reading`)
         self._prepared_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None = None
         # the per-step rank agreement check (TP > 1); False: decided off for this process
         self._rank_checker: RankChecker | bool | None = None
@@ -529,8 +535,8 @@ class V2Adapter:
                 g.prepare_for_decode(running, reqs, pool)
             finally:
                 self._read_now = None
-            # for the launch of this batch: the worker call's first hook (before_target_forward for a plain batch,
-            # before_draft / before_trivial_verify_input for a speculative one)
+            # for the launch of this batch (the worker call's first hook: before_target_forward for a plain batch,
+            # before_draft / before_trivial_verify_input for a speculative one) and this iteration's result hook
             self._prepared_reading = (batch, batch_reqs, len(batch_reqs), seq_lens, reqs)
         self._with_guard(step)
 
@@ -776,6 +782,8 @@ class V2Adapter:
         batch, result = kwargs.get("batch"), kwargs.get("result")
         if batch is None or result is None or not batch.reqs:
             return
+        # taken before `_with_guard` drops it: this iteration's reading of the batch launched (or about to launch)
+        held = self._worker_reading or self._prepared_reading
 
         def step(g: Guard) -> None:
             if not g.config.scope.overlap:
@@ -792,12 +800,50 @@ class V2Adapter:
             else:
                 # no CPU mirror (needs_cpu_seq_lens False): kv_committed_len, just advanced to the same length
                 seq_lens = [None] * len(reqs)
+            pool = self.observe_pool(processor.token_to_kv_pool_allocator, getattr(processor, "tree_cache", None))
+            where = "SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)"
+            reused = self._result_reading(batch, held)
+            if reused is not None:
+                lengths = dict(zip([o[0] for o in reused], [o[6] for o in reused] if seq_lens[0] is None
+                                   else seq_lens, strict=True))  # kv_committed_len without a mirror, as a reading
+                g.process_result(list(lengths), None, reused, pool, where=where, seq_lens=lengths)
+                return
             observed = self._observe_reqs(reqs, seq_lens)
-            g.process_result([o[0] for o in observed], accept, observed,
-                             self.observe_pool(processor.token_to_kv_pool_allocator, getattr(processor, "tree_cache",
-                                                                                            None)),
-                             where="SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)")
+            g.process_result([o[0] for o in observed], accept, observed, pool, where=where)
         self._with_guard(step)
+
+    def _result_reading(self, batch: Any, held: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None,
+                        ) -> list[ObservedRequest] | None:
+        """The readings a plain decode result's hook takes over from this iteration's reading of the same requests
+        (one reading per plain overlap iteration instead of two), or None: read them again. Under 0.5.23's overlap
+        loop (`Scheduler.event_loop_overlap`) one iteration runs get_next_batch_to_run (filter, merge,
+        `prepare_for_decode` of step N+1: its hook reads the batch, after alloc_for_decode moved the KV lengths),
+        `is_disable_overlap_for_batch`, then `run_batch(N+1)` (the launch hook takes that reading; the worker call
+        writes nothing a reading takes: tests/test_guard_adapters.py), `_apply_war_barrier`, `batch.copy()`, and then
+        step N's `process_batch_result` (a trace flush, the load published) and `process_batch_result_decode`:
+        `copy_done.synchronize()`, `snapshot_auxiliary_output_starts`,
+        `materialize_sampling_mask_output` and `_normalize_decode_outputs`, whose plain branch only lists the
+        tokens. None of these writes a Req field a reading takes (KV lengths, row, output, prompt, budget, rid): a
+        plain step's KV lengths move in `prepare_for_decode` (before the reading), its output in the loop after this
+        hook. When the loop runs N+1 without overlap, step N's result is processed right after that
+        `prepare_for_decode`, with only `is_disable_overlap_for_batch` in between. Taken only when all of these hold:
+        - this release's source was checked for that order (`PLAIN_RESULT_TAKES_READING`);
+        - the result is a plain step's (`batch.spec_algorithm` none: `_normalize_decode_outputs` did not run
+          `_resolve_spec_v2_tokens`, which commits the accepted tokens' KV);
+        - no other hook of the guard's ran since the reading (`_run` drops it, and so does a free);
+        - the copy holds the very Req objects the reading read, in its order (a request finished or retracted at
+          step N's launch is left out of N+1's batch: the lists differ, read again);
+        - no request's output grew since (as `_take_prepared_reading`).
+        The seq_len comes from the copy's mirror, as before (`Guard.process_result`'s `seq_lens`); the pool is read."""
+        if held is None or not self.PLAIN_RESULT_TAKES_READING or not batch.spec_algorithm.is_none():
+            return None
+        reqs, readings = batch.reqs, held[4]
+        # Req defines no __eq__: list equality is an identity test per item (the same objects compare equal at C speed)
+        if len(reqs) != len(readings) or reqs != held[1]:
+            return None
+        if [len(r.output_ids) for r in reqs] != [o[3] for o in readings]:  # ObservedRequest.output_len
+            return None
+        return readings
 
     def after_apply_runtime_state(self, result: Any, worker: Any, state: Any, *args: Any, **kwargs: Any) -> None:
         def step(g: Guard) -> None:

@@ -16,6 +16,7 @@ _BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
 class Adapter(V2Adapter):
     release = "0.5.23"
+    PLAIN_RESULT_TAKES_READING = True  # V2Adapter._result_reading: event_loop_overlap's order, read in 0.5.23's source
     TARGETS = (
         (f"{_SB}.prepare_for_extend", "AROUND", "around_prepare_for_extend"),
         (f"{_SB}.prepare_for_decode", "AFTER", "after_prepare_for_decode"),

@@ -22,7 +22,7 @@ GuardDesync stay importable from here).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -265,12 +265,13 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
                          seq_rids=seq_rids)
 
     def process_result(self, rids: list[str], accept_lens: list[int] | None, reqs: list[ObservedRequest],
-                       pool: ObservedPool, *, where: str) -> None:
+                       pool: ObservedPool, *, where: str, seq_lens: Mapping[str, int] | None = None) -> None:
         """Overlap schedule: the oldest launched decode step's result is being processed (its accepts are on
         the host now, `kv_committed_len` has moved). `rids` are the requests of the queued batch copy,
         `accept_lens` their accepted runs (drafts + bonus; None for a plain step), `reqs` observed with the
         seq_len the result gives them. The releases that follow in the same processing are model steps of
-        their own (`finish`)."""
+        their own (`finish`). `seq_lens`: the seq_len the result gives each request by rid, where `reqs` carry an
+        earlier one (a reading of the same requests taken earlier in the iteration, reused: the adapter's reasons)."""
         if not self.config.scope.overlap:
             return  # the normal loop: the round settles at the next scheduler hook
         state = self.state
@@ -292,7 +293,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         # its launch already, so those requests' lengths are compared where that step's result is processed
         later_plain = {rid for u in state.unprocessed[1:] if not u.is_spec for rid in u.rids}
         self._transition(action, where, reqs=reqs, pool=pool,
-                         seq_rids={names[rid] for rid in (rows - later_plain if later_plain else rows)})
+                         seq_rids={names[rid] for rid in (rows - later_plain if later_plain else rows)},
+                         seq_lens=seq_lens)
 
     def flip_starting(self) -> None:
         """A switch is about to flip (`shim.guard.api.notify_flip_starting`): a round in flight settles now, on the
@@ -371,12 +373,13 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
                     launched: ObservedBatch | None = None, reqs: Iterable[ObservedRequest] = (),
                     pool: ObservedPool | None = None, seq_rids: Iterable[str] = (),
                     new_rids: list[str] | None = None, extra: Sequence[Violation] = (),
-                    draft_covered: set[int] | None = None) -> None:
+                    draft_covered: set[int] | None = None, seq_lens: Mapping[str, int] | None = None) -> None:
         before = self.state
         predicted = apply(before, action, self.config.design, self.config.scope)
         if draft_covered is not None:
             predicted = _draft_covered_as_observed(before, predicted, draft_covered)
-        after = self._overlay(predicted, running=running, launched=launched, reqs=reqs, pool=pool, seq_rids=seq_rids)
+        after = self._overlay(predicted, running=running, launched=launched, reqs=reqs, pool=pool, seq_rids=seq_rids,
+                              seq_lens=seq_lens)
         self._record(before, action, after, where, new_rids=new_rids, extra=extra)
 
     def _record(self, before: State, action: Action, after: State, where: str,

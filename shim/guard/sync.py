@@ -4,7 +4,7 @@ batches as model batches, and a model state with every field the live objects ca
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from shim.guard.config import GuardConfig
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
@@ -119,7 +119,10 @@ class ObservedStateSync:
 
     def _overlay(self, state: State, *, running: ObservedBatch | None = None, launched: ObservedBatch | None = None,
                  reqs: Iterable[ObservedRequest] = (), pool: ObservedPool | None = None,
-                 seq_rids: Iterable[str] = ()) -> State:
+                 seq_rids: Iterable[str] = (), seq_lens: Mapping[str, int] | None = None) -> State:
+        """`state` with every field the live objects carry replaced by what was observed. `seq_lens`: the observed
+        seq_len of the `seq_rids` by rid, in place of the readings' own (a reading taken earlier in the iteration and
+        reused, whose KV and output fields still hold: `V2Adapter.after_normalize_decode_outputs`)."""
         if not seq_rids:
             seq_rids = _NO_RIDS  # most overlays observe no seq_len: no empty set built for them
         elif type(seq_rids) is not set and not isinstance(seq_rids, frozenset):
@@ -134,7 +137,7 @@ class ObservedStateSync:
             overlaid = memo[2]
             self.outputs_over_committed.extend(memo[5])
         else:
-            overlaid = self._overlay_requests(requests, reqs, seq_rids)
+            overlaid = self._overlay_requests(requests, reqs, seq_rids, seq_lens)
         changes: dict[str, object] = {}
         if overlaid is not requests:
             changes["requests"] = overlaid
@@ -151,8 +154,10 @@ class ObservedStateSync:
         return state.replace(**changes) if changes else state  # type: ignore[arg-type]
 
     def _overlay_requests(self, requests: tuple[Request, ...], reqs: Iterable[ObservedRequest],
-                          seq_rids: set[str] | frozenset[str]) -> tuple[Request, ...]:
-        """`requests` with the observed KV lengths (and seq_len, for `seq_rids`) put in; `requests` itself when
+                          seq_rids: set[str] | frozenset[str],
+                          seq_lens: Mapping[str, int] | None = None) -> tuple[Request, ...]:
+        """`requests` with the observed KV lengths (and seq_len, for `seq_rids`: the reading's, or `seq_lens`'s where
+        given) put in; `requests` itself when
         nothing differs. Remembered for the next overlay when `reqs` is a list (an adapter's reading, which the
         hooks of one worker call share; it is held here, so its identity is not reused)."""
         updated: list[Request] | None = None  # copied on the first request that differs
@@ -172,7 +177,7 @@ class ObservedStateSync:
             else:
                 held = reserved = 0
             # seq_len is observed where the step that moves it is seen
-            seq_len = seen_len if rid in seq_rids else r.seq_len
+            seq_len = (seen_len if seq_lens is None else seq_lens[rid]) if rid in seq_rids else r.seq_len
             if held != r.kv_held or reserved != r.kv_reserved or seq_len != r.seq_len:
                 if updated is None:
                     updated = list(requests)
