@@ -234,15 +234,23 @@ def _writes_in(code: ast.AST, rel: str, name: str) -> list[str]:
     return found
 
 
-def _method(srt: Path, rel: str, cls: str, name: str) -> ast.FunctionDef:
+def _method(srt: Path, rel: str, cls: str, name: str) -> ast.FunctionDef | None:
+    """The method's definition in the source under `srt`, None where the release has none."""
     tree = ast.parse((srt / rel).read_text())
     owner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    return next(n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return next((n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
-# What 0.5.23's overlap loop runs between prepare_for_decode of step N+1 (its hook's reading) and the hook after step
+def _unparsed(srt: Path, rel: str, cls: str, name: str) -> str:
+    method = _method(srt, rel, cls, name)
+    assert method is not None, f"{rel}: no {cls}.{name}"
+    return ast.unparse(method)
+
+
+# What the overlap loop runs between prepare_for_decode of step N+1 (its hook's reading) and the hook after step
 # N's `_normalize_decode_outputs` (shim/adapters/common.py `V2Adapter._result_reading`), the worker call aside (the
-# scan above): (file, class, method), and of process_batch_result_decode only what precedes that call
+# scan above): (file, class, method; 0.5.16 lacks the last three but one), and of process_batch_result_decode only what
+# precedes that call
 _BEFORE_A_PLAIN_RESULT = (
     ("managers/scheduler.py", "Scheduler", "is_disable_overlap_for_batch"),
     ("managers/scheduler.py", "Scheduler", "run_batch"),
@@ -260,34 +268,38 @@ _BEFORE_A_PLAIN_RESULT = (
 )
 
 
-def test_a_plain_result_moves_nothing_a_reading_takes_before_its_hook() -> None:
-    """Between a plain overlap iteration's prepare_for_decode and the hook of the result it processes, 0.5.23's
-    scheduler writes no Req field a reading takes and moves no pool slot (the worker call: the test above): what lets
-    that hook take the iteration's reading (`Adapter.PLAIN_RESULT_TAKES_READING`). The loop's order is held too."""
-    root = installed_root()
+@pytest.mark.parametrize(("adapter", "root_of"), RELEASES)
+def test_a_plain_result_moves_nothing_a_reading_takes_before_its_hook(adapter: type, root_of: object) -> None:
+    """Between a plain overlap iteration's prepare_for_decode and the hook of the result it processes, the scheduler
+    writes no Req field a reading takes and moves no pool slot (the worker call: the test above): what lets that hook
+    take the iteration's reading (`V2Adapter.PLAIN_RESULT_TAKES_READING`). The loop's order is held too."""
+    assert adapter.PLAIN_RESULT_TAKES_READING
+    root = root_of()
     if root is None or not (root / "sglang" / "srt").is_dir():
-        pytest.skip("no sglang 0.5.23 source here")
-    assert Adapter0523.PLAIN_RESULT_TAKES_READING and not Adapter0516.PLAIN_RESULT_TAKES_READING
+        pytest.skip(f"no sglang {adapter.release} source here")
     srt = root / "sglang" / "srt"
-    found = [w for rel, cls, name in _BEFORE_A_PLAIN_RESULT
-             for w in _writes_in(_method(srt, rel, cls, name), rel, name)]
+    methods = [(rel, name, _method(srt, rel, cls, name)) for rel, cls, name in _BEFORE_A_PLAIN_RESULT]
+    found = [w for rel, name, method in methods if method is not None for w in _writes_in(method, rel, name)]
+    assert sum(method is None for _, _, method in methods) <= 3
     decode = _method(srt, "managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
                      "process_batch_result_decode")
+    assert decode is not None
     at = next(i for i, stmt in enumerate(decode.body) if "self._normalize_decode_outputs(" in ast.unparse(stmt))
     found += [w for stmt in decode.body[:at] for w in _writes_in(stmt, "batch_result_processor", decode.name)]
     assert found == []
     # the plain branch of _normalize_decode_outputs only lists the tokens; the speculative one commits KV elsewhere
-    normalize = "".join(ast.unparse(_method(srt, "managers/scheduler_components/batch_result_processor.py",
-                                             "SchedulerBatchResultProcessor", "_normalize_decode_outputs")).split())
+    normalize = "".join(_unparsed(srt, "managers/scheduler_components/batch_result_processor.py",
+                                  "SchedulerBatchResultProcessor", "_normalize_decode_outputs").split())
     assert "ifnotbatch.spec_algorithm.is_none():next_token_ids=self._resolve_spec_v2_tokens(" in normalize
     # event_loop_overlap: prepare (get_next_batch_to_run), the launch, the copy queued, then the last result
-    loop = ast.unparse(_method(srt, "managers/scheduler.py", "Scheduler", "event_loop_overlap"))
+    loop = _unparsed(srt, "managers/scheduler.py", "Scheduler", "event_loop_overlap")
     order = [loop.index(s) for s in ("self.get_next_batch_to_run(", "self.is_disable_overlap_for_batch(",
                                      "self.run_batch(batch)", "batch.copy()", "if not disable_overlap_for_batch:")]
     assert order == sorted(order)
     # the scan sees a write where there is one: the speculative branch's commit (why only a plain result takes it)
     resolve = _method(srt, "managers/scheduler_components/batch_result_processor.py", "SchedulerBatchResultProcessor",
                       "_resolve_spec_v2_tokens")
+    assert resolve is not None
     assert any("stores .kv_committed_len" in w for w in _writes_in(resolve, "batch_result_processor", resolve.name))
 
 

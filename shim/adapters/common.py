@@ -827,7 +827,8 @@ class V2Adapter:
         plain step's KV lengths move in `prepare_for_decode` (before the reading), its output in the loop after this
         hook. When the loop runs N+1 without overlap, step N's result is processed right after that
         `prepare_for_decode`, with only `is_disable_overlap_for_batch` in between. Taken only when all of these hold:
-        - this release's source was checked for that order (`PLAIN_RESULT_TAKES_READING`);
+        - this release's source was checked for that order (`PLAIN_RESULT_TAKES_READING`; 0.5.16's loop and result
+          processing run the same steps, less the auxiliary output snapshot and the sampling masks);
         - the result is a plain step's (`batch.spec_algorithm` none: `_normalize_decode_outputs` did not run
           `_resolve_spec_v2_tokens`, which commits the accepted tokens' KV);
         - no other hook of the guard's ran since the reading (`_run` drops it, and so does a free);

@@ -14,6 +14,7 @@ from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
 
 class Adapter(V2Adapter):
     release = "0.5.16"
+    PLAIN_RESULT_TAKES_READING = True  # V2Adapter._result_reading: checked against 0.5.16's source where it is unpacked
     # 0.5.23's targets, but the radix cache's prompt insertion is still called cache_unfinished_req here
     # and its tree is RadixCache, whose eviction deletes leaves in Python: the guard forgets them there
     TARGETS = tuple(
