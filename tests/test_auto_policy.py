@@ -501,8 +501,8 @@ def test_a_bucket_is_capped_at_the_least_seconds_above_it() -> None:
 # across the crossover (18-40) now moves the value within a bucket, and loads 2 and 3 flip 17-20 % more often at
 # 0.7-2 % less tok/s (49 / 168 / 134 decisions noise-free). With it, session 18's decision values the most
 # requests seen in the last `hold_steps` steps (a lull after a burst, a wave's turnover flip nothing) and caps a
-# bucket's seconds at the least of any bucket above it: 29 / 87 / 77 decisions, 41-48 % fewer than session 17's
-# 51 / 144 / 112, at 5-11 % more tok/s (8,478 / 11,336 / 10,506 against 7,658 / 10,744 / 10,070), the same
+# bucket's seconds at the least of any bucket above it: 29 / 87 / 77 decisions, 31-43 % fewer than session 17's
+# 51 / 144 / 112, at 4-11 % more tok/s (8,478 / 11,336 / 10,506 against 7,658 / 10,744 / 10,070), the same
 # decisions with 5 % noise as without (6abb694c...)
 TWO_MODE_FINGERPRINT_NOISE_FREE = "6abb694cbadf506137c893c1d1d04b19bb1ffa04"
 TWO_MODE_FINGERPRINT = "6abb694cbadf506137c893c1d1d04b19bb1ffa04"  # 5 % noise
