@@ -448,7 +448,7 @@ def test_a_demand_inside_a_bucket_is_valued_on_the_line_between_its_points() -> 
     spec = {1: 348, 4: 1469, 24: 5605, 32: 6869, 48: 7945, 64: 7945, 128: 7945}
     res = simulate(plain, spec, [32] * 600 + [48] * 300 + [4] * 100 + ([48] * 7 + [46]) * 40)
     assert res.modes[1000] and not res.modes[-1]
-    assert sum(res.modes[1000:]) <= 24  # off within the dwell and confirmation (bucket 32's seconds: 80 steps, a probe)
+    assert sum(res.modes[1000:]) <= 24  # off within the dwell and confirmation (bucket 32's seconds: 72, to a probe)
     assert [(d.action, d.reason) for d in res.decisions if d.step >= 1000] == [(ap.FLIP_OFF, "measured")]
 
 
