@@ -113,6 +113,19 @@ def test_side_by_side_rounds_are_interleaved_and_paired(servers: Any, tmp_path: 
     assert summarize.paired_ratios(by[("slow", 1)], {"round_tok_s": [1.0]}) == []  # not side by side: no pairs
 
 
+@pytest.mark.parametrize(("round_warmup", "warm"), [("min4", 4), ("full", 8)])
+def test_each_round_warms_with_min4_or_the_full_concurrency(servers: Any, monkeypatch: pytest.MonkeyPatch,
+                                                              round_warmup: str, warm: int) -> None:
+    """--round-warmup: each round's unmeasured requests before the measured ones, at concurrency 8: 4 of them
+    (min4, the default), or 8 (full: the round starts at the load it measures)."""
+    (fast, _, _), log = servers
+    run(["--servers", f"fast={fast.url}", "--concurrency", "8", "--rounds", "2", "--new-tokens", "2",
+         "--round-warmup", round_warmup], monkeypatch)
+    assert len(log) == 2 * (warm + 16)
+    with pytest.raises(SystemExit):  # argparse's choices: one line, exit 2
+        run(["--servers", f"fast={fast.url}", "--round-warmup", "some"], monkeypatch)
+
+
 def test_bad_servers_argument_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit, match="--servers wants NAME=URL"):
         run(["--servers", "plain"], monkeypatch)

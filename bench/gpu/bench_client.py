@@ -58,10 +58,11 @@ def draft_range_prompt(vocab=2048):
     return q
 
 
-def run_round(url, c, prompts, new_tokens, vocab):
-    """One measured round at concurrency c (after a warm-up of min(c, 4) requests): (tok/s, wall, results)."""
+def run_round(url, c, prompts, new_tokens, vocab, warm="min4"):
+    """One measured round at concurrency c (after an unmeasured warm-up: min(c, 4) requests, or with warm="full" c
+    of them at concurrency c, so that the round starts at the load it measures): (tok/s, wall, results)."""
     with ThreadPoolExecutor(c) as ex:  # warm
-        list(ex.map(lambda q: gen(url, q, new_tokens, vocab, 60), prompts[:min(c, 4)]))
+        list(ex.map(lambda q: gen(url, q, new_tokens, vocab, 60), prompts[:c if warm == "full" else min(c, 4)]))
     t0 = time.time()
     with ThreadPoolExecutor(c) as ex:
         res = list(ex.map(lambda q: gen(url, q, new_tokens, vocab, 60), prompts))
@@ -123,6 +124,10 @@ def main():
     p.add_argument("--scale", type=int, default=1, help="requests per round: max(8, 2c) times this (longer rounds)")
     p.add_argument("--warmup", default="", help="concurrencies of one unmeasured round per server before the sweep "
                    "(a fresh server's first requests pay one-off costs: graph and kernel first use)")
+    p.add_argument("--round-warmup", choices=("min4", "full"), default="min4",
+                   help="each round's unmeasured warm-up: min(c, 4) requests (every figure until session 18), or c "
+                   "requests at concurrency c (full: a switch settles at c before the round; at c >= 32 min4 makes "
+                   "every round a small burst, 4 requests then c)")
     p.add_argument("--freeze-gc", action="store_true", help="after the warm-up, ask every server to freeze its Python "
                    "GC (SGLang's /freeze_gc): a full collection stops a scheduler for 350-490 ms on the H200 host")
     a = p.parse_args()
@@ -155,7 +160,7 @@ def main():
             # the same prompts on every server, one after the other, the order rotated each round: host noise
             # (rounds vary by up to 25 % on the H200 host) falls on every configuration alike
             for name, url in rotated(servers, k):
-                rounds[name].append(run_round(url, c, prompts, a.new_tokens, a.vocab))
+                rounds[name].append(run_round(url, c, prompts, a.new_tokens, a.vocab, a.round_warmup))
         for name, _ in servers:
             emit("BENCH", summary_row(name, c, nreq, rounds[name]), a.out)
 

@@ -22,6 +22,8 @@
 #   a fixed rate profile, e.g. '--rates 2,40,8,120 --phase-s 8'), open_loop.jsonl
 # JIT_PER_SERVER=1: every server its own copy of the triton cache (see start(): the first server to meet a shape no
 #   longer builds its kernels for the others)
+# ROUND_WARMUP=full (side by side): each round's unmeasured warm-up sends c requests at concurrency c instead of
+#   min(c, 4) (bench_client.py --round-warmup), so a switch starts the round at the load the round measures
 # MARGIN_S (default 50): seconds the side-by-side sweep's deadline leaves before the budget's end, for the last round
 #   started and the shutdown (short rounds and a short budget: 20)
 # SAVE_JIT=1: write the JIT cache back ($OUT/jitcache.tar.xz; put it in .whl/ to start faster next time).
@@ -135,6 +137,7 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
     echo "== side by side: $servers (t=$(el)s, ${rem}s)"
     timeout $rem python3 bench/gpu/bench_client.py --servers "$servers" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
       --scale "${SCALE:-1}" --warmup "${WARMUP:-}" ${FREEZE_GC:+--freeze-gc} --out "$OUT/bench.jsonl" \
+      --round-warmup "${ROUND_WARMUP:-min4}" \
       --deadline $(( rem - ${MARGIN_S:-50} - ${BURSTY_S:-0} )) 2>&1 | grep -E 'BENCH|WARMUP|FREEZE_GC|Error|error' | tee "$OUT/tr/bench.log"
     if [ -n "${BURSTY_ROUNDS:-}" ]; then   # then the bursty load (bursty_client.py), the same servers, paired rounds
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty: $servers (t=$(el)s, ${rem}s)"
