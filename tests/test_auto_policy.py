@@ -147,21 +147,22 @@ def test_a_burst_after_a_lull_flips_off_at_once(hold_steps: int) -> None:
     """A lull between a burst's two waves. Seen as it is (no hold), it flips speculation on (a clear win at demand
     1), and the burst's second wave right after must flip it off within a few steps (a clear win the other way),
     not after min_dwell speculative steps at the cap. With the hold (a decision values the most requests of the
-    last `hold_steps` steps: the default), a lull of 4 steps flips nothing, but where a flip on came (a probe, a
-    lull once the hold ran out) the second wave flips it off the same way."""
+    last `hold_steps` steps: the default), a lull of 4 steps flips nothing, and where speculation ran in it (a probe
+    that began at the wave's end) the second wave flips it off the same way."""
     res = simulate(PLAIN, SPEC, lulled_bursts(0), noise=0.03, seed=0,
                    state=ap.initial_state(ap.AutoParams(hold_steps=hold_steps)))
     cycle = QUIET + WAVE + LULL + BURST
     lulls_on = 0
     for k in range(2, 10):  # once both modes are known
         lull = k * cycle + QUIET + WAVE
-        if any(res.modes[lull:lull + LULL]):
-            lulls_on += 1
+        if any(res.modes[lull:lull + LULL]):  # a flip on in the lull, or a probe of speculation at the wave's end
             assert not any(res.modes[lull + LULL + 10:lull + LULL + 60]), k  # plain again in the second wave
+        lulls_on += any(lull <= d.step < lull + LULL and d.action == ap.FLIP_ON and d.reason != "probe"
+                        for d in res.decisions)
     if hold_steps:
-        assert lulls_on <= 2  # the hold keeps the lulls plain (2 of 8 here, where the hold had run out)
+        assert lulls_on == 0  # the hold keeps the lulls plain
     else:
-        assert lulls_on >= 4  # the lulls did flip speculation on: the test exercises the case
+        assert lulls_on >= 3  # the lulls did flip speculation on: the test exercises the case
     assert res.tok_s >= 0.97 * threshold_switch_tok_s(lulled_bursts(0))
 
 
@@ -503,9 +504,11 @@ def test_a_bucket_is_capped_at_the_least_seconds_above_it() -> None:
 # requests seen in the last `hold_steps` steps (a lull after a burst, a wave's turnover flip nothing) and caps a
 # bucket's seconds at the least of any bucket above it: 29 / 87 / 77 decisions, 31-43 % fewer than session 17's
 # 51 / 144 / 112, at 4-11 % more tok/s (8,478 / 11,336 / 10,506 against 7,658 / 10,744 / 10,070), the same
-# decisions with 5 % noise as without (6abb694c...)
-TWO_MODE_FINGERPRINT_NOISE_FREE = "6abb694cbadf506137c893c1d1d04b19bb1ffa04"
-TWO_MODE_FINGERPRINT = "6abb694cbadf506137c893c1d1d04b19bb1ffa04"  # 5 % noise
+# decisions with 5 % noise as without (6abb694c...). Session 19's starts no probe while the demand is below the
+# hold's peak (a wave's tail): 25 / 51 / 51 decisions with 2 / 18 / 17 probes (against 7 / 40 / 31), 0.2-0.4 % more
+# tok/s (8,496 / 11,378 / 10,547), the same with noise as without (e2f281b3...)
+TWO_MODE_FINGERPRINT_NOISE_FREE = "e2f281b35e8668d332a887f135ed244a5b4bdbee"
+TWO_MODE_FINGERPRINT = "e2f281b35e8668d332a887f135ed244a5b4bdbee"  # 5 % noise
 
 
 def varied_load(seed: int) -> list[int]:
@@ -534,8 +537,8 @@ def test_without_tiers_the_decisions_are_the_two_mode_learners() -> None:
     then = ap.AutoParams(stale_after=8192)
     small = ap.AutoParams(min_dwell=6, confirm_steps=2, settle=1, min_samples=2, probe_steps=6, probe_credit=4,
                           explore_fraction=0.05, stale_after=500)
-    for noise, counts, fingerprint in [(0.0, [29, 87, 77], TWO_MODE_FINGERPRINT_NOISE_FREE),
-                                       (0.05, [29, 87, 77], TWO_MODE_FINGERPRINT)]:
+    for noise, counts, fingerprint in [(0.0, [25, 51, 51], TWO_MODE_FINGERPRINT_NOISE_FREE),
+                                       (0.05, [25, 51, 51], TWO_MODE_FINGERPRINT)]:
         trail: list[Any] = []
         for seed, params in [(1, then), (2, small), (3, small)]:
             res = simulate(PLAIN, SPEC, varied_load(seed), noise=noise, seed=seed, state=ap.initial_state(params))
@@ -847,3 +850,21 @@ def test_a_hold_ends_once_the_batch_has_turned_over() -> None:
     assert run(steady) == [None, None, None, None, ap.FLIP_ON]  # a-d all finished by the fifth decision
     draining = [frozenset({"a", "b", "c", "d"})] * 6
     assert run(draining) == [None] * 6
+
+
+def test_no_probe_starts_on_a_waves_tail() -> None:
+    """The H200, session 18, call 2 (auto_tiers31 at 64): a probe that begins as a wave drains measures a batch that
+    shrinks step by step, its intervals full of the next wave's prefills (session 18's poisoned probe of plain at
+    48), and at a round's tail it holds the last requests in the slower mode. A stale mode is probed at a steady
+    demand, not while the demand is below the most requests of the last `hold_steps` steps."""
+    params = ap.AutoParams()
+    state = wave(ap.initial_state(params), True, 40, 11.5, 11.5, 24)
+    state = wave(state, False, 40, 5.1, 5.1, params.stale_after + 50)  # speculation's estimate goes stale
+    state = ap.commit(state, ap.decide(state, False, 40, 40, 48))  # plain settled on the numbers
+    steady = ap.decide(state, False, 40, 40, 48)
+    assert (steady.action, steady.reason) == (ap.FLIP_ON, "probe")  # the control: at a steady 40 it is probed
+    tail = ap.commit(state, attrs.evolve(steady, action=None, reason="measured"))
+    for demand in (39, 30, 20, 3):  # the wave drains
+        d = ap.decide(tail, False, demand, demand, 48)
+        assert d.load == 40 and d.action is None, (demand, d)
+        tail = ap.commit(tail, d)
