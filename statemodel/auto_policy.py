@@ -154,6 +154,7 @@ class Estimate:
     samples: int
     updated: int  # the learner's step count at the last sample
     at: float = 0.0  # a bucket's: the batch its samples ran at, averaged with the same weights (0 for the others)
+    weighted: int = 0  # the samples the running mean's weight counts (0: all of them); a relearned estimate's since
 
 
 @attrs.frozen
@@ -271,15 +272,17 @@ def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: floa
     if old is None:
         return Estimate(mean=sample, samples=1, updated=step, at=at)
     n = old.samples + 1
-    w = max(1.0 / n, alpha)
-    return Estimate(mean=old.mean + w * (sample - old.mean), samples=n, updated=step, at=old.at + w * (at - old.at))
+    weighted = old.weighted + 1 if old.weighted else 0
+    w = max(1.0 / (weighted or n), alpha)
+    return Estimate(mean=old.mean + w * (sample - old.mean), samples=n, updated=step, at=old.at + w * (at - old.at),
+                    weighted=weighted)
 
 
 def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams, alpha: float,
                   at: float = 0.0) -> Estimate:
     """`_ewma` with the sample clipped to [1/2, 2] x the estimate once it has `min_samples`: one stalled step (or
     catch-up) does not move a known estimate far."""
-    if old is not None and old.samples >= p.min_samples:
+    if old is not None and old.samples >= p.min_samples and not 0 < old.weighted < p.min_samples:  # not relearning
         sample = min(max(sample, old.mean / 2), old.mean * 2)
     return _ewma(old, sample, step, alpha, at)
 
@@ -302,9 +305,14 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     # average 12 ms, their rates 1 / 10.7 ms)
     seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
     key = (mode, bucket_of(obs.batch))
+    old = state.estimate(*key)
+    # a stale estimate is learned afresh, its old mean weighing as one sample (it stays a point: its count stands): it
+    # is probed again because it may be wrong (the H200, session 19: plain at 48 kept the running mean of a ramp's
+    # prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
+    # speculation's value; `auto` held speculation at 48 through three rounds, 0.81x)
+    old = attrs.evolve(old, weighted=1) if old is not None and step - old.updated > p.stale_after else old
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
-                             + [(key, _clipped_ewma(state.estimate(*key), seconds, step, p, p.step_alpha,
-                                                    at=float(obs.batch)))]))
+                             + [(key, _clipped_ewma(old, seconds, step, p, p.step_alpha, at=float(obs.batch)))]))
     accepts = state.accepts
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size

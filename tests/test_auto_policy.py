@@ -868,3 +868,19 @@ def test_no_probe_starts_on_a_waves_tail() -> None:
         d = ap.decide(tail, False, demand, demand, 48)
         assert d.load == 40 and d.action is None, (demand, d)
         tail = ap.commit(tail, d)
+
+
+def test_a_stale_estimate_is_learned_afresh() -> None:
+    """The H200, session 19, call 1 (auto at 48, 0.81x): plain's estimate at 48 came from the first steps of a ramp,
+    their intervals full of the other requests' prefills (about 9 ms a step); 5,000 steps later a probe ran plain at
+    48 for 24 steps at 5.0 ms, and the running mean of both put plain at 6.2 ms, below speculation's value, which
+    then held through three rounds. An estimate probed because it is stale keeps its old mean as one sample: the
+    probe's steps decide."""
+    params = ap.AutoParams()
+    state = wave(ap.initial_state(params), False, 48, 9.0, 9.0, 12)  # the ramp: 10 samples after settle
+    assert ap.value(state, False, 48, 48) == pytest.approx(48 / 0.009)
+    state = wave(state, True, 16, 7.8, 7.8, params.stale_after + 10)  # elsewhere, long enough for it to go stale
+    probed = wave(state, False, 48, 5.0, 5.0, params.probe_steps)
+    assert ap.value(probed, False, 48, 48) == pytest.approx(48 / 0.0052, rel=0.01)  # (9 + 22 x 5) / 23 ms
+    fresh = wave(wave(ap.initial_state(params), False, 48, 9.0, 9.0, 12), False, 48, 5.0, 5.0, params.probe_steps)
+    assert ap.value(fresh, False, 48, 48) < 48 / 0.006  # the control: not stale, the ramp still weighs in
