@@ -496,6 +496,8 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     again."""
     if decision.demand >= state.peak or state.step - state.peak_step > state.params.hold_steps:
         state = attrs.evolve(state, peak=decision.demand, peak_step=state.step)
+    if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand
+        return state
     if decision.action is None and not decision.changes_tier:
         want_since = (state.step if state.want_since is None else state.want_since) if decision.wants_flip else None
         if decision.incumbent == state.incumbent and want_since == state.want_since:

@@ -884,3 +884,37 @@ def test_a_stale_estimate_is_learned_afresh() -> None:
     assert ap.value(probed, False, 48, 48) == pytest.approx(48 / 0.0052, rel=0.01)  # (9 + 22 x 5) / 23 ms
     fresh = wave(wave(ap.initial_state(params), False, 48, 9.0, 9.0, 12), False, 48, 5.0, 5.0, params.probe_steps)
     assert ap.value(fresh, False, 48, 48) < 48 / 0.006  # the control: not stale, the ramp still weighs in
+
+
+def test_a_waves_turnover_keeps_the_want_and_the_hold() -> None:
+    """The H200, session 19, call 2 (auto at 24, 0.95x): plain ran at 24, where speculation led by 11 % on the
+    learner's numbers, not a clear win. Each wave's flip on was held by its catch-up (24 requests to re-prefill for
+    the gain of one wave), and then the wave's turnover, an idle moment, dropped the want and the hold: the next
+    wave's first request met a fresh confirmation, the rest a fresh hold, wave after wave. An idle decision weighs
+    nothing and keeps both: the flip on comes at the turnover, with no request to retract, or once the held
+    requests have finished."""
+    from shim.switch.auto import AutoSwitch
+
+    state = ap.observe_catch_up(learned_plain_state(), 1000, 0.2)  # 200 us a token: no one wave pays for it
+    wave_a, wave_b = frozenset(f"a{i}" for i in range(24)), frozenset(f"b{i}" for i in range(24))
+
+    def run(turnover: list[tuple[int, int]]) -> list[tuple[str | None, str]]:
+        auto = AutoSwitch(spec_cap=48, state=state)
+        out = []
+        for running, waiting, rids in [(24, 0, wave_a)] * 3 + [(r, w, frozenset()) for r, w in turnover] \
+                + [(24, 0, wave_b)]:
+            d = auto.decide(False, running, waiting, batch_work=lambda rids=rids: (24 * 64, 24 * 80, rids))
+            auto.commit(d)
+            out.append((d.action, d.reason))
+            if d.action is not None:
+                break
+            for _ in range(8):  # plain decode steps at 24 between the decisions
+                auto.state = ap.observe(auto.state, ap.Observation(False, 24, 24.0, 24 / PLAIN[24]))
+        return out
+
+    wave_a_held = [(None, "confirming"), (None, "confirming"), (None, "catch_up")]
+    assert run([]) == [*wave_a_held, (ap.FLIP_ON, "measured")]  # the control: wave b ran none of wave a's requests
+    # at the turnover's first arrival (no request running), the want confirmed
+    assert run([(0, 0), (0, 1)]) == [*wave_a_held, (None, "idle"), (ap.FLIP_ON, "measured")]
+    # after the idle moment alone, at wave b: the hold's requests have finished (turned over)
+    assert run([(0, 0)]) == [*wave_a_held, (None, "idle"), (ap.FLIP_ON, "measured")]

@@ -96,7 +96,7 @@ class AutoSwitch:
             held = d.reason == "catch_up"
             self.catch_up_holds += held
             self.held_rids = (self.held_rids or rids) if held else None
-        elif not d.wants_flip:
+        elif not d.wants_flip and d.reason != "idle":  # an idle moment (a wave's turnover) keeps the hold
             self.held_rids = None  # the numbers no longer want speculation: a later hold starts afresh
         self.last = d
         return d
