@@ -52,23 +52,22 @@ for a clear win, and the bucket is still probed. Then:
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
-The catch-up's cost (the draining burst of session 13 on the H200). Under the switch's default design a flip-on
-retracts the running requests, and their re-prefill (target and draft over prompt and output) is the draft's
-catch-up: every running request waits through it (there, for 21-24 requests of about 170 tokens, 31 ms median from
-the flip to the first speculative step's launch, 28-247 ms). Closed-loop loads flip on at an emptied server, where
-it costs nothing; a batch that drains gradually, or traffic that never stops, flips on with requests running. So a
-flip-on on the numbers with requests running must also pay for its catch-up: the learner keeps the catch-up's
-seconds per re-prefilled token (`observe_catch_up`: the flip to the first speculative decode launch, agreed across
-ranks like the steps), and `gate_catch_up` lets such a flip-on through only when the time speculation saves over the
-running requests' remaining tokens, at the two modes' throughputs at this demand, exceeds the catch-up those
-requests cost: R x (1/plain - 1/spec) > c x T (R: output tokens the running requests may still ask for, T: tokens
-their re-prefill runs). Until a catch-up has been observed, nothing is gated; probes and the prior are not gated
-(they learn what the numbers do not know yet). A held flip-on waits like a dwell (`reason` "catch_up"); as the batch
-drains, R and T shrink together but speculation's gain at the lower demand grows, so it flips on later, with fewer
-requests to retract. R counts only the requests running now, but speculation also serves those still to come: once
-every request that ran at the first hold has finished and the numbers still want speculation, the load is steady,
-not draining, and the flip-on goes through (`turned_over`; without it a steady low load of long prompts would stay
-plain for good).
+The catch-up's cost (the draining burst of session 13 on the H200). Under the switch's default design a flip-on retracts
+the running requests, and their re-prefill (target and draft over prompt and output) is the draft's catch-up: every
+running request waits through it (there, for 21-24 requests of about 170 tokens, 31 ms median from the flip to the first
+speculative step's launch, 28-247 ms). Closed-loop loads flip on at an emptied server, where it costs nothing; a batch
+that drains gradually, or traffic that never stops, flips on with requests running. So a flip-on on the numbers with
+requests running must also pay for its catch-up: the learner fits the catch-up's seconds as a fixed part plus one per
+re-prefilled token (`observe_catch_up`: the flip to the first speculative decode launch, agreed across ranks like the
+steps; `CatchUpCost`), and `gate_catch_up` lets such a flip-on through only when the time speculation saves over the
+running requests' remaining tokens, at the two modes' throughputs at this demand, exceeds the catch-up those requests
+cost: R x (1/plain - 1/spec) > c(T) (R: output tokens the running requests may still ask for, T: tokens their re-prefill
+runs). Until a catch-up has been observed, nothing is gated; probes and the prior are not gated (they learn what the
+numbers do not know yet). A held flip-on waits like a dwell (`reason` "catch_up"); as the batch drains, R and T shrink
+together but speculation's gain at the lower demand grows, so it flips on later, with fewer requests to retract. R
+counts only the requests running now, but speculation also serves those still to come: once every request that ran at
+the first hold has finished and the numbers still want speculation, the load is steady, not draining, and the flip-on
+goes through (`turned_over`; without it a steady low load of long prompts would stay plain for good).
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
@@ -158,6 +157,35 @@ class Estimate:
 
 
 @attrs.frozen
+class CatchUpCost:
+    """A flip-on's catch-up, learned as a line: seconds = fixed + per token x tokens re-prefilled, a least-squares fit
+    over the catch-ups observed (weighted means of tokens, seconds and their products: a running mean, then the EWMA
+    weight `alpha`). Mostly a fixed cost on the H200 (session 19: 85 to 4,768 tokens in 21-47 ms), so one rate per
+    token overrated a large catch-up several times; with one size seen so far, that rate is all there is."""
+
+    samples: int
+    updated: int
+    tokens: float
+    seconds: float
+    tokens_sq: float
+    tokens_seconds: float
+
+    @staticmethod
+    def per_token(seconds_per_token: float, samples: int = 1, updated: int = 0, tokens: float = 1000.0) -> CatchUpCost:
+        """A cost of `seconds_per_token` a token and no fixed part, as if learned from catch-ups of `tokens`."""
+        seconds = seconds_per_token * tokens
+        return CatchUpCost(samples, updated, tokens, seconds, tokens * tokens, tokens * seconds)
+
+    def seconds_for(self, tokens: float) -> float:
+        var = self.tokens_sq - self.tokens * self.tokens
+        if self.samples < 2 or var <= (0.1 * self.tokens) ** 2:  # (about) one size seen: its rate per token
+            return self.seconds / self.tokens * tokens
+        per_token = max(0.0, (self.tokens_seconds - self.tokens * self.seconds) / var)
+        fixed = max(0.0, self.seconds - per_token * self.tokens)
+        return fixed + per_token * tokens
+
+
+@attrs.frozen
 class Decision:
     """What `decide` answers; `commit` records it. `action`: FLIP_OFF, FLIP_ON or None (with tiers, a None action may
     still change the tier: `changes_tier`)."""
@@ -200,7 +228,7 @@ class AutoState:
     probes: int = 0
     flips: int = 0
     tier_changes: int = 0
-    catch_up: Estimate | None = None  # seconds per token a flip-on's catch-up (re-prefill) takes, learned
+    catch_up: CatchUpCost | None = None  # the seconds a flip-on's catch-up (re-prefill) takes, learned
 
     def estimate(self, mode: int, bucket: int) -> Estimate | None:
         for key, est in self.estimates:
@@ -323,12 +351,23 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
 
 def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState:
     """The state after a flip-on's catch-up was observed: `tokens` re-prefilled (the retracted requests' prompts and
-    outputs) in `seconds` (the flip to the first speculative decode launch). Learned per token, as the steps are: a
-    running mean, then the EWMA, clipped to [1/2, 2] x the estimate once it has `min_samples` samples."""
+    outputs) in `seconds` (the flip to the first speculative decode launch). Fitted as a fixed part plus one per
+    token (`CatchUpCost`); once `min_samples` are in, a sample is clipped to [1/2, 2] x the fit's seconds for its
+    tokens."""
     if tokens <= 0 or not seconds > 0:
         return state
-    return attrs.evolve(state, catch_up=_clipped_ewma(state.catch_up, seconds / tokens, state.step, state.params,
-                                                             state.params.alpha))
+    p, old = state.params, state.catch_up
+    if old is None:
+        return attrs.evolve(state, catch_up=CatchUpCost(1, state.step, tokens, seconds, tokens * tokens,
+                                                        tokens * seconds))
+    if old.samples >= p.min_samples:
+        expected = old.seconds_for(tokens)
+        seconds = min(max(seconds, expected / 2), expected * 2)
+    w = max(1.0 / (old.samples + 1), p.alpha)
+    mix = lambda a, b: a + w * (b - a)  # noqa: E731
+    return attrs.evolve(state, catch_up=CatchUpCost(
+        old.samples + 1, state.step, mix(old.tokens, tokens), mix(old.seconds, seconds),
+        mix(old.tokens_sq, tokens * tokens), mix(old.tokens_seconds, tokens * seconds)))
 
 
 def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up_tokens: int,
@@ -344,7 +383,7 @@ def gate_catch_up(state: AutoState, decision: Decision, remaining: int, catch_up
             or state.catch_up is None or not decision.spec_value or not decision.plain_value:
         return decision
     saved = remaining * (1.0 / decision.plain_value - 1.0 / decision.spec_value)
-    cost = state.catch_up.mean * catch_up_tokens
+    cost = state.catch_up.seconds_for(catch_up_tokens)
     if saved > cost or turned_over:
         return attrs.evolve(decision, saved_s=saved, catch_up_s=cost)
     # held like a dwell: the incumbent stays, the want is kept (commit records want_since)

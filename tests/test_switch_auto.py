@@ -186,10 +186,10 @@ def test_a_flip_on_with_requests_running_learns_its_catch_up_and_then_waits_for_
     # (a flip-on undone before its first speculative decode, or followed by an idle spell, times nothing); waiting
     # requests admitted into the re-prefill's batch count their tokens too (one flip-on here: 180 retracted + 54)
     assert auto.state.catch_up is not None and 1 <= auto.state.catch_up.samples <= len(under_load)
-    assert auto.state.catch_up.mean == pytest.approx(PREFILL_S)
+    assert auto.state.catch_up.seconds_for(1000) == pytest.approx(PREFILL_S * 1000)
 
     # a catch-up of a second per token, learned long ago: a flip-on with requests running never pays for it now
-    auto.state = attrs.evolve(auto.state, catch_up=ap.Estimate(mean=1.0, samples=100, updated=auto.state.step))
+    auto.state = attrs.evolve(auto.state, catch_up=ap.CatchUpCost.per_token(1.0, samples=100, updated=auto.state.step))
     learned = len(flips_of(drv))
     for k in range(3):  # bursts of 8 whose requests finish one by one (6, 11, ... 41 tokens)
         wave = [h.make_req(f"e{k}_{i}", gf.SYSTEM_PROMPT + [500 + 8 * k + i] * 3, max_new_tokens=6 + 5 * i)
