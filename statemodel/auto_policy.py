@@ -479,7 +479,11 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     dwell = state.step - state.flip_step
     probing = cur != state.incumbent
     if probing and dwell < p.probe_steps:
-        return answer(None, "probing")
+        if not (state.incumbent == PLAIN and cur != PLAIN and demand > spec_cap):
+            return answer(None, "probing")
+        # a probe of speculation that a burst overtook: past the cap requests wait behind it, which costs far more
+        # than the probe learns (the H200, session 19: a probe begun at 43 on a burst's ramp held 80 of 128 waiting)
+        return answer(_flip(cur, PLAIN), "probe_end", to=PLAIN)
     known = {m: v for m, v in enumerate(values) if v is not None}
     clear = False
     # on the numbers: a probe against the incumbent; otherwise two modes known, plain among them wherever the prior
