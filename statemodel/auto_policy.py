@@ -170,12 +170,6 @@ class CatchUpCost:
     tokens_sq: float
     tokens_seconds: float
 
-    @staticmethod
-    def per_token(seconds_per_token: float, samples: int = 1, updated: int = 0, tokens: float = 1000.0) -> CatchUpCost:
-        """A cost of `seconds_per_token` a token and no fixed part, as if learned from catch-ups of `tokens`."""
-        seconds = seconds_per_token * tokens
-        return CatchUpCost(samples, updated, tokens, seconds, tokens * tokens, tokens * seconds)
-
     def seconds_for(self, tokens: float) -> float:
         var = self.tokens_sq - self.tokens * self.tokens
         if self.samples < 2 or var <= (0.1 * self.tokens) ** 2:  # (about) one size seen: its rate per token
@@ -294,6 +288,11 @@ def bucket_floor(bucket: int) -> int:
     return (3 << (k - 1)) if half else (1 << k)
 
 
+def _weight(n: int, alpha: float) -> float:
+    """The weight of an estimate's `n`-th sample: a running mean over the first ones, then an EWMA with `alpha`."""
+    return max(1.0 / n, alpha)
+
+
 def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: float = 0.0) -> Estimate:
     """A running mean over the first samples, then an EWMA with weight `alpha`; `at` (a bucket's batch size of this
     sample) is averaged with the same weights."""
@@ -301,7 +300,7 @@ def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: floa
         return Estimate(mean=sample, samples=1, updated=step, at=at)
     n = old.samples + 1
     weighted = old.weighted + 1 if old.weighted else 0
-    w = max(1.0 / (weighted or n), alpha)
+    w = _weight(weighted or n, alpha)
     return Estimate(mean=old.mean + w * (sample - old.mean), samples=n, updated=step, at=old.at + w * (at - old.at),
                     weighted=weighted)
 
@@ -356,14 +355,11 @@ def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState
     tokens."""
     if tokens <= 0 or not seconds > 0:
         return state
-    p, old = state.params, state.catch_up
-    if old is None:
-        return attrs.evolve(state, catch_up=CatchUpCost(1, state.step, tokens, seconds, tokens * tokens,
-                                                        tokens * seconds))
+    p, old = state.params, state.catch_up or CatchUpCost(0, 0, 0.0, 0.0, 0.0, 0.0)  # the first sample weighs 1
     if old.samples >= p.min_samples:
         expected = old.seconds_for(tokens)
         seconds = min(max(seconds, expected / 2), expected * 2)
-    w = max(1.0 / (old.samples + 1), p.alpha)
+    w = _weight(old.samples + 1, p.alpha)
     mix = lambda a, b: a + w * (b - a)  # noqa: E731
     return attrs.evolve(state, catch_up=CatchUpCost(
         old.samples + 1, state.step, mix(old.tokens, tokens), mix(old.seconds, seconds),

@@ -188,8 +188,10 @@ def test_a_flip_on_with_requests_running_learns_its_catch_up_and_then_waits_for_
     assert auto.state.catch_up is not None and 1 <= auto.state.catch_up.samples <= len(under_load)
     assert auto.state.catch_up.seconds_for(1000) == pytest.approx(PREFILL_S * 1000)
 
-    # a catch-up of a second per token, learned long ago: a flip-on with requests running never pays for it now
-    auto.state = attrs.evolve(auto.state, catch_up=ap.CatchUpCost.per_token(1.0, samples=100, updated=auto.state.step))
+    # a catch-up of a second per token (catch-ups of 1,000 tokens in 1,000 s), learned long ago: a flip-on with
+    # requests running never pays for it now
+    auto.state = attrs.evolve(auto.state, catch_up=ap.CatchUpCost(samples=100, updated=auto.state.step, tokens=1000.0,
+                                                                  seconds=1000.0, tokens_sq=1e6, tokens_seconds=1e6))
     learned = len(flips_of(drv))
     for k in range(3):  # bursts of 8 whose requests finish one by one (6, 11, ... 41 tokens)
         wave = [h.make_req(f"e{k}_{i}", gf.SYSTEM_PROMPT + [500 + 8 * k + i] * 3, max_new_tokens=6 + 5 * i)
