@@ -704,7 +704,7 @@ class V2Adapter:
         held, self._prepared_reading = self._prepared_reading, None
         if held is None or held[0] is not batch or held[1] is not batch.reqs or self._worker_reading is not None:
             return
-        if [len(r.output_ids) for r in held[1]] == [o[3] for o in held[4]]:  # ObservedRequest.output_len
+        if _no_output_grew(held[1], held[4]):
             self._worker_reading = held
 
     def _round_observer(self, batch: Any) -> Callable[[], tuple[ObservedBatch, list[ObservedRequest], ObservedPool]]:
@@ -842,9 +842,7 @@ class V2Adapter:
         # Req defines no __eq__: list equality is an identity test per item (the same objects compare equal at C speed)
         if len(reqs) != len(readings) or reqs != held[1]:
             return None
-        if [len(r.output_ids) for r in reqs] != [o[3] for o in readings]:  # ObservedRequest.output_len
-            return None
-        return readings
+        return readings if _no_output_grew(reqs, readings) else None
 
     def after_apply_runtime_state(self, result: Any, worker: Any, state: Any, *args: Any, **kwargs: Any) -> None:
         def step(g: Guard) -> None:
@@ -956,3 +954,9 @@ class V2Adapter:
 def g_pool_or_none(guard: Guard) -> ObservedPool:
     """The pool as last observed (a flip with nothing running changes no KV)."""
     return ObservedPool(free=guard.state.kv_free, size=guard.state.kv_pool_size)
+
+
+def _no_output_grew(reqs: list[Any], readings: list[ObservedRequest]) -> bool:
+    """Whether each request's output is as long as its reading took it: a reading stands only while none grew (a result
+    processed without a hook of the guard's appends tokens)."""
+    return [len(r.output_ids) for r in reqs] == [o[3] for o in readings]  # ObservedRequest.output_len
