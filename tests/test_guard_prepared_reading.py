@@ -47,6 +47,20 @@ def readings(adapter: Any) -> Iterator[list[str]]:
         del adapter._observe_reqs
 
 
+def three_iterations_then_the_rest(runtime: Any, drv: Any, mode: str) -> list[str]:
+    """Three iterations launching `mode` steps, with no finding, and what each hook read in them (`readings`); then
+    the run to its end: no finding, the pool accounted, every output greedy-exact."""
+    with readings(runtime.adapter) as reads:
+        for _ in range(3):
+            drv.iteration()
+    assert [launched for _, launched, _ in drv.launched[-3:]] == [mode] * 3
+    assert runtime.guard.found == []
+    drv.run_until_idle()
+    assert runtime.guard.found == [] and gf.pool_accounted(drv.pools)
+    assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in drv.reqs)
+    return reads
+
+
 def plain_driver(model_dir: Path) -> Any:
     config = SwitchConfig(t_off=1, t_on=0, draft_while_off="retract", plain_graphs="decode")  # off at once
     drv = ol.OverlapDriver(ol.overlap_pools(model_dir, kv_size=4096), RETRACT_CATCH_UP, switch_config=config)
@@ -60,17 +74,9 @@ def plain_driver(model_dir: Path) -> Any:
 
 def test_a_plain_launch_reads_what_prepare_read(runtime: Any, model_dir: Path) -> None:
     gf.configure_guard(runtime, RETRACT_CATCH_UP)
-    drv = plain_driver(model_dir)
-    with readings(runtime.adapter) as reads:
-        for _ in range(3):
-            drv.iteration()
-    assert [mode for _, mode, _ in drv.launched[-3:]] == ["plain"] * 3
+    reads = three_iterations_then_the_rest(runtime, plain_driver(model_dir), "plain")
     # per plain iteration one reading, prepare_for_decode's: the launch and the previous step's result read nothing new
     assert reads == ["after_prepare_for_decode"] * 3
-    assert runtime.guard.found == []
-    drv.run_until_idle()
-    assert runtime.guard.found == [] and gf.pool_accounted(drv.pools)
-    assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in drv.reqs)
 
 
 def test_a_request_whose_output_grew_in_between_is_read_again(runtime: Any, model_dir: Path,
@@ -107,15 +113,8 @@ def test_a_speculative_launch_reads_what_prepare_read(runtime: Any, model_dir: P
     drv.add(drv.reqs)
     for _ in range(4):  # prefill, merge, speculative steps
         drv.iteration()
-    with readings(runtime.adapter) as reads:
-        for _ in range(3):
-            drv.iteration()
-    assert [mode for _, mode, _ in drv.launched[-3:]] == ["spec"] * 3
+    reads = three_iterations_then_the_rest(runtime, drv, "spec")
     assert reads == ["after_prepare_for_decode", "after_normalize_decode_outputs"] * 3
-    assert runtime.guard.found == []
-    drv.run_until_idle()
-    assert runtime.guard.found == [] and gf.pool_accounted(drv.pools)
-    assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in drv.reqs)
 
 
 def test_a_result_whose_output_grew_after_the_launch_is_read_again(runtime: Any, model_dir: Path,
