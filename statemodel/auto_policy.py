@@ -47,8 +47,9 @@ for a clear win, and the bucket is still probed. Then:
   happens at most once per bucket and mode (after it the mode is known);
 - a flip for the numbers or the prior waits until the mode has run `min_dwell` steps and every decision of the
   last `confirm_steps` steps wanted it (demand jumping across the crossover flips nothing), unless the numbers
-  say the other mode wins by `clear_win` or more (far from the crossover: a burst begins or ends, not noise),
-  which waits for neither; a probe's return does not wait;
+  say the other mode wins by `clear_win` or more (far from the crossover: a burst begins or ends, not noise), or
+  speculation holds requests waiting beyond its cap and plain is wanted (each step held costs them their wait),
+  which wait for neither; a probe's return does not wait;
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
@@ -508,7 +509,11 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                         and (other == PLAIN or cur != PLAIN or within_spec_cap(running, spec_cap)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
-    if not probing and not (reason == "measured" and clear):
+    # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the
+    # batch it splits (the cap's share, the rest a few dozen steps later) leaves a tail that looks like a lull (the
+    # H200, session 20: tiers at 64 flipped on at every wave's tail of 16 and dwelt 40 steps at 48 of 64, 0.78x)
+    overflowing = cur != PLAIN and want == PLAIN and demand > spec_cap
+    if not probing and not (reason == "measured" and clear) and not overflowing:
         # a clear win on the numbers is far from the crossover (a burst starts or ends): no dwell, no confirmation.
         # The H200 (session 9): a lull of one request at a burst's start flipped speculation on, and the dwell
         # then held 80 requests waiting behind 48 speculative steps

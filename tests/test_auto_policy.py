@@ -209,7 +209,8 @@ def test_traffic_that_drafts_better_while_plain_runs_is_found_again() -> None:
 
 def test_never_flips_on_above_the_cap() -> None:
     """Plain decoding runs more requests than speculation holds: whatever the numbers say, flip_on waits until the
-    running batch fits (the model's within_spec_cap); the prior keeps speculation off above the cap."""
+    running batch fits (the model's within_spec_cap); the prior keeps speculation off above the cap, and turns it off
+    at once where requests wait beyond the cap (no dwell: each step held is their wait)."""
     state = ap.initial_state()
     for _ in range(40):  # speculation known far better at 48 and 64 (an invented host)
         state = ap.observe(state, ap.Observation(True, 48, 480.0, 0.01))
@@ -223,7 +224,8 @@ def test_never_flips_on_above_the_cap() -> None:
     assert ap.decide(state, False, 64, 64, 48).reason == "cap"
     assert ap.decide(state, False, 64, 40, 48).action == ap.FLIP_ON
     fresh = ap.initial_state()
-    assert ap.decide(fresh, True, 100, 48, 48).wants_flip and ap.decide(fresh, True, 10, 10, 48).action is None
+    assert ap.decide(fresh, True, 100, 48, 48).action == ap.FLIP_OFF
+    assert ap.decide(fresh, True, 10, 10, 48).action is None
     # over many random loads, no flip_on with more running than the cap
     rng = random.Random(5)
     res = simulate(PLAIN, SPEC, [d for _ in range(50) for d in [rng.choice([4, 30, 60, 150])] * 50], noise=0.05)
@@ -507,9 +509,11 @@ def test_a_bucket_is_capped_at_the_least_seconds_above_it() -> None:
 # decisions with 5 % noise as without (6abb694c...). Session 19's starts no probe while the demand is below the
 # hold's peak (a wave's tail): 25 / 51 / 51 decisions with 2 / 18 / 17 probes (against 7 / 40 / 31), 0.2-0.4 % more
 # tok/s (8,496 / 11,378 / 10,547), the same with noise as without (e2f281b3...); and ends a probe of speculation
-# that a burst overtakes past the cap: the same counts, a few probes shorter (11,381 on load 2; 3f2cc340...)
-TWO_MODE_FINGERPRINT_NOISE_FREE = "3f2cc340698499538c67b1fab8c8bc0b53678d9b"
-TWO_MODE_FINGERPRINT = "3f2cc340698499538c67b1fab8c8bc0b53678d9b"  # 5 % noise
+# that a burst overtakes past the cap: the same counts, a few probes shorter (11,381 on load 2; 3f2cc340...). Session
+# 20's flips speculation off without a dwell where requests wait beyond its cap: the same counts, 1 / 18 / 16 probes,
+# 8,503 / 11,391 / 10,555 tok/s (ef466f57...)
+TWO_MODE_FINGERPRINT_NOISE_FREE = "ef466f57cd5946ee51bc90754e93f32a7888a26c"
+TWO_MODE_FINGERPRINT = "ef466f57cd5946ee51bc90754e93f32a7888a26c"  # 5 % noise
 
 
 def varied_load(seed: int) -> list[int]:
@@ -605,8 +609,8 @@ def test_tiers_prior_probes_and_tier_changes() -> None:
     state = ap.initial_state(tiers=(3, 1))
     d = ap.decide(state, True, 10, 10, 48, steps=3)
     assert (d.action, d.reason, d.steps, d.changes_tier) == (None, "prior", 3, False)
-    d = ap.decide(state, True, 100, 48, 48, steps=3)
-    assert d.wants_flip and d.reason in ("dwell", "confirming")
+    d = ap.decide(state, True, 100, 48, 48, steps=3)  # requests waiting beyond the cap: off at once, no dwell
+    assert (d.action, d.reason) == (ap.FLIP_OFF, "prior")
     res = simulate_tiers(T_PLAIN, T_TIERS, [8] * 600, seed=1)
     visits = [(d.action, d.steps, d.reason) for d in res.decisions]
     assert visits[:3] == [("flip_off", None, "probe"), ("flip_on", 3, "probe_end"), (None, 1, "probe")]
@@ -616,7 +620,8 @@ def test_tiers_prior_probes_and_tier_changes() -> None:
 def test_tiers_above_the_cap_with_plain_never_measured_there_follow_the_prior() -> None:
     """Both step counts known at the cap's batch (48) and plain never measured at 256: a demand of 256 runs
     speculation at 48 requests, and comparing the two tiers alone would hold it there (on this session 16 table
-    0.39-0.44x plain at 256). The prior says plain above the cap, and the learner flips off after its dwell. Found
+    0.39-0.44x plain at 256). The prior says plain above the cap, and the learner flips off at once (requests wait
+    beyond the cap: no dwell; before session 20, after its dwell and confirmation). Found
     by the simulation of a sweep that jumps from 64 to 256 (bench/gpu/results/bench_s16_call3.jsonl's rows)."""
     state = ap.initial_state(tiers=(3, 1))
     for steps, seconds in [(3, 0.0142), (1, 0.0127)]:
@@ -626,7 +631,7 @@ def test_tiers_above_the_cap_with_plain_never_measured_there_follow_the_prior() 
     assert ap.value(state, ap.PLAIN, 256, 48) is None
     on_steps1 = attrs.evolve(state, incumbent=2)  # running steps 1, the better tier, on the numbers
     d = ap.decide(on_steps1, True, 256, 48, 48, steps=1)
-    assert (d.reason, d.wants_flip) == ("confirming", True)  # the prior's plain, after the dwell and confirmation
+    assert (d.action, d.reason) == (ap.FLIP_OFF, "prior")  # the prior's plain, at once: 208 requests wait
     d = ap.decide(state, True, 48, 48, 48, steps=3)  # within the cap the tiers compare on the numbers: steps 1
     assert (d.reason, d.wants_flip, ap.value(state, 2, 48, 48) > 1.03 * ap.value(state, 1, 48, 48)) == (
         "confirming", True, True)
@@ -950,3 +955,29 @@ def test_a_probe_of_speculation_ends_when_a_burst_overtakes_it() -> None:
     assert (ap.decide(probing, True, 46, 40, 48).reason) == "probing"  # under the cap: it runs its course
     overtaken = ap.decide(probing, True, 128, 48, 48)
     assert (overtaken.action, overtaken.reason, overtaken.incumbent) == (ap.FLIP_OFF, "probe_end", ap.PLAIN)
+
+
+def test_speculation_holding_requests_beyond_its_cap_flips_off_without_a_dwell() -> None:
+    """The H200, session 20, call 3 (`auto` with tiers 3,1, concurrency 64, traces_s20_call3.tar.xz): each wave
+    arrived with speculation on, so its cap (48) split the wave: 48 ran, 16 waited until the flip off, and finished
+    some 25 steps after the rest, a tail of 16 in which steps 1 won on the numbers (4,447 against plain's 3,456
+    tok/s) and came on. The next wave then waited through the flip-on's dwell: 40 steps at 48 running and 16 waiting
+    (plain 19.7 % ahead, under a clear win), 0.78x plain in that round. Speculation holding requests beyond its cap
+    with plain wanted now flips off at once; at its cap with none waiting the dwell stands."""
+    state = ap.initial_state(tiers=(3, 1))
+    # the trace's values (tok/s): plain 11,422 at 64 and 3,456 at 16; steps 1 9,542 at 48 and 4,447 at 16; steps 3
+    # 8,535 at 48 (each mode a run of steps: the first `settle` after a change are not used)
+    for spec_on, batch, tok_s, steps in [(False, 64, 11_422, None), (False, 16, 3_456, None), (True, 48, 9_542, 1),
+                                         (True, 16, 4_447, 1), (True, 48, 8_535, 3)]:
+        tokens = batch * (2.0 if spec_on else 1.0)
+        for _ in range(24):
+            state = ap.observe(state, ap.Observation(spec_on, batch, tokens, tokens / tok_s, steps=steps))
+    just_on = attrs.evolve(state, incumbent=2, flip_step=state.step)  # steps 1, flipped on at the tail of 16
+    waiting = ap.decide(just_on, True, 64, 48, 48, steps=1)
+    assert (waiting.action, waiting.reason, waiting.steps) == (ap.FLIP_OFF, "measured", None)
+    # the test can fail: at the cap with nobody waiting, plain 15 % ahead (an invented 11,000 tok/s at 48) waits for
+    # the dwell
+    for _ in range(24):
+        state = ap.observe(state, ap.Observation(False, 48, 48.0, 48 / 11_000))
+    at_cap = ap.decide(attrs.evolve(state, incumbent=2, flip_step=state.step), True, 48, 48, 48, steps=1)
+    assert (at_cap.action, at_cap.reason, at_cap.wants_flip) == (None, "dwell", True)
