@@ -981,3 +981,22 @@ def test_speculation_holding_requests_beyond_its_cap_flips_off_without_a_dwell()
         state = ap.observe(state, ap.Observation(False, 48, 48.0, 48 / 11_000))
     at_cap = ap.decide(attrs.evolve(state, incumbent=2, flip_step=state.step), True, 48, 48, 48, steps=1)
     assert (at_cap.action, at_cap.reason, at_cap.wants_flip) == (None, "dwell", True)
+
+
+def test_a_closed_loop_at_64_meets_its_waves_in_plain_after_a_tail_flipped_speculation_on() -> None:
+    """The same, per request (tests/closed_loop.py: 64 clients, 128-token requests, speculation's cap 48, the
+    catch-up gate as the switch runs it), on the learner's values from that trace: a tail had just flipped steps 1 on
+    when the next wave arrived. The wave runs in plain at once, as a loop that starts in plain does (equal tok/s,
+    at most a step or two with requests waiting beyond the cap); before the fix (376e528) the dwell held 49
+    speculative steps with requests waiting and the loop made 0.927x."""
+    import closed_loop
+
+    plain = {1: 227, 16: 3_456, 24: 4_999, 64: 11_422, 128: 21_117, 256: 28_615}
+    tiers = {3: {1: 363, 4: 1_332, 16: 4_251, 24: 5_419, 64: 8_535},
+             1: {1: 377, 4: 1_483, 16: 4_447, 24: 6_030, 64: 9_542}}
+    warm = closed_loop.closed_loop(plain, tiers, clients=64, requests=64 * 30, state=ap.initial_state(tiers=(3, 1)),
+                                   steps=3)
+    tail_flipped_on = attrs.evolve(warm.state, flip_step=warm.state.step, incumbent=2)
+    run = closed_loop.closed_loop(plain, tiers, clients=64, requests=640, state=tail_flipped_on, steps=1)
+    in_plain = closed_loop.closed_loop(plain, tiers, clients=64, requests=640, state=warm.state, steps=0)
+    assert run.split_steps <= 2 and run.tok_s >= 0.99 * in_plain.tok_s
