@@ -202,6 +202,9 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     table = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
     assert float(table["plain decoding"][7]) == 1.0  # plain is the better static setting in each round
     assert float(table["EAGLE-3 always on"][7]) < 1.0
+    # each phase at the faster static setting sums to no more than the faster one's total: never a larger ratio
+    for label in ("plain decoding", "EAGLE-3 always on"):
+        assert float(table[label][8]) <= float(table[label][7])
     assert table["specflip switch, calibrated thresholds"][6] == "0/44"
     # a committed bursty file given by itself is that table, not bench rows (bench/gpu/results/bursty_*.jsonl)
     committed = tmp_path / "results" / "bursty_s0_call1.jsonl"
