@@ -43,7 +43,8 @@ for a clear win, and the bucket is still probed. Then:
   again (when the budget allows), so a drifting host is followed, and so is a traffic that drafts better than the
   accept length learned last, which no plain step shows (the H200, session 11: the warm-up's traffic drafted at
   1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). No probe starts while the demand is
-  below the hold's peak (a wave's tail: its batch shrinks step by step). A flip on the prior into an unknown mode
+  below the hold's peak (a wave's tail: its batch shrinks step by step), nor one of speculation with the demand past
+  its cap (it would end at once). A flip on the prior into an unknown mode
   happens at most once per bucket and mode (after it the mode is known);
 - a flip for the numbers or the prior waits until the mode has run `min_dwell` steps and every decision of the
   last `confirm_steps` steps wanted it (demand jumping across the crossover flips nothing), unless the numbers
@@ -504,9 +505,13 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         # where the batch shrinks and the intervals fill with the next wave's prefills; the H200, session 18)
         if not probing and values[cur] is not None and state.credit >= p.probe_steps and dwell >= p.min_dwell \
                 and load == demand:
+            # a probe of speculation from plain needs the demand under the cap too: past it the probe would end at
+            # once (below), learning nothing, its wave split at the cap (tests/closed_loop.py: at a wave's turnover
+            # running reads 0 while 64 wait)
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
-                if other != cur and _stale(state, other, load, spec_cap) \
-                        and (other == PLAIN or cur != PLAIN or within_spec_cap(running, spec_cap)):
+                if other != cur and _stale(state, other, load, spec_cap) and (
+                        other == PLAIN or cur != PLAIN
+                        or (within_spec_cap(running, spec_cap) and within_spec_cap(demand, spec_cap))):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the

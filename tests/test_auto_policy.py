@@ -1000,3 +1000,24 @@ def test_a_closed_loop_at_64_meets_its_waves_in_plain_after_a_tail_flipped_specu
     run = closed_loop.closed_loop(plain, tiers, clients=64, requests=640, state=tail_flipped_on, steps=1)
     in_plain = closed_loop.closed_loop(plain, tiers, clients=64, requests=640, state=warm.state, steps=0)
     assert run.split_steps <= 2 and run.tok_s >= 0.99 * in_plain.tok_s
+
+
+def test_no_probe_of_speculation_starts_with_the_demand_past_its_cap() -> None:
+    """A closed loop of 64 clients in plain (tests/closed_loop.py, on session 20 call 1's `auto` learner values; one
+    tier, the two-mode learner's decisions): at each wave's turnover the running batch reads 0 while the next 64
+    requests arrive, and a probe of speculation that started there ended at once (the demand past the cap: session
+    19's rule), learning nothing, its wave split at the cap (48 ran, 16 waited). No probe of speculation starts with
+    the demand past the cap: the loop runs 640 requests in plain with no flip and no split wave (1832a1f: 2 probes, 4
+    flips, 0.966x; 376e528: 1 probe, 2 flips, 0.991x). Under the cap the same state wants speculation."""
+    import closed_loop
+
+    plain = {1: 227, 4: 905, 16: 3_482, 24: 5_109, 32: 6_470, 48: 9_392, 64: 12_209, 128: 21_119, 256: 28_576}
+    spec = {3: {1: 351, 4: 1_349, 16: 4_154, 24: 5_427, 32: 6_416, 48: 7_531}}
+    warm = closed_loop.closed_loop(plain, spec, clients=64, requests=64 * 20, state=ap.initial_state(tiers=(3,)),
+                                   steps=3)
+    run = closed_loop.closed_loop(plain, spec, clients=64, requests=640, state=warm.state, steps=0)
+    assert (run.flips, run.split_steps, run.state.probes - warm.state.probes) == (0, 0, 0)
+    # speculation is still unknown at 48: at a turnover with 64 waiting nothing is visited, under the cap it is
+    turnover = ap.decide(run.state, False, 64, 0, 48, steps=3)
+    assert turnover.action is None and not turnover.wants_flip
+    assert ap.decide(attrs.evolve(run.state, peak=0), False, 40, 0, 48, steps=3).wants_flip
