@@ -8,7 +8,8 @@ wait), plain decoding all of them. A decode step at batch b in a mode takes the 
 Admitting waiting requests costs a prefill (`prefill_s`), and a flip-on with requests running re-prefills them: the
 catch-up, `catch_up_fixed_s` plus `catch_up_per_token_s` per prompt and output token, which the learner observes
 (`observe_catch_up`) and gates on (`gate_catch_up`, with `turned_over` as the switch computes it: shim/switch/auto.py).
-The learner decides at every step and sees the steps in windows of 8, as the switch does. Deterministic.
+The learner decides at every step and sees the steps in windows of 8, as the switch does; a flip takes effect at
+once (the switch puts one off while a prefilled batch waits to merge, then decides again). Deterministic.
 
 Tokens are conserved (every request asks for `output` tokens in every mode), so `tok_s` compares policies fairly.
 """
