@@ -39,8 +39,9 @@ class LoopResult:
 def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, float]], *, clients: int, requests: int,
                 state: ap.AutoState, steps: int, spec_cap: int = 48, prompt: int = 32, output: int = 128,
                 think: int = 2, prefill_s: float = 0.012, catch_up_fixed_s: float = 0.018,
-                catch_up_per_token_s: float = 2e-6) -> LoopResult:
-    """`requests` requests in all through `clients` clients; the server starts at step count `steps` (0: plain)."""
+                catch_up_per_token_s: float = 2e-6, fixed: bool = False) -> LoopResult:
+    """`requests` requests in all through `clients` clients; the server starts at step count `steps` (0: plain).
+    `fixed`: no switch, the server stays at `steps` (a static setting to compare with)."""
     plain_pts = _points(plain, None)
     spec_pts = {s: _points(t, spec_cap) for s, t in tiers.items()}
     tier = steps or next(iter(tiers))
@@ -58,7 +59,8 @@ def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, flo
         waiting += [rid for at, rid in arrivals if at <= step]
         arrivals = [(at, rid) for at, rid in arrivals if at > step]
         demand = len(running) + len(waiting)
-        d = ap.decide(state, spec_on, demand, len(running), spec_cap, steps=tier)
+        d = ap.decide(state, spec_on, demand, len(running), spec_cap, steps=tier) if not fixed else \
+            ap.Decision(None, "fixed", state.incumbent, demand, len(running), None, None, state.step)
         rids = frozenset(r[0] for r in running)
         if d.action == ap.FLIP_ON and running:  # as shim/switch/auto.py: the gate and its hold
             remaining = sum(output - r[1] for r in running)
@@ -75,7 +77,7 @@ def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, flo
                 catch_up_s = catch_up_fixed_s + catch_up_per_token_s * sum(prompt + r[1] for r in running)
                 seconds += catch_up_s
                 state = ap.observe_catch_up(state, sum(prompt + r[1] for r in running), catch_up_s)
-        if d.steps is not None:
+        if d.steps is not None and not fixed:
             tier = d.steps
         state = ap.commit(state, d)
         room = (spec_cap - len(running)) if spec_on else len(waiting)

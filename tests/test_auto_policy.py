@@ -1021,3 +1021,26 @@ def test_no_probe_of_speculation_starts_with_the_demand_past_its_cap() -> None:
     turnover = ap.decide(run.state, False, 64, 0, 48, steps=3)
     assert turnover.action is None and not turnover.wants_flip
     assert ap.decide(attrs.evolve(run.state, peak=0), False, 40, 0, 48, steps=3).wants_flip
+
+
+# the learner's values on the H200, session 20, call 3 (`auto` with tiers 3,1; tok/s by concurrency)
+S20_PLAIN = {1: 227, 16: 3_467, 24: 4_999, 64: 11_887, 128: 21_117, 256: 28_615}
+S20_TIERS = {3: {1: 363, 4: 1_332, 16: 4_251, 24: 5_419, 64: 8_535}, 1: {1: 377, 4: 1_483, 16: 4_447, 24: 6_030,
+                                                                          64: 9_275}}
+
+
+@pytest.mark.parametrize("clients", [1, 4, 24, 48, 64, 256])
+def test_tiers_in_a_closed_loop_make_the_best_static_setting(clients: int) -> None:
+    """Per request (tests/closed_loop.py: waves of equal requests, the cap, prefills, the catch-up gate) on session
+    20's learner values: after a warm-up at the same concurrency, the tiers learner makes >= 0.97x the best of plain,
+    steps 3 and steps 1 held fixed (0.98-1.00x from 1 to 256; 376e528: 0.994-0.998x from 56 up, one split wave
+    per 10)."""
+    import closed_loop
+
+    n = max(10 * clients, 80)
+    warm = closed_loop.closed_loop(S20_PLAIN, S20_TIERS, clients=clients, requests=3 * n,
+                                   state=ap.initial_state(tiers=(3, 1)), steps=3)
+    run = closed_loop.closed_loop(S20_PLAIN, S20_TIERS, clients=clients, requests=n, state=warm.state, steps=3)
+    best = max(closed_loop.closed_loop(S20_PLAIN, S20_TIERS, clients=clients, requests=n, fixed=True, steps=steps,
+                                       state=ap.initial_state(tiers=(3, 1))).tok_s for steps in (0, 3, 1))
+    assert run.tok_s >= 0.97 * best
