@@ -30,6 +30,7 @@ class LoopResult:
     seconds: float
     flips: int
     split_steps: int  # speculative steps with requests waiting beyond the cap
+    final_steps: int  # the mode at the end: the step count speculation ran at, 0 plain (the next phase's start)
 
     @property
     def tok_s(self) -> float:
@@ -109,4 +110,4 @@ def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, flo
             if sent < requests:
                 arrivals.append((step + think, sent))
                 sent += 1
-    return LoopResult(state, tokens, seconds, flips, split)
+    return LoopResult(state, tokens, seconds, flips, split, tier if spec_on else 0)
