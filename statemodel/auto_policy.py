@@ -476,8 +476,10 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         return answer(None, "idle")
     dwell = state.step - state.flip_step
     probing = cur != state.incumbent
+    # speculation would hold requests waiting behind its cap (the demand counts the running requests too)
+    past_cap = not within_spec_cap(demand, spec_cap)
     if probing and dwell < p.probe_steps:
-        if not (state.incumbent == PLAIN and cur != PLAIN and demand > spec_cap):
+        if not (state.incumbent == PLAIN and cur != PLAIN and past_cap):
             return answer(None, "probing")
         # a probe of speculation that a burst overtook: past the cap requests wait behind it, which costs far more
         # than the probe learns (the H200, session 19: a probe begun at 43 on a burst's ramp held 80 of 128 waiting)
@@ -505,19 +507,18 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         # where the batch shrinks and the intervals fill with the next wave's prefills; the H200, session 18)
         if not probing and values[cur] is not None and state.credit >= p.probe_steps and dwell >= p.min_dwell \
                 and load == demand:
-            # a probe of speculation from plain needs the demand under the cap too: past it the probe would end at
-            # once (below), learning nothing, its wave split at the cap (tests/closed_loop.py: at a wave's turnover
-            # running reads 0 while 64 wait)
+            # a probe of speculation from plain needs the demand under the cap, not only the running batch: past it
+            # the probe would end at once (above), learning nothing, its wave split at the cap (tests/closed_loop.py:
+            # at a wave's turnover running reads 0 while 64 wait)
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
-                if other != cur and _stale(state, other, load, spec_cap) and (
-                        other == PLAIN or cur != PLAIN
-                        or (within_spec_cap(running, spec_cap) and within_spec_cap(demand, spec_cap))):
+                if other != cur and _stale(state, other, load, spec_cap) \
+                        and (other == PLAIN or cur != PLAIN or not past_cap):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the
     # batch it splits (the cap's share, the rest a few dozen steps later) leaves a tail that looks like a lull (the
     # H200, session 20: tiers at 64 flipped on at every wave's tail of 16 and dwelt 40 steps at 48 of 64, 0.78x)
-    overflowing = cur != PLAIN and want == PLAIN and demand > spec_cap
+    overflowing = cur != PLAIN and want == PLAIN and past_cap
     if not probing and not (reason == "measured" and clear) and not overflowing:
         # a clear win on the numbers is far from the crossover (a burst starts or ends): no dwell, no confirmation.
         # The H200 (session 9): a lull of one request at a burst's start flipped speculation on, and the dwell
