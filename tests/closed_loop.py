@@ -7,7 +7,8 @@ wait), plain decoding all of them. A decode step at batch b in a mode takes the 
 (specflip.auto_sim.throughput_at) and gives each running request the mode's accept length (plain: 1) of tokens.
 Admitting waiting requests costs a prefill (`prefill_s`), and a flip-on with requests running re-prefills them: the
 catch-up, `catch_up_fixed_s` plus `catch_up_per_token_s` per prompt and output token, which the learner observes
-(`observe_catch_up`) and gates on (`gate_catch_up`, with `turned_over` as the switch computes it: shim/switch/auto.py).
+(`observe_catch_up`). The decisions are the switch's own (shim/switch/auto.py `AutoSwitch.decide`: the catch-up gate
+and its hold).
 The learner decides at every step and sees the steps in windows of 8, as the switch does; a flip takes effect at
 once (the switch puts one off while a prefilled batch waits to merge, then decides again). Deterministic.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shim.switch.auto import AutoSwitch
 from specflip.auto_sim import ACCEPT_LENGTH, _points, throughput_at
 from statemodel import auto_policy as ap
 
@@ -51,7 +53,7 @@ def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, flo
     waiting: list[int] = []
     arrivals: list[tuple[int, int]] = [(0, rid) for rid in range(clients)]  # (step it arrives, request id)
     sent = clients
-    held_rids: frozenset[int] | None = None
+    auto = AutoSwitch(spec_cap=spec_cap, state=state, tier=tier)
     pending: list[ap.Observation] = []
     tokens = flips = split = 0
     seconds = 0.0
@@ -59,28 +61,24 @@ def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, flo
     while sent < requests or running or waiting or arrivals:
         waiting += [rid for at, rid in arrivals if at <= step]
         arrivals = [(at, rid) for at, rid in arrivals if at > step]
-        demand = len(running) + len(waiting)
-        d = ap.decide(state, spec_on, demand, len(running), spec_cap, steps=tier) if not fixed else \
-            ap.Decision(None, "fixed", state.incumbent, demand, len(running), None, None, state.step)
-        rids = frozenset(r[0] for r in running)
-        if d.action == ap.FLIP_ON and running:  # as shim/switch/auto.py: the gate and its hold
-            remaining = sum(output - r[1] for r in running)
-            catch_up = sum(prompt + r[1] for r in running)
-            turned_over = held_rids is not None and held_rids.isdisjoint(rids)
-            d = ap.gate_catch_up(state, d, remaining, catch_up, turned_over=turned_over)
-            held_rids = (held_rids or rids) if d.reason == "catch_up" else None
-        elif not d.wants_flip and d.reason != "idle":
-            held_rids = None
+        if fixed:
+            d = ap.Decision(None, "fixed", auto.state.incumbent, len(running) + len(waiting), len(running), None,
+                            None, auto.state.step)
+        else:  # the running requests' work, read only for a flip-on with requests running
+            d = auto.decide(spec_on, len(running), len(waiting), steps=tier, batch_work=lambda running=running: (
+                sum(output - r[1] for r in running), sum(prompt + r[1] for r in running),
+                frozenset(str(r[0]) for r in running)))
         if d.action is not None:
             flips += 1
             spec_on = d.action == ap.FLIP_ON
             if spec_on and running:
-                catch_up_s = catch_up_fixed_s + catch_up_per_token_s * sum(prompt + r[1] for r in running)
+                catch_up = sum(prompt + r[1] for r in running)
+                catch_up_s = catch_up_fixed_s + catch_up_per_token_s * catch_up
                 seconds += catch_up_s
-                state = ap.observe_catch_up(state, sum(prompt + r[1] for r in running), catch_up_s)
+                auto.state = ap.observe_catch_up(auto.state, catch_up, catch_up_s)
         if d.steps is not None and not fixed:
             tier = d.steps
-        state = ap.commit(state, d)
+        auto.commit(d)
         room = (spec_cap - len(running)) if spec_on else len(waiting)
         if room > 0 and waiting:
             running += [[rid, 0] for rid in waiting[:room]]
@@ -103,11 +101,11 @@ def closed_loop(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, flo
         pending.append(ap.Observation(spec_on, batch, got, step_s, steps=tier if spec_on else None))
         if len(pending) >= 8:
             for obs in pending:
-                state = ap.observe(state, obs)
+                auto.state = ap.observe(auto.state, obs)
             pending = []
         for r in [r for r in running if r[1] >= output]:
             running.remove(r)
             if sent < requests:
                 arrivals.append((step + think, sent))
                 sent += 1
-    return LoopResult(state, tokens, seconds, flips, split, tier if spec_on else 0)
+    return LoopResult(auto.state, tokens, seconds, flips, split, tier if spec_on else 0)
