@@ -51,7 +51,7 @@ def run_schedule(url, phases, vocab, timeout):
         t0 = time.time()
         with ThreadPoolExecutor(conc) as ex:
             res = list(ex.map(lambda q, n: gen(url, q, n, vocab, timeout), prompts, lengths))
-        phase_s.append(round(time.time() - t0, 3))
+        phase_s.append(round(time.time() - t0, 6))  # microseconds: the phases sum within the total
         results += [(label, r) for r in res]
     return time.time() - t_start, phase_s, results
 
@@ -65,7 +65,7 @@ def mean_accept(results, label):
 def row(name, k, total, phase_s, results):
     lats = [r[0] for _, r in results]
     quiet = [r[0] for label, r in results if label == "quiet"]
-    return dict(cfg=name, round=k, total_s=round(total, 3), tok_s=round(sum(r[1] for _, r in results) / total, 1),
+    return dict(cfg=name, round=k, total_s=round(total, 6), tok_s=round(sum(r[1] for _, r in results) / total, 1),
                 lat_p50=round(statistics.median(lats), 4), lat_p99=round(percentile(lats, 99), 4),
                 quiet_lat_p50=round(statistics.median(quiet), 4), quiet_lat_p99=round(percentile(quiet, 99), 4),
                 phase_s=phase_s, requests=len(results), exact=sum(r[2] for _, r in results),
