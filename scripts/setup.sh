@@ -6,7 +6,7 @@
 #   2. .venv (python3 -m venv), only when missing
 #   3. CPU torch 2.13.0, sglang 0.5.23 (--no-deps) and the pure-Python packages sglang imports,
 #      all under scripts/constraints-cpu.txt so pip can never pull a CUDA torch / nvidia-* wheels
-#   4. the project itself: pip install -e '.[dev]'
+#   4. the project itself with its test and bench extras: pip install -e '.[dev,bench]'
 # torchvision is NOT installed: tests put stand_ins/cpu (an import-only stand-in) on sys.path.
 set -euo pipefail
 
@@ -91,12 +91,12 @@ fi
 
 # 4. the project, editable, with its dev extra
 if [ ! -f pyproject.toml ]; then
-  die "pyproject.toml not found: cannot install the project (pip install -e '.[dev]')"
+  die "pyproject.toml not found: cannot install the project (pip install -e '.[dev,bench]')"
 elif [ -f "$PROJECT_STAMP" ] && [ "$(cat "$PROJECT_STAMP")" = "$PROJECT_KEY" ]; then
   say "project already installed (stamp matches pyproject.toml)"
 else
-  say "installing the project: pip install -e '.[dev]'"
-  "${PIP[@]}" install -c "$CONSTRAINTS" -e '.[dev]' || die "pip install -e '.[dev]' failed"
+  say "installing the project: pip install -e '.[dev,bench]'"
+  "${PIP[@]}" install -c "$CONSTRAINTS" -e '.[dev,bench]' || die "pip install -e '.[dev,bench]' failed"
   printf '%s\n' "$PROJECT_KEY" > "$PROJECT_STAMP"
 fi
 

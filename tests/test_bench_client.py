@@ -155,9 +155,13 @@ def test_pooled_ratios_take_the_better_base_each_round_and_say_when_the_target_i
     assert row1[1:4] == ["5 (2)", "1.000", row1[3]] and row1[4] == "0.99, 1.00" and row1[5].startswith("yes")
     row8 = next(line for line in lines if line.startswith("| 8 |")).split(" | ")
     assert row8[1:3] == ["3 (1)", "0.900"] and row8[3] == "0.900-0.900" and row8[5].startswith("NO")
-    svg = summarize.plot_pooled_svg(summarize.pooled_stats([a, b]), str(tmp_path / "pooled.svg"))
-    circles = ElementTree.parse(svg).getroot().findall("{http://www.w3.org/2000/svg}circle")
-    assert len(circles) == (2 + 1) + (1 + 1)  # per concurrency: a dot per call and the pooled median
+    fig = summarize.pooled_figure(summarize.pooled_stats([a, b]))
+    medians = fig.axes[0].lines[0].get_xydata().tolist()  # the errorbar's markers: the pooled median per concurrency
+    assert [c for c, _ in medians] == [1, 8] and medians[1][1] == pytest.approx(0.9)
+    per_call = next(c for c in fig.axes[0].collections if type(c).__name__ == "PathCollection")
+    assert len(per_call.get_offsets()) == 2 + 1  # a dot per call: two calls at 1, one at 8
+    svg = summarize.save(fig, str(tmp_path / "pooled.svg"))
+    assert ElementTree.parse(svg).getroot().tag == "{http://www.w3.org/2000/svg}svg"
     with pytest.raises(SystemExit, match="no side-by-side pairs"):
         summarize.pooled([_call(tmp_path / "c.jsonl", {"plain": {1: [1.0]}})])
 
@@ -176,6 +180,32 @@ def test_over_pairs_every_configuration_with_the_base_and_ratio_names_the_column
     named = summarize.table(rows, ("guard",)).splitlines()
     assert "guard / best, paired rounds" in named[0] and "switch / best" not in named[0]
     assert named[2].endswith("| 1.92 (0.80-2.40) |")  # 96/50, 120/50, 40/50: paired, not 96/50 from the medians
+
+
+def test_the_figure_draws_each_configuration_and_the_paired_ratios_the_table_gives(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--plot: throughput per configuration, and the paired-round ratios of the --ratio configurations (median and
+    range, the table's figures); written the same, byte for byte, from the same rows; without matplotlib one line,
+    exit 2."""
+    rows = [{"cfg": cfg, "conc": c, "round_tok_s_in_order": r, "tok_s": sorted(r)[1], "lat_mean": 1.0, "nreq": 8,
+             "exact": 8} for c in (16, 64)
+            for cfg, r in (("switch", [100, 120, 80]), ("guard", [96, 120, 40]), ("plain", [50, 50, 50]))]
+    fig = summarize.figure(rows, ("guard",), title="stand-in rows")
+    tput, ratio = fig.axes
+    assert [line.get_label() for line in tput.lines] == ["plain decoding", "specflip switch, calibrated thresholds",
+                                                          "guard"]  # the table's order: known ones first
+    assert tput.lines[0].get_xydata().tolist() == [[16, 50], [64, 50]]
+    (guard,) = [c for c in ratio.containers if c.get_label() == "guard"]
+    medians, _, (bars,) = guard.lines  # an errorbar: the medians' line, its caps, its bars
+    assert medians.get_ydata().tolist() == pytest.approx([1.92, 1.92])  # as the table: 96/50, 120/50, 40/50
+    assert [seg[:, 1].tolist() for seg in bars.get_segments()] == [pytest.approx([0.8, 2.4])] * 2  # the range
+    assert fig._suptitle.get_text() == "stand-in rows"
+    first, again = (summarize.save(summarize.figure(rows, ("guard",)), str(tmp_path / n)) for n in ("a.svg", "b.svg"))
+    assert Path(first).read_bytes() == Path(again).read_bytes()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the bench extra not installed
+    with pytest.raises(SystemExit) as exc:
+        summarize.figure(rows)
+    assert exc.value.code == 2 and "pip install -e '.[bench]'" in capsys.readouterr().err
 
 
 def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_setting(

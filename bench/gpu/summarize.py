@@ -1,7 +1,7 @@
 """Summarise device runs: the throughput/latency table, the switch's step timings (first step after a flip
-vs steady) and the plot (PNG with matplotlib, else an SVG written here).
+vs steady) and a figure (matplotlib, the bench extra: pip install -e '.[bench]').
 
-usage: python bench/gpu/summarize.py OUTDIR_OR_JSONL... [--traces DIR_OR_TGZ...] [--md FILE] [--plot FILE]
+usage: python bench/gpu/summarize.py OUTDIR_OR_JSONL... [--traces DIR_OR_TGZ...] [--md FILE] [--plot FILE [--title T]]
        python bench/gpu/summarize.py --pool BENCH_JSONL... [--md FILE]   (one file per side-by-side call: the
        switch's paired-round ratios against the better of plain and always on, pooled over the calls)
 """
@@ -9,7 +9,6 @@ import argparse
 import datetime
 import glob
 import json
-import math
 import os
 import random
 import re
@@ -45,7 +44,6 @@ CFG_LABEL = {
 RATIO_CFGS = ("switch", "auto", "switch_guard", "auto_guard", "specflip", "specflip_none", "specflip_retract",
               "specflip_retract_eagerprefill")
 CFG_ORDER = list(CFG_LABEL)
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 def jsonl_files(path, pattern):
@@ -442,36 +440,54 @@ def pooled(files, target=0.95, cfg="specflip_retract"):
     return "\n".join(lines)
 
 
-def plot_pooled_svg(stats, path, target=0.95):
-    """The pooled median ratio per concurrency with its interval bar, each call's median as a dot, and the target."""
-    w, h, pad = 640, 360, 60
-    concs = [st["conc"] for st in stats]
-    vals = [v for st in stats for v in (st["lo"], st["hi"], *st["per_call"])] + [target]
-    lo, hi = min(0.8, min(vals)), max(1.2, max(vals))
-    xs = lambda c: pad + (w - pad - 20) * math.log2(c) / max(1.0, math.log2(max(concs)))  # noqa: E731
-    ys = lambda v: 30 + (h - 30 - pad) * (hi - v) / (hi - lo)  # noqa: E731
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">',
-           '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="13">specflip switch / best(plain, always on), '
-           f'paired rounds pooled over calls</text>',
-           f'<line x1="{pad}" y1="{h - pad}" x2="{w - 20}" y2="{h - pad}" stroke="#333"/>',
-           f'<line x1="{pad}" y1="30" x2="{pad}" y2="{h - pad}" stroke="#333"/>']
-    for v, style in ((1.0, 'stroke="#999"'), (target, 'stroke="#d62728" stroke-dasharray="5,4"')):
-        out.append(f'<line x1="{pad}" y1="{ys(v):.1f}" x2="{w - 20}" y2="{ys(v):.1f}" {style}/>')
-        out.append(f'<text x="{pad - 6}" y="{ys(v) + 4:.1f}" text-anchor="end" font-size="11">{v:.2f}</text>')
-    for st in stats:
-        x = xs(st["conc"])
-        out.append(f'<text x="{x:.1f}" y="{h - pad + 16}" text-anchor="middle" font-size="11">{st["conc"]}</text>')
-        out.append(f'<line x1="{x:.1f}" y1="{ys(st["lo"]):.1f}" x2="{x:.1f}" y2="{ys(st["hi"]):.1f}" '
-                   f'stroke="#1f77b4" stroke-width="2"/>')
-        out += [f'<circle cx="{x + 8:.1f}" cy="{ys(m):.1f}" r="2.5" fill="#aaa"/>' for m in st["per_call"]]
-        out.append(f'<circle cx="{x:.1f}" cy="{ys(st["median"]):.1f}" r="4.5" fill="#1f77b4"/>')
-    out.append(f'<text x="{w / 2}" y="{h - 22}" text-anchor="middle" font-size="11">concurrency (blue: pooled '
-               f'median, bar: bootstrap 95 % interval, grey: one call\'s median; red dashes: target {target})</text>')
-    out.append("</svg>")
-    with open(path, "w") as fh:
-        fh.write("\n".join(out) + "\n")
+def pyplot():
+    """matplotlib's pyplot on its file-only backend: the bench extra (`pip install -e '.[bench]'`, which
+    scripts/setup.sh installs). Without it, --plot is bad usage: one line, exit 2."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("summarize.py: --plot needs matplotlib: pip install -e '.[bench]' (scripts/setup.sh installs it)",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path):
+    """`fig` written to `path` in the format its extension names (svg, png, pdf), without a timestamp or random ids
+    in an SVG, so the same data writes the same file."""
+    plt = pyplot()
+    plt.rcParams["svg.hashsalt"] = "specflip"
+    plt.rcParams["svg.fonttype"] = "none"  # text as text: a smaller file, searchable
+    fig.savefig(path, dpi=110, metadata={"Date": None} if path.endswith((".svg", ".pdf")) else None)
+    plt.close(fig)
     return path
+
+
+def pooled_figure(stats, target=0.95):
+    """The pooled median ratio per concurrency with its bootstrap interval, each call's median beside it, the
+    target and 1.0."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    concs = [st["conc"] for st in stats]
+    medians = [st["median"] for st in stats]
+    ax.errorbar(concs, medians, yerr=[[m - st["lo"] for m, st in zip(medians, stats, strict=True)],
+                                      [st["hi"] - m for m, st in zip(medians, stats, strict=True)]],
+                fmt="o", color="tab:blue", capsize=3, label="pooled median, bootstrap 95 % interval")
+    calls = [(st["conc"], m) for st in stats for m in st["per_call"]]
+    ax.scatter([c * 1.08 for c, _ in calls], [m for _, m in calls], s=9, color="grey", label="one call's median")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.axhline(target, color="tab:red", linestyle="--", linewidth=1, label=f"target {target}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concs, [str(c) for c in concs])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("switch / best(plain, always on)")
+    ax.set_title("paired rounds pooled over calls", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def timing_lines(everything):
@@ -556,76 +572,52 @@ def gc_report(events):
     return ["", *md] if md else []
 
 
-def plot(rows, path):
+def figure(rows, ratio_cfgs=RATIO_CFGS, title=None):
+    """Throughput per configuration over concurrency and, for `ratio_cfgs`, the paired-round ratio to the better of
+    plain and always on (median, with the rounds' range), or the ratio of the medians when not side by side."""
+    plt = pyplot()
     cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return plot_svg(rows, cfgs, os.path.splitext(path)[0] + ".svg")
-    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
+    get = {(r["cfg"], r["conc"]): r for r in rows}
+    concs = sorted({r["conc"] for r in rows})
+    ratio_cfgs = [c for c in ratio_cfgs if c in cfgs]
+    color = {cfg: f"C{i % 10}" for i, cfg in enumerate(cfgs)}  # one colour per configuration in both panels
+    fig, axes = plt.subplots(1, 2 if ratio_cfgs else 1, figsize=(12 if ratio_cfgs else 6.4, 4.5), squeeze=False)
+    tput = axes[0][0]
     for cfg in cfgs:
         rs = sorted((r for r in rows if r["cfg"] == cfg), key=lambda r: r["conc"])
-        for a, key in zip(ax, ("tok_s", "lat_mean"), strict=True):
-            a.plot([r["conc"] for r in rs], [r[key] for r in rs], marker="o", label=CFG_LABEL.get(cfg, cfg))
-    for a, label in zip(ax, ("output tokens/s", "mean request latency (s)"), strict=True):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("concurrency")
-        a.set_ylabel(label)
-        a.grid(alpha=0.3)
-    ax[1].set_yscale("log")
-    ax[0].legend(fontsize=7)
+        tput.plot([r["conc"] for r in rs], [r["tok_s"] for r in rs], marker="o", color=color[cfg],
+                  label=CFG_LABEL.get(cfg, cfg))
+    tput.set_yscale("log")
+    tput.set_ylabel("output tokens/s (median round)")
+    if ratio_cfgs:
+        ratio = axes[0][1]
+        for cfg in ratio_cfgs:
+            xs, mid, lo, hi = [], [], [], []
+            for c in concs:
+                rs = paired_best_ratios(get, cfg, c)
+                if not rs and (cfg, c) in get:
+                    best = max((get[(b, c)]["tok_s"] for b in ("plain", "spec") if (b, c) in get), default=0)
+                    rs = [get[(cfg, c)]["tok_s"] / best] if best else []
+                if rs:
+                    xs.append(c)
+                    mid.append(statistics.median(rs))
+                    lo.append(mid[-1] - min(rs))
+                    hi.append(max(rs) - mid[-1])
+            ratio.errorbar(xs, mid, yerr=[lo, hi], marker="o", capsize=3, color=color[cfg],
+                           label=CFG_LABEL.get(cfg, cfg))
+        ratio.axhline(1.0, color="grey", linewidth=0.8)
+        ratio.set_ylabel("over the better of plain and always on\n(paired rounds: median, range)")
+    for ax in axes[0]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concs, [str(c) for c in concs])
+        ax.set_xlabel("concurrency")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
-def _panel(rows, cfgs, key, x0, title, log_y):
-    """One SVG panel: lines per configuration over log2(concurrency)."""
-    w, h, pad = 430, 330, 55
-    concs = sorted({r["conc"] for r in rows})
-    vals = [r[key] for r in rows if r["cfg"] in cfgs]
-    lo, hi = (min(vals), max(vals)) if log_y else (0.0, max(vals) * 1.05)
-    fy = (lambda v: math.log10(v)) if log_y else (lambda v: v)
-    span = max(1e-9, fy(hi) - fy(lo))
-    xs = lambda c: x0 + pad + (w - pad - 10) * math.log2(c) / max(1.0, math.log2(max(concs)))
-    ys = lambda v: 30 + (h - 30 - pad) * (1 - (fy(v) - fy(lo)) / span)
-    out = [f'<text x="{x0 + w / 2}" y="18" text-anchor="middle" font-size="13">{title}</text>',
-           f'<line x1="{x0 + pad}" y1="{h - pad}" x2="{x0 + w - 10}" y2="{h - pad}" stroke="#333"/>',
-           f'<line x1="{x0 + pad}" y1="30" x2="{x0 + pad}" y2="{h - pad}" stroke="#333"/>']
-    for c in concs:
-        out.append(f'<text x="{xs(c):.1f}" y="{h - pad + 16}" text-anchor="middle" font-size="10">{c}</text>')
-    for i in range(5):
-        v = lo + (hi - lo) * i / 4 if not log_y else 10 ** (fy(lo) + span * i / 4)
-        label = f"{v:,.0f}" if key == "tok_s" else f"{v:.2f}"
-        out.append(f'<text x="{x0 + pad - 4}" y="{ys(v) + 3:.1f}" text-anchor="end" font-size="10">{label}</text>')
-        out.append(f'<line x1="{x0 + pad}" y1="{ys(v):.1f}" x2="{x0 + w - 10}" y2="{ys(v):.1f}" stroke="#ddd"/>')
-    out.append(f'<text x="{x0 + w / 2}" y="{h - pad + 32}" text-anchor="middle" font-size="11">concurrency</text>')
-    for i, cfg in enumerate(cfgs):
-        rs = sorted((r for r in rows if r["cfg"] == cfg), key=lambda r: r["conc"])
-        pts = " ".join(f"{xs(r['conc']):.1f},{ys(r[key]):.1f}" for r in rs)
-        col = COLORS[i % len(COLORS)]
-        out.append(f'<polyline fill="none" stroke="{col}" stroke-width="2" points="{pts}"/>')
-        out += [f'<circle cx="{xs(r["conc"]):.1f}" cy="{ys(r[key]):.1f}" r="2.5" fill="{col}"/>' for r in rs]
-    return out
-
-
-def plot_svg(rows, cfgs, path):
-    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="900" height="440" font-family="sans-serif">',
-           '<rect width="100%" height="100%" fill="white"/>']
-    out += _panel(rows, cfgs, "tok_s", 0, "output tokens/s (higher is better)", False)
-    out += _panel(rows, cfgs, "lat_mean", 450, "mean request latency, s (log; lower is better)", True)
-    for i, cfg in enumerate(cfgs):
-        x, y = 60 + 280 * (i % 3), 385 + 16 * (i // 3)
-        col = COLORS[i % len(COLORS)]
-        out.append(f'<rect x="{x}" y="{y - 8}" width="12" height="4" fill="{col}"/>')
-        out.append(f'<text x="{x + 16}" y="{y - 3}" font-size="11">{CFG_LABEL.get(cfg, cfg)}</text>')
-    out.append("</svg>")
-    with open(path, "w") as fh:
-        fh.write("\n".join(out) + "\n")
-    return path
+    return fig
 
 
 def bursty_table(paths):
@@ -726,7 +718,9 @@ def main():
     p.add_argument("sources", nargs="+", help="a run's $OUT folder or bench JSONL files")
     p.add_argument("--traces", nargs="*", default=None, help="trace sources (default: the run folders)")
     p.add_argument("--md")
-    p.add_argument("--plot")
+    p.add_argument("--plot", metavar="FILE", help="a figure of the bench rows (--pool: of the pooled ratios), in the "
+                   "format the name's extension gives (.svg, .png, .pdf); needs matplotlib, the bench extra")
+    p.add_argument("--title", help="--plot: the figure's title (what it was measured on)")
     p.add_argument("--pool", action="store_true", help="pool the switch's paired ratios over these calls' files")
     p.add_argument("--cfg", default="specflip_retract", help="--pool: the configuration whose ratios are pooled")
     p.add_argument("--target", type=float, default=0.95, help="--pool: the ratio each pooled median must reach")
@@ -739,7 +733,7 @@ def main():
         text = pooled(a.sources, a.target, a.cfg)
         print(text)
         if a.plot:
-            print("plot:", plot_pooled_svg(pooled_stats(a.sources, a.cfg), a.plot, a.target))
+            print("plot:", save(pooled_figure(pooled_stats(a.sources, a.cfg), a.target), a.plot))
         if a.md:
             with open(a.md, "w") as fh:
                 fh.write(text + "\n")
@@ -768,7 +762,7 @@ def main():
         with open(a.md, "w") as fh:
             fh.write(text + "\n")
     if a.plot and rows:
-        print("plot:", plot(rows, a.plot))
+        print("plot:", save(figure(rows, a.ratio, a.title), a.plot))
 
 
 if __name__ == "__main__":
