@@ -48,6 +48,7 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from proofs.bfs import Result, TraceStep, check  # noqa: E402
 from proofs.hypothesis_walk import ModelViolation, machine_for  # noqa: E402
+from specflip.cli_args import OneLineParser, positive_int  # noqa: E402
 from statemodel.actions import Action  # noqa: E402
 from statemodel.design import Design, Scope  # noqa: E402
 from statemodel.designs import ALL_DESIGNS, KNOWN_BAD, OVERLAP_DESIGNS, overlap_scope  # noqa: E402
@@ -355,14 +356,15 @@ def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="bench_checker", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="7e32e5e", help="the commit to compare with (default: 7e32e5e, the "
                         "checker before its state-count reduction and hot-path work)")
     parser.add_argument("--new", help="check this commit's code as the new side (default: this tree, uncommitted "
                         "changes included)")
     parser.add_argument("--no-base", dest="with_base", action="store_false")
-    parser.add_argument("--repeat", type=int, default=3, help="Hypothesis runs per known-bad design")
-    parser.add_argument("--jobs", type=int, help="processes for `specflip check` (default: one per core)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="Hypothesis runs per known-bad design")
+    parser.add_argument("--jobs", type=positive_int, help="processes for `specflip check` (default: one per core)")
     parser.add_argument("--pre-issue-20", action="store_true", help="also the checker before issue 20")
     parser.add_argument("--symmetry", action="store_true", help="with --pre-issue-20: also count states up to "
                         "batch order")

@@ -54,6 +54,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+# this checkout's argument types, also when --tree measures another (whose guard imports nothing of specflip)
+from specflip.cli_args import OneLineParser, int_list, positive_int  # noqa: E402
+
 # the code measured: this checkout, or the tree --tree names (the other side of --against)
 REPO = Path(sys.argv[sys.argv.index("--tree") + 1]).resolve() if "--tree" in sys.argv[:-1] else HERE
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "stand_ins" / "cpu")]
@@ -61,10 +65,10 @@ warnings.simplefilter("ignore")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per cell")
-    parser.add_argument("--sizes", default="1,16,64,256")
-    parser.add_argument("--repeat", type=int, default=3, help="timings per cell; the fastest is kept")
+    parser = OneLineParser(prog="bench_guard", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per cell")
+    parser.add_argument("--sizes", type=int_list(1), default="1,16,64,256", help="batch sizes, comma-separated")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="timings per cell; the fastest is kept")
     parser.add_argument("--loop", choices=("normal", "overlap"), default="normal",
                         help="the scheduler loop driven: normal (CATCH_UP) or overlap (the switch, --draft)")
     parser.add_argument("--draft", choices=("sync", "retract"), default="sync",
@@ -75,7 +79,7 @@ def main() -> None:
     parser.add_argument("--line", choices=("v2", "v1"), default="v2",
                         help="v2: sglang 0.5.23 objects (.venv); v1: 0.5.12's v1 EAGLEWorker, non-overlap (.venv12)")
     parser.add_argument("--against", metavar="REF", help="a git revision measured side by side with this checkout")
-    parser.add_argument("--rounds", type=int, default=3, help="--against: alternating rounds per side")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="--against: alternating rounds per side")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one line: the cells (--against)
     parser.add_argument("--assert-only", action="store_true", help=argparse.SUPPRESS)  # (--against)
@@ -83,7 +87,7 @@ def main() -> None:
     if args.against:
         against(args)
         return
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = list(args.sizes)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.line == "v1":
         rows = _v1_rows(args, sizes, clock)
@@ -265,8 +269,8 @@ def against(args: argparse.Namespace) -> None:
         raise SystemExit(f"bench_guard: git archive {args.against}: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
-              "--sizes", args.sizes, "--repeat", str(args.repeat), "--loop", args.loop, "--draft", args.draft,
-              "--clock", args.clock, "--line", args.line]
+              "--sizes", ",".join(map(str, args.sizes)), "--repeat", str(args.repeat), "--loop", args.loop,
+              "--draft", args.draft, "--clock", args.clock, "--line", args.line]
     best: dict[tuple[str, int, str], float] = {}
     loads = []
     try:
@@ -286,7 +290,7 @@ def against(args: argparse.Namespace) -> None:
           f"fastest of {args.rounds} alternating rounds x {args.repeat} (microseconds); {args.against} -> this "
           f"checkout; 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
     print(f"{'batch':>5} {'step':>5} {args.against:>10} {'branch':>10} {'ratio':>6}")
-    for size in [int(s) for s in args.sizes.split(",")]:
+    for size in args.sizes:
         for kind in ("spec", "plain"):
             old, new = best[("base", size, kind)], best[("branch", size, kind)]
             print(f"{size:>5} {kind:>5} {old:>10.0f} {new:>10.0f} {new / old:>6.2f}")

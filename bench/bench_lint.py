@@ -23,7 +23,6 @@ The machine is shared: compare within one run.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -37,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from specflip.cli_args import OneLineParser, positive_int  # noqa: E402 - the repo root is put first
+
 STAND_INS = REPO / "stand_ins" / "cpu"
 SRC_0_5_16 = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16"))
 
@@ -159,8 +160,8 @@ def bench_line(python: str, env: dict[str, str], cached_env: dict[str, str], flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3, help="runs per cell (the median is reported)")
+    parser = OneLineParser(prog="bench_lint", description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=positive_int, default=3, help="runs per cell (the median is reported)")
     parser.add_argument("--lines", default="0.5.23,0.5.16,0.5.12", help="release lines to time, comma-separated")
     args = parser.parse_args()
 

@@ -27,6 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from specflip.cli_args import OneLineParser, at_least, int_list, positive_int  # noqa: E402 - the repo root is put first
+
+at_least_2 = at_least(2)  # ranks: a rank check needs a group
 
 
 def timed(fn: Callable[[], object], steps: int) -> float:
@@ -74,16 +77,16 @@ def rank_main(rank: int, world: int, init: str, steps: int, sizes: list[int], re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--sizes", default="1,16,64,256")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = OneLineParser(prog="bench_rank_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=at_least_2, default=2)
+    parser.add_argument("--steps", type=positive_int, default=400)
+    parser.add_argument("--sizes", type=int_list(1), default="1,16,64,256")
+    parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--guard", action="store_true", help="then run bench/bench_guard.py (the guard's step cost)")
     parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--init", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = list(args.sizes)
     if args.rank is not None:
         rank_main(args.rank, args.world, args.init, args.steps, sizes, args.repeat)
         return
@@ -91,8 +94,8 @@ def main() -> None:
         init = str(Path(tmp) / "init")
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--init", init, "--world",
-                                   str(args.world), "--steps", str(args.steps), "--sizes", args.sizes, "--repeat",
-                                   str(args.repeat)], env=env) for r in range(args.world)]
+                                   str(args.world), "--steps", str(args.steps), "--sizes", ",".join(map(str, sizes)),
+                                   "--repeat", str(args.repeat)], env=env) for r in range(args.world)]
         codes = [p.wait(timeout=900) for p in procs]
     if any(codes):
         raise SystemExit(f"a rank failed: exit codes {codes}")

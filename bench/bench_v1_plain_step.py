@@ -15,7 +15,6 @@ host syncs (`.item()`) on top. No guard (SPECFLIP_MODE unset). Fastest of --repe
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import pstats
@@ -31,6 +30,8 @@ os.environ.pop("SPECFLIP_MODE", None)
 os.environ.pop("SPECFLIP_SWITCH", None)
 
 import sglang12_cpu as h  # noqa: E402
+
+from specflip.cli_args import OneLineParser, int_list, non_negative_int, positive_int  # noqa: E402
 
 
 def setup() -> None:
@@ -108,18 +109,19 @@ def plain_server_steps(bs: int, steps: int, model_dir: Path) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1,5,10,32")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--profile", type=int, default=0, help="print the top N functions of a sync step (cProfile)")
+    ap = OneLineParser(prog="bench_v1_plain_step")
+    ap.add_argument("--sizes", type=int_list(1), default="1,5,10,32")
+    ap.add_argument("--steps", type=positive_int, default=200)
+    ap.add_argument("--repeat", type=positive_int, default=3)
+    ap.add_argument("--profile", type=non_negative_int, default=0,
+                    help="print the top N functions of a sync step (cProfile)")
     args = ap.parse_args()
     setup()
     model_dir = h.write_tiny_model_config(Path(tempfile.mkdtemp(prefix="specflip-bench12-")))
     print("| batch size | sync (seeds_final) us/step | retract (plain path) us/step | plain server us/step | "
           "retract / sync | retract / plain server |")
     print("|---|---|---|---|---|---|")
-    for bs in (int(s) for s in args.sizes.split(",")):
+    for bs in args.sizes:
         sync, plain, server = [], [], []
         for _ in range(args.repeat):  # interleaved, so that each sees the same load
             sync.append(sync_steps(bs, args.steps, model_dir))

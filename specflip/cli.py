@@ -10,8 +10,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
+from specflip.cli_args import OneLineParser, http_url, non_negative_int, positive_float, positive_int
 from specflip.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -22,57 +22,6 @@ EXIT_CODES = """exit codes (every subcommand):
   1  a finding: a design not as expected, an illegal step, a lint finding, a failed replay, stale diagrams
   2  bad usage or input: an unknown flag, a bad value, an unreadable or malformed file, a directory that
      cannot be written; one line on stderr, never a traceback"""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors as one line (exit 2) instead of the usage text and the error."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
-def _http_url(text: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r} (e.g. http://127.0.0.1:30000)")
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r} ({exc})") from None
-    return text
 
 
 class _VersionAction(argparse.Action):
@@ -214,7 +163,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specflip", description=__doc__, epilog=EXIT_CODES,
+    parser = OneLineParser(prog="specflip", description=__doc__, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_VersionAction, help="print specflip's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -235,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "that specflip did not write stops the command)")
     check.add_argument("--check-reports", action="store_true",
                        help="write no report; exit 1 if a committed proof report differs from the model's")
-    check.add_argument("--jobs", type=_positive_int,
+    check.add_argument("--jobs", type=positive_int,
                        help="designs checked at once, one process each (default: one per core)")
     check.set_defaults(func=_cmd_check)
 
@@ -267,27 +216,27 @@ def build_parser() -> argparse.ArgumentParser:
     lint.set_defaults(func=_cmd_lint)
 
     replay = add("replay", "send Hypothesis flip schedules to a live SGLang server")
-    replay.add_argument("--url", type=_http_url, help="a live server to send the schedules to")
+    replay.add_argument("--url", type=http_url, help="a live server to send the schedules to")
     replay.add_argument("--launch", action="store_true",
                         help="start a server (python -m sglang.launch_server with --server-arg ...) and stop it after")
-    replay.add_argument("--schedules", type=_positive_int, default=20, help="how many schedules to generate")
+    replay.add_argument("--schedules", type=positive_int, default=20, help="how many schedules to generate")
     # the rest of replay's flags (kept here so `specflip` starts without importing Hypothesis)
     replay.add_argument("--schedules-file", help="replay these schedules (JSON) instead of generating")
     replay.add_argument("--save-schedules", help="write the generated schedules here (exit unless --url/--launch)")
-    replay.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed of the generated schedules")
-    replay.add_argument("--t-off", type=_positive_int, default=6,
+    replay.add_argument("--seed", type=non_negative_int, default=0, help="Hypothesis seed of the generated schedules")
+    replay.add_argument("--t-off", type=positive_int, default=6,
                         help="the switch's t_off the schedules straddle (more than --t-on)")
-    replay.add_argument("--t-on", type=_non_negative_int, default=2, help="the switch's t_on the schedules straddle")
-    replay.add_argument("--max-new-cap", type=_positive_int, default=96, help="largest max_new_tokens of a request")
+    replay.add_argument("--t-on", type=non_negative_int, default=2, help="the switch's t_on the schedules straddle")
+    replay.add_argument("--max-new-cap", type=positive_int, default=96, help="largest max_new_tokens of a request")
     replay.add_argument("--design", default="v2_switch_reserve_sync", help="checker design the switch implements")
     replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
-    replay.add_argument("--compare-url", type=_http_url, help="a server without speculation: outputs must be equal")
+    replay.add_argument("--compare-url", type=http_url, help="a server without speculation: outputs must be equal")
     replay.add_argument("--recorded", help="judge a recorded report (JSON from --out) instead of sending")
     replay.add_argument("--out", help="write the full report (schedules, outcomes, checks) as JSON here")
-    replay.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for one request")
-    replay.add_argument("--port", type=_positive_int, default=30000, help="port of the server --launch starts")
+    replay.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for one request")
+    replay.add_argument("--port", type=positive_int, default=30000, help="port of the server --launch starts")
     replay.add_argument("--server-arg", action="append", default=[], help="launch_server argument (repeatable)")
-    replay.add_argument("--launch-timeout", type=_positive_float, default=300.0,
+    replay.add_argument("--launch-timeout", type=positive_float, default=300.0,
                         help="seconds to wait for a --launch server to become healthy")
     replay.set_defaults(func=_cmd_replay)
 

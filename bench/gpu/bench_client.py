@@ -9,13 +9,18 @@ too short to trust alone; --scale M sends M times as many requests per round. --
 several servers side by side: each round sends the same prompts to every server in turn (order rotated per round),
 so round k of each configuration is a matched pair.
 """
-import argparse
 import json
+import os
 import random
 import statistics
+import sys
 import time
 import urllib.request
+from argparse import ArgumentTypeError
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from specflip.cli_args import OneLineParser, int_list, number, positive_int  # noqa: E402 - path set first
 
 
 def gen(url, ids, n, v, timeout):
@@ -100,30 +105,36 @@ def emit(tag, row, out=None):
             f.write(json.dumps(row) + "\n")
 
 
-def parse_servers(text):
+def servers_arg(text):
+    """--servers NAME=URL[,NAME=URL...], as an argparse type: [(name, url)]."""
     servers = []
     for item in text.split(","):
         name, sep, url = item.partition("=")
         if not sep or not name or not url:
-            raise SystemExit(f"bench_client: --servers wants NAME=URL[,NAME=URL...], got {item!r}")
+            raise ArgumentTypeError(f"wants NAME=URL[,NAME=URL...], got {item!r}")
         servers.append((name, url))
     return servers
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = OneLineParser(prog="bench_client")
     p.add_argument("name", nargs="?", help="the configuration's name (one server at --url)")
     p.add_argument("--url", default="http://127.0.0.1:30000")
-    p.add_argument("--servers", help="NAME=URL,...: several servers side by side, their rounds interleaved")
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--concurrency", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--servers", type=servers_arg,
+                   help="NAME=URL,...: several servers side by side, their rounds interleaved")
+    p.add_argument("--vocab", type=positive_int, default=2048)
+    p.add_argument("--new-tokens", type=positive_int, default=128)
+    p.add_argument("--concurrency", type=int_list(0), default="1,2,4,8,16,32,64,128,256",
+                   help="comma-separated; 0 is skipped (CONCS=0: warm-ups only)")
     p.add_argument("--out")
-    p.add_argument("--deadline", type=float, default=1e9, help="stop starting new concurrencies after this many s")
-    p.add_argument("--rounds", type=int, default=1, help="measure each concurrency this many times (median)")
-    p.add_argument("--scale", type=int, default=1, help="requests per round: max(8, 2c) times this (longer rounds)")
-    p.add_argument("--warmup", default="", help="concurrencies of one unmeasured round per server before the sweep "
-                   "(a fresh server's first requests pay one-off costs: graph and kernel first use)")
+    p.add_argument("--deadline", type=number, default=1e9,
+                   help="stop starting new concurrencies after this many s (0 or less: none starts)")
+    p.add_argument("--rounds", type=positive_int, default=1, help="measure each concurrency this many times (median)")
+    p.add_argument("--scale", type=positive_int, default=1,
+                   help="requests per round: max(8, 2c) times this (longer rounds)")
+    p.add_argument("--warmup", type=int_list(1), default="",
+                   help="concurrencies of one unmeasured round per server before the sweep (a fresh server's first "
+                   "requests pay one-off costs: graph and kernel first use)")
     p.add_argument("--round-warmup", choices=("min4", "full"), default="min4",
                    help="each round's unmeasured warm-up: min(c, 4) requests (every figure until session 18), or c "
                    "requests at concurrency c (full: a switch settles at c before the round; at c >= 32 min4 makes "
@@ -132,13 +143,13 @@ def main():
                    "GC (SGLang's /freeze_gc): a full collection stops a scheduler for 350-490 ms on the H200 host")
     a = p.parse_args()
     if a.servers:
-        servers = parse_servers(a.servers)
+        servers = a.servers
     elif a.name:
         servers = [(a.name, a.url)]
     else:
-        raise SystemExit("bench_client: give a configuration name or --servers")
+        p.error("give a configuration name or --servers")
     random.seed(1)
-    for c in [int(x) for x in a.warmup.split(",") if x.strip()]:
+    for c in a.warmup:
         # the measured rounds' traffic (below): a warm-up over the whole vocabulary drafts at accept 1.0-1.5 with the
         # counter draft, and SPECFLIP_SWITCH=auto learned that traffic instead of the measured one (session 11)
         prompts = [draft_range_prompt(a.vocab) for _ in range(max(8, 2 * c))]
@@ -149,13 +160,13 @@ def main():
         freeze_gc(servers)
     random.seed(1)
     t_start = time.time()
-    for c in [int(x) for x in a.concurrency.split(",") if int(x) > 0]:  # CONCS=0: no sweep
+    for c in [x for x in a.concurrency if x > 0]:  # CONCS=0: no sweep
         if time.time() - t_start > a.deadline:
             print(f"BENCH_SKIP conc={c}: deadline", flush=True)
             continue
-        nreq = max(8, 2 * c) * max(1, a.scale)
+        nreq = max(8, 2 * c) * a.scale
         rounds = {name: [] for name, _ in servers}
-        for k in range(max(1, a.rounds)):
+        for k in range(a.rounds):
             prompts = [draft_range_prompt(a.vocab) for _ in range(nreq)]
             # the same prompts on every server, one after the other, the order rotated each round: host noise
             # (rounds vary by up to 25 % on the H200 host) falls on every configuration alike

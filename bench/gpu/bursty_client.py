@@ -28,13 +28,14 @@ server). With equal lengths a burst's requests finish together, the server empti
 back on only at the next arrival, after an idle spell; staggered, the burst drains gradually and the flip-on comes
 with requests still running, so its first speculative step is measured under load (issue 17's first-step target).
 """
-import argparse
 import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench_client import draft_range_token, emit, gen, parse_servers, rotated
+from bench_client import draft_range_token, emit, gen, rotated, servers_arg  # it puts the repo root on the path
+
+from specflip.cli_args import OneLineParser, non_negative_float, non_negative_int, number, positive_float, positive_int
 
 
 def percentile(xs, q):
@@ -88,38 +89,35 @@ def follow_up(prompt, new_tokens, vocab):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--servers", required=True, help="NAME=URL,...: the servers, measured one after the other")
-    p.add_argument("--cycles", type=int, default=3, help="quiet phase + burst, this many times (one schedule)")
-    p.add_argument("--low-conc", type=int, default=2, help="requests in flight in a quiet phase")
-    p.add_argument("--low-requests", type=int, default=16, help="requests in a quiet phase")
-    p.add_argument("--burst-conc", type=int, default=128, help="requests in flight in a burst")
-    p.add_argument("--burst-requests", type=int, default=384, help="requests in a burst")
-    p.add_argument("--rounds", type=int, default=2, help="schedules per server (paired, order rotated)")
-    p.add_argument("--shared-prefix", type=int, default=0,
+    p = OneLineParser(prog="bursty_client", description=__doc__.splitlines()[0])
+    p.add_argument("--servers", type=servers_arg, required=True,
+                   help="NAME=URL,...: the servers, measured one after the other")
+    p.add_argument("--cycles", type=positive_int, default=3, help="quiet phase + burst, this many times (one schedule)")
+    p.add_argument("--low-conc", type=positive_int, default=2, help="requests in flight in a quiet phase")
+    p.add_argument("--low-requests", type=positive_int, default=16, help="requests in a quiet phase")
+    p.add_argument("--burst-conc", type=positive_int, default=128, help="requests in flight in a burst")
+    p.add_argument("--burst-requests", type=positive_int, default=384, help="requests in a burst")
+    p.add_argument("--rounds", type=positive_int, default=2, help="schedules per server (paired, order rotated)")
+    p.add_argument("--shared-prefix", type=non_negative_int, default=0,
                    help="tokens a burst's prompts and the next quiet phase's share (a new prefix per burst)")
-    p.add_argument("--follow-ups", type=int, default=0,
+    p.add_argument("--follow-ups", type=non_negative_int, default=0,
                    help="quiet-phase prompts that continue a burst's conversations (prompt + answer + new turn)")
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--stagger", type=float, default=0.0,
+    p.add_argument("--vocab", type=positive_int, default=2048)
+    p.add_argument("--new-tokens", type=positive_int, default=128)
+    p.add_argument("--stagger", type=non_negative_float, default=0.0,
                    help="burst requests ask for --new-tokens times a factor drawn in [1-F, 1+F] (0 <= F < 1; the "
                         "same draws for every server): a burst then drains gradually, and the switch flips back on "
                         "with requests still running, not only once the server has emptied")
-    p.add_argument("--timeout", type=float, default=120, help="seconds a request may take")
-    p.add_argument("--deadline", type=float, default=1e9, help="start no new round after this many s")
+    p.add_argument("--timeout", type=positive_float, default=120, help="seconds a request may take")
+    p.add_argument("--deadline", type=number, default=1e9,
+                   help="start no new round after this many s (0 or less: none starts)")
     p.add_argument("--out")
     a = p.parse_args()
-    for flag in ("cycles", "low_conc", "low_requests", "burst_conc", "burst_requests", "rounds"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if a.shared_prefix < 0:
-        p.error("--shared-prefix must be at least 0")
-    if not 0 <= a.stagger < 1:
-        p.error("--stagger must be at least 0 and below 1")
-    if not 0 <= a.follow_ups <= min(a.low_requests, a.burst_requests):
-        p.error("--follow-ups must be between 0 and the smaller of --low-requests and --burst-requests")
-    servers = parse_servers(a.servers)
+    if not a.stagger < 1:
+        p.error(f"argument --stagger: must be below 1, got {a.stagger}")
+    if a.follow_ups > min(a.low_requests, a.burst_requests):
+        p.error("argument --follow-ups: at most the smaller of --low-requests and --burst-requests")
+    servers = a.servers
     random.seed(2)
     t_start = time.time()
     for k in range(a.rounds):

@@ -110,7 +110,7 @@ profile_round() {
   [ -z "$flag" ] && return 0
   touch "$flag"
   timeout 90 python3 bench/gpu/bench_client.py "${name}_profiled" --url http://127.0.0.1:$1 \
-    --concurrency "${PROFILE_CONCS:-1}" --out "$OUT/profile_bench.jsonl" 2>&1 | grep -E 'BENCH|Error|error'
+    --concurrency "${PROFILE_CONCS:-1}" --out "$OUT/profile_bench.jsonl" 2>&1 | grep -E 'BENCH|Error|error|_client: '
   sleep 2; ls "$TR"/profile-*.pstats 2>/dev/null || echo "== $name: no profile written"
 }
 logs() {
@@ -138,21 +138,21 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
     timeout $rem python3 bench/gpu/bench_client.py --servers "$servers" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
       --scale "${SCALE:-1}" --warmup "${WARMUP:-}" ${FREEZE_GC:+--freeze-gc} --out "$OUT/bench.jsonl" \
       --round-warmup "${ROUND_WARMUP:-min4}" \
-      --deadline $(( rem - ${MARGIN_S:-50} - ${BURSTY_S:-0} )) 2>&1 | grep -E 'BENCH|WARMUP|FREEZE_GC|Error|error' | tee "$OUT/tr/bench.log"
+      --deadline $(( rem - ${MARGIN_S:-50} - ${BURSTY_S:-0} )) 2>&1 | grep -E 'BENCH|WARMUP|FREEZE_GC|Error|error|_client: ' | tee "$OUT/tr/bench.log"
     if [ -n "${BURSTY_ROUNDS:-}" ]; then   # then the bursty load (bursty_client.py), the same servers, paired rounds
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty: $servers (t=$(el)s, ${rem}s)"
       timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY_ROUNDS" \
-        ${BURSTY_ARGS:-} --out "$OUT/bursty.jsonl" --deadline $(( rem * 2 / 3 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty.log"
+        ${BURSTY_ARGS:-} --out "$OUT/bursty.jsonl" --deadline $(( rem * 2 / 3 )) 2>&1 | grep -E 'BURSTY|Error|error|_client: ' | tee "$OUT/tr/bursty.log"
     fi
     if [ -n "${BURSTY2_ROUNDS:-}" ]; then   # a second bursty variant (e.g. BURSTY2_ARGS='--shared-prefix 1000')
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty2: $servers (t=$(el)s, ${rem}s) ${BURSTY2_ARGS:-}"
       timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY2_ROUNDS" \
-        ${BURSTY2_ARGS:-} --out "$OUT/bursty_2.jsonl" --deadline $(( rem - 30 )) 2>&1 | grep -E 'BURSTY|Error|error' | tee "$OUT/tr/bursty_2.log"
+        ${BURSTY2_ARGS:-} --out "$OUT/bursty_2.jsonl" --deadline $(( rem - 30 )) 2>&1 | grep -E 'BURSTY|Error|error|_client: ' | tee "$OUT/tr/bursty_2.log"
     fi
     if [ -n "${OPENLOOP_ROUNDS:-}" ]; then   # the open-loop load (open_loop_client.py): arrivals on a fixed schedule
       rem=$(( BUDGET - $(el) - 20 )); echo "== open loop: $servers (t=$(el)s, ${rem}s) ${OPENLOOP_ARGS:-}"
       timeout $rem python3 bench/gpu/open_loop_client.py --servers "$servers" --rounds "$OPENLOOP_ROUNDS" \
-        ${OPENLOOP_ARGS:-} --out "$OUT/open_loop.jsonl" --deadline $(( rem - 60 )) 2>&1 | grep -E 'OPENLOOP|Error|error' | tee "$OUT/tr/open_loop.log"
+        ${OPENLOOP_ARGS:-} --out "$OUT/open_loop.jsonl" --deadline $(( rem - 60 )) 2>&1 | grep -E 'OPENLOOP|Error|error|_client: ' | tee "$OUT/tr/open_loop.log"
     fi
   fi
   for s in "${specs[@]}"; do
@@ -173,7 +173,7 @@ else
         replay*) replay 30000 ;;
         *) rem=$(( BUDGET - $(el) - 15 )); [ $rem -gt 160 ] && rem=160
            timeout $rem python3 bench/gpu/bench_client.py "$name" --concurrency "$CONCS" --rounds "${ROUNDS:-1}" \
-             --scale "${SCALE:-1}" --out "$OUT/bench.jsonl" --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error' | tee "$TR/bench.log"
+             --scale "${SCALE:-1}" --out "$OUT/bench.jsonl" --deadline $(( rem - 40 )) 2>&1 | grep -E 'BENCH|Error|error|_client: ' | tee "$TR/bench.log"
            profile_round 30000 ;;
       esac
     else

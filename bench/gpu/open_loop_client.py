@@ -14,14 +14,22 @@ arrival to the last answer), output tok/s, latency from each request's arrival t
 the profile), exact outputs (the counter check), errors, the mean accept length, and the mean number of requests in
 flight (Little's law: the latencies summed over the seconds).
 """
-import argparse
 import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bench_client import draft_range_token, emit, gen, parse_servers, rotated
+from bench_client import draft_range_token, emit, gen, rotated, servers_arg  # it puts the repo root on the path
 from bursty_client import percentile
+
+from specflip.cli_args import (
+    OneLineParser,
+    non_negative_float,
+    number,
+    positive_float,
+    positive_float_list,
+    positive_int,
+)
 
 
 def arrivals(rates, phase_s, cycles, new_tokens, spread, vocab, rng):
@@ -71,43 +79,30 @@ def row(name, k, rates, total, results):
                 accept=round(statistics.fmean(accepts), 3) if accepts else None)
 
 
-def rate_list(text):
-    """Comma-separated request rates (requests per second), each above 0."""
-    try:
-        rates = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers") from None
-    if not all(r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"{text!r}: every rate must be above 0")
-    return rates
-
-
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--servers", required=True, help="NAME=URL,...: the servers, measured one after the other")
-    p.add_argument("--rates", type=rate_list, default=[2.0, 40.0, 8.0, 120.0],
+    p = OneLineParser(prog="open_loop_client", description=__doc__.splitlines()[0])
+    p.add_argument("--servers", type=servers_arg, required=True,
+                   help="NAME=URL,...: the servers, measured one after the other")
+    p.add_argument("--rates", type=positive_float_list, default="2,40,8,120",
                    help="arrival rates, requests per second, one phase each (default: 2,40,8,120)")
-    p.add_argument("--phase-s", type=float, default=8.0, help="seconds each rate lasts")
-    p.add_argument("--cycles", type=int, default=1, help="times the rate profile repeats")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--spread", type=float, default=0.5,
+    p.add_argument("--phase-s", type=positive_float, default=8.0, help="seconds each rate lasts")
+    p.add_argument("--cycles", type=positive_int, default=1, help="times the rate profile repeats")
+    p.add_argument("--new-tokens", type=positive_int, default=128)
+    p.add_argument("--spread", type=non_negative_float, default=0.5,
                    help="each request asks for --new-tokens times a factor drawn in [1-S, 1+S] (0 <= S < 1)")
-    p.add_argument("--rounds", type=int, default=2, help="schedules per server (paired, order rotated)")
+    p.add_argument("--rounds", type=positive_int, default=2, help="schedules per server (paired, order rotated)")
     p.add_argument("--seed", type=int, default=3, help="the schedule's seed (the same schedule for every server)")
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--max-in-flight", type=int, default=1024, help="client threads: requests in flight at most")
-    p.add_argument("--timeout", type=float, default=120, help="seconds a request may take")
-    p.add_argument("--deadline", type=float, default=1e9, help="start no new round after this many s")
+    p.add_argument("--vocab", type=positive_int, default=2048)
+    p.add_argument("--max-in-flight", type=positive_int, default=1024,
+                   help="client threads: requests in flight at most")
+    p.add_argument("--timeout", type=positive_float, default=120, help="seconds a request may take")
+    p.add_argument("--deadline", type=number, default=1e9,
+                   help="start no new round after this many s (0 or less: none starts)")
     p.add_argument("--out")
     a = p.parse_args()
-    for flag in ("cycles", "new_tokens", "rounds", "max_in_flight"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if not a.phase_s > 0:
-        p.error("--phase-s must be above 0")
-    if not 0 <= a.spread < 1:
-        p.error("--spread must be at least 0 and below 1")
-    servers = parse_servers(a.servers)
+    if not a.spread < 1:
+        p.error(f"argument --spread: must be below 1, got {a.spread}")
+    servers = a.servers
     schedule = arrivals(a.rates, a.phase_s, a.cycles, a.new_tokens, a.spread, a.vocab, random.Random(a.seed))
     if not schedule:
         p.error("the rates and --phase-s give no arrival at all")

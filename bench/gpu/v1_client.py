@@ -18,7 +18,6 @@ Each phase runs max(2c, 8) requests. Prints one line per phase and a last line `
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -27,7 +26,12 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from bench_client import draft_range_token  # the same directory: run as bench/gpu/v1_client.py
+from bench_client import (  # the same directory (run as bench/gpu/v1_client.py); it puts the repo root on the path
+    draft_range_token,
+    servers_arg,
+)
+
+from specflip.cli_args import OneLineParser, int_list, number, positive_int
 
 VOCAB = 2048
 PHASES = (1, 5, 10, 32, 10, 5, 1)
@@ -98,33 +102,25 @@ def probe(name: str, url: str, tag: str, long_tokens: int = 192, short_tokens: i
     return out
 
 
-def parse_servers(text: str) -> list[tuple[str, str]]:
-    pairs = []
-    for item in text.split(","):
-        name, _, url = item.partition("=")
-        if not name or not url:
-            raise SystemExit(f"--servers: want name=url[,name=url...], got {text!r}")
-        pairs.append((name, url))
-    return pairs
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("name")
+    ap = OneLineParser(prog="v1_client")
+    ap.add_argument("name", help="probe or sweep (over --servers), or a configuration's name (one server at --url)")
     ap.add_argument("out")
     ap.add_argument("--url", default="http://127.0.0.1:30000")
-    ap.add_argument("--servers", default="")
-    ap.add_argument("--concs", default="1,5,10,32")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--deadline-s", type=float, default=0.0)
+    ap.add_argument("--servers", type=servers_arg, help="NAME=URL,...: the servers of probe and sweep")
+    ap.add_argument("--concs", type=int_list(1), default="1,5,10,32")
+    ap.add_argument("--rounds", type=positive_int, default=2)
+    ap.add_argument("--tokens", type=positive_int, default=64)
+    ap.add_argument("--deadline-s", type=number, default=0.0, help="start no round past this many s (0: no deadline)")
     ap.add_argument("--tag", default="fresh")
     ap.add_argument("--draft-range", action="store_true",
                     help="sweep prompts whose counter outputs stay inside the draft's vocabulary (accept 2.0)")
     args = ap.parse_args()
+    if args.name in ("probe", "sweep") and not args.servers:
+        ap.error(f"{args.name} needs --servers")
     start = time.perf_counter()
     if args.name == "probe":
-        results = [probe(name, url, args.tag) for name, url in parse_servers(args.servers)]
+        results = [probe(name, url, args.tag) for name, url in args.servers]
         with open(args.out, "w") as fh:
             json.dump({"probes": results}, fh, indent=1)
         ok = all(r["exact"] == 6 for r in results)
@@ -132,8 +128,7 @@ def main() -> int:
         return 0 if ok else 1
     phases = []
     if args.name == "sweep":
-        servers = parse_servers(args.servers)
-        concs = [int(c) for c in args.concs.split(",")]
+        servers, concs = args.servers, args.concs
         rng = random.Random(7)
         for rnd in range(args.rounds):
             if args.deadline_s and rnd > 0:
