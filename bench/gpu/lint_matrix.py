@@ -61,6 +61,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402 - the repo root is put on the path first
+from specflip.cli_args import OneLineParser, number, positive_float, positive_int  # noqa: E402
 
 PREDICTS = ("serves", "dies-at-startup", "dies-at-first-request")
 VOCAB = 2048  # gen_models.py's counter target: greedy token k is (last prompt token + 1 + k) % 2048
@@ -373,15 +374,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--lint-worker"]:
         return lint_worker()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="lint_matrix", description=__doc__.splitlines()[0])
     ap.add_argument("matrix", type=Path, help="bench/gpu/lint_matrix_<line>.json")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--models", default="/tmp/models", help="gen_models.py's output (target/, draft/)")
     ap.add_argument("--dry-run", action="store_true", help="lint predictions only, no servers (CPU)")
-    ap.add_argument("--parallel", type=int, default=12, help="servers at a time")
-    ap.add_argument("--lint-jobs", type=int, default=4, help="lint processes at a time")
-    ap.add_argument("--timeout", type=float, default=170, help="seconds a server may take to become healthy")
-    ap.add_argument("--deadline", type=float, default=float(os.environ.get("MATRIX_S", "420")),
+    ap.add_argument("--parallel", type=positive_int, default=12, help="servers at a time")
+    ap.add_argument("--lint-jobs", type=positive_int, default=4, help="lint processes at a time")
+    ap.add_argument("--timeout", type=positive_float, default=170, help="seconds a server may take to become healthy")
+    ap.add_argument("--deadline", type=number, default=os.environ.get("MATRIX_S", "420"),
                     help="seconds for the whole matrix; what has not finished then is written as not-run")
     ap.add_argument("--lint-python", default=sys.executable)
     ap.add_argument("--server-python", default=sys.executable)
