@@ -26,7 +26,14 @@ from typing import Any
 
 import attrs
 
+from shim.guard.explain import explain_traces
+from shim.guard.ranks import RankTraceError
+from shim.guard.trace import TraceFormatError
 from specflip.schedules import VOCAB, Schedule, ScheduleError, generate, load, save
+from statemodel.actions import ACTIONS_BY_NAME
+from statemodel.design import DraftWhileOff
+from statemodel.designs import get_design
+from statemodel.state import SpecMode, Stage
 
 
 class ReplayError(RuntimeError):
@@ -170,11 +177,6 @@ def conformance(events: Sequence[dict[str, Any]], design_name: str) -> dict[str,
     """Walk each trace file's actions through the model's action catalogue: the action must exist, its
     stage_from must hold the current stage and its spec_mode the current mode (flip_off/flip_on move the
     mode). After plain_decode the stage is DECODED exactly when the design syncs the draft every step."""
-    from statemodel.actions import ACTIONS_BY_NAME
-    from statemodel.design import DraftWhileOff
-    from statemodel.designs import get_design
-    from statemodel.state import SpecMode, Stage
-
     design = get_design(design_name)
     syncs = design.draft_while_off is DraftWhileOff.SYNC_EVERY_STEP
     unexplained: list[dict[str, Any]] = []
@@ -234,24 +236,18 @@ def explain_guard_traces(paths: Sequence[str]) -> dict[str, Any]:
     if not paths:
         return {"available": False, "note": "no guard traces found (run the server with SPECFLIP_MODE=trace)"}
     try:
-        from shim.guard.explain import explain_traces
-    except ImportError:
-        return {"available": False,
-                "note": "shim.guard.explain.explain_traces not available; guard traces not explained",
-                "paths": list(paths)}
-    try:
         report = explain_traces(list(paths))
-    except Exception as exc:  # noqa: BLE001 - the explainer's own one-line errors (TraceFormatError...)
+    except (TraceFormatError, RankTraceError) as exc:  # the explainer's own one-line errors, as `specflip explain`
         return {"available": True, "error": f"{type(exc).__name__}: {exc}", "violations": 0, "unexplained": 1}
-    data = report.to_json() if hasattr(report, "to_json") else {"repr": repr(report)}
-    illegal = data.get("first_illegal", []) if isinstance(data, dict) else []
+    data = report.to_json()
+    illegal = data["first_illegal"]
     # one trace per TP rank: every rank must take the same transitions; a divergence counts as unexplained
-    ranks = data.get("rank_agreement") if isinstance(data, dict) else None
-    ranks_agree = ranks is None or bool(ranks.get("agree"))
+    ranks = data["rank_agreement"]
+    ranks_agree = ranks is None or bool(ranks["agree"])
     # a trace that breaks (cut short, a damaged line) was explained only up to the break: count the break
-    breaks = len(data.get("breaks", ())) if isinstance(data, dict) else 0
+    breaks = len(data["breaks"])
     return {"available": True, "result": data, "unexplained": len(illegal) + (0 if ranks_agree else 1) + breaks,
-            "violations": sum(len(step.get("violations", ())) for step in illegal), "ranks_agree": ranks_agree}
+            "violations": sum(len(step["violations"]) for step in illegal), "ranks_agree": ranks_agree}
 
 
 # ------------------------------------------------------------------------------------------------
