@@ -254,6 +254,23 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     summarize.main()
     printed = capsys.readouterr().out
     assert "(no bench rows)" in printed and "## Bursty load, bursty_s0_call1.jsonl" in printed
+    # --plot-bursty: per configuration its median round's phases in order (the faster of two rounds), in one bar
+    fig = summarize.bursty_figure(rows, title="stand-ins")
+    bars = fig.axes[0].patches
+    assert len(bars) == 3 * 4
+    plain = min((r for r in rows if r["cfg"] == "plain"), key=lambda r: r["total_s"])
+    top = sorted(bars, key=lambda b: (-b.get_y(), b.get_x()))[:4]  # plain: the first configuration, drawn on top
+    assert [b.get_width() for b in top] == pytest.approx(plain["phase_s"])
+    assert [b.get_x() for b in top] == pytest.approx([sum(plain["phase_s"][:i]) for i in range(4)])
+    monkeypatch.setattr(sys, "argv", ["summarize.py", str(tmp_path), "--traces", "--plot-bursty",
+                                      str(tmp_path / "bursty.svg")])
+    summarize.main()
+    assert ElementTree.parse(tmp_path / "bursty.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    monkeypatch.setattr(sys, "argv", ["summarize.py", str(tmp_path), str(committed), "--traces", "--plot-bursty",
+                                      str(tmp_path / "two.svg")])
+    with pytest.raises(SystemExit) as exc:
+        summarize.main()
+    assert exc.value.code == 2 and "found 2 file(s)" in capsys.readouterr().err
 
 
 def test_bursty_shared_prefix_spans_a_burst_and_the_quiet_phase_after_it(

@@ -5,7 +5,6 @@ usage: python bench/gpu/summarize.py OUTDIR_OR_JSONL... [--traces DIR_OR_TGZ...]
        python bench/gpu/summarize.py --pool BENCH_JSONL... [--md FILE]   (one file per side-by-side call: the
        switch's paired-round ratios against the better of plain and always on, pooled over the calls)
 """
-import argparse
 import datetime
 import glob
 import json
@@ -15,9 +14,11 @@ import re
 import statistics
 import sys
 import tarfile
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from shim.timing.jsonl import IDLE_GAP_MS  # noqa: E402 - the switch trace's idle spell (one rule)
+from specflip.cli_args import OneLineParser, positive_float  # noqa: E402
 
 CFG_LABEL = {
     "plain": "plain decoding",
@@ -615,7 +616,7 @@ def figure(rows, ratio_cfgs=RATIO_CFGS, title=None):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(textwrap.fill(title, 160), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -670,6 +671,34 @@ def bursty_lines(rows):
     return lines
 
 
+def bursty_figure(rows, title=None):
+    """The bursty load per configuration: its median round's phases as one bar, quiet phases and bursts in their own
+    colours, the round's total at the end; configurations that failed requests are left out (their times mean
+    nothing)."""
+    plt = pyplot()
+    by, cfgs = by_cfg_round(rows)
+    cfgs = [c for c in cfgs if not any(r["errors"] for r in by[c].values())]
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * len(cfgs)))
+    colour = ("tab:blue", "tab:orange")  # the schedule alternates: quiet phase, burst, quiet phase, ...
+    for y, c in enumerate(reversed(cfgs)):
+        ranked = sorted(by[c].values(), key=lambda r: r["total_s"])
+        median = ranked[(len(ranked) - 1) // 2]
+        left = 0.0
+        for i, seconds in enumerate(median["phase_s"]):
+            ax.barh(y, seconds, left=left, color=colour[i % 2], edgecolor="white")
+            left += seconds
+        ax.text(median["total_s"], y, f" {median['total_s']:.2f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(cfgs)), [CFG_LABEL.get(c, c) for c in reversed(cfgs)], fontsize=8)
+    ax.set_xlabel("seconds (the median round of each; bars: its phases in order)")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colour[0]), plt.Rectangle((0, 0), 1, 1, color=colour[1])],
+              labels=["quiet phase", "burst"], fontsize=8, loc="lower right")
+    ax.set_xlim(0, 1.12 * max(r["total_s"] for c in cfgs for r in by[c].values()))
+    if title:
+        fig.suptitle(textwrap.fill(title, 110), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def open_loop_table(paths):
     """The open-loop load (open_loop_client.py rows, open_loop.jsonl): per configuration the medians over its rounds
     of the schedule's seconds, tok/s, p50 and p99 latency (from each request's arrival) and p99 per rate of the
@@ -714,16 +743,19 @@ def open_loop_lines(rows):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = OneLineParser(prog="summarize", description=__doc__.splitlines()[0])
     p.add_argument("sources", nargs="+", help="a run's $OUT folder or bench JSONL files")
     p.add_argument("--traces", nargs="*", default=None, help="trace sources (default: the run folders)")
     p.add_argument("--md")
     p.add_argument("--plot", metavar="FILE", help="a figure of the bench rows (--pool: of the pooled ratios), in the "
                    "format the name's extension gives (.svg, .png, .pdf); needs matplotlib, the bench extra")
-    p.add_argument("--title", help="--plot: the figure's title (what it was measured on)")
+    p.add_argument("--plot-bursty", metavar="FILE", help="a figure of the bursty load's rows (one file: bursty*.jsonl, "
+                   "or a run folder's bursty.jsonl): each configuration's phases")
+    p.add_argument("--title", help="--plot, --plot-bursty: the figure's title (what it was measured on)")
     p.add_argument("--pool", action="store_true", help="pool the switch's paired ratios over these calls' files")
     p.add_argument("--cfg", default="specflip_retract", help="--pool: the configuration whose ratios are pooled")
-    p.add_argument("--target", type=float, default=0.95, help="--pool: the ratio each pooled median must reach")
+    p.add_argument("--target", type=positive_float, default=0.95,
+                   help="--pool: the ratio each pooled median must reach")
     p.add_argument("--ratio", type=lambda v: tuple(c for c in v.split(",") if c), default=RATIO_CFGS,
                    metavar="CFG,...", help="the configurations given a '/ best(plain, always on)' column "
                                            f"(default: {','.join(RATIO_CFGS)})")
@@ -763,6 +795,11 @@ def main():
             fh.write(text + "\n")
     if a.plot and rows:
         print("plot:", save(figure(rows, a.ratio, a.title), a.plot))
+    if a.plot_bursty:
+        bursty = [read_jsonl(f) for src in dirs + named["bursty"] for f in jsonl_files(src, "bursty.jsonl")]
+        if len(bursty) != 1 or not bursty[0]:
+            p.error(f"--plot-bursty wants the rows of one bursty load; found {len(bursty)} file(s) with rows")
+        print("plot:", save(bursty_figure(bursty[0], a.title), a.plot_bursty))
 
 
 if __name__ == "__main__":
