@@ -123,7 +123,7 @@ if [ -n "$SERVERS" ]; then
   timeout 60 python3 bench/gpu/v1_client.py probe "$OUT/probe_fresh.json" --servers "$SERVERS" --tag fresh || FAILED=1
   if [ -n "${FREEZE_GC:-}" ]; then  # as device_run.sh's FREEZE_GC: a full collection stops a scheduler for 100s of ms
     python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); import bench_client as b
-b.freeze_gc(b.parse_servers(sys.argv[1]))" "$SERVERS" || FAILED=1
+b.freeze_gc(b.servers_arg(sys.argv[1]))" "$SERVERS" || FAILED=1
   fi
   left=$(( BUDGET - $(el) - 70 ))
   echo "== sweep (t=$(el)s, ${left}s for it)"
