@@ -262,6 +262,10 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     top = sorted(bars, key=lambda b: (-b.get_y(), b.get_x()))[:4]  # plain: the first configuration, drawn on top
     assert [b.get_width() for b in top] == pytest.approx(plain["phase_s"])
     assert [b.get_x() for b in top] == pytest.approx([sum(plain["phase_s"][:i]) for i in range(4)])
+    failed = [{**r, "errors": 1} if r["cfg"] == "spec" else r for r in rows]  # a configuration that failed requests
+    assert len(summarize.bursty_figure(failed).axes[0].patches) == 2 * 4  # is left out
+    with pytest.raises(ValueError, match="nothing to draw"):
+        summarize.bursty_figure([{**r, "errors": 1} for r in rows])
     monkeypatch.setattr(sys, "argv", ["summarize.py", str(tmp_path), "--traces", "--plot-bursty",
                                       str(tmp_path / "bursty.svg")])
     summarize.main()

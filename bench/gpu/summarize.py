@@ -678,6 +678,8 @@ def bursty_figure(rows, title=None):
     plt = pyplot()
     by, cfgs = by_cfg_round(rows)
     cfgs = [c for c in cfgs if not any(r["errors"] for r in by[c].values())]
+    if not cfgs:
+        raise ValueError("every configuration failed requests in some round: nothing to draw")
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.55 * len(cfgs)))
     colour = ("tab:blue", "tab:orange")  # the schedule alternates: quiet phase, burst, quiet phase, ...
     for y, c in enumerate(reversed(cfgs)):
@@ -799,7 +801,11 @@ def main():
         bursty = [read_jsonl(f) for src in dirs + named["bursty"] for f in jsonl_files(src, "bursty.jsonl")]
         if len(bursty) != 1 or not bursty[0]:
             p.error(f"--plot-bursty wants the rows of one bursty load; found {len(bursty)} file(s) with rows")
-        print("plot:", save(bursty_figure(bursty[0], a.title), a.plot_bursty))
+        try:
+            fig = bursty_figure(bursty[0], a.title)
+        except ValueError as exc:
+            p.error(f"--plot-bursty: {exc}")
+        print("plot:", save(fig, a.plot_bursty))
 
 
 if __name__ == "__main__":
