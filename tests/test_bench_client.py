@@ -234,6 +234,7 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
                                                       ("spec", 1), ("switch", 1), ("plain", 1)]
     for r in rows:
         assert r["requests"] == 2 * (3 + 8) and r["errors"] == 0 and len(r["phase_s"]) == 4
+        assert r["quiet_lone"] is None  # one request in flight in a quiet phase: no arrival can be alone
         assert r["exact"] == (0 if r["cfg"] == "switch" else 22)  # the counter check catches a wrong server
         assert r["lat_p99"] >= r["lat_p50"] > 0
     # every server got the same schedule: 2 rounds x 22 requests
@@ -246,6 +247,7 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     for label in ("plain decoding", "EAGLE-3 always on"):
         assert float(table[label][8]) <= float(table[label][7])
     assert table["specflip switch, calibrated thresholds"][6] == "0/44"
+    assert table["plain decoding"][12] == "- |"  # no quiet lone starts to count
     # a committed bursty file given by itself is that table, not bench rows (bench/gpu/results/bursty_*.jsonl)
     committed = tmp_path / "results" / "bursty_s0_call1.jsonl"
     committed.parent.mkdir()
@@ -275,6 +277,26 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
     with pytest.raises(SystemExit) as exc:
         summarize.main()
     assert exc.value.code == 2 and "found 2 file(s)" in capsys.readouterr().err
+
+
+def test_lone_starts_count_the_requests_no_other_start_came_near(servers: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet-phase request more than LONE_START_S from every other start reached the server alone (session 20's
+    slow bursty round); the bursty rows count them per round, and summarize lists them round by round."""
+    import bursty_client
+    assert bursty_client.lone_starts([0.0, 0.001, 0.1, 0.2, 0.2049]) == 1  # 0.1 alone; two pairs within 5 ms
+    assert bursty_client.lone_starts([0.0, 0.006, 0.012]) == 3 and bursty_client.lone_starts([]) == 0
+    (fast, _, _), _ = servers
+    out = tmp_path / "bursty.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", f"plain={fast.url}", "--cycles", "1",
+                                      "--low-conc", "2", "--low-requests", "6", "--burst-conc", "2",
+                                      "--burst-requests", "2", "--rounds", "2", "--new-tokens", "2", "--out", str(out)])
+    bursty_client.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(isinstance(r["quiet_lone"], int) and 0 <= r["quiet_lone"] <= 6 for r in rows)
+    cell = summarize.lone_cell({r["round"]: r for r in rows})
+    assert cell == f"{rows[0]['quiet_lone']}, {rows[1]['quiet_lone']}"
+    assert summarize.lone_cell({0: {"cfg": "plain"}}) == "-"  # rows from before the count
 
 
 def test_bursty_shared_prefix_spans_a_burst_and_the_quiet_phase_after_it(

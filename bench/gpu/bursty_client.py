@@ -43,18 +43,38 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs)) - 1))]
 
 
+# two requests whose starts are this close reach the server in one scheduler iteration (a decode step of the 8B pair
+# takes 5-6 ms) and share a prefill; a quiet-phase request further than this from every other start is prefilled
+# alone, breaking into the running request's decode (session 20's slow bursty round: docs/gpu-results.md)
+LONE_START_S = 0.005
+
+
+def lone_starts(starts, within=LONE_START_S):
+    """How many of the start times have no other start within `within` seconds."""
+    ordered = sorted(starts)
+    return sum(1 for i, t in enumerate(ordered)
+               if (i == 0 or t - ordered[i - 1] > within) and (i + 1 == len(ordered) or ordered[i + 1] - t > within))
+
+
 def run_schedule(url, phases, vocab, timeout):
     """Run the phases [(label, concurrency, prompts, new tokens of each)] in order: (total s, per-phase s, results
-    tagged by label)."""
-    results, phase_s = [], []
+    tagged by label, (label, lone starts) of each phase: None where one request was in flight)."""
+    results, phase_s, lone = [], [], []
     t_start = time.time()
     for label, conc, prompts, lengths in phases:
         t0 = time.time()
+        starts = []
+
+        def timed(q, n, starts=starts):
+            starts.append(time.time())
+            return gen(url, q, n, vocab, timeout)
+
         with ThreadPoolExecutor(conc) as ex:
-            res = list(ex.map(lambda q, n: gen(url, q, n, vocab, timeout), prompts, lengths))
+            res = list(ex.map(timed, prompts, lengths))
         phase_s.append(round(time.time() - t0, 6))  # microseconds: the phases sum within the total
+        lone.append((label, lone_starts(starts) if conc > 1 else None))
         results += [(label, r) for r in res]
-    return time.time() - t_start, phase_s, results
+    return time.time() - t_start, phase_s, results, lone
 
 
 def mean_accept(results, label):
@@ -63,8 +83,9 @@ def mean_accept(results, label):
     return round(statistics.fmean(got), 3) if got else None
 
 
-def row(name, k, total, phase_s, results):
+def row(name, k, total, phase_s, results, lone):
     lats = [r[0] for _, r in results]
+    quiet_lone = [n for label, n in lone if label == "quiet"]
     quiet = [r[0] for label, r in results if label == "quiet"]
     return dict(cfg=name, round=k, total_s=round(total, 6), tok_s=round(sum(r[1] for _, r in results) / total, 1),
                 lat_p50=round(statistics.median(lats), 4), lat_p99=round(percentile(lats, 99), 4),
@@ -72,7 +93,9 @@ def row(name, k, total, phase_s, results):
                 phase_s=phase_s, requests=len(results), exact=sum(r[2] for _, r in results),
                 errors=sum(1 for _, r in results if r[4]), quiet_accept=mean_accept(results, "quiet"),
                 burst_accept=mean_accept(results, "burst"), quiet_hit=hit_rate(results, "quiet"),
-                burst_hit=hit_rate(results, "burst"))
+                burst_hit=hit_rate(results, "burst"),
+                # the quiet phases' requests that reached the server alone (None: one request in flight there)
+                quiet_lone=None if None in quiet_lone else sum(quiet_lone))
 
 
 def hit_rate(results, label):
@@ -144,8 +167,8 @@ def main():
                     burst_prompts, burst_lengths = prompts, lengths
                 phases.append((label, conc, prompts, lengths))
         for name, url in rotated(servers, k):
-            total, phase_s, results = run_schedule(url, phases, a.vocab, a.timeout)
-            emit("BURSTY", row(name, k, total, phase_s, results), a.out)
+            total, phase_s, results, lone = run_schedule(url, phases, a.vocab, a.timeout)
+            emit("BURSTY", row(name, k, total, phase_s, results, lone), a.out)
 
 
 if __name__ == "__main__":

@@ -625,9 +625,10 @@ def bursty_table(paths):
     """The bursty load (bursty_client.py rows): per configuration the median schedule time, tok/s and p99 latency
     over its rounds, and its paired-round time against the better static setting (plain, always on), against the
     per-phase best (each phase at the faster of the two, summed: what a free on/off choice once per phase would make)
-    and against SGLang's adaptive switch in the same round (> 1: faster); with the quiet phases' mean accept length and
-    prefix-cache hit rate. Under the table, SGLang adaptive over the per-phase best: the most any on/off choice per
-    phase makes against it. One table per file (bursty.jsonl, bursty_prefix.jsonl: the --shared-prefix load)."""
+    and against SGLang's adaptive switch in the same round (> 1: faster); with the quiet phases' mean accept length,
+    prefix-cache hit rate and lone starts per round (`lone_cell`). Under the table, SGLang adaptive over the
+    per-phase best: the most any on/off choice per phase makes against it. One table per file (bursty.jsonl,
+    bursty_prefix.jsonl: the --shared-prefix load)."""
     return load_sections(paths, "bursty*.jsonl", "## Bursty load, {name} (bursty_client.py: quiet phases and bursts; "
                          "paired rounds)", bursty_lines)
 
@@ -642,7 +643,7 @@ def bursty_lines(rows):
                  for k in rounds}
     head = ["configuration", "rounds", "total s (median)", "tok/s", "p99 latency s", "quiet p99 s", "exact",
             "best static / this (paired median)", "per-phase best / this (paired median)",
-            "adaptive / this (paired median)", "quiet accept", "quiet hit"]
+            "adaptive / this (paired median)", "quiet accept", "quiet hit", "quiet lone starts (rounds)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cfgs:
         rs = list(by[c].values())
@@ -660,7 +661,7 @@ def bursty_lines(rows):
         lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | {med('total_s'):.2f} | {med('tok_s'):,.0f} | "
                      f"{med('lat_p99'):.2f} | {med('quiet_lat_p99'):.2f} | {sum(r['exact'] for r in rs)}/"
                      f"{sum(r['requests'] for r in rs)} | {cell(vs_best)} | {cell(vs_phase)} | {cell(vs_ad)} | "
-                     f"{cell(opt('quiet_accept'))} | {cell(opt('quiet_hit'))} |")
+                     f"{cell(opt('quiet_accept'))} | {cell(opt('quiet_hit'))} | {lone_cell(by[c])} |")
     bound = [by["adaptive"][k]["total_s"] / per_phase[k] for k in per_phase if k in by.get("adaptive", {})]
     if bound:
         names = " and ".join(CFG_LABEL.get(b, b) for b in statics)
@@ -699,6 +700,14 @@ def bursty_figure(rows, title=None):
         fig.suptitle(textwrap.fill(title, 110), fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def lone_cell(rounds):
+    """The quiet phases' requests that reached the server alone, round by round (bursty_client.py's quiet_lone; "-"
+    where the rows predate it or one request was in flight): a round whose clients fell out of step pays a lone
+    prefill per request on a speculative server."""
+    got = [rounds[k].get("quiet_lone") for k in sorted(rounds)]
+    return ", ".join("-" if n is None else str(n) for n in got) if any(n is not None for n in got) else "-"
 
 
 def open_loop_table(paths):
