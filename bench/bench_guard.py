@@ -80,6 +80,8 @@ def main() -> None:
                         help="v2: sglang 0.5.23 objects (.venv); v1: 0.5.12's v1 EAGLEWorker, non-overlap (.venv12)")
     parser.add_argument("--against", metavar="REF", help="a git revision measured side by side with this checkout")
     parser.add_argument("--rounds", type=positive_int, default=3, help="--against: alternating rounds per side")
+    parser.add_argument("--per-hook", action="store_true",
+                        help="also the assert run's in-guard time per hook (its fastest repeat), per decode step")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one line: the cells (--against)
     parser.add_argument("--assert-only", action="store_true", help=argparse.SUPPRESS)  # (--against)
@@ -108,7 +110,7 @@ def main() -> None:
     design = CATCH_UP if args.loop == "normal" else RETRACT_CATCH_UP if args.draft == "retract" else V2_SWITCH
 
     runtime = gf.install_guard_plugin()
-    in_guard = _time_guard_runs(runtime, clock)
+    in_guard, by_hook = _time_guard_runs(runtime, clock)
     model_dir = h.write_tiny_model_config()
     trace_dir = Path(tempfile.mkdtemp(prefix="specflip-bench-"))
     rows = []
@@ -127,6 +129,7 @@ def main() -> None:
                     step = _overlap_steps(gf, h, model_dir, size, steps, kind, design) if args.loop == "overlap" \
                         else _normal_steps(gf, model_dir, size, steps, kind, design)
                     in_guard[0] = 0.0
+                    by_hook.clear()
                     started = clock()
                     for _ in range(steps):
                         step()
@@ -134,6 +137,8 @@ def main() -> None:
                     cells[label] = min(cells.get(label, step_us), step_us)
                     if label != "unguarded":
                         guard_us = in_guard[0] / steps * 1e6
+                        if label == "assert" and guard_us < cells.get("assert in", float("inf")):
+                            cells["assert hooks"] = {n: t / steps * 1e6 for n, t in by_hook.items()}
                         cells[f"{label} in"] = min(cells.get(f"{label} in", guard_us), guard_us)
             rows.append((size, kind, cells))
     runtime.reset()
@@ -150,6 +155,11 @@ def main() -> None:
         print(f"{size:>5} {kind:>5} {base:>10.0f} {c['assert']:>10.0f} {c['trace']:>10.0f} "
               f"{c['assert'] / base:>9.2f} {c['trace'] / base:>8.2f} {c['assert'] - base:>10.0f} "
               f"{c['trace'] - base:>10.0f} {c['assert in']:>10.0f} {c['trace in']:>10.0f}")
+    if args.per_hook:
+        print("\nassert mode, in-guard microseconds per decode step by hook (the fastest repeat)")
+        for size, kind, c in rows:
+            hooks = sorted(c["assert hooks"].items(), key=lambda item: -item[1])
+            print(f"{size:>5} {kind:>5} " + ", ".join(f"{name} {us:.0f}" for name, us in hooks))
 
 
 def _normal_steps(gf: Any, model_dir: Path, size: int, steps: int, kind: str, design: Any) -> Callable[[], Any]:
@@ -194,21 +204,27 @@ def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind
     return drv.iteration
 
 
-def _time_guard_runs(runtime: Any, clock: Callable[[], float]) -> list[float]:
+def _time_guard_runs(runtime: Any, clock: Callable[[], float]) -> tuple[list[float], dict[str, float]]:
     """Wrap `runtime.run` (every guard step goes through it) so that its time adds up in the returned one-item
-    list, which the caller zeroes before the steps it measures."""
+    list, and per hook in the returned dict (the adapter method the step came from), which the caller empties before
+    the steps it measures."""
     in_guard = [0.0]
+    by_hook: dict[str, float] = {}
     run = runtime.run
 
-    def timed_run(fn: object, *a: object, **k: object) -> None:
+    def timed_run(fn: Any, *a: Any, **k: Any) -> None:
         started = clock()
         try:
-            run(fn, *a, **k)  # type: ignore[arg-type]
+            run(fn, *a, **k)
         finally:
-            in_guard[0] += clock() - started
+            spent = clock() - started
+            in_guard[0] += spent
+            # a hook's step is a closure handed to _call_with_guard: "V2Adapter.after_prepare_for_decode.<locals>.step"
+            name = getattr(a[0] if a and callable(a[0]) else fn, "__qualname__", "?").split(".<locals>")[0]
+            by_hook[name] = by_hook.get(name, 0.0) + spent
 
     runtime.run = timed_run  # type: ignore[method-assign]
-    return in_guard
+    return in_guard, by_hook
 
 
 def _v1_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], float]) -> list[Any]:
@@ -230,7 +246,7 @@ def _v1_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], flo
     plugins.load_plugins()
     runtime = shim.guard.runtime.current()
     assert runtime is not None and runtime.adapter.release == "0.5.12", "run --line v1 with .venv12"
-    in_guard = _time_guard_runs(runtime, clock)
+    in_guard, _ = _time_guard_runs(runtime, clock)
     model_dir = h.write_tiny_model_config()
     rows = []
     for size in sizes:
