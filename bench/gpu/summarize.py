@@ -68,12 +68,18 @@ def load_sections(paths, pattern, title, lines):
             for x in [title.format(name=os.path.basename(f)), "", *lines(rows), ""]]
 
 
+def in_table_order(cfgs):
+    """The configuration names `cfgs` in table order: the known ones as CFG_LABEL lists them, then the rest sorted."""
+    cfgs = set(cfgs)
+    return [c for c in CFG_ORDER if c in cfgs] + sorted(cfgs - set(CFG_ORDER))
+
+
 def by_cfg_round(rows):
     """{configuration: {round: row}} and the configurations in table order."""
     by = {}
     for r in rows:
         by.setdefault(r["cfg"], {})[r["round"]] = r
-    return by, [c for c in CFG_ORDER if c in by] + sorted(set(by) - set(CFG_ORDER))
+    return by, in_table_order(by)
 
 
 def trace_events(sources):
@@ -349,8 +355,7 @@ def fmt_cell(r):
 
 def table(rows, ratio_cfgs=RATIO_CFGS):
     concs = sorted({r["conc"] for r in rows})
-    cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
-    cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
+    cfgs = in_table_order(r["cfg"] for r in rows)
     get = {(r["cfg"], r["conc"]): r for r in rows}
     ratio_cfgs = [c for c in ratio_cfgs if c in cfgs]
     paired = any("round_tok_s_in_order" in r for r in rows)  # side by side: round k of each config is a pair
@@ -359,9 +364,7 @@ def table(rows, ratio_cfgs=RATIO_CFGS):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in concs:
         cells = [fmt_cell(get.get((cfg, c))) for cfg in cfgs]
-        best_cfg = max((k for k in ("plain", "spec") if (k, c) in get), key=lambda k: get[(k, c)]["tok_s"],
-                       default=None)
-        best = get[(best_cfg, c)]["tok_s"] if best_cfg else 0
+        best = best_static_tok_s(get, c)
         for rc in ratio_cfgs:
             cells.append(f"{get[(rc, c)]['tok_s'] / best:.2f}" if best and (rc, c) in get else "-")
         for rc in ratio_cfgs if paired else ():
@@ -369,6 +372,11 @@ def table(rows, ratio_cfgs=RATIO_CFGS):
             cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def best_static_tok_s(get, conc):
+    """The better of plain's and EAGLE-3 always on's tok/s at `conc` (whichever the rows have; 0: neither)."""
+    return max((get[(b, conc)]["tok_s"] for b in ("plain", "spec") if (b, conc) in get), default=0)
 
 
 def paired_ratios(row, base):
@@ -577,8 +585,7 @@ def figure(rows, ratio_cfgs=RATIO_CFGS, title=None):
     """Throughput per configuration over concurrency and, for `ratio_cfgs`, the paired-round ratio to the better of
     plain and always on (median, with the rounds' range), or the ratio of the medians when not side by side."""
     plt = pyplot()
-    cfgs = [c for c in CFG_ORDER if any(r["cfg"] == c for r in rows)]
-    cfgs += sorted({r["cfg"] for r in rows} - set(cfgs))
+    cfgs = in_table_order(r["cfg"] for r in rows)
     get = {(r["cfg"], r["conc"]): r for r in rows}
     concs = sorted({r["conc"] for r in rows})
     ratio_cfgs = [c for c in ratio_cfgs if c in cfgs]
@@ -598,7 +605,7 @@ def figure(rows, ratio_cfgs=RATIO_CFGS, title=None):
             for c in concs:
                 rs = paired_best_ratios(get, cfg, c)
                 if not rs and (cfg, c) in get:
-                    best = max((get[(b, c)]["tok_s"] for b in ("plain", "spec") if (b, c) in get), default=0)
+                    best = best_static_tok_s(get, c)
                     rs = [get[(cfg, c)]["tok_s"] / best] if best else []
                 if rs:
                     xs.append(c)
