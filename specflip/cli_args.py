@@ -62,6 +62,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def fraction_below_1(text: str) -> float:
+    """A number in [0, 1): a share that must leave something (a spread of lengths around a mean)."""
+    value = non_negative_float(text)
+    if not value < 1:
+        raise argparse.ArgumentTypeError(f"must be below 1, got {value}")
+    return value
+
+
 def int_list(minimum: int = 1) -> Callable[[str], tuple[int, ...]]:
     """Comma-separated integers, each at least `minimum` ("1,4,16"); "" is none."""
     item = at_least(minimum)

@@ -35,7 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench_client import draft_range_token, emit, gen, rotated, servers_arg  # it puts the repo root on the path
 
-from specflip.cli_args import OneLineParser, non_negative_float, non_negative_int, number, positive_float, positive_int
+from specflip.cli_args import (
+    OneLineParser,
+    fraction_below_1,
+    non_negative_int,
+    number,
+    positive_float,
+    positive_int,
+)
 
 
 def percentile(xs, q):
@@ -127,7 +134,7 @@ def main():
                    help="quiet-phase prompts that continue a burst's conversations (prompt + answer + new turn)")
     p.add_argument("--vocab", type=positive_int, default=2048)
     p.add_argument("--new-tokens", type=positive_int, default=128)
-    p.add_argument("--stagger", type=non_negative_float, default=0.0,
+    p.add_argument("--stagger", type=fraction_below_1, default=0.0,
                    help="burst requests ask for --new-tokens times a factor drawn in [1-F, 1+F] (0 <= F < 1; the "
                         "same draws for every server): a burst then drains gradually, and the switch flips back on "
                         "with requests still running, not only once the server has emptied")
@@ -136,8 +143,6 @@ def main():
                    help="start no new round after this many s (0 or less: none starts)")
     p.add_argument("--out")
     a = p.parse_args()
-    if not a.stagger < 1:
-        p.error(f"argument --stagger: must be below 1, got {a.stagger}")
     if a.follow_ups > min(a.low_requests, a.burst_requests):
         p.error("argument --follow-ups: at most the smaller of --low-requests and --burst-requests")
     servers = a.servers

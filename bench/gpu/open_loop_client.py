@@ -24,7 +24,7 @@ from bursty_client import percentile
 
 from specflip.cli_args import (
     OneLineParser,
-    non_negative_float,
+    fraction_below_1,
     number,
     positive_float,
     positive_float_list,
@@ -88,7 +88,7 @@ def main():
     p.add_argument("--phase-s", type=positive_float, default=8.0, help="seconds each rate lasts")
     p.add_argument("--cycles", type=positive_int, default=1, help="times the rate profile repeats")
     p.add_argument("--new-tokens", type=positive_int, default=128)
-    p.add_argument("--spread", type=non_negative_float, default=0.5,
+    p.add_argument("--spread", type=fraction_below_1, default=0.5,
                    help="each request asks for --new-tokens times a factor drawn in [1-S, 1+S] (0 <= S < 1)")
     p.add_argument("--rounds", type=positive_int, default=2, help="schedules per server (paired, order rotated)")
     p.add_argument("--seed", type=int, default=3, help="the schedule's seed (the same schedule for every server)")
@@ -100,8 +100,6 @@ def main():
                    help="start no new round after this many s (0 or less: none starts)")
     p.add_argument("--out")
     a = p.parse_args()
-    if not a.spread < 1:
-        p.error(f"argument --spread: must be below 1, got {a.spread}")
     servers = a.servers
     schedule = arrivals(a.rates, a.phase_s, a.cycles, a.new_tokens, a.spread, a.vocab, random.Random(a.seed))
     if not schedule:
