@@ -451,12 +451,12 @@ def pooled(files, target=0.95, cfg="specflip_retract"):
 
 def pyplot():
     """matplotlib's pyplot on its file-only backend: the bench extra (`pip install -e '.[bench]'`, which
-    scripts/setup.sh installs). Without it, --plot is bad usage: one line, exit 2."""
+    scripts/setup.sh installs). Without it, a figure asked for is bad usage: one line, exit 2."""
     try:
         import matplotlib
     except ImportError:
-        print("summarize.py: --plot needs matplotlib: pip install -e '.[bench]' (scripts/setup.sh installs it)",
-              file=sys.stderr)
+        print("summarize.py: the figures (--plot, --plot-bursty) need matplotlib: pip install -e '.[bench]' "
+              "(scripts/setup.sh installs it)", file=sys.stderr)
         raise SystemExit(2) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
