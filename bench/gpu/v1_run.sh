@@ -40,8 +40,9 @@
 # round and concurrency every server in turn, the order rotating, the same prompts for all, until the budget
 # leaves 70 s); the probe again (steady: its difference to the fresh one is the first flip's cost); then
 # bench/gpu/v1_summarize.py prints the tables into $OUT/v1_summary.md.
-# Outputs under $OUT: run.log (tee), sweep.json, probe_fresh.json, probe_steady.json, tr/<config>/{server.log,
-# switch-<pid>.jsonl}, v1_summary.md, jitcache12.tar.xz (put it in .whl12/ to make the next start faster).
+# Outputs under $OUT: run.log (tee), sweep.json, probe_fresh.json, probe_steady.json, v1_summary.md, traces.tar.gz
+# (tr/<config>/{server.log, switch-<pid>.jsonl}; v1_summarize.py reads it as it is), guard_clock.txt (GUARD_ENV only),
+# jitcache12.tar.xz (put it in .whl12/ to make the next start faster): 8 files at most, what the device gives back.
 # The run passes when it ends with FAILED=0: every output exact, every server up, no guard finding ('broken by').
 set -u
 T0=$(date +%s); REPO=$(pwd); K=$REPO/.whl12; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/tr"
@@ -147,4 +148,6 @@ done
 [ -s "$OUT/guard_clock.txt" ] || rm -f "$OUT/guard_clock.txt"
 python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache12.tar.xz" /tmp/jitcache 2>/dev/null
 python3 bench/gpu/v1_summarize.py "$OUT" | tee "$OUT/v1_summary.md"
+# the traces and server logs in one file: the device gives back at most 8 files (session 22 lost six of them loose)
+tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 echo "== done (t=$(el)s) FAILED=$FAILED"

@@ -1,9 +1,10 @@
 """Summarize bench/gpu/v1_run.sh's side-by-side run (issue 22): throughput per configuration and concurrency with
 paired ratios, the first-flip probe (fresh server against the same pattern later), and the switch traces' step
-timer (the first step after a flip against the steady ones). Standard library only.
+timer (the first step after a flip against the steady ones), the start-up warm-up apart. Standard library and
+summarize.py (this folder) only.
 
-usage: python3 bench/gpu/v1_summarize.py OUT_DIR    (reads sweep.json, probe_fresh.json, probe_steady.json,
-       tr/<server>/switch-*.jsonl; prints markdown)
+usage: python3 bench/gpu/v1_summarize.py OUT_DIR    (reads sweep.json, probe_fresh.json, probe_steady.json, and
+       tr/<server>/switch-*.jsonl or, once v1_run.sh has packed them, traces*.tar.gz / traces*.tar.xz; prints markdown)
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import json
 import os
 import statistics
 import sys
+import tarfile
+
+from summarize import warmup_lines  # the warm-up's records reported apart, as on the v2 line (this folder)
 
 ORDER = ("off", "off_nonoverlap", "on", "switch", "bare", "sync", "switch54")
 # switch, on and sync run the guard (assert mode); off and bare do not: bare / off and switch / on are like for like
@@ -80,17 +84,31 @@ def probe_table(fresh: dict | None, steady: dict | None) -> list[str]:
     return lines
 
 
+def switch_traces(out: str) -> dict[str, list[dict]]:
+    """Each server's switch-trace records, time-ordered: from tr/<server>/switch-*.jsonl under OUT, or from the
+    tarball v1_run.sh packs them into (traces.tar.gz; committed as traces.tar.xz)."""
+    texts: dict[str, list[str]] = collections.defaultdict(list)
+    for path in glob.glob(os.path.join(out, "tr", "*", "switch-*.jsonl")):
+        with open(path) as fh:
+            texts[os.path.basename(os.path.dirname(path))].append(fh.read())
+    if not texts:
+        for tarball in sorted(glob.glob(os.path.join(out, "traces*.tar.*"))):
+            with tarfile.open(tarball) as tar:
+                for m in tar.getmembers():
+                    if m.isfile() and os.path.basename(m.name).startswith("switch-") and m.name.endswith(".jsonl"):
+                        texts[m.name.split("/")[-2]].append(tar.extractfile(m).read().decode())
+    return {name: sorted((json.loads(line) for text in parts for line in text.splitlines() if line.strip()),
+                         key=lambda e: e.get("t", 0))
+            for name, parts in sorted(texts.items())}
+
+
 def trace_lines(out: str) -> list[str]:
+    """The step timer per server, the switch's start-up warm-up left out (its steps pay the kernel builds and its
+    flips are no traffic's: shim/switch/warmup.py tags them) and reported apart."""
     lines = []
-    for folder in sorted(glob.glob(os.path.join(out, "tr", "*"))):
-        events = []
-        for path in glob.glob(os.path.join(folder, "switch-*.jsonl")):
-            with open(path) as fh:
-                events += [json.loads(line) for line in fh if line.strip()]
-        if not events:
-            continue
-        events.sort(key=lambda e: e.get("t", 0))
-        name = os.path.basename(folder)
+    traces = switch_traces(out)
+    for name, everything in traces.items():
+        events = [e for e in everything if not e.get("warmup")]
         counts = collections.Counter(e["action"] for e in events)
         flips = [e for e in events if e["action"] in ("flip_off", "flip_on")]
         lines.append(f"- `{name}`: {dict(counts)}")
@@ -116,6 +134,7 @@ def trace_lines(out: str) -> list[str]:
                          f"{f0.get('host_ms', 0):.2f} ms host (bs {f0['bs']}); steady median {med:.2f} ms device, "
                          f"{host:.2f} ms host; the first after any flip: max {max(e['ms'] for e in first):.2f} ms "
                          f"device, {max(e.get('host_ms', 0) for e in first):.2f} ms host")
+    lines += warmup_lines([(name, e) for name, events in traces.items() for e in events])
     return lines or ["(no switch trace)"]
 
 
