@@ -40,10 +40,11 @@ CFG_LABEL = {
     "spec_steps1": "EAGLE-3 always on, steps 1",
     "tiers": "specflip tiers switch (thresholds)",
     "auto_tiers": "specflip tiers switch, SPECFLIP_SWITCH=auto",
+    "auto_tiers31": "specflip switch, SPECFLIP_SWITCH=auto, SPECFLIP_TIERS=3,1",
 }
 # the configurations with a "/ best(plain, always on)" column unless --ratio names others
 RATIO_CFGS = ("switch", "auto", "switch_guard", "auto_guard", "specflip", "specflip_none", "specflip_retract",
-              "specflip_retract_eagerprefill")
+              "specflip_retract_eagerprefill", "tiers", "auto_tiers", "auto_tiers31")
 CFG_ORDER = list(CFG_LABEL)
 
 
