@@ -113,6 +113,23 @@ def test_side_by_side_rounds_are_interleaved_and_paired(servers: Any, tmp_path: 
     assert summarize.paired_ratios(by[("slow", 1)], {"round_tok_s": [1.0]}) == []  # not side by side: no pairs
 
 
+def test_no_round_starts_after_the_deadline_and_a_cut_concurrency_keeps_its_rounds(
+        servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The deadline is checked before every round, not only before a concurrency's first (session 22: the 256 rounds
+    started before the deadline and the call's timeout killed them, nothing recorded). The slow stand-in's round takes
+    at least 135 ms (a warm-up request and 8 measured ones, 15 ms each, one at a time), past a 0.1 s deadline: one
+    round each, then no more."""
+    (fast, slow, _), _ = servers
+    out = tmp_path / "bench.jsonl"
+    run(["--servers", f"fast={fast.url},slow={slow.url}", "--concurrency", "1,2", "--rounds", "3", "--new-tokens", "4",
+         "--deadline", "0.1", "--out", str(out)], monkeypatch)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["cfg"], r["conc"], r["rounds"]) for r in rows] == [("fast", 1, 1), ("slow", 1, 1)]
+    printed = capsys.readouterr().out
+    assert "BENCH_SKIP conc=1: deadline after 1 of 3 rounds" in printed
+    assert "BENCH_SKIP conc=2: deadline" in printed
+
+
 @pytest.mark.parametrize(("round_warmup", "warm"), [("min4", 4), ("full", 8)])
 def test_each_round_warms_with_min4_or_the_full_concurrency(servers: Any, monkeypatch: pytest.MonkeyPatch,
                                                               round_warmup: str, warm: int) -> None:

@@ -128,7 +128,8 @@ def main():
                    help="comma-separated; 0 is skipped (CONCS=0: warm-ups only)")
     p.add_argument("--out")
     p.add_argument("--deadline", type=number, default=1e9,
-                   help="stop starting new concurrencies after this many s (0 or less: none starts)")
+                   help="start no concurrency and no round after this many s (0 or less: none starts); a "
+                        "concurrency cut short keeps the rounds it ran")
     p.add_argument("--rounds", type=positive_int, default=1, help="measure each concurrency this many times (median)")
     p.add_argument("--scale", type=positive_int, default=1,
                    help="requests per round: max(8, 2c) times this (longer rounds)")
@@ -167,6 +168,11 @@ def main():
         nreq = max(8, 2 * c) * a.scale
         rounds = {name: [] for name, _ in servers}
         for k in range(a.rounds):
+            # every round starts before the deadline, not only a concurrency's first: a device call's `timeout`
+            # otherwise kills the rounds the deadline let start (session 22: 256 started, killed, nothing recorded)
+            if k and time.time() - t_start > a.deadline:
+                print(f"BENCH_SKIP conc={c}: deadline after {k} of {a.rounds} rounds", flush=True)
+                break
             prompts = [draft_range_prompt(a.vocab) for _ in range(nreq)]
             # the same prompts on every server, one after the other, the order rotated each round: host noise
             # (rounds vary by up to 25 % on the H200 host) falls on every configuration alike
