@@ -405,6 +405,25 @@ def test_first_steps_after_flips_are_pooled_over_batch_sizes() -> None:
     assert summarize.first_step_pooled(events[:2]) == []  # no flip: nothing pooled
 
 
+def test_first_steps_after_flips_are_pooled_against_steps_launched_onto_an_idle_stream() -> None:
+    """On the H200 131 of 133 first steps after a flip were launched onto an idle stream (the host's gap since the
+    last launch over 1.5x the step): their CUDA events take in the launch's host preparation, which a steady step's
+    hide behind the step before. The like-for-like base is a step without a flip launched so too, at any gap."""
+    def timing(ms: float, gap: float, first: bool = False) -> tuple[str, dict]:
+        return ("switch", {"action": "timing", "kind": "plain", "bs": 8, "ms": ms, "first_after_flip": first,
+                           "gap_ms": gap})
+
+    events = [timing(5.0, 5.1), timing(5.0, 4.9), timing(5.1, 7.0),  # steady: launched behind the step before
+              timing(6.0, 12.0), timing(6.2, 60.0),  # no flip, onto an idle stream (the second after an idle spell)
+              timing(6.1, 20.0, first=True)]
+    assert [summarize.onto_idle_stream(ev) for _, ev in events] == [False, False, False, True, True, True]
+    lines = summarize.first_step_pooled(events)
+    # over the steady median 5.05 (5.0, 5.0, 5.1 and the 6.0 after a 12 ms gap, under the idle spell's 50 ms)
+    assert "- switch, plain: 1.21x (1.21-1.21, n=1)" in lines
+    i = next(n for n, line in enumerate(lines) if line.startswith("First step after a flip over a step without"))
+    assert lines[i + 2] == "- switch, plain: 1.00x (1.00-1.00, n=1)"  # 6.1 over the median of 6.0 and 6.2
+
+
 def test_first_steps_after_flips_that_followed_idle_are_pooled_against_first_steps_after_idle() -> None:
     """A flip-on at a round's first arrival follows the server emptying: its first step is pooled a second time over
     the first steps after idle without a flip of its batch size (the idle spell's own cost), and only those steps:

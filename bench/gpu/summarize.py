@@ -199,6 +199,19 @@ def step_class(ev):
     return "first after idle, no flip" if gap is not None and gap >= IDLE_GAP_MS else "steady"
 
 
+# a decode launch this long after the one before, relative to its own step time, found the GPU done with the step before
+IDLE_STREAM_FACTOR = 1.5
+
+
+def onto_idle_stream(ev):
+    """Whether a timed step was launched onto an idle stream: the host's gap since the previous decode launch longer
+    than 1.5x the step itself, so the GPU had finished the step before. Its CUDA events then take in the host's own
+    preparation of the launch inside run_batch, which a steady step's overlaps with the step before it; a first step
+    after a flip is launched so as a rule (the flip's host work comes in between)."""
+    gap = ev.get("gap_ms")
+    return gap is not None and gap > IDLE_STREAM_FACTOR * ev["ms"]
+
+
 def timed_steps(events, timer=False):
     """The switch trace's CUDA-event step times (the step timer's with `timer`) by (configuration, kind, batch size,
     step_class)."""
@@ -242,8 +255,20 @@ def first_step_pooled(events):
         return []
     after_idle = pooled_ratios([(cfg, ev) for cfg, ev in flips if ev.get("gap_ms") is not None
                                 and ev["gap_ms"] >= IDLE_GAP_MS], by, "first after idle, no flip")
+    # the like-for-like base: steps without a flip that were launched onto an idle stream too, any gap
+    idle_stream = {}
+    for cfg, ev in events:
+        if ev.get("action") == "timing" and not ev.get("timer") and not ev["first_after_flip"] \
+                and onto_idle_stream(ev):
+            idle_stream.setdefault((cfg, ev["kind"], ev["bs"], "onto an idle stream"), []).append(ev["ms"])
+    over_idle_stream = pooled_ratios(flips, idle_stream, "onto an idle stream")
     md = pooled_lines("First step after a flip over a steady step of its batch size, pooled (median, range, n):",
                       pooled)
+    if over_idle_stream:
+        md += pooled_lines("First step after a flip over a step without a flip launched onto an idle stream (its host "
+                           f"gap since the last launch over {IDLE_STREAM_FACTOR}x the step: the CUDA events take in "
+                           "the launch's own host preparation, as after a flip) of its batch size, pooled (median, "
+                           "range, n):", over_idle_stream)
     if after_idle:
         md += pooled_lines("First step after a flip that followed an idle spell, over a first step after idle "
                            "without a flip of its batch size, pooled (median, range, n):", after_idle)
