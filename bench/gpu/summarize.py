@@ -83,16 +83,15 @@ def by_cfg_round(rows):
     return by, in_table_order(by)
 
 
-def trace_events(sources):
+def trace_events(sources, traces=("switch", "steps")):
     """(config name, event) of every line of every switch and step-timer trace under a run's $OUT
-    (tr/NAME/switch-*.jsonl, tr/NAME/steps-*.jsonl) or its tgz, read and parsed once for all the reports. The
-    switch's start-up warm-up's records carry "warmup" (shim/switch/warmup.py tags them); a trace written before that
-    tag gets it from the server log beside it (`mark_warmup_from_log`)."""
+    (tr/NAME/switch-*.jsonl, tr/NAME/steps-*.jsonl; `traces` names which) or its tgz, read and parsed once for all
+    the reports. The switch's start-up warm-up's records carry "warmup" (shim/switch/warmup.py tags them); a trace
+    written before that tag gets it from the server log beside it (`mark_warmup_from_log`)."""
     out, logs = [], {}
     for src in sources:
         if os.path.isdir(src):
-            for f in (glob.glob(os.path.join(src, "tr", "*", "switch-*.jsonl"))
-                      + glob.glob(os.path.join(src, "tr", "*", "steps-*.jsonl"))):
+            for f in [f for kind in traces for f in glob.glob(os.path.join(src, "tr", "*", f"{kind}-*.jsonl"))]:
                 with open(f) as fh:
                     out.append((f.split(os.sep)[-2], fh.read()))
             for f in glob.glob(os.path.join(src, "tr", "*", "server.log")):
@@ -101,7 +100,7 @@ def trace_events(sources):
         elif src.endswith((".tar.gz", ".tar.xz")):
             with tarfile.open(src) as t:
                 for m in t.getmembers():
-                    if m.isfile() and ("/switch-" in m.name or "/steps-" in m.name):
+                    if m.isfile() and any(f"/{kind}-" in m.name for kind in traces):
                         out.append((m.name.split("/")[-2], t.extractfile(m).read().decode()))
                     elif m.isfile() and m.name.endswith("/server.log"):
                         logs[m.name.split("/")[-2]] = t.extractfile(m).read().decode(errors="replace")

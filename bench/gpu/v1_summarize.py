@@ -15,9 +15,9 @@ import json
 import os
 import statistics
 import sys
-import tarfile
 
-from summarize import warmup_lines  # the warm-up's records reported apart, as on the v2 line (this folder)
+# the trace reader and the warm-up's records reported apart, as on the v2 line (this folder)
+from summarize import trace_events, warmup_lines
 
 ORDER = ("off", "off_nonoverlap", "on", "switch", "bare", "sync", "switch54")
 # switch, on and sync run the guard (assert mode); off and bare do not: bare / off and switch / on are like for like
@@ -85,21 +85,14 @@ def probe_table(fresh: dict | None, steady: dict | None) -> list[str]:
 
 
 def switch_traces(out: str) -> dict[str, list[dict]]:
-    """Each server's switch-trace records, time-ordered: from tr/<server>/switch-*.jsonl under OUT, or from the
-    tarball v1_run.sh packs them into (traces.tar.gz; committed as traces.tar.xz)."""
-    texts: dict[str, list[str]] = collections.defaultdict(list)
-    for path in glob.glob(os.path.join(out, "tr", "*", "switch-*.jsonl")):
-        with open(path) as fh:
-            texts[os.path.basename(os.path.dirname(path))].append(fh.read())
-    if not texts:
-        for tarball in sorted(glob.glob(os.path.join(out, "traces*.tar.*"))):
-            with tarfile.open(tarball) as tar:
-                for m in tar.getmembers():
-                    if m.isfile() and os.path.basename(m.name).startswith("switch-") and m.name.endswith(".jsonl"):
-                        texts[m.name.split("/")[-2]].append(tar.extractfile(m).read().decode())
-    return {name: sorted((json.loads(line) for text in parts for line in text.splitlines() if line.strip()),
-                         key=lambda e: e.get("t", 0))
-            for name, parts in sorted(texts.items())}
+    """Each server's switch-trace records, time-ordered, read by summarize.py's `trace_events`: from tr/<server>/
+    under OUT, or, once v1_run.sh has packed them, from its traces tarball (traces.tar.gz; committed as .tar.xz)."""
+    sources = [out] if glob.glob(os.path.join(out, "tr", "*", "switch-*.jsonl")) \
+        else sorted(glob.glob(os.path.join(out, "traces*.tar.gz")) + glob.glob(os.path.join(out, "traces*.tar.xz")))
+    traces: dict[str, list[dict]] = collections.defaultdict(list)
+    for name, ev in trace_events(sources, traces=("switch",)):
+        traces[name].append(ev)
+    return {name: sorted(events, key=lambda e: e.get("t", 0)) for name, events in sorted(traces.items())}
 
 
 def trace_lines(out: str) -> list[str]:
