@@ -300,7 +300,7 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
             launch = [_action("draft", (k,)) for k in design.steps_choices(state.running.size)]
         else:
             launch = [_action("plain_decode")]
-        if scope.overlap:
+        if scope.overlap and not _spec_unoverlapped(state, design):
             # an iteration SGLang runs without overlap (is_disable_overlap_for_batch: a speculative decode batch
             # with a grammar on 0.5.16, consecutive prefills): the last step's result is processed after this
             # step was prepared, before it launches; the requests it finishes are released then and still run
@@ -322,8 +322,9 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
 
 
 def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action]:
-    if len(state.unprocessed) > 1:
-        # overlap: the step just launched; the loop's next move is pop_and_process of the one before
+    if len(state.unprocessed) > 1 or (state.unprocessed and _spec_unoverlapped(state, design)):
+        # overlap: the step just launched; the loop's next move is pop_and_process of the one before (or, for a
+        # speculative step its design never overlaps, of that step itself)
         return _process_result_choices(state)
     out: list[Action] = []
     statuses = [r.status for r in state.requests]
@@ -388,7 +389,7 @@ def _done_at_prefill_may_decode(state: State, done: list[int], design: Design, s
     since that prefill: a flip processes the results in flight first (Design.flip_waits_for_results), the prefill's
     among them, so the request is released before the next decode; a request prefilled in the current mode is
     draft-current when speculation is on."""
-    if not scope.overlap:
+    if not scope.overlap or _spec_unoverlapped(state, design):
         return False
     spec_off = state.spec_mode is SpecMode.OFF
     for rid in done:
@@ -401,6 +402,12 @@ def _done_at_prefill_may_decode(state: State, done: list[int], design: Design, s
 def _done_at_prefill_not_decoded(r: Request) -> bool:
     """Done by its (re-)prefill, and no decode step prepared for it since (no reserve, no plain slot grown)."""
     return r.seq_len == r.prefilled_len and r.kv_reserved == 0
+
+
+def _spec_unoverlapped(state: State, design: Design) -> bool:
+    """Speculation is on and the design runs speculative iterations without overlap (Design.overlap_spec_steps):
+    the loop processes a speculative step's result before it prepares the next step, as the normal loop does."""
+    return not design.overlap_spec_steps and state.spec_mode is SpecMode.ON
 
 
 def _prepared_result_choices(state: State) -> list[Action]:

@@ -193,6 +193,9 @@ class Design:
     # overlap schedule only: the policy flips only when no launched step's result is unprocessed (a flip that
     # releases the reserve while a verify is in flight frees the slots that verify writes)
     flip_waits_for_results: bool = False
+    # overlap schedule only: False when a speculative step's result is processed before the next step is prepared
+    # (the v1 worker runs every speculative iteration without overlap; shim/switch/v1_loop.py overlaps plain ones)
+    overlap_spec_steps: bool = True
     # the server runs with SGLang's radix cache (its default; off with --disable-radix-cache): every prompt of the
     # scope is read as a prefix of one token sequence, so requests share cached prefixes and a re-prefill after a
     # release hits its own prompt; tree_draft is what the cache does about the draft KV at its slots

@@ -401,7 +401,32 @@ OVERLAP_KNOWN_BAD += (
         expected_invariant="kv_reserve_covers_writes",
     ),
 )
-OVERLAP_DESIGNS: tuple[Design, ...] = OVERLAP_SHIPPED + OVERLAP_KNOWN_BAD
+# Issue 22: the v1 switch with its plain steps in the overlap loop (shim/switch/v1_loop.py, SPECFLIP_V1_LOOP=overlap).
+# The v1 worker cannot overlap a speculative step, so every speculative iteration runs as the normal loop's (its
+# result processed before the next step is prepared), and the reserve stays v1's; a plain step overlaps as on a plain
+# server, and a flip processes the result in flight first (its retraction releases the slots that step writes).
+V1_OVERLAP_PLAIN = attrs.evolve(
+    V1_RETRACT_CATCH_UP,
+    name="v1_plain_off_retract_catch_up_overlap_plain",
+    summary="v1_plain_off_retract_catch_up in specflip's v1 loop (SPECFLIP_V1_LOOP=overlap): speculative iterations "
+    "as SGLang's normal loop runs them (the v1 EAGLEWorker cannot overlap), plain iterations as its overlap loop "
+    "(step N+1 prepared and launched before step N's result is processed); a flip first processes the result in "
+    "flight.",
+    source="shim/switch/v1_loop.py; sglang 0.5.12 managers/scheduler.py event_loop_normal, event_loop_overlap",
+    flip_waits_for_results=True,
+    overlap_spec_steps=False,
+)
+OVERLAP_CANDIDATES: tuple[Design, ...] = (V1_OVERLAP_PLAIN,)
+OVERLAP_KNOWN_BAD += (
+    attrs.evolve(
+        V1_OVERLAP_PLAIN, name="v1_overlap_spec_steps", kind=DesignKind.KNOWN_BAD, overlap_spec_steps=True,
+        summary="v1_plain_off_retract_catch_up_overlap_plain with the speculative steps overlapped too, on the v1 "
+        "worker's reserve: step N+1 is prepared before step N's accepts reach the host.",
+        source="shim/switch/v1_loop.py (why speculative iterations run without overlap)",
+        expected_invariant="kv_reserve_covers_writes",
+    ),
+)
+OVERLAP_DESIGNS: tuple[Design, ...] = OVERLAP_SHIPPED + OVERLAP_CANDIDATES + OVERLAP_KNOWN_BAD
 
 
 def overlap_scope(design: Design) -> Scope:

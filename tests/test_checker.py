@@ -17,6 +17,7 @@ from statemodel.designs import (
     ALL_DESIGNS,
     CANDIDATES,
     KNOWN_BAD,
+    OVERLAP_CANDIDATES,
     OVERLAP_KNOWN_BAD,
     OVERLAP_SHIPPED,
     RETRACT_CATCH_UP,
@@ -457,7 +458,8 @@ def test_overlap_adaptive_design_passes_without_vacuity() -> None:
 # runs them); SPECFLIP_OVERLAP_FULL=1 runs them here
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("SPECFLIP_OVERLAP_FULL"), reason="set SPECFLIP_OVERLAP_FULL=1 (minutes)")
-@pytest.mark.parametrize("design", [d for d in OVERLAP_SHIPPED if not d.is_adaptive], ids=lambda d: d.name)
+@pytest.mark.parametrize("design", [d for d in OVERLAP_SHIPPED + OVERLAP_CANDIDATES if not d.is_adaptive],
+                         ids=lambda d: d.name)
 def test_overlap_shipped_design_passes_without_vacuity(design) -> None:
     verdict = run_design(design, overlap_scope(design), max_states=12_000_000)
     assert verdict.verdict == "pass", verdict.reason

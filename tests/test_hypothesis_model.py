@@ -11,7 +11,14 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from proofs.hypothesis_walk import ModelViolation, machine_for
-from statemodel.designs import KNOWN_BAD, OVERLAP_KNOWN_BAD, OVERLAP_SHIPPED, SHIPPED, overlap_scope
+from statemodel.designs import (
+    KNOWN_BAD,
+    OVERLAP_CANDIDATES,
+    OVERLAP_KNOWN_BAD,
+    OVERLAP_SHIPPED,
+    SHIPPED,
+    overlap_scope,
+)
 
 # No shrinking in CI: finding the bug is what is tested here; shrinking is timed in bench/.
 FIND = settings(max_examples=3000, stateful_step_count=80, deadline=None, database=None,
@@ -39,6 +46,6 @@ def test_hypothesis_finds_each_overlap_known_bad_bug(design) -> None:
     assert caught.value.violations[0].invariant == design.expected_invariant
 
 
-@pytest.mark.parametrize("design", OVERLAP_SHIPPED, ids=lambda d: d.name)
+@pytest.mark.parametrize("design", OVERLAP_SHIPPED + OVERLAP_CANDIDATES, ids=lambda d: d.name)
 def test_hypothesis_walks_overlap_shipped_designs_cleanly(design) -> None:
     run_state_machine_as_test(machine_for(design, overlap_scope(design)), settings=WALK)
