@@ -612,3 +612,88 @@ class V1LoopServer:
                 return
             self.iteration()
         raise AssertionError("requests did not finish")
+
+
+class V1OverlapLoopServer(V1LoopServer):
+    """shim/switch/v1_loop.py's real ``iteration`` (SPECFLIP_V1_LOOP=overlap) on the real Scheduler object, with
+    0.5.12's real ``FutureMap`` on the CPU (``alloc_future_indices``, ``resolve_future``, ``store_to_map``), the real
+    ``is_disable_overlap_for_batch`` and the real ``get_next_batch_to_run`` (hooked by the switch). Stand-ins, set on
+    the scheduler object: ``run_batch`` (:meth:`run_batch_cpu_stand_in`) and ``process_batch_result``
+    (:meth:`process_batch_result_cpu_stand_in`), as V1LoopServer has them for the normal loop's iteration, and for
+    an overlapped one split as run_batch's overlap branch and process_batch_result_{prefill,decode} split them. An
+    overlapped plain step's stand-in model "samples" at the position the launched batch's seq_lens give and returns a
+    wrong token when the input token relayed to it through the future map is not the one before: greedy outputs are
+    exact only when the order and the relay are right."""
+
+    def __init__(self, pools: CpuPools, *, num_steps: int = 3, max_running: int = 48) -> None:
+        from shim.switch.v1_loop import init_overlap_state
+
+        super().__init__(pools, num_steps=num_steps, max_running=max_running)
+        s = self.scheduler
+        s.__dict__.update(max_running_requests=max_running, chunked_prefill_size=pools.server_args.chunked_prefill_size,
+                          device="cpu", is_generation=True, enable_overlap=False, cur_batch=None,
+                          require_mlp_sync=False, run_batch=self.run_batch_cpu_stand_in,
+                          process_batch_result=self.process_batch_result_cpu_stand_in, on_idle=lambda: None,
+                          launch_batch_sample_if_needed=lambda result: None)
+        init_overlap_state(s)
+        self.overlapped = 0  # plain launches made while the step before was still unprocessed
+
+    def iteration(self) -> Any:
+        import shim.switch.v1 as sw
+        from shim.switch import v1_loop
+
+        return v1_loop.iteration(sw.runtime(), self.scheduler)
+
+    def run_batch_cpu_stand_in(self, batch: Any) -> Any:
+        """The normal loop's iteration: nothing yet (the processing stand-in runs V1LoopServer's step). The overlap
+        loop's: run_batch's overlap branch with the real future map, the forward stood in."""
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        s = self.scheduler
+        if not s.enable_overlap:
+            return None
+        self.overlapped += bool(s.result_queue)
+        mwb = batch.get_model_worker_batch()
+        future = s.future_map.alloc_future_indices(len(batch.reqs))
+        s.future_map.resolve_future(mwb)
+        if batch.forward_mode.is_extend():
+            self.kinds.append("prefill")
+            _count("prefill")
+            tokens = [stand_in_token(req) for req in batch.reqs]
+            graph = False
+        else:
+            self.kinds.append("plain")
+            graph = s.model_worker.forward_batch_generation(mwb).can_run_cuda_graph  # its shape checks
+            tokens = []
+            for req, seq_len, token_in in zip(batch.reqs, mwb.seq_lens.tolist(), mwb.input_ids.tolist(), strict=True):
+                k = int(seq_len) - len(req.origin_input_ids)  # the output position the device writes
+                token = stand_in_token(req, k - len(req.output_ids))
+                relayed = token_in == stand_in_token(req, k - 1 - len(req.output_ids))
+                tokens.append(token if relayed else (token + 1) % VOCAB_SIZE)
+        result = GenerationBatchResult(logits_output=None, next_token_ids=torch.tensor(tokens, dtype=torch.int64),
+                                       can_run_cuda_graph=graph)
+        s.future_map.store_to_map(future, result)
+        batch.output_ids = -future.indices
+        return result
+
+    def process_batch_result_cpu_stand_in(self, batch: Any, result: Any) -> None:
+        """The normal loop's: V1LoopServer's step. The overlap loop's: the per-request loop of
+        process_batch_result_{prefill,decode} (a request an earlier result finished, or retracted, is skipped)."""
+        from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
+
+        if result is None:
+            if batch.forward_mode.is_extend():
+                self._prefill(batch)
+            elif batch.spec_algorithm.is_none():
+                self._plain_decode(batch)
+            else:
+                self._spec_decode(batch)
+            return
+        for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
+            if req.finished() or req.is_retracted:
+                continue
+            req.output_ids.append(token)
+            req.check_finished()
+            if batch.forward_mode.is_extend() and not req.finished():
+                maybe_cache_unfinished_req(req, self.pools.tree_cache)
+        self._release_finished(batch)

@@ -337,11 +337,12 @@ def loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
     plugin.paused = False
 
 
-def retract_switch(t_off: int, t_on: int, trace: Path | None = None, radix: str = "insert") -> Any:
+def retract_switch(t_off: int, t_on: int, trace: Path | None = None, radix: str = "insert",
+                   v1_loop: str = "normal") -> Any:
     import shim.switch.v1 as sw
 
     rt = sw.set_runtime(SwitchConfig(t_off=t_off, t_on=t_on, draft_while_off="retract",
-                                     trace_dir=None if trace is None else str(trace), radix=radix))
+                                     trace_dir=None if trace is None else str(trace), radix=radix, v1_loop=v1_loop))
     rt.recorded = []
     rt.plain_runner = h.CudaGraphRunnerCpuStandIn(num_tokens_per_bs=1)  # what capture_plain_decode_runner makes
     return rt
@@ -509,9 +510,9 @@ def test_the_guard_catches_a_flip_off_that_leaves_the_draft_input(loop: Any, mon
 
     real = v1_plain_path.to_plain_batch
 
-    def keeps_draft_input(batch: Any) -> None:
+    def keeps_draft_input(batch: Any, overlap: bool = False) -> None:
         spec_info = batch.spec_info
-        real(batch)
+        real(batch, overlap)
         batch.spec_info = spec_info
 
     monkeypatch.setattr(v1_plain_path, "to_plain_batch", keeps_draft_input)
@@ -646,3 +647,87 @@ def test_the_start_up_warmup_runs_every_path_a_flip_takes_on_the_v1_loop(loop: A
         == loop.pools.allocator.size
     assert warmup.is_warmup_batch(type("Batch", (), {"reqs": second})())
     assert plugin.guard is not None and plugin.guard.found == []  # assert mode: a finding would have raised
+
+
+# --- SPECFLIP_V1_LOOP=overlap: plain iterations in the overlap loop's order (shim/switch/v1_loop.py) ---------------
+
+
+@pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])
+def overlap_loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
+    """A fresh V1OverlapLoopServer: v1_loop.iteration on a real Scheduler object with 0.5.12's real FutureMap. The
+    guard is paused (it does not follow this loop; a server asked for both stops at start-up)."""
+    plugin.reset()
+    plugin.paused = True
+    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
+    srv = h.V1OverlapLoopServer(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
+    srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
+    yield srv
+    plugin.reset()
+    plugin.paused = False
+
+
+def test_overlap_loop_overlaps_plain_steps_only_and_is_exact_and_kv_clean(overlap_loop: Any) -> None:
+    """Two waves across the threshold: every output greedy-exact (the stand-in model reads the launched positions and
+    the tokens relayed through the real future map), every slot back, plain steps launched while the step before was
+    unprocessed, speculative steps never (their result is processed before the next step is prepared), and each
+    flip-on found nothing in flight."""
+    import shim.switch.v1 as sw
+
+    rt = retract_switch(5, 2, v1_loop="overlap")
+    assert sw.design_for(rt.config) == "v1_plain_off_retract_catch_up_overlap_plain"
+    s = overlap_loop.scheduler
+    in_flight_at_flip: list[int] = []
+    flip = sw.v1_plain_path.plain_path_flip
+
+    def watched_flip(rt: Any, scheduler: Any) -> Any:
+        queued = len(scheduler.result_queue)
+        action = flip(rt, scheduler)
+        if action is not None:
+            in_flight_at_flip.append(queued)
+        return action
+
+    with mock.patch.object(sw.v1_plain_path, "plain_path_flip", watched_flip):
+        _waves(overlap_loop)
+    assert not s.result_queue
+    assert len(overlap_loop.finished) == 12
+    assert all(req.output_ids == h.expected_output(req) for req in overlap_loop.finished)  # greedy, exact
+    tree = overlap_loop.pools.tree_cache
+    held_by_tree = tree.evictable_size() + tree.protected_size()
+    assert overlap_loop.pools.allocator.available_size() + held_by_tree == overlap_loop.pools.allocator.size
+    assert rt.counters.get("flip_off") == 2 and rt.counters.get("flip_on") == 2, rt.counters
+    assert in_flight_at_flip == [0, 0, 0, 0]
+    assert overlap_loop.kinds.count("plain") >= 8 and "spec" in overlap_loop.kinds
+    assert overlap_loop.overlapped >= overlap_loop.kinds.count("plain") - 4  # all but each wave's first few
+    assert s.spec_algorithm.is_eagle() and not s.enable_overlap and not rt.spec_side  # back on the spec side
+
+
+def test_overlap_loop_relay_is_what_makes_it_exact(overlap_loop: Any, monkeypatch: Any) -> None:
+    """The same waves with the future map's relay broken (resolve_future leaves the placeholders): the stand-in model
+    then returns wrong tokens, so the exactness check above can fail."""
+    rt = retract_switch(5, 2, v1_loop="overlap")
+    monkeypatch.setattr(overlap_loop.scheduler.future_map, "resolve_future", lambda mwb: None)
+    _waves(overlap_loop, rounds=1)
+    assert rt.counters.get("flip_off") == 1
+    assert any(req.output_ids != h.expected_output(req) for req in overlap_loop.finished)
+
+
+def test_overlap_loop_config_and_guard_refusal(monkeypatch: Any) -> None:
+    """SPECFLIP_V1_LOOP: one line for a bad value or for overlap with the seeds' sync mode; with the guard asked for,
+    start-up stops (one line naming both settings), never a server without the guard it was asked for."""
+    import shim.plugin
+    import shim.switch.v1 as sw
+
+    with pytest.raises(SwitchConfigError, match="SPECFLIP_V1_LOOP must be one of"):
+        SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "fast"})
+    with pytest.raises(SwitchConfigError, match="SPECFLIP_SWITCH_DRAFT=retract"):
+        SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "overlap",
+                               "SPECFLIP_SWITCH_DRAFT": "sync"})
+    assert SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "overlap"}).v1_loop == "overlap"
+    retract_switch(5, 2, v1_loop="overlap")
+    monkeypatch.setattr(shim.plugin, "register_switch_v1", lambda: None)  # the runtime above stands for it
+    monkeypatch.setattr(shim.plugin, "current", lambda: None)  # as in a fresh server process
+    monkeypatch.setenv("SPECFLIP_MODE", "assert")
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
+    with pytest.raises(SystemExit, match="SPECFLIP_V1_LOOP=overlap"):
+        shim.plugin.register_v1()
+    sw.set_runtime(None)

@@ -32,6 +32,9 @@
 #   GUARD_ENV='VAR=value ...': added to every config that runs the guard, e.g. GUARD_ENV=SPECFLIP_GUARD_CLOCK=10 (the
 #           guard's own thread CPU time per hook, a line every 10 s: shim/guard/clock.py; all lines in guard_clock.txt)
 #   switch54 (not in the default set): the new design at issue 22's 5:4, guard assert
+#   bare_overlap (not in the default set): bare with SPECFLIP_V1_LOOP=overlap, its plain iterations in the overlap
+#           loop's order (shim/switch/v1_loop.py; the guard does not follow that loop yet): bare_overlap / off is the
+#           switch against a plain server in its own loop. ON_GUARD=off makes `on` bare too (like for like below)
 #   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
 #           forces on every EAGLE server (`off` runs the overlap loop, SGLang's default without speculation), so
 #           bare / off_nonoverlap is the plain path against a plain step in the same loop (session 11, docs/v1.md)
@@ -93,6 +96,7 @@ for cfg in "${CONFIGS[@]}"; do
     switch_syncs) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_COUNT_SYNCS=1"
             flags="$SPEC" ;;
     bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
+    bare_overlap) envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"; flags="$SPEC" ;;
     switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;
     *) echo "unknown config $cfg"; exit 2 ;;

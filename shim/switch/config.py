@@ -33,6 +33,9 @@ AUTO_DESIGN = "plain_off_retract_catch_up_auto"  # the free-flip design that ove
 
 
 RADIX_MODES = ("insert", "keep_out")
+# SPECFLIP_V1_LOOP (the v1 switch only): SGLang's normal loop for every iteration, or specflip's loop that runs the
+# plain iterations as SGLang's overlap loop does (shim/switch/v1_loop.py)
+V1_LOOPS = ("normal", "overlap")
 
 
 class SwitchConfigError(ValueError):
@@ -123,6 +126,8 @@ class SwitchConfig:
     radix: str = "keep_out"
     # SPECFLIP_SWITCH_WARMUP=on|off: run every path a flip takes before the server listens (shim/switch/warmup.py)
     warmup: bool = True
+    # SPECFLIP_V1_LOOP=normal|overlap (the v1 switch only, draft mode retract; shim/switch/v1_loop.py)
+    v1_loop: str = "normal"
 
     def __post_init__(self) -> None:
         if self.tiers is not None:
@@ -156,6 +161,11 @@ class SwitchConfig:
         if self.plain_prefill not in PREFILL_MODES:
             raise SwitchConfigError(f"SPECFLIP_PLAIN_PREFILL must be one of {PREFILL_MODES}, "
                                     f"got {self.plain_prefill!r}")
+        if self.v1_loop not in V1_LOOPS:
+            raise SwitchConfigError(f"SPECFLIP_V1_LOOP must be one of {V1_LOOPS}, got {self.v1_loop!r}")
+        if self.v1_loop == "overlap" and self.draft_while_off != DraftMode.RETRACT:
+            raise SwitchConfigError("SPECFLIP_V1_LOOP=overlap overlaps SGLang's plain path: "
+                                    f"SPECFLIP_SWITCH_DRAFT=retract, got {self.draft_while_off!r}")
         if self.radix not in RADIX_MODES:
             raise SwitchConfigError(f"SPECFLIP_SWITCH_RADIX must be one of {RADIX_MODES}, got {self.radix!r}")
 
@@ -209,4 +219,5 @@ class SwitchConfig:
                    plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
                    plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
                    trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto,
-                   radix=env.get("SPECFLIP_SWITCH_RADIX", "keep_out").strip() or "keep_out", warmup=warmup == "on")
+                   radix=env.get("SPECFLIP_SWITCH_RADIX", "keep_out").strip() or "keep_out", warmup=warmup == "on",
+                   v1_loop=env.get("SPECFLIP_V1_LOOP", "normal").strip().lower() or "normal")

@@ -31,6 +31,9 @@ Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): 
           speculation is the draft's catch-up. The hooks above that name seeds_final's actions are not installed;
           the flips run at Scheduler.get_next_batch_to_run.
   sync    (seeds_final, the functions above): kept for the side-by-side measurement of issue 22 (docs/v1.md).
+and `SPECFLIP_V1_LOOP=normal|overlap` (retract only; default normal): overlap runs the plain iterations in the overlap
+loop's order (shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain); the guard does not follow
+that loop yet, and a server asked for both stops at start-up (shim/plugin.py).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
 which also loads the guard (a no-op unless SPECFLIP_MODE is set).
@@ -45,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shim.guard import api as guard_api
-from shim.switch import v1_plain_path, warmup
+from shim.switch import v1_loop, v1_plain_path, warmup
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.policy import SwitchPolicy
 from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
@@ -55,6 +58,7 @@ from shim.timing.jsonl import JsonlTrace
 DESIGN = "seeds_final"  # SPECFLIP_SWITCH_DRAFT=sync
 RETRACT_DESIGN = "v1_plain_off_retract_catch_up"  # SPECFLIP_SWITCH_DRAFT=retract (the default)
 DESIGN_FOR_DRAFT_MODE = {"sync": DESIGN, "retract": RETRACT_DESIGN}
+OVERLAP_LOOP_DESIGN = "v1_plain_off_retract_catch_up_overlap_plain"  # SPECFLIP_V1_LOOP=overlap (shim/switch/v1_loop.py)
 # The functions of this module that perform a model action, by action name (tests check the names exist in
 # the model's catalogue and that a recorded run is a path of the design).
 SWITCH_ACTIONS = ("flip_off", "flip_on", "prepare_for_decode", "plain_decode", "draft_sync")
@@ -72,7 +76,10 @@ T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 # manager indexes it per request: the plain path's NONE crashed the first output on the H200 (0.5.16's
 # OutputStreamer keeps its own copy of the algorithm)
 T_STREAM = "sglang.srt.managers.scheduler.Scheduler.stream_output_generation"
-TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM)
+# SPECFLIP_V1_LOOP=overlap: specflip's loop in place of the normal one (shim/switch/v1_loop.py)
+T_LOOP = "sglang.srt.managers.scheduler.Scheduler.event_loop_normal"
+TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM,
+           T_LOOP)
 HOOKS_FOR_DRAFT_MODE = {"sync": (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_INIT_GRAPHS, T_FORWARD),
                         "retract": (T_ALLOCATABLE, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM)}
 
@@ -89,6 +96,8 @@ def check_config(config: SwitchConfig) -> SwitchConfig:
 
 def design_for(config: SwitchConfig) -> str:
     """The model design the v1 switch implements under `config`."""
+    if config.v1_loop == "overlap":
+        return OVERLAP_LOOP_DESIGN
     return DESIGN_FOR_DRAFT_MODE[config.draft_while_off]
 
 
@@ -363,6 +372,14 @@ def _stream_output_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) 
         return orig(scheduler, *args, **kwargs)
 
 
+def _event_loop_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """SPECFLIP_V1_LOOP=overlap: specflip's loop (plain iterations overlapped) in place of SGLang's normal one."""
+    rt = _RUNTIME
+    if rt is None or rt.config.v1_loop != "overlap":
+        return orig(scheduler, *args, **kwargs)
+    return v1_loop.run(rt, scheduler)
+
+
 def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
     time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
@@ -382,10 +399,12 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     bs = batch.batch_size()
     first = rt.steps_since_flip == 0 and rt.flips > 0
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    # an overlapped plain step runs on the scheduler's forward stream (v1_loop.py), the normal loop's on this one
+    stream = scheduler.forward_stream if getattr(scheduler, "enable_overlap", False) else None
+    start.record(stream)
     tic = time.perf_counter()
     out = orig(scheduler, batch, *args, **kwargs)
-    end.record()
+    end.record(stream)
     rt.counters[f"{kind}_step"] = rt.counters.get(f"{kind}_step", 0) + 1
     if kind == "plain":
         rt.counters["plain_graph" if out.can_run_cuda_graph else "plain_eager"] = \
@@ -412,7 +431,8 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     assert rt is not None
     design = design_for(config)
     rt.trace.event("config", design=design, worker="v1", t_off=config.t_off, t_on=config.t_on,
-                   spec_cap=config.spec_cap, plain_graphs=config.plain_graphs, draft_while_off=config.draft_while_off)
+                   spec_cap=config.spec_cap, plain_graphs=config.plain_graphs, draft_while_off=config.draft_while_off,
+                   loop=config.v1_loop)
     guard_api.announce_switch(design, config.spec_cap)  # the guard's reference design and scope
     hooks = {T_UPDATE_RUNNING: (_update_running_batch_around, HookType.AROUND),
              T_ALLOCATABLE: (_allocatable_around, HookType.AROUND),
@@ -421,8 +441,10 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
              T_FORWARD: (_forward_around, HookType.AROUND),
              T_NEXT_BATCH: (_next_batch_around, HookType.AROUND),
              T_RUN_BATCH: (_run_batch_around, HookType.AROUND),
-             T_STREAM: (_stream_output_around, HookType.AROUND)}
-    for target in HOOKS_FOR_DRAFT_MODE[config.draft_while_off]:
+             T_STREAM: (_stream_output_around, HookType.AROUND),
+             T_LOOP: (_event_loop_around, HookType.AROUND)}
+    targets = HOOKS_FOR_DRAFT_MODE[config.draft_while_off] + ((T_LOOP,) if config.v1_loop == "overlap" else ())
+    for target in targets:
         if target == T_RUN_BATCH and not rt.trace.enabled:
             continue  # only the trace reads it: one wrapper less per step
         hook, kind = hooks[target]

@@ -36,12 +36,16 @@ def enter_plain_path(rt: Any, scheduler: Any) -> None:
     if rt.plain_attn_backend is not None:
         side.set(mr, "attn_backend", rt.plain_attn_backend)
     side.set(mr, "spec_algorithm", none)
+    if rt.config.v1_loop == "overlap":  # shim/switch/v1_loop.py: plain iterations run as the overlap loop's
+        side.set(scheduler, "enable_overlap", True)
 
 
-def to_plain_batch(batch: Any) -> None:
+def to_plain_batch(batch: Any, overlap: bool = False) -> None:
     """A speculative batch made plain: the next plain prepare_for_decode reads its input ids from output_ids,
     which v1 leaves holding the last verify's flat accepted tokens (several per request). Each request's last
-    committed token takes their place (the draft input's bonus token; for a prefilled batch, its sampled one)."""
+    committed token takes their place (the draft input's bonus token; for a prefilled batch, its sampled one).
+    `overlap`: its plain steps run in the overlap loop's order (ScheduleBatch.enable_overlap: seq_lens out of
+    place, one step's delay in retract_decode and in the penalties' output ids)."""
     import torch
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -50,6 +54,7 @@ def to_plain_batch(batch: Any) -> None:
     batch.spec_algorithm = SpeculativeAlgorithm.NONE
     batch.spec_info = None
     batch.batch_is_full = False
+    batch.enable_overlap = overlap
 
 
 def retract_running(scheduler: Any, running_batch: Any) -> int:
@@ -64,24 +69,34 @@ def retract_running(scheduler: Any, running_batch: Any) -> int:
     return len(reqs)
 
 
-def plain_path_flip(rt: Any, scheduler: Any) -> str | None:
-    """Decide and perform a flip for the iteration get_next_batch_to_run is about to plan; returns the action.
-
-    Demand is every unfinished request of the running batch and of a prefilled batch not merged yet, plus the
-    waiting queue. No flip while a chunked prefill is in progress (its earlier chunks would straddle the flip).
-    flip_on waits while the running batch holds finished requests or a prefilled batch is not merged (the model
-    lets the flip come later): the requests it retracts are then exactly the running ones."""
+def flip_due(rt: Any, scheduler: Any) -> str | None:
+    """The flip the policy wants for the iteration about to be planned, without performing it (the threshold
+    policy's `wants` changes nothing). Demand is every unfinished request of the running batch and of a prefilled
+    batch not merged yet, plus the waiting queue. No flip while a chunked prefill is in progress (its earlier chunks
+    would straddle the flip)."""
     if scheduler.chunked_req is not None:
         return None
     running = scheduler.running_batch
     pending = _pending_prefill(scheduler, running, scheduler.last_batch)
+    in_batch = sum(not r.finished() for r in running.reqs)
+    if pending is not None:
+        in_batch += sum(not r.finished() for r in pending.reqs)
+    return rt.policy.wants(in_batch, len(scheduler.waiting_queue), 0)
+
+
+def plain_path_flip(rt: Any, scheduler: Any) -> str | None:
+    """Decide (flip_due) and perform a flip for the iteration get_next_batch_to_run is about to plan; returns the
+    action. flip_on waits while the running batch holds finished requests or a prefilled batch is not merged (the
+    model lets the flip come later): the requests it retracts are then exactly the running ones."""
+    action = flip_due(rt, scheduler)
+    running = scheduler.running_batch
+    pending = _pending_prefill(scheduler, running, scheduler.last_batch)
+    if action is None or (action == "flip_on" and flip_on_waits(running, pending)):
+        return None
     in_batch = [r for r in running.reqs if not r.finished()]
     if pending is not None:
         in_batch += [r for r in pending.reqs if not r.finished()]
     waiting = len(scheduler.waiting_queue)
-    action = rt.policy.wants(len(in_batch), waiting, 0)
-    if action is None or (action == "flip_on" and flip_on_waits(running, pending)):
-        return None
     tic = time.perf_counter()
     retracted = 0
     if action == "flip_off":
@@ -89,7 +104,7 @@ def plain_path_flip(rt: Any, scheduler: Any) -> str | None:
             running.filter_batch(v1_spec_info_filtered=True)  # what update_running_batch does first
         for batch in (running, pending):
             if batch is not None and not batch.is_empty():
-                to_plain_batch(batch)
+                to_plain_batch(batch, overlap=rt.config.v1_loop == "overlap")
         if not running.is_empty():
             reseat_seq_lens(running)  # v1's verify leaves orig_seq_lens and seq_lens_sum behind
         enter_plain_path(rt, scheduler)
@@ -100,6 +115,7 @@ def plain_path_flip(rt: Any, scheduler: Any) -> str | None:
         running.spec_algorithm = scheduler.spec_algorithm
         running.spec_info = None
         running.batch_is_full = False
+        running.enable_overlap = False  # speculative iterations run as the normal loop's (v1_loop.py)
     rt.policy.performed(action)
     rt.flips += 1
     rt.steps_since_flip = 0
