@@ -543,14 +543,18 @@ class V1LoopServer:
         s = self.scheduler
         batch = s.get_next_batch_to_run()
         if batch is not None:
-            if batch.forward_mode.is_extend():
-                self._prefill(batch)
-            elif batch.spec_algorithm.is_none():
-                self._plain_decode(batch)
-            else:
-                self._spec_decode(batch)
+            self.run_and_process(batch)
         s.last_batch = batch
         return batch
+
+    def run_and_process(self, batch: Any) -> None:
+        """The normal loop's run_batch and process_batch_result of one batch, by its kind."""
+        if batch.forward_mode.is_extend():
+            self._prefill(batch)
+        elif batch.spec_algorithm.is_none():
+            self._plain_decode(batch)
+        else:
+            self._spec_decode(batch)
 
     def _release_finished(self, batch: Any) -> None:
         from sglang.srt.mem_cache.common import release_kv_cache
@@ -682,12 +686,7 @@ class V1OverlapLoopServer(V1LoopServer):
         from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
 
         if result is None:
-            if batch.forward_mode.is_extend():
-                self._prefill(batch)
-            elif batch.spec_algorithm.is_none():
-                self._plain_decode(batch)
-            else:
-                self._spec_decode(batch)
+            self.run_and_process(batch)
             return
         for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
             if req.finished() or req.is_retracted:
