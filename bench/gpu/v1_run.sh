@@ -24,8 +24,8 @@
 #   on:     EAGLE-3, speculation always on, guard assert (ON_GUARD=warn: warn mode)
 #   switch: EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T, the new design (SPECFLIP_SWITCH_DRAFT=retract:
 #           v1_plain_off_retract_catch_up) + guard assert
-#   bare:   the switch without the guard (the guard's Python per request per step is its own cost: bare / off is
-#           the switch against a plain server, like for like)
+#   bare:   the switch without the guard, in the normal loop as `switch` (SPECFLIP_V1_LOOP=normal: unset, a switch
+#           without the guard runs the overlap loop since session 23; bare / off is the switch against a plain server)
 #   sync:   EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T SPECFLIP_SWITCH_DRAFT=sync: the old design (seeds_final) + guard assert
 #   switch_syncs (not in the default set): the switch with SPECFLIP_COUNT_SYNCS=1, the guard's own host-device syncs
 #           counted by call site (torch's sync debug mode; catching its warnings costs time: not a speed figure)
@@ -95,7 +95,7 @@ for cfg in "${CONFIGS[@]}"; do
     switch) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     switch_syncs) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_COUNT_SYNCS=1"
             flags="$SPEC" ;;
-    bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
+    bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal"; flags="$SPEC" ;;
     bare_overlap) envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"; flags="$SPEC" ;;
     switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;

@@ -31,9 +31,10 @@ Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): 
           speculation is the draft's catch-up. The hooks above that name seeds_final's actions are not installed;
           the flips run at Scheduler.get_next_batch_to_run.
   sync    (seeds_final, the functions above): kept for the side-by-side measurement of issue 22 (docs/v1.md).
-and `SPECFLIP_V1_LOOP=normal|overlap` (retract only; default normal): overlap runs the plain iterations in the overlap
-loop's order (shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain); the guard does not follow
-that loop yet, and a server asked for both stops at start-up (shim/plugin.py).
+and `SPECFLIP_V1_LOOP=normal|overlap` (retract only): overlap runs the plain iterations in the overlap loop's order
+(shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain). Unset, it is overlap, or normal when
+SPECFLIP_MODE asks for the guard, which does not follow the overlap loop yet (config_from_env); asked for both
+explicitly, the server stops at start-up (shim/plugin.py).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
 which also loads the guard (a no-op unless SPECFLIP_MODE is set).
@@ -42,7 +43,9 @@ which also loads the guard (a no-op unless SPECFLIP_MODE is set).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -463,13 +466,31 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
     return _RUNTIME
 
 
+def config_from_env(env: dict[str, str] | None = None) -> SwitchConfig | None:
+    """The v1 switch's configuration: SwitchConfig.from_env with SPECFLIP_SWITCH_DRAFT retract by default, and, when
+    SPECFLIP_V1_LOOP is unset in draft mode retract, the loop: overlap (plain iterations overlapped, v1_loop.py), or
+    normal when SPECFLIP_MODE asks for the guard, which follows the normal loop only."""
+    env = dict(os.environ) if env is None else env
+    config = SwitchConfig.from_env(env, default_draft="retract")
+    if config is None or env.get("SPECFLIP_V1_LOOP", "").strip() or config.draft_while_off != "retract":
+        return config
+    guard = (env.get("SPECFLIP_MODE", "off").strip().lower() or "off") != "off"
+    return dataclasses.replace(config, v1_loop="normal" if guard else "overlap")
+
+
 def install_from_env() -> bool:
-    """Install the switch as SPECFLIP_* say (SPECFLIP_SWITCH_DRAFT defaults to retract); False when
-    SPECFLIP_SWITCH is unset, or (one line logged) on a bad setting."""
+    """Install the switch as SPECFLIP_* say (config_from_env); False when SPECFLIP_SWITCH is unset, or (one line
+    logged) on a bad setting."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
+    log = logging.getLogger("specflip.switch")
     try:
-        return install_switch(HookRegistry, SwitchConfig.from_env(default_draft="retract"))
+        config = config_from_env()
     except SwitchConfigError as exc:
-        logging.getLogger("specflip.switch").error("specflip v1 switch off: %s", exc)
+        log.error("specflip v1 switch off: %s", exc)
         return False
+    if config is not None and config.draft_while_off == "retract":
+        log.info("specflip v1 switch: the %s loop (SPECFLIP_V1_LOOP%s)", config.v1_loop,
+                 "" if os.environ.get("SPECFLIP_V1_LOOP", "").strip() else
+                 " unset: normal with the guard, which follows that loop only, else overlap")
+    return install_switch(HookRegistry, config)
