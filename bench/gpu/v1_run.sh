@@ -35,6 +35,8 @@
 #   bare_overlap (not in the default set): bare with SPECFLIP_V1_LOOP=overlap, its plain iterations in the overlap
 #           loop's order (shim/switch/v1_loop.py; the guard does not follow that loop yet): bare_overlap / off is the
 #           switch against a plain server in its own loop. ON_GUARD=off makes `on` bare too (like for like below)
+#   defaults (not in the default set): SPECFLIP_SWITCH=$T and nothing else, what a user starts with (draft mode retract;
+#           without the guard the overlap loop)
 #   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
 #           forces on every EAGLE server (`off` runs the overlap loop, SGLang's default without speculation), so
 #           bare / off_nonoverlap is the plain path against a plain step in the same loop (session 11, docs/v1.md)
@@ -97,6 +99,7 @@ for cfg in "${CONFIGS[@]}"; do
             flags="$SPEC" ;;
     bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal"; flags="$SPEC" ;;
     bare_overlap) envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"; flags="$SPEC" ;;
+    defaults) envs="SPECFLIP_SWITCH=$T"; flags="$SPEC" ;;
     switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;
     *) echo "unknown config $cfg"; exit 2 ;;
