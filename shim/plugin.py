@@ -33,7 +33,6 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
 from __future__ import annotations
 
 import logging
-import os
 
 from shim.adapters import select_adapter
 from shim.guard.core import Mode
@@ -93,14 +92,7 @@ def register() -> None:
 
 
 def register_v1() -> None:
-    """The v1 kit's entry point: the v1 switch, then the guard (a no-op unless SPECFLIP_MODE is set). The guard's
-    0.5.12 adapter follows the normal loop only: asked for beside SPECFLIP_V1_LOOP=overlap, it is a bad configuration
-    (start-up stops, or with SPECFLIP_ON_BAD_CONFIG=warn one error line and no guard), never silently absent."""
+    """The v1 kit's entry point: the v1 switch, then the guard (a no-op unless SPECFLIP_MODE is set; under the switch's
+    overlap loop its 0.5.12 adapter takes the overlap scope of the design the switch announced)."""
     register_switch_v1()
-    rt = switch_v1.runtime()
-    mode = os.environ.get("SPECFLIP_MODE", "off").strip().lower() or "off"
-    if rt is not None and rt.config.v1_loop == "overlap" and mode != Mode.OFF.value and current() is None:
-        on_bad_config(ConfigError(f"SPECFLIP_MODE={mode}: the guard does not follow the v1 switch's overlap loop "
-                                  "(SPECFLIP_V1_LOOP=overlap) yet; use SPECFLIP_V1_LOOP=normal with the guard"))
-        return
     register_guard()

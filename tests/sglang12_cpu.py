@@ -503,10 +503,34 @@ def get_next_batch_to_run_cpu_stand_in(self: Any) -> Any:
 
 
 def install_scheduler_loop_stand_in() -> None:
-    """Before load_plugins(): the switch's and the guard's hooks wrap it as they wrap the real method."""
+    """Before load_plugins(): the switch's and the guard's hooks wrap them as they wrap the real methods."""
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
 
     Scheduler.get_next_batch_to_run = get_next_batch_to_run_cpu_stand_in
+    SchedulerOutputProcessorMixin.process_batch_result_decode = process_batch_result_decode_cpu_stand_in
+
+
+def process_batch_result_decode_cpu_stand_in(self: Any, batch: Any, result: Any) -> None:
+    """0.5.12's process_batch_result_decode, its per-request loop only (V1OverlapLoopServer calls it): a spec v1 step's
+    tokens were appended by its verify; a plain step's are appended here, a request an earlier result finished or
+    retracted being skipped under overlap; what finished is released inside the allocator's free group. Released
+    requests go to `self.finished_cpu_stand_in` (the harness's list)."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    plain = batch.spec_algorithm.is_none()
+    tokens = result.next_token_ids.tolist() if plain else [None] * len(batch.reqs)
+    self.token_to_kv_pool_allocator.free_group_begin()
+    for req, token in zip(batch.reqs, tokens, strict=True):
+        if self.enable_overlap and (req.finished() or req.is_retracted):
+            continue
+        if plain:
+            req.output_ids.append(token)
+            req.check_finished()
+        if req.finished() and req not in self.finished_cpu_stand_in:
+            release_kv_cache(req, self.tree_cache)
+            self.finished_cpu_stand_in.append(req)
+    self.token_to_kv_pool_allocator.free_group_end()
 
 
 class V1LoopServer:
@@ -638,7 +662,7 @@ class V1OverlapLoopServer(V1LoopServer):
                           device="cpu", is_generation=True, enable_overlap=False, cur_batch=None,
                           require_mlp_sync=False, run_batch=self.run_batch_cpu_stand_in,
                           process_batch_result=self.process_batch_result_cpu_stand_in, on_idle=lambda: None,
-                          launch_batch_sample_if_needed=lambda result: None)
+                          launch_batch_sample_if_needed=lambda result: None, finished_cpu_stand_in=self.finished)
         init_overlap_state(s)
         self.overlapped = 0  # plain launches made while the step before was still unprocessed
 
@@ -649,13 +673,19 @@ class V1OverlapLoopServer(V1LoopServer):
         return v1_loop.iteration(sw.runtime(), self.scheduler)
 
     def run_batch_cpu_stand_in(self, batch: Any) -> Any:
-        """The normal loop's iteration: nothing yet (the processing stand-in runs V1LoopServer's step). The overlap
-        loop's: run_batch's overlap branch with the real future map, the forward stood in."""
+        """The normal loop's iteration: a speculative decode's worker call (spec v1: the EAGLEWorker gets the
+        ScheduleBatch), a prefill nothing yet (the processing stand-in runs V1LoopServer's). The overlap loop's:
+        run_batch's overlap branch with the real future map, the forward stood in."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
         s = self.scheduler
         if not s.enable_overlap:
-            return None
+            if batch.forward_mode.is_extend():
+                return None
+            self.kinds.append("spec")
+            result = s.model_worker.forward_batch_generation(batch)
+            batch.output_ids = result.next_token_ids
+            return result
         self.overlapped += bool(s.result_queue)
         mwb = batch.get_model_worker_batch()
         future = s.future_map.alloc_future_indices(len(batch.reqs))
@@ -681,18 +711,22 @@ class V1OverlapLoopServer(V1LoopServer):
         return result
 
     def process_batch_result_cpu_stand_in(self, batch: Any, result: Any) -> None:
-        """The normal loop's: V1LoopServer's step. The overlap loop's: the per-request loop of
-        process_batch_result_{prefill,decode} (a request an earlier result finished, or retracted, is skipped)."""
+        """A decode result: Scheduler.process_batch_result_decode (its stand-in, hooked by the guard). A prefill's: in
+        the normal loop V1LoopServer's step; in the overlap loop process_batch_result_prefill's per-request loop (a
+        request an earlier result finished, or retracted, is skipped)."""
         from sglang.srt.mem_cache.common import maybe_cache_unfinished_req
 
         if result is None:
             self.run_and_process(batch)
+            return
+        if not batch.forward_mode.is_extend():
+            self.scheduler.process_batch_result_decode(batch, result)
             return
         for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
             if req.finished() or req.is_retracted:
                 continue
             req.output_ids.append(token)
             req.check_finished()
-            if batch.forward_mode.is_extend() and not req.finished():
+            if not req.finished():
                 maybe_cache_unfinished_req(req, self.pools.tree_cache)
         self._release_finished(batch)

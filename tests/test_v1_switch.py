@@ -701,6 +701,63 @@ def test_overlap_loop_overlaps_plain_steps_only_and_is_exact_and_kv_clean(overla
     assert s.spec_algorithm.is_eagle() and not s.enable_overlap and not rt.spec_side  # back on the spec side
 
 
+@pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])
+def guarded_overlap_loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
+    """The overlap loop's server with the guard on in assert mode, its reference the design the v1 switch announces
+    with SPECFLIP_V1_LOOP=overlap (checked under the overlap scope: the 0.5.12 adapter then follows that scope)."""
+    import shim.switch.v1 as sw
+    from shim.guard import api as guard_api
+
+    guard_api.announce_switch(sw.OVERLAP_LOOP_DESIGN, 48)
+    plugin.reset()
+    plugin.paused = False
+    plugin.trace_template = str(tmp_path / "guard.jsonl")
+    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
+    srv = h.V1OverlapLoopServer(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
+    srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
+    yield srv
+    guard_api.announce_switch(sw.DESIGN, 48)  # what the module's plugin fixture installed
+    plugin.reset()
+    plugin.paused = False
+
+
+def test_the_guard_follows_the_overlap_loop(guarded_overlap_loop: Any, plugin: Any, tmp_path: Path) -> None:
+    """Two waves across the threshold with the guard in assert mode: no finding, every output exact, and the guard's
+    steps are the overlap scope's (a plain step's result processed after the next step launched, a speculative
+    step's right after its own), each one the reference design allows (the guard checks legal_transition itself)."""
+    import shim.switch.v1 as sw
+
+    rt = retract_switch(5, 2, v1_loop="overlap")
+    _waves(guarded_overlap_loop)
+    srv = guarded_overlap_loop
+    assert len(srv.finished) == 12 and all(req.output_ids == h.expected_output(req) for req in srv.finished)
+    assert rt.counters.get("flip_off") == 2 and rt.counters.get("flip_on") == 2, rt.counters
+    assert plugin.guard.config.design.name == sw.OVERLAP_LOOP_DESIGN and plugin.guard.config.scope.overlap
+    plugin.guard.close()
+    steps = _guard_steps(tmp_path / "guard.jsonl")
+    names = [a.name for _, a in steps]
+    assert {"verify", "draft_extend", "plain_decode", "process_result", "flip_off", "flip_on"} <= set(names)
+    # a speculative step's result is processed right after its draft-extend; a plain one after the next launch
+    assert all(names[i + 1] == "process_result" for i, n in enumerate(names) if n == "draft_extend")
+    launches = [i for i, n in enumerate(names) if n == "plain_decode"]
+    assert any("plain_decode" in names[i + 1:names.index("process_result", i)] for i in launches[:-1])
+
+
+def test_the_guard_stops_a_flip_with_a_plain_step_in_flight(guarded_overlap_loop: Any, monkeypatch: Any) -> None:
+    """The overlap loop without its drain before a flip (v1_loop.iteration asks flip_due first): flip-on retracts with
+    a plain step's result unprocessed, and 0.5.12 skips a retracted request's result only while `enable_overlap` is
+    set, which the flip has cleared: the re-prefilled request gets that step's token a second time. The guard stops
+    it before the next verify launches, the flip among the steps it lists."""
+    from shim.guard.core import SpecFlipViolation
+    from shim.switch import v1_loop
+
+    retract_switch(5, 2, v1_loop="overlap")
+    monkeypatch.setattr(v1_loop, "flip_due", lambda rt, scheduler: None)  # no drain; the flip itself stays
+    with pytest.raises(SpecFlipViolation) as caught:
+        _waves(guarded_overlap_loop, rounds=1)
+    assert caught.value.invariant == "committed_output_kept" and "flip_on [switch]" in str(caught.value), caught.value
+
+
 def test_overlap_loop_relay_is_what_makes_it_exact(overlap_loop: Any, monkeypatch: Any) -> None:
     """The same waves with the future map's relay broken (resolve_future leaves the placeholders): the stand-in model
     then returns wrong tokens, so the exactness check above can fail."""
@@ -711,26 +768,14 @@ def test_overlap_loop_relay_is_what_makes_it_exact(overlap_loop: Any, monkeypatc
     assert any(req.output_ids != h.expected_output(req) for req in overlap_loop.finished)
 
 
-def test_overlap_loop_config_and_guard_refusal(monkeypatch: Any) -> None:
-    """SPECFLIP_V1_LOOP: one line for a bad value or for overlap with the seeds' sync mode; with the guard asked for,
-    start-up stops (one line naming both settings), never a server without the guard it was asked for."""
-    import shim.plugin
-    import shim.switch.v1 as sw
-
+def test_overlap_loop_config_errors() -> None:
+    """SPECFLIP_V1_LOOP: one line for a bad value or for overlap with the seeds' sync mode."""
     with pytest.raises(SwitchConfigError, match="SPECFLIP_V1_LOOP must be one of"):
         SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "fast"})
     with pytest.raises(SwitchConfigError, match="SPECFLIP_SWITCH_DRAFT=retract"):
         SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "overlap",
                                "SPECFLIP_SWITCH_DRAFT": "sync"})
     assert SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "overlap"}).v1_loop == "overlap"
-    retract_switch(5, 2, v1_loop="overlap")
-    monkeypatch.setattr(shim.plugin, "register_switch_v1", lambda: None)  # the runtime above stands for it
-    monkeypatch.setattr(shim.plugin, "current", lambda: None)  # as in a fresh server process
-    monkeypatch.setenv("SPECFLIP_MODE", "assert")
-    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
-    with pytest.raises(SystemExit, match="SPECFLIP_V1_LOOP=overlap"):
-        shim.plugin.register_v1()
-    sw.set_runtime(None)
 
 
 def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None:

@@ -37,6 +37,8 @@
 #           switch against a plain server in its own loop. ON_GUARD=off makes `on` bare too (like for like below)
 #   defaults (not in the default set): SPECFLIP_SWITCH=$T and nothing else, what a user starts with (draft mode retract;
 #           without the guard the overlap loop)
+#   switch_overlap (not in the default set): bare_overlap with the guard in assert mode (the guard in the overlap scope
+#           of the loop's design): switch_overlap / bare_overlap is the guard's cost there
 #   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
 #           forces on every EAGLE server (`off` runs the overlap loop, SGLang's default without speculation), so
 #           bare / off_nonoverlap is the plain path against a plain step in the same loop (session 11, docs/v1.md)
@@ -100,6 +102,8 @@ for cfg in "${CONFIGS[@]}"; do
     bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal"; flags="$SPEC" ;;
     bare_overlap) envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"; flags="$SPEC" ;;
     defaults) envs="SPECFLIP_SWITCH=$T"; flags="$SPEC" ;;
+    switch_overlap) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"
+            flags="$SPEC" ;;
     switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;
     *) echo "unknown config $cfg"; exit 2 ;;

@@ -19,11 +19,13 @@ import sys
 # the trace reader and the warm-up's records reported apart, as on the v2 line (this folder)
 from summarize import trace_events, warmup_lines
 
-ORDER = ("off", "off_nonoverlap", "on", "switch", "bare", "bare_overlap", "defaults", "sync", "switch54")
+ORDER = ("off", "off_nonoverlap", "on", "switch", "bare", "bare_overlap", "switch_overlap", "defaults", "sync",
+         "switch54")
 # switch, on and sync run the guard (assert mode); off and bare do not: bare / off and switch / on are like for like
 RATIOS = (("bare", "off"), ("switch", "off"), ("switch", "on"), ("bare", "on"), ("sync", "off"), ("switch54", "off"),
           ("on", "off"), ("bare", "off_nonoverlap"), ("off_nonoverlap", "off"), ("bare_overlap", "off"),
-          ("bare_overlap", "on"), ("bare_overlap", "bare"), ("defaults", "off"), ("switch", "defaults"))
+          ("bare_overlap", "on"), ("bare_overlap", "bare"), ("defaults", "off"), ("switch", "defaults"),
+          ("switch_overlap", "bare_overlap"), ("switch_overlap", "off"))
 
 
 def load(path: str) -> dict | None:

@@ -30,11 +30,11 @@ from typing import Any
 
 import attrs
 
-from shim.adapters.common import V2Adapter, sorted_capture_sizes, tensor_width
+from shim.adapters.common import V2Adapter, host_ints, sorted_capture_sizes, tensor_width
 from shim.guard.api import announced_switch
 from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
-from statemodel.design import Design
+from statemodel.design import Design, Scope
 from statemodel.designs import SEEDS_FINAL, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
 
@@ -57,11 +57,18 @@ class Adapter(V2Adapter):
         ("sglang.srt.speculative.eagle_info.EagleVerifyInput.prepare_for_verify", "AFTER", "after_prepare_for_verify"),
         (f"{_V1}.forward_draft_extend_after_decode", "BEFORE", "before_draft_extend_after_decode"),
         (f"{_V1}._draft_preprocess_idle", "BEFORE", "before_draft_preprocess_idle"),
+        # a decode result's processing (spec v1 and plain): the overlap scope's process_result, with the v1 switch's
+        # own loop (shim/switch/v1_loop.py); a no-op in the normal loop
+        ("sglang.srt.managers.scheduler_output_processor_mixin.SchedulerOutputProcessorMixin."
+         "process_batch_result_decode", "BEFORE", "before_process_batch_result_decode"),
     )
 
     def __init__(self) -> None:
         super().__init__()
         self._worker_ref: Callable[[], Any] | None = None
+        # the overlap scope: the verify's launch reading, which its draft-extend is checked against (v1's verify has
+        # committed on the host by then; the model records that at the result's processing)
+        self._verify_reading: tuple[Any, list[ObservedRequest], ObservedPool] | None = None
 
     # --- per-release field access ---------------------------------------------------------------------
 
@@ -97,6 +104,15 @@ class Adapter(V2Adapter):
             return ("the overlap schedule runs EAGLEWorkerV2 on 0.5.12; this adapter covers the v1 EAGLEWorker "
                     "(SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule)")
         return None
+
+    def scope(self, sa: Any) -> Scope:
+        """The overlap scope also under the v1 switch's own loop (its design keeps speculative steps unoverlapped,
+        Design.overlap_spec_steps), where SGLang's server arguments still say the normal loop."""
+        scope = super().scope(sa)
+        switch = announced_switch()
+        if switch is not None and not get_design(switch.design_name).overlap_spec_steps:
+            scope = attrs.evolve(scope, overlap=True)
+        return scope
 
     def reference_design(self, sa: Any) -> Design:
         """The design the v1 switch announced (seeds_final when none did) with the server's step count: the model's
@@ -204,16 +220,57 @@ class Adapter(V2Adapter):
             launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
                                           spec_info=verify_input, out_cache_loc_width=width)
             per_request = width // max(len(batch.reqs), 1)
-            g.verify_launch(launched, self.observe_requests_with_verify_slots(batch, per_request),
-                            self.batch_pool(batch), where="EagleVerifyInput.prepare_for_verify (TARGET_VERIFY launch)")
+            reqs, pool = self.observe_requests_with_verify_slots(batch, per_request), self.batch_pool(batch)
+            if g.config.scope.overlap:
+                self._verify_reading = (batch, reqs, pool)
+            g.verify_launch(launched, reqs, pool, where="EagleVerifyInput.prepare_for_verify (TARGET_VERIFY launch)")
         self._with_guard(step)
         return None
 
     def before_draft_extend_after_decode(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
-        self._draft_extend(batch, skipped=False, where="EAGLEWorker.forward_draft_extend_after_decode")
+        self._v1_draft_extend(batch, where="EAGLEWorker.forward_draft_extend_after_decode")
+
+    def _v1_draft_extend(self, batch: Any, *, where: str) -> None:
+        held, self._verify_reading = self._verify_reading, None
+        if held is None or held[0] is not batch or not batch.reqs:
+            self._draft_extend(batch, skipped=False, where=where)
+            return
+
+        def observe() -> tuple[ObservedBatch, list[ObservedRequest], ObservedPool]:
+            # the overlap scope: the model's verify is its launch, and v1's verify has already committed the accepted
+            # tokens and freed the rejected slots on the host: the draft-extend is read as at the verify's launch,
+            # the commit is checked where the result is processed (before_process_batch_result_decode)
+            return self.observe_batch(batch, reqs=held[1]), held[1], held[2]
+
+        def step(g: Guard) -> None:
+            g.draft_extend_starts(skipped=False, observe=observe, where=where)
+        self._with_guard_in_worker_call(step)
+
+    def before_process_batch_result_decode(self, scheduler: Any, batch: Any, result: Any, *args: Any,
+                                           **kwargs: Any) -> None:
+        """The overlap scope's process_result (the v1 switch's own loop): a plain step's result one iteration after
+        its launch, a speculative step's right after its worker call. Read before the per-request loop appends a
+        plain step's tokens and releases what finished: host mirrors only (`copy_done` is waited on after)."""
+        if not batch.reqs:
+            return
+
+        def step(g: Guard) -> None:
+            if not g.config.scope.overlap:
+                return  # the normal loop settles rounds at the scheduler's next hook
+            spec = not batch.spec_algorithm.is_none()
+            # v1's verify moved seq_lens_cpu by each accepted run already; a plain copy's mirror is its launch's
+            accept = [int(c) + 1 for c in result.num_correct_drafts_per_req_cpu] if spec else None
+            mirror = batch.seq_lens_cpu
+            seq_lens = host_ints(mirror) if mirror is not None and tensor_width(mirror) == len(batch.reqs) \
+                else [None] * len(batch.reqs)
+            observed = self._observe_reqs(batch.reqs, seq_lens)
+            pool = self.observe_pool(scheduler.token_to_kv_pool_allocator, getattr(scheduler, "tree_cache", None))
+            g.process_result([o[0] for o in observed], accept, observed, pool,
+                             where="Scheduler.process_batch_result_decode (result processed)")
+        self._with_guard(step)
 
     def before_draft_preprocess_idle(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         # every request of a live batch finished in this step: v1 installs its idle draft input instead of a
         # draft-extend. The model's draft-extend / draft_sync of finished requests, with nothing left to extend.
         if not batch.forward_mode.is_idle() and batch.reqs:
-            self._draft_extend(batch, skipped=False, where="EAGLEWorker._draft_preprocess_idle (all finished)")
+            self._v1_draft_extend(batch, where="EAGLEWorker._draft_preprocess_idle (all finished)")

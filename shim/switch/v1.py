@@ -33,8 +33,8 @@ Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): 
   sync    (seeds_final, the functions above): kept for the side-by-side measurement of issue 22 (docs/v1.md).
 and `SPECFLIP_V1_LOOP=normal|overlap` (retract only): overlap runs the plain iterations in the overlap loop's order
 (shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain). Unset, it is overlap, or normal when
-SPECFLIP_MODE asks for the guard, which does not follow the overlap loop yet (config_from_env); asked for both
-explicitly, the server stops at start-up (shim/plugin.py).
+SPECFLIP_MODE asks for the guard (config_from_env): the guard follows both loops (the overlap one through the
+adapter's overlap scope), but its live runs so far are in the normal one.
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
 which also loads the guard (a no-op unless SPECFLIP_MODE is set).
@@ -469,7 +469,8 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
 def config_from_env(env: dict[str, str] | None = None) -> SwitchConfig | None:
     """The v1 switch's configuration: SwitchConfig.from_env with SPECFLIP_SWITCH_DRAFT retract by default, and, when
     SPECFLIP_V1_LOOP is unset in draft mode retract, the loop: overlap (plain iterations overlapped, v1_loop.py), or
-    normal when SPECFLIP_MODE asks for the guard, which follows the normal loop only."""
+    normal when SPECFLIP_MODE asks for the guard: the guard has run on live servers in the normal loop; in the overlap
+    loop on real 0.5.12 objects on the CPU only (tests/test_v1_switch.py), so a guarded server gets it when asked."""
     env = dict(os.environ) if env is None else env
     config = SwitchConfig.from_env(env, default_draft="retract")
     if config is None or env.get("SPECFLIP_V1_LOOP", "").strip() or config.draft_while_off != "retract":
@@ -492,5 +493,5 @@ def install_from_env() -> bool:
     if config is not None and config.draft_while_off == "retract":
         log.info("specflip v1 switch: the %s loop (SPECFLIP_V1_LOOP%s)", config.v1_loop,
                  "" if os.environ.get("SPECFLIP_V1_LOOP", "").strip() else
-                 " unset: normal with the guard, which follows that loop only, else overlap")
+                 " unset: normal with the guard, whose live runs are in that loop, else overlap")
     return install_switch(HookRegistry, config)

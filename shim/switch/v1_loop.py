@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from shim.switch import v1_plain_path
+from shim.switch.v1_plain_path import flip_due
 
 
 def init_overlap_state(scheduler: Any) -> None:
@@ -48,7 +48,7 @@ def process_oldest(scheduler: Any) -> None:
 def iteration(rt: Any, scheduler: Any) -> Any:
     """One scheduler iteration after the requests were received; returns the batch launched (or None)."""
     queue = scheduler.result_queue
-    if queue and v1_plain_path.flip_due(rt, scheduler):
+    if queue and flip_due(rt, scheduler):
         while queue:  # a flip processes the result in flight first
             process_oldest(scheduler)
     batch = scheduler.get_next_batch_to_run()  # the flip, if due, happens here (v1.py's _next_batch_around)
