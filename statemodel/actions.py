@@ -322,7 +322,8 @@ def enabled(state: State, design: Design, scope: Scope) -> list[Action]:
 
 
 def _enabled_schedule(state: State, design: Design, scope: Scope) -> list[Action]:
-    if len(state.unprocessed) > 1 or (state.unprocessed and _spec_unoverlapped(state, design)):
+    if len(state.unprocessed) > 1 or (state.unprocessed and state.unprocessed[0].is_spec
+                                      and _spec_unoverlapped(state, design)):
         # overlap: the step just launched; the loop's next move is pop_and_process of the one before (or, for a
         # speculative step its design never overlaps, of that step itself)
         return _process_result_choices(state)
@@ -431,8 +432,10 @@ def result_rows(state: State) -> tuple[int, ...]:
 
 def _result_rows(state: State) -> tuple[int, ...]:
     requests = state.requests
-    return tuple([rid for rid in state.unprocessed[0].rids
-                  if requests[rid].status is Status.RUNNING and not requests[rid].done])
+    head = state.unprocessed[0]
+    kept = head.applies_to_retracted
+    return tuple([rid for rid in head.rids
+                  if (requests[rid].status is Status.RUNNING and not requests[rid].done) or rid in kept])
 
 
 _RESULT_ROWS: LastByIdentity[State, tuple[int, ...]] = LastByIdentity()
@@ -695,9 +698,10 @@ def _retract(state: State, action: Action, design: Design, scope: Scope) -> Stat
     return _release_to_waiting(state, (action.args[0],))
 
 
-def _release_to_waiting(state: State, rids: tuple[int, ...]) -> State:
+def _release_to_waiting(state: State, rids: tuple[int, ...], *, rows_kept: bool = False) -> State:
     """ScheduleBatch.release_req without tree insertion: each request frees its KV (held and reserved), leaves
-    the running (or prefilled, not yet merged) batch and waits; its output is kept and re-prefilled."""
+    the running (or prefilled, not yet merged) batch and waits; its output is kept and re-prefilled. `rows_kept`:
+    the launched results still apply to it (Unprocessed.applies_to_retracted)."""
     changed: dict[int, Request] = {}
     freed = 0
     for rid in rids:
@@ -710,8 +714,14 @@ def _release_to_waiting(state: State, rids: tuple[int, ...]) -> State:
     if pending is not None and any(rid in changed for rid in pending.rids):
         keep = tuple(rid for rid in pending.rids if rid not in changed)
         pending = _shrink(pending, keep) if keep else None
-    # a retracted request's rows in launched results are void (it re-prefills from its committed output)
-    unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x not in changed)) for u in state.unprocessed)
+    # a retracted request's rows in launched results are void (it re-prefills from its committed output), unless
+    # the loop that processes them no longer skips retracted requests
+    if rows_kept:
+        unprocessed = tuple(attrs.evolve(u, applies_to_retracted=u.applies_to_retracted + tuple(
+            x for x in u.rids if x in changed)) for u in state.unprocessed)
+    else:
+        unprocessed = tuple(attrs.evolve(u, rids=tuple(x for x in u.rids if x not in changed))
+                            for u in state.unprocessed)
     return state.replace(requests=state.with_requests(changed), running=running, pending=pending,
                         kv_free=state.kv_free + freed, launched=None, unprocessed=unprocessed)
 
@@ -741,8 +751,11 @@ def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> Stat
         # will once merged goes back to waiting, and its re-prefill with speculation on is the catch-up; one
         # already done is left to finish (SGLang released it when its result was processed)
         in_batch = state.running.rids + (state.pending.rids if state.pending is not None else ())
+        # the v1 switch's loop processes the results in flight after this flip without overlap: 0.5.12 then skips
+        # no retracted request (Unprocessed.applies_to_retracted)
         state = _release_to_waiting(state, tuple(
-            rid for rid in in_batch if state.req(rid).status is Status.RUNNING and not state.req(rid).done))
+            rid for rid in in_batch if state.req(rid).status is Status.RUNNING and not state.req(rid).done),
+            rows_kept=not design.overlap_spec_steps)
     if design.tree_draft is TreeDraft.EVICT_AT_FLIP_ON and False in state.prefix_cache:
         # every unlocked tree token from the first one without draft KV on (a radix subtree goes with its root)
         tree = state.prefix_cache

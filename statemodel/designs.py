@@ -425,6 +425,16 @@ OVERLAP_KNOWN_BAD += (
         source="shim/switch/v1_loop.py (why speculative iterations run without overlap)",
         expected_invariant="kv_reserve_covers_writes",
     ),
+    attrs.evolve(
+        V1_OVERLAP_PLAIN, name="v1_overlap_flip_on_in_flight", kind=DesignKind.KNOWN_BAD,
+        flip_waits_for_results=False,
+        summary="v1_plain_off_retract_catch_up_overlap_plain flipping on while a plain step's result is in flight: "
+        "the flip clears the scheduler's enable_overlap, 0.5.12 then processes that result without skipping the "
+        "requests the flip retracted, and a re-prefilled request gets the step's token a second time.",
+        source="shim/switch/v1_loop.py (why a flip processes the result in flight first); sglang 0.5.12 "
+        "managers/scheduler_output_processor_mixin.py process_batch_result_decode",
+        expected_invariant="result_not_after_reprefill",
+    ),
 )
 OVERLAP_DESIGNS: tuple[Design, ...] = OVERLAP_SHIPPED + OVERLAP_CANDIDATES + OVERLAP_KNOWN_BAD
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from statemodel.actions import Action, result_growth, verify_growth
+from statemodel.actions import Action, result_growth, result_rows, verify_growth
 from statemodel.design import Design, Scope
 from statemodel.state import (
     Batch,
@@ -398,6 +398,23 @@ def committed_never_lost(before: State, action: Action, after: State, scope: Sco
     ) for a, b in lost]
 
 
+def result_not_after_reprefill(before: State, action: Action, after: State, scope: Scope,
+                               design: Design) -> list[Violation]:
+    """A launched step's result commits no token to a request retracted since that launch whose re-prefill has
+    started: the re-prefill computes that position again from the output it kept, so the token would be twice."""
+    if action.name != "process_result" or not before.unprocessed[0].applies_to_retracted:
+        return []
+    rows = set(result_rows(before))
+    late = [rid for rid in before.unprocessed[0].applies_to_retracted
+            if rid in rows and before.req(rid).status is not Status.WAITING]
+    return [Violation(
+        "result_not_after_reprefill",
+        f"{action.name} commits a token of a step launched before request {rid} was retracted, after its re-prefill "
+        "started: that position is computed again",
+        (rid,), expected="the result skips it", actual="a token committed twice",
+    ) for rid in late]
+
+
 # The order is the order of report: a broken precondition of the step first, then the batch the
 # step launched, then the pool, then the step's effect.
 INVARIANTS: tuple[Invariant, ...] = (
@@ -409,6 +426,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("kv_conservation", kv_conservation.__doc__ or "", kv_conservation, False),
     Invariant("seq_lens_growth", seq_lens_growth.__doc__ or "", seq_lens_growth, True),
     Invariant("committed_never_lost", committed_never_lost.__doc__ or "", committed_never_lost, True),
+    Invariant("result_not_after_reprefill", result_not_after_reprefill.__doc__ or "", result_not_after_reprefill,
+              True),
     Invariant("running_within_cap", running_within_cap.__doc__ or "", running_within_cap, False),
 )
 

@@ -269,12 +269,16 @@ class Unprocessed:
     on the device, so the draft KV grows with seq_len when the result is processed); `reserve_slot` (a plain
     step only) whether it wrote its token into a slot of the v2 reserve (`OutCacheLocFrom.V2_RESERVE`): that slot
     stays reserved until the result is processed, where SGLang's `kv_committed_len` moves
-    (`_resolve_spec_v2_tokens`, `kv_committed_len += accept_len`), so it is held from then on."""
+    (`_resolve_spec_v2_tokens`, `kv_committed_len += accept_len`), so it is held from then on.
+    `applies_to_retracted`: requests retracted since the launch whose rows the result still applies to. A retraction
+    voids a request's rows (SGLang skips `req.is_retracted` there), but 0.5.12 skips them only while the scheduler's
+    `enable_overlap` is set, and the v1 switch's own loop clears it at flip-on (Design.overlap_spec_steps False)."""
 
     rids: tuple[int, ...]
     steps: int | None
     draft_extended: bool = False
     reserve_slot: bool = False
+    applies_to_retracted: tuple[int, ...] = ()
 
     @property
     def is_spec(self) -> bool:

@@ -746,8 +746,10 @@ def test_the_guard_follows_the_overlap_loop(guarded_overlap_loop: Any, plugin: A
 def test_the_guard_stops_a_flip_with_a_plain_step_in_flight(guarded_overlap_loop: Any, monkeypatch: Any) -> None:
     """The overlap loop without its drain before a flip (v1_loop.iteration asks flip_due first): flip-on retracts with
     a plain step's result unprocessed, and 0.5.12 skips a retracted request's result only while `enable_overlap` is
-    set, which the flip has cleared: the re-prefilled request gets that step's token a second time. The guard stops
-    it before the next verify launches, the flip among the steps it lists."""
+    set, which the flip has cleared: the re-prefilled request gets that step's token a second time (the checker's
+    known-bad `v1_overlap_flip_on_in_flight`, `result_not_after_reprefill`). The guard sees the flip's retractions one
+    by one, as retractions (whose rows a result skips), so it names the consequence: the token appended twice, before
+    the next verify launches, the flip among the steps it lists."""
     from shim.guard.core import SpecFlipViolation
     from shim.switch import v1_loop
 

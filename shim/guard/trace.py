@@ -146,7 +146,10 @@ def _top_to_json(state: State, name: str) -> Any:
         return None if value is None else [value.t_off, value.t_on]
     if name == "unprocessed":  # overlap schedule: [rids, steps (null: plain), draft_extended] per queued result,
         # and true last for a plain step whose slot is the v2 reserve's (Unprocessed.reserve_slot)
-        return [[list(u.rids), u.steps, u.draft_extended, *([True] if u.reserve_slot else [])] for u in value]
+        # then the retracted requests it still applies to (Unprocessed.applies_to_retracted), when there are any
+        return [[list(u.rids), u.steps, u.draft_extended,
+                 *([u.reserve_slot, list(u.applies_to_retracted)] if u.applies_to_retracted
+                   else [True] if u.reserve_slot else [])] for u in value]
     if name == "prefix_cache":  # radix cache: per cached token, whether its draft KV was written
         return list(value)
     return value
@@ -163,8 +166,8 @@ def _top_from_json(name: str, value: Any) -> Any:
         return None if value is None else Thresholds(int(value[0]), int(value[1]))
     if name == "unprocessed":
         return tuple(Unprocessed(tuple(int(r) for r in rids), None if steps is None else int(steps), bool(extended),
-                                 bool(reserve_slot and reserve_slot[0]))
-                     for rids, steps, extended, *reserve_slot in value)
+                                 bool(rest and rest[0]), tuple(int(r) for r in rest[1]) if len(rest) > 1 else ())
+                     for rids, steps, extended, *rest in value)
     if name == "prefix_cache":
         return tuple(bool(x) for x in value)
     return int(value)
@@ -250,7 +253,8 @@ def compact_state(state: State, keep: list[int]) -> State:
         return attrs.evolve(b, rids=tuple(renumber[r] for r in b.rids))
 
     requests = tuple(state.requests[old]._replace(rid=new) for new, old in enumerate(keep))
-    unprocessed = tuple(attrs.evolve(u, rids=tuple(renumber[r] for r in u.rids)) for u in state.unprocessed)
+    unprocessed = tuple(attrs.evolve(u, rids=tuple(renumber[r] for r in u.rids), applies_to_retracted=tuple(
+        renumber[r] for r in u.applies_to_retracted)) for u in state.unprocessed)
     return attrs.evolve(state, requests=requests, running=batch(state.running), pending=batch(state.pending),
                         launched=batch(state.launched), unprocessed=unprocessed)
 
