@@ -322,17 +322,26 @@ def loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
     """A fresh V1LoopServer (the non-overlap scheduler loop on a real Scheduler object) and a fresh Guard whose
     reference is the retract design (what install_switch announces in that mode)."""
     import shim.switch.v1 as sw
+
+    yield from _guarded(plugin, tmp_path, request.param, h.V1LoopServer, sw.RETRACT_DESIGN)
+
+
+def _guarded(plugin: Any, tmp_path: Path, radix: bool, server: Any, design: str | None) -> Any:
+    """A fresh `server` on fresh pools and a fresh Guard (assert mode, tracing to tmp_path) whose reference is `design`
+    (what install_switch announces; None: the guard paused); afterwards the design the module's plugin fixture
+    installed."""
+    import shim.switch.v1 as sw
     from shim.guard import api as guard_api
 
-    guard_api.announce_switch(sw.RETRACT_DESIGN, 48)
+    guard_api.announce_switch(design or sw.DESIGN, 48)
     plugin.reset()
-    plugin.paused = False
+    plugin.paused = design is None
     plugin.trace_template = str(tmp_path / "guard.jsonl")
     sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
-    srv = h.V1LoopServer(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
+    srv = server(h.build_pools(sa, radix_cache=radix), num_steps=NUM_STEPS)
     srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
     yield srv
-    guard_api.announce_switch(sw.DESIGN, 48)  # what the module's plugin fixture installed
+    guard_api.announce_switch(sw.DESIGN, 48)
     plugin.reset()
     plugin.paused = False
 
@@ -655,15 +664,8 @@ def test_the_start_up_warmup_runs_every_path_a_flip_takes_on_the_v1_loop(loop: A
 @pytest.fixture(params=[False, True], ids=["radix_off", "radix_on"])
 def overlap_loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
     """A fresh V1OverlapLoopServer: v1_loop.iteration on a real Scheduler object with 0.5.12's real FutureMap. The
-    guard is paused (it does not follow this loop; a server asked for both stops at start-up)."""
-    plugin.reset()
-    plugin.paused = True
-    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
-    srv = h.V1OverlapLoopServer(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
-    srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
-    yield srv
-    plugin.reset()
-    plugin.paused = False
+    guard is paused: these tests are the loop's own (the guard's are below)."""
+    yield from _guarded(plugin, tmp_path, request.param, h.V1OverlapLoopServer, None)
 
 
 def test_overlap_loop_overlaps_plain_steps_only_and_is_exact_and_kv_clean(overlap_loop: Any) -> None:
@@ -706,19 +708,8 @@ def guarded_overlap_loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
     """The overlap loop's server with the guard on in assert mode, its reference the design the v1 switch announces
     with SPECFLIP_V1_LOOP=overlap (checked under the overlap scope: the 0.5.12 adapter then follows that scope)."""
     import shim.switch.v1 as sw
-    from shim.guard import api as guard_api
 
-    guard_api.announce_switch(sw.OVERLAP_LOOP_DESIGN, 48)
-    plugin.reset()
-    plugin.paused = False
-    plugin.trace_template = str(tmp_path / "guard.jsonl")
-    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
-    srv = h.V1OverlapLoopServer(h.build_pools(sa, radix_cache=request.param), num_steps=NUM_STEPS)
-    srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
-    yield srv
-    guard_api.announce_switch(sw.DESIGN, 48)  # what the module's plugin fixture installed
-    plugin.reset()
-    plugin.paused = False
+    yield from _guarded(plugin, tmp_path, request.param, h.V1OverlapLoopServer, sw.OVERLAP_LOOP_DESIGN)
 
 
 def test_the_guard_follows_the_overlap_loop(guarded_overlap_loop: Any, plugin: Any, tmp_path: Path) -> None:
