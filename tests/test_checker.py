@@ -315,9 +315,9 @@ def test_catch_up_by_retraction_must_retract_the_batch_prefilled_while_off(monke
     just after, to draft on a stale KV: the checker finds it."""
     release = actions._release_to_waiting
 
-    def running_only(state, rids):
+    def running_only(state, rids, **kwargs):
         pending = state.pending.rids if state.pending is not None else ()
-        return release(state, tuple(rid for rid in rids if rid not in pending))
+        return release(state, tuple(rid for rid in rids if rid not in pending), **kwargs)
 
     monkeypatch.setattr(actions, "_release_to_waiting", running_only)
     result = check(Model(RETRACT_CATCH_UP, Scope()))

@@ -20,6 +20,7 @@ from statemodel.invariants import (
     draft_kv_covers_prefix,
     kv_conservation,
     kv_reserve_covers_writes,
+    result_not_after_reprefill,
     running_within_cap,
     seq_lens_growth,
     shapes_agree,
@@ -73,7 +74,7 @@ def test_names_are_unique_and_stable() -> None:
     assert set(INVARIANT_NAMES) == {
         "spec_info_matches_mode", "spec_info_matches_batch", "shapes_agree", "kv_reserve_covers_writes",
         "kv_conservation", "draft_kv_covers_prefix", "seq_lens_growth", "committed_never_lost",
-        "running_within_cap",
+        "result_not_after_reprefill", "running_within_cap",
     }
     assert all(inv.summary for inv in INVARIANTS)
 
@@ -333,3 +334,19 @@ def test_a_finish_in_a_large_batch_still_breaks_the_step_invariants_it_breaks() 
     assert [v.rids for v in seq_lens_growth(before, finish, grew, SCOPE, CATCH_UP)] == [(5,)]
     dropped = after_with(requests[5].replace(status=Status.FINISHED, committed=0))
     assert [v.rids for v in committed_never_lost(before, finish, dropped, SCOPE, CATCH_UP)] == [(5,)]
+
+
+def test_result_not_after_reprefill_flags_a_row_kept_for_a_request_whose_reprefill_started() -> None:
+    """A plain result still applying to request 0, retracted since its launch (Unprocessed.applies_to_retracted): once
+    0 runs again (re-prefilled) the result commits a position the re-prefill computed: a violation; while 0 waits
+    (its re-prefill will include the token) none; a result that does not apply to it, none."""
+    plain = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE)
+    kept = Unprocessed((0, 1), None, applies_to_retracted=(0,))
+    before = attrs.evolve(make_state(TWO, plain, mode=SpecMode.ON), unprocessed=(kept,))
+    action = Action("process_result")
+    found = result_not_after_reprefill(before, action, before, SCOPE, CATCH_UP)
+    assert [v.invariant for v in found] == ["result_not_after_reprefill"] and found[0].rids == (0,)
+    waiting = attrs.evolve(before, requests=(TWO[0]._replace(status=Status.WAITING), TWO[1]))
+    assert result_not_after_reprefill(waiting, action, waiting, SCOPE, CATCH_UP) == []
+    voided = attrs.evolve(before, unprocessed=(Unprocessed((1,), None),))
+    assert result_not_after_reprefill(voided, action, voided, SCOPE, CATCH_UP) == []
