@@ -12,10 +12,12 @@ Scheduler.event_loop_normal, runs each iteration in the loop its side needs:
   overlap loop's iteration, as Scheduler.event_loop_overlap runs it (step N+1 prepared and launched, then step N's
   result processed; run_batch's overlap branch with a FutureMap of plain token ids, made here at start);
 * a flip processes the result in flight first (flip_due: the same decision the flip itself makes), so the flip finds
-  the state the normal loop gives it.
+  the state the normal loop gives it. Without it, 0.5.12 would process that result after a flip-on cleared
+  `enable_overlap`, so without skipping the requests the flip retracted: a re-prefilled one would get its token twice.
 
 The model checks this order under the overlap scope (Design.overlap_spec_steps False, flip_waits_for_results True);
-`v1_overlap_spec_steps`, the same with speculative steps overlapped on v1's reserve, is refuted.
+`v1_overlap_spec_steps` (speculative steps overlapped too, on v1's reserve) and `v1_overlap_flip_on_in_flight` (no drain
+before a flip) are refuted.
 """
 
 from __future__ import annotations
