@@ -738,9 +738,8 @@ def test_the_guard_stops_a_flip_with_a_plain_step_in_flight(guarded_overlap_loop
     """The overlap loop without its drain before a flip (v1_loop.iteration asks flip_due first): flip-on retracts with
     a plain step's result unprocessed, and 0.5.12 skips a retracted request's result only while `enable_overlap` is
     set, which the flip has cleared: the re-prefilled request gets that step's token a second time (the checker's
-    known-bad `v1_overlap_flip_on_in_flight`, `result_not_after_reprefill`). The guard sees the flip's retractions one
-    by one, as retractions (whose rows a result skips), so it names the consequence: the token appended twice, before
-    the next verify launches, the flip among the steps it lists."""
+    known-bad `v1_overlap_flip_on_in_flight`, `result_not_after_reprefill`). The guard stops the flip itself: its
+    design flips only once the results in flight are processed (statemodel.actions.flip_waits)."""
     from shim.guard.core import SpecFlipViolation
     from shim.switch import v1_loop
 
@@ -748,7 +747,8 @@ def test_the_guard_stops_a_flip_with_a_plain_step_in_flight(guarded_overlap_loop
     monkeypatch.setattr(v1_loop, "flip_due", lambda rt, scheduler: None)  # no drain; the flip itself stays
     with pytest.raises(SpecFlipViolation) as caught:
         _waves(guarded_overlap_loop, rounds=1)
-    assert caught.value.invariant == "committed_output_kept" and "flip_on [switch]" in str(caught.value), caught.value
+    assert caught.value.invariant == "legal_transition" and "flip_on with 1 launched step(s) unprocessed" in \
+        str(caught.value), caught.value
 
 
 def test_overlap_loop_relay_is_what_makes_it_exact(overlap_loop: Any, monkeypatch: Any) -> None:

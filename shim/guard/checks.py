@@ -7,7 +7,7 @@ and the runtime mode it belongs to). Nothing here restates a rule.
 
 from __future__ import annotations
 
-from statemodel.actions import ACTIONS_BY_NAME, Action
+from statemodel.actions import ACTIONS_BY_NAME, Action, flip_waits
 from statemodel.design import Design, Scope
 from statemodel.invariants import Violation, check_state, check_step
 from statemodel.state import State
@@ -15,9 +15,11 @@ from statemodel.state import State
 LEGAL_TRANSITION = "legal_transition"
 
 
-def transition_violations(before: State, action: Action, *, overlap: bool = False) -> list[Violation]:
+def transition_violations(before: State, action: Action, *, overlap: bool = False,
+                          design: Design | None = None) -> list[Violation]:
     """The action exists, starts from the stage `before` is in (under the overlap schedule `overlap`), and
-    belongs to the current mode."""
+    belongs to the current mode; a flip, when `design` makes flips wait for the results in flight, has none
+    (statemodel.actions.flip_waits; the policy's demand itself is the switch's, not seen here)."""
     info = ACTIONS_BY_NAME.get(action.name)
     if info is None:
         return [Violation(LEGAL_TRANSITION, f"{action.name!r} is not a model action",
@@ -37,6 +39,13 @@ def transition_violations(before: State, action: Action, *, overlap: bool = Fals
             f"{action.name} belongs to speculation {info.spec_mode.value} but speculation is {before.spec_mode.value}",
             expected=info.spec_mode.value, actual=before.spec_mode.value,
         ))
+    if design is not None and action.name in ("flip_on", "flip_off") and flip_waits(before, design):
+        problems.append(Violation(
+            LEGAL_TRANSITION,
+            f"{action.name} with {len(before.unprocessed)} launched step(s) unprocessed; {design.name} flips only "
+            "once the results in flight are processed",
+            expected="no result in flight", actual=f"{len(before.unprocessed)} in flight",
+        ))
     return problems
 
 
@@ -44,7 +53,7 @@ def step_violations(before: State, action: Action, after: State, scope: Scope, d
     """A legal transition, then every model invariant of the step (under `design`) and of its result. The
     step invariants presume a legal step (a verify has a launched batch...): an illegal one gets the state
     invariants of its result only."""
-    illegal = transition_violations(before, action, overlap=scope.overlap)
+    illegal = transition_violations(before, action, overlap=scope.overlap, design=design)
     if illegal:
         return illegal + check_state(after, scope)
     return check_step(before, action, after, scope, design)
