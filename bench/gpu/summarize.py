@@ -211,13 +211,13 @@ def onto_idle_stream(ev):
     return gap is not None and gap > IDLE_STREAM_FACTOR * ev["ms"]
 
 
-def timed_steps(events, timer=False):
+def timed_steps(events, timer=False, classify=step_class):
     """The switch trace's CUDA-event step times (the step timer's with `timer`) by (configuration, kind, batch size,
-    step_class)."""
+    class), the class `classify(event)` (default `step_class`; None leaves the step out)."""
     by = {}
     for cfg, ev in events:
-        if ev.get("action") == "timing" and bool(ev.get("timer")) == timer:
-            by.setdefault((cfg, ev["kind"], ev["bs"], step_class(ev)), []).append(ev["ms"])
+        if ev.get("action") == "timing" and bool(ev.get("timer")) == timer and (cls := classify(ev)) is not None:
+            by.setdefault((cfg, ev["kind"], ev["bs"], cls), []).append(ev["ms"])
     return by
 
 
@@ -255,11 +255,8 @@ def first_step_pooled(events):
     after_idle = pooled_ratios([(cfg, ev) for cfg, ev in flips if ev.get("gap_ms") is not None
                                 and ev["gap_ms"] >= IDLE_GAP_MS], by, "first after idle, no flip")
     # the like-for-like base: steps without a flip that were launched onto an idle stream too, any gap
-    idle_stream = {}
-    for cfg, ev in events:
-        if ev.get("action") == "timing" and not ev.get("timer") and not ev["first_after_flip"] \
-                and onto_idle_stream(ev):
-            idle_stream.setdefault((cfg, ev["kind"], ev["bs"], "onto an idle stream"), []).append(ev["ms"])
+    idle_stream = timed_steps(events, classify=lambda ev: "onto an idle stream"
+                              if not ev["first_after_flip"] and onto_idle_stream(ev) else None)
     over_idle_stream = pooled_ratios(flips, idle_stream, "onto an idle stream")
     md = pooled_lines("First step after a flip over a steady step of its batch size, pooled (median, range, n):",
                       pooled)
