@@ -251,12 +251,14 @@ class Adapter(V2Adapter):
         """The overlap scope's process_result (the v1 switch's own loop): a plain step's result one iteration after
         its launch, a speculative step's right after its worker call. Read before the per-request loop appends a
         plain step's tokens and releases what finished: host mirrors only (`copy_done` is waited on after)."""
-        if not batch.reqs:
-            return
+        rt = self.runtime
+        built = rt.guard if rt is not None else None
+        if not batch.reqs or (built is not None and not built.config.scope.overlap):
+            return  # the normal loop settles rounds at the scheduler's next hook: nothing to do per step here
 
         def step(g: Guard) -> None:
             if not g.config.scope.overlap:
-                return  # the normal loop settles rounds at the scheduler's next hook
+                return  # the guard built at this hook, for the normal loop
             spec = not batch.spec_algorithm.is_none()
             # v1's verify moved seq_lens_cpu by each accepted run already; a plain copy's mirror is its launch's
             accept = [int(c) + 1 for c in result.num_correct_drafts_per_req_cpu] if spec else None
