@@ -429,15 +429,7 @@ class V1Server:
     def process_batch_result_decode_cpu_stand_in(self, batch: Any) -> None:
         """process_batch_result_decode for spec v1: outputs were appended in the worker; finished requests
         release their KV (real release_kv_cache)."""
-        from sglang.srt.mem_cache.common import release_kv_cache
-
-        # as the scheduler does: every release of a step inside one free group
-        self.pools.allocator.free_group_begin()
-        for req in batch.reqs:
-            if req.finished() and req not in self.finished:
-                release_kv_cache(req, self.pools.tree_cache)
-                self.finished.append(req)
-        self.pools.allocator.free_group_end()
+        release_finished(batch.reqs, self.pools.allocator, self.pools.tree_cache, self.finished)
 
     def run_until_done(self, limit: int = 400) -> None:
         for _ in range(limit):
@@ -516,21 +508,25 @@ def process_batch_result_decode_cpu_stand_in(self: Any, batch: Any, result: Any)
     tokens were appended by its verify; a plain step's are appended here, a request an earlier result finished or
     retracted being skipped under overlap; what finished is released inside the allocator's free group. Released
     requests go to `self.finished_cpu_stand_in` (the harness's list)."""
+    if batch.spec_algorithm.is_none():
+        for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
+            if not (self.enable_overlap and (req.finished() or req.is_retracted)):
+                req.output_ids.append(token)
+                req.check_finished()
+    release_finished(batch.reqs, self.token_to_kv_pool_allocator, self.tree_cache, self.finished_cpu_stand_in)
+
+
+def release_finished(reqs: list[Any], allocator: Any, tree_cache: Any, finished: list[Any]) -> None:
+    """As the scheduler does after a step: every finished request not released yet releases its KV (real
+    release_kv_cache), all inside one allocator free group; `finished` collects them."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    plain = batch.spec_algorithm.is_none()
-    tokens = result.next_token_ids.tolist() if plain else [None] * len(batch.reqs)
-    self.token_to_kv_pool_allocator.free_group_begin()
-    for req, token in zip(batch.reqs, tokens, strict=True):
-        if self.enable_overlap and (req.finished() or req.is_retracted):
-            continue
-        if plain:
-            req.output_ids.append(token)
-            req.check_finished()
-        if req.finished() and req not in self.finished_cpu_stand_in:
-            release_kv_cache(req, self.tree_cache)
-            self.finished_cpu_stand_in.append(req)
-    self.token_to_kv_pool_allocator.free_group_end()
+    allocator.free_group_begin()
+    for req in reqs:
+        if req.finished() and req not in finished:
+            release_kv_cache(req, tree_cache)
+            finished.append(req)
+    allocator.free_group_end()
 
 
 class V1LoopServer:
@@ -581,14 +577,7 @@ class V1LoopServer:
             self._spec_decode(batch)
 
     def _release_finished(self, batch: Any) -> None:
-        from sglang.srt.mem_cache.common import release_kv_cache
-
-        self.pools.allocator.free_group_begin()
-        for req in batch.reqs:
-            if req.finished() and req not in self.finished:
-                release_kv_cache(req, self.pools.tree_cache)
-                self.finished.append(req)
-        self.pools.allocator.free_group_end()
+        release_finished(batch.reqs, self.pools.allocator, self.pools.tree_cache, self.finished)
 
     def _prefill(self, batch: Any) -> None:
         """run_batch + process_batch_result_prefill: the target's token for each request (a retracted request's
