@@ -67,6 +67,29 @@ pip_filtered() {
 }
 
 t0=$SECONDS
+# torch 2.13.0+cpu and triton are the same files in .venv (scripts/setup.sh runs first) and take 1.75 GB
+# per copy; CI once ran out of disk writing the second one. Hard links share them: pip then finds them
+# installed and satisfied. Only when .venv holds exactly those versions, the two venvs are on one
+# filesystem, and .venv12 has none yet; otherwise pip installs them as before.
+SITE_MAIN=".venv/lib/python3.11/site-packages"
+SITE_V1="$VENV/lib/python3.11/site-packages"
+link_from_main() {  # link_from_main DIST_INFO DIR...: hard-link a distribution's files from .venv
+  local info="$1"; shift
+  [ -d "$SITE_MAIN/$info" ] && [ -d "$SITE_V1" ] || return 0
+  [ -d "$SITE_V1/${info%%-*}" ] && return 0
+  local d
+  for d in "$info" "$@"; do
+    [ -e "$SITE_MAIN/$d" ] || continue
+    if ! cp -al "$SITE_MAIN/$d" "$SITE_V1/$d" 2>/dev/null; then
+      for d in "$info" "$@"; do rm -rf "${SITE_V1:?}/$d"; done
+      return 0
+    fi
+  done
+  say "linked ${info%.dist-info} from .venv (hard links: no second copy on disk)"
+}
+link_from_main "torch-2.13.0+cpu.dist-info" torch torchgen functorch
+triton_info="$(cd "$SITE_MAIN" 2>/dev/null && ls -d triton-*.dist-info 2>/dev/null | head -1 || true)"
+[ -n "$triton_info" ] && link_from_main "$triton_info" triton
 say "installing torch==2.13.0 (CPU build)"
 if ! pip_filtered install -c "$CONSTRAINTS" torch; then
   die "could not install the CPU build torch==2.13.0+cpu. pip needs a CPU wheel source: a folder in
