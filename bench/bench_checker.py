@@ -15,7 +15,9 @@ Everything is measured in one run on this machine, side by side:
 - `--pre-issue-20`: also the checker as it was before issue 20 (`check_before_issue_20`, a frozen copy kept here
   for this comparison only: it checks an edge only when it reaches a new state), on this tree's model.
 - Hypothesis against the checker: time to each known-bad design's first counterexample, finding only (generate
-  phase) and finding + shrinking, with a fixed seed per repeat.
+  phase) and finding + shrinking, with a fixed seed per repeat; beside them the checker's random walks
+  (`specflip check --simulate`, `proofs/simulation.py`) with the same seeds: both walk the model at random, so
+  their ratio is what Hypothesis's own machinery costs per walk; BFS's, what a proof of shortness costs.
 
 Wall and CPU seconds are both reported: the machine is shared, so wall time is noisy; CPU time is what each
 checker spent. `--symmetry` also counts the states of each shipped design by the dedup key with every batch's
@@ -48,6 +50,7 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from proofs.bfs import Result, TraceStep, check  # noqa: E402
 from proofs.hypothesis_walk import ModelViolation, machine_for  # noqa: E402
+from proofs.simulation import Walks, simulate  # noqa: E402
 from specflip.cli_args import OneLineParser, positive_int  # noqa: E402
 from statemodel.actions import Action  # noqa: E402
 from statemodel.design import Design, Scope  # noqa: E402
@@ -314,40 +317,51 @@ def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # n
 
 
 def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
-    """Time to each known-bad design's first counterexample: the checker's (a shortest one) against Hypothesis
-    finding one, and finding and shrinking one. CPU seconds are the comparison (the machine is shared); wall
-    seconds are printed beside them."""
-    print(f"{'known-bad design':32s} {'BFS cpu':>8s} {'steps':>5s} {'Hyp find cpu':>12s} {'Hyp+shrink cpu':>14s} "
-          f"{'steps':>5s} {'find/BFS':>9s} {'shrink/BFS':>10s} | wall: {'BFS':>6s} {'find':>7s} {'+shrink':>8s}")
+    """Time to each known-bad design's first counterexample: the checker's (a shortest one) and its random walks'
+    (any one) against Hypothesis finding one, and finding and shrinking one. CPU seconds are the comparison (the
+    machine is shared); wall seconds are printed beside them."""
+    print(f"{'known-bad design':32s} {'BFS cpu':>8s} {'steps':>5s} {'walk cpu':>8s} {'steps':>5s} "
+          f"{'Hyp find cpu':>12s} {'Hyp+shrink cpu':>14s} {'steps':>5s} {'find/BFS':>9s} {'find/walk':>9s} "
+          f"{'shrink/BFS':>10s} | wall: {'BFS':>6s} {'walk':>6s} {'find':>7s} {'+shrink':>8s}")
     rows = []
     for design in KNOWN_BAD:
-        bfs_runs = [check(Model(design, Scope())) for _ in range(repeat)]
+        model = Model(design, Scope())
+        bfs_runs = [check(model) for _ in range(repeat)]
         bfs = statistics.median(r.seconds for r in bfs_runs)
         bfs_cpu = statistics.median(r.cpu_seconds for r in bfs_runs)
+        walk_runs = [simulate(model, Walks(walks=100_000, seed=seed)).result for seed in range(repeat)]
+        if not all(r.violations for r in walk_runs):
+            raise SystemExit(f"bench_checker: the random walks found no counterexample of {design.name}")
+        walk, walk_cpu = (statistics.median(r.seconds for r in walk_runs),
+                          statistics.median(r.cpu_seconds for r in walk_runs))
+        walk_steps = statistics.median(len(r.trace) for r in walk_runs)
         find = [time_hypothesis(design, seed, shrink=False) for seed in range(repeat)]
         shrunk = [time_hypothesis(design, seed, shrink=True) for seed in range(repeat)]
         find_s, find_cpu = statistics.median(t for t, _, _ in find), statistics.median(c for _, c, _ in find)
         shrink_s, shrink_cpu = statistics.median(t for t, _, _ in shrunk), statistics.median(c for _, c, _ in shrunk)
         steps = statistics.median(n for _, _, n in shrunk)
-        print(f"{design.name:32s} {bfs_cpu:8.3f} {len(bfs_runs[0].trace):5d} {find_cpu:12.3f} {shrink_cpu:14.3f} "
-              f"{steps:5.0f} {find_cpu / bfs_cpu:9.1f} {shrink_cpu / bfs_cpu:10.1f} | wall: {bfs:6.3f} {find_s:7.3f} "
-              f"{shrink_s:8.3f}", flush=True)
+        print(f"{design.name:32s} {bfs_cpu:8.3f} {len(bfs_runs[0].trace):5d} {walk_cpu:8.4f} {walk_steps:5.0f} "
+              f"{find_cpu:12.3f} {shrink_cpu:14.3f} {steps:5.0f} {find_cpu / bfs_cpu:9.1f} {find_cpu / walk_cpu:9.1f} "
+              f"{shrink_cpu / bfs_cpu:10.1f} | wall: {bfs:6.3f} {walk:6.4f} {find_s:7.3f} {shrink_s:8.3f}", flush=True)
         rows.append({
             "design": design.name, "bfs_seconds": bfs, "bfs_cpu_seconds": bfs_cpu, "bfs_steps": len(bfs_runs[0].trace),
+            "walk_seconds": walk, "walk_cpu_seconds": walk_cpu, "walk_steps": walk_steps,
             "hypothesis_find_seconds": find_s, "hypothesis_find_cpu_seconds": find_cpu,
             "hypothesis_shrink_seconds": shrink_s, "hypothesis_shrink_cpu_seconds": shrink_cpu,
             "hypothesis_steps_after_shrink": steps, "find_ratio_cpu": find_cpu / bfs_cpu,
-            "shrink_ratio_cpu": shrink_cpu / bfs_cpu,
+            "find_over_walk_cpu": find_cpu / walk_cpu, "shrink_ratio_cpu": shrink_cpu / bfs_cpu,
         })
     totals = {key: sum(r[key] for r in rows) for key in (
-        "bfs_seconds", "bfs_cpu_seconds", "hypothesis_find_seconds", "hypothesis_find_cpu_seconds",
-        "hypothesis_shrink_seconds", "hypothesis_shrink_cpu_seconds")}
+        "bfs_seconds", "bfs_cpu_seconds", "walk_seconds", "walk_cpu_seconds", "hypothesis_find_seconds",
+        "hypothesis_find_cpu_seconds", "hypothesis_shrink_seconds", "hypothesis_shrink_cpu_seconds")}
     t = totals
-    print(f"all {len(rows)} known-bad designs, CPU: checker {t['bfs_cpu_seconds']:.2f} s, Hypothesis finding "
-          f"{t['hypothesis_find_cpu_seconds']:.2f} s ({t['hypothesis_find_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x), "
+    print(f"all {len(rows)} known-bad designs, CPU: checker {t['bfs_cpu_seconds']:.2f} s, its random walks "
+          f"{t['walk_cpu_seconds']:.3f} s, Hypothesis finding "
+          f"{t['hypothesis_find_cpu_seconds']:.2f} s ({t['hypothesis_find_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x "
+          f"the checker, {t['hypothesis_find_cpu_seconds'] / t['walk_cpu_seconds']:.0f}x the walks), "
           f"finding + shrinking {t['hypothesis_shrink_cpu_seconds']:.2f} s "
-          f"({t['hypothesis_shrink_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x); wall: "
-          f"checker {t['bfs_seconds']:.2f} s, "
+          f"({t['hypothesis_shrink_cpu_seconds'] / t['bfs_cpu_seconds']:.1f}x the checker); wall: "
+          f"checker {t['bfs_seconds']:.2f} s, walks {t['walk_seconds']:.3f} s, "
           f"finding {t['hypothesis_find_seconds']:.2f} s ({t['hypothesis_find_seconds'] / t['bfs_seconds']:.1f}x), "
           f"finding + shrinking {t['hypothesis_shrink_seconds']:.2f} s "
           f"({t['hypothesis_shrink_seconds'] / t['bfs_seconds']:.1f}x)")

@@ -3,6 +3,8 @@
 shipped:   pass (no violation, every "sometimes" reached, every terminal state good) or fail.
 known-bad: refuted (a shortest counterexample whose last step breaks the expected invariant) or
            not-refuted (no violation, or one that names another invariant).
+With random walks instead (`proofs.simulation`, `specflip check --simulate N`): a shipped design survives N walks
+(no proof) or fails; a known-bad one is refuted by a counterexample that need not be the shortest, or not.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import attrs
 
 from proofs.bfs import Progress, Result, check
+from proofs.simulation import SimulationResult, Walks, simulate
 from statemodel.design import Design, DesignKind, Scope
 from statemodel.model import Model
 from statemodel.state import Batch, Request, State
@@ -31,12 +34,12 @@ class Verdict:
     design: Design
     scope: Scope
     result: Result
-    verdict: str  # pass | fail | refuted | not-refuted
+    verdict: str  # pass | fail | refuted | not-refuted; survived (random walks only)
     reason: str
 
     @property
     def ok(self) -> bool:
-        return self.verdict in ("pass", "refuted")
+        return self.verdict in ("pass", "refuted", "survived")
 
     @property
     def invariant(self) -> str | None:
@@ -83,6 +86,31 @@ def judge(design: Design, scope: Scope, result: Result) -> Verdict:
                    f"shortest counterexample: {len(result.trace)} steps, breaks {names[0]}")
 
 
+def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
+    """A verdict from random walks: the same invariants, but no walk proves a design, and a counterexample found
+    at random need not be the shortest."""
+    result, where = sim.result, f"walk {sim.walks_run:,} of seed {sim.settings.seed}"
+    if design.kind is not DesignKind.KNOWN_BAD:
+        if result.violations:
+            return Verdict(design, scope, result, "fail",
+                           f"breaks {result.violations[0].invariant} after {len(result.trace)} steps ({where})")
+        if result.eventually_failed:
+            return Verdict(design, scope, result, "fail",
+                           f"a terminal state fails {', '.join(result.eventually_failed)} ({where})")
+        return Verdict(design, scope, result, "survived",
+                       f"no violation in {sim.walks_run:,} random walks ({result.states:,} distinct states): "
+                       "not a proof")
+    names = [v.invariant for v in result.violations]
+    if not names:
+        return Verdict(design, scope, result, "not-refuted",
+                       f"no violation in {sim.walks_run:,} random walks; expected {design.expected_invariant}")
+    if names[0] != design.expected_invariant:
+        return Verdict(design, scope, result, "not-refuted",
+                       f"broke {names[0]} ({where}), expected {design.expected_invariant}")
+    return Verdict(design, scope, result, "refuted",
+                   f"counterexample in {where}: {len(result.trace)} steps (not the shortest), breaks {names[0]}")
+
+
 def run_design(design: Design, scope: Scope | None = None, *, progress: Progress | None = None,
                max_states: int = 2_000_000) -> Verdict:
     scope = scope or Scope()
@@ -101,8 +129,10 @@ def stderr_progress(name: str) -> Progress:
     return progress
 
 
-def _run_job(job: tuple[Design, Scope, int, bool]) -> Verdict:
-    design, scope, max_states, show_progress = job
+def _run_job(job: tuple[Design, Scope, int, bool, Walks | None]) -> Verdict:
+    design, scope, max_states, show_progress, walks = job
+    if walks is not None:
+        return judge_walks(design, scope, simulate(Model(design, scope), walks))
     return run_design(design, scope, progress=stderr_progress(design.name) if show_progress else None,
                       max_states=max_states)
 
@@ -110,14 +140,15 @@ def _run_job(job: tuple[Design, Scope, int, bool]) -> Verdict:
 def run_designs(designs: Sequence[Design], scope_for: Callable[[Design], Scope], *, max_states: int = 2_000_000,
                 jobs: int | None = None, show_progress: bool = False,
                 on_verdict: Callable[[Verdict], None] | None = None,
-                expected_states: Callable[[Design], int | None] | None = None) -> list[Verdict]:
-    """Every design checked, in a pool of `jobs` processes (default: one per core); the designs are
-    independent, so a design's verdict does not depend on where it ran. Verdicts come back in the order of
-    `designs`; `on_verdict` sees each as it is ready, in that order too. `expected_states` (a guess, from the
-    last run's reports, say; None: unknown) only orders the work: the largest designs start first, so that the
-    pool does not end on one large design alone (longest first)."""
+                expected_states: Callable[[Design], int | None] | None = None,
+                walks: Walks | None = None) -> list[Verdict]:
+    """Every design checked (exhaustively; by random walks when `walks` is given), in a pool of `jobs` processes
+    (default: one per core); the designs are independent, so a design's verdict does not depend on where it ran.
+    Verdicts come back in the order of `designs`; `on_verdict` sees each as it is ready, in that order too.
+    `expected_states` (a guess, from the last run's reports, say; None: unknown) only orders the work: the largest
+    designs start first, so that the pool does not end on one large design alone (longest first)."""
     jobs = min(jobs or os.cpu_count() or 1, len(designs))
-    work = [(d, scope_for(d), max_states, show_progress) for d in designs]
+    work = [(d, scope_for(d), max_states, show_progress, walks) for d in designs]
     verdicts: list[Verdict] = []
     if jobs <= 1:
         for job in work:

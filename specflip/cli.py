@@ -46,6 +46,7 @@ def _version() -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from proofs.simulation import Walks
     from proofs.verdicts import (
         REPORT_MARK,
         Verdict,
@@ -66,8 +67,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(exc.args[0]) from None
     if args.check_reports and args.design:
         raise UsageError("--check-reports compares every report: leave out --design")
+    walks = None
+    if args.simulate is not None:
+        if args.check_reports:
+            raise UsageError("--check-reports compares the exhaustive proofs: leave out --simulate")
+        walks = Walks(args.simulate, args.depth or Walks().max_depth, args.seed or 0)
+    elif args.seed is not None or args.depth is not None:
+        raise UsageError("--seed and --depth shape the random walks: give --simulate N with them")
     reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
-    writes_reports = args.write_reports and not args.design and not args.check_reports
+    # proof reports come from the exhaustive check only
+    writes_reports = args.write_reports and not args.design and not args.check_reports and walks is None
     if writes_reports:
         # before the checking (minutes): the directory takes the reports and no file of the user's is in the way
         writable_dir(reports_dir, "reports directory")
@@ -89,7 +98,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # the last run's reports only order the work (largest first): the verdicts do not read them
     verdicts = run_designs(designs, scope_for, max_states=limit, jobs=args.jobs, show_progress=True,
-                           on_verdict=show, expected_states=reported_states(reports_dir))
+                           on_verdict=show, expected_states=reported_states(reports_dir), walks=walks)
     if args.json:
         print(verdicts_json(verdicts))
     stale: list[str] = []
@@ -186,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write no report; exit 1 if a committed proof report differs from the model's")
     check.add_argument("--jobs", type=positive_int,
                        help="designs checked at once, one process each (default: one per core)")
+    check.add_argument("--simulate", type=positive_int, metavar="N",
+                       help="N seeded random walks per design instead of the exhaustive search: a counterexample fast, "
+                            "not the shortest; a design that survives is not proven (no reports written)")
+    check.add_argument("--seed", type=non_negative_int, help="--simulate: the walks' seed (default 0)")
+    check.add_argument("--depth", type=positive_int, help="--simulate: steps per walk at most (default 200)")
     check.set_defaults(func=_cmd_check)
 
     explain = add("explain", "replay guard traces through the model")

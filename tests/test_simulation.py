@@ -1,0 +1,116 @@
+"""The random-walk checking strategy (`proofs/simulation.py`, `specflip check --simulate`): it refutes the known-bad
+designs with their own invariants, its walks are real steps of the model and a function of the seed, a shipped
+design survives without being called proven, and a terminal state that fails `eventually` is caught."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+from proofs.simulation import Walks, simulate
+from proofs.verdicts import judge_walks
+from specflip.cli import main
+from statemodel.design import Scope
+from statemodel.designs import KNOWN_BAD, OVERLAP_KNOWN_BAD, SEEDS_FINAL, SHIPPED, get_design, overlap_scope
+from statemodel.model import Model
+
+# the tree's own known-bad designs (retract_catch_up_radix_unmarked, ..._evict_at_flip_on) take 3,600-4,500 walks
+# of seed 0: a bug few paths reach, where BFS is the faster strategy (docs/model.md, "Random walks")
+FEW_WALKS = Walks(walks=2_000, seed=0)
+
+
+@pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
+def test_random_walks_refute_each_known_bad_design_with_its_invariant(design) -> None:
+    verdict = judge_walks(design, Scope(), simulate(Model(design, Scope()), FEW_WALKS))
+    assert verdict.verdict == "refuted", verdict.reason
+    assert verdict.invariant == design.expected_invariant and "not the shortest" in verdict.reason
+
+
+@pytest.mark.parametrize("design", OVERLAP_KNOWN_BAD, ids=lambda d: d.name)
+def test_random_walks_refute_overlap_known_bad_designs(design) -> None:
+    scope = overlap_scope(design)
+    verdict = judge_walks(design, scope, simulate(Model(design, scope), Walks(walks=20_000)))
+    assert verdict.verdict == "refuted", verdict.reason
+
+
+def test_a_walks_counterexample_replays_through_the_model_and_is_no_shorter_than_bfs() -> None:
+    from proofs.bfs import check
+
+    design = get_design("merge_unchecked_spec_info")
+    model = Model(design, Scope())
+    result = simulate(model, FEW_WALKS).result
+    state = result.initial
+    for step in result.trace:
+        assert step.action in model.actions(state)
+        state = model.next_state(state, step.action)
+        assert state == step.state
+    assert model.check_state(state)[0].invariant == design.expected_invariant
+    assert len(result.trace) >= len(check(model).trace) and not result.complete
+
+
+def test_the_walks_are_a_function_of_the_seed() -> None:
+    model = Model(get_design("merge_unchecked_spec_info"), Scope())
+    first, again = simulate(model, Walks(seed=7)), simulate(model, Walks(seed=7))
+    assert first.walks_run == again.walks_run
+    assert [s.action for s in first.result.trace] == [s.action for s in again.result.trace]
+    others = {simulate(model, Walks(seed=seed)).walks_run for seed in range(8)}
+    assert len(others) > 1  # the seed does choose the walks
+
+
+def test_a_shipped_design_survives_and_is_not_called_proven() -> None:
+    design = SHIPPED[0]
+    sim = simulate(Model(design, Scope()), Walks(walks=300, seed=3))
+    verdict = judge_walks(design, Scope(), sim)
+    assert verdict.verdict == "survived" and verdict.ok and "not a proof" in verdict.reason
+    assert sim.walks_run == 300 and sim.result.states > 100 and not sim.result.complete
+    assert sim.result.max_depth <= Walks().max_depth
+
+
+def test_a_terminal_state_that_fails_eventually_is_caught() -> None:
+    # a pool too small for the longest prompt: its chunked prefill holds the pool and nothing can move
+    scope = attrs.evolve(Scope(), kv_pool_size=2)
+    verdict = judge_walks(SEEDS_FINAL, scope, simulate(Model(SEEDS_FINAL, scope), FEW_WALKS))
+    assert verdict.verdict == "fail" and verdict.result.eventually_failed == ("all_requests_finish",)
+    assert verdict.result.eventually_trace  # the walk that got stuck
+
+
+def test_a_walk_stops_at_its_depth() -> None:
+    sim = simulate(Model(SHIPPED[0], Scope()), Walks(walks=50, max_depth=3))
+    assert sim.result.max_depth == 3 and sim.walks_run == 50
+
+
+def test_cli_simulate_refutes_and_writes_no_report(capsys, tmp_path) -> None:
+    code = main(["check", "--simulate", "500", "--seed", "1", "--json", "--reports-dir", str(tmp_path),
+                 "--design", "seq_lens_advanced_twice", "--design", "draft_kv_never_freed"])
+    captured = capsys.readouterr()
+    assert code == 0
+    data = json.loads(captured.out)["designs"]
+    assert [d["verdict"] for d in data] == ["refuted", "refuted"]
+    assert "not the shortest" in data[0]["reason"] and list(tmp_path.iterdir()) == []
+
+
+def test_cli_simulate_exits_1_when_a_known_bad_design_survives(capsys) -> None:
+    # one walk of depth 2 reaches no bug: the verdict is unexpected, a finding
+    assert main(["check", "--simulate", "1", "--depth", "2", "--design", "no_draft_work_while_off"]) == 1
+    assert "not-refuted" in capsys.readouterr().out
+
+
+def test_cli_simulate_bad_usage_is_one_line(capsys) -> None:
+    assert main(["check", "--seed", "3", "--design", "draft_kv_never_freed"]) == 2
+    assert "--simulate" in capsys.readouterr().err
+    assert main(["check", "--simulate", "10", "--check-reports"]) == 2
+    assert "--check-reports" in capsys.readouterr().err
+    for bad in (["--simulate", "0"], ["--simulate", "x"], ["--simulate", "5", "--depth", "0"],
+                ["--simulate", "5", "--seed", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["check", *bad, "--design", "draft_kv_never_freed"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_cli_help_states_the_walks_default_depth(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    assert f"(default {Walks().max_depth})" in " ".join(capsys.readouterr().out.split())
