@@ -75,15 +75,19 @@ def judge(design: Design, scope: Scope, result: Result) -> Verdict:
             return Verdict(design, scope, result, "fail", "; ".join(problems))
         return Verdict(design, scope, result, "pass",
                        f"every invariant holds in all {result.states} states; every sometimes-property reached")
+    return _judge_known_bad(design, scope, result, f"in {result.states} states", "shortest counterexample")
+
+
+def _judge_known_bad(design: Design, scope: Scope, result: Result, searched: str, found: str) -> Verdict:
+    """Refuted only by a counterexample whose last step breaks the design's expected invariant."""
     names = [v.invariant for v in result.violations]
     if not names:
         return Verdict(design, scope, result, "not-refuted",
-                       f"no violation in {result.states} states; expected {design.expected_invariant}")
+                       f"no violation {searched}; expected {design.expected_invariant}")
     if names[0] != design.expected_invariant:
         return Verdict(design, scope, result, "not-refuted",
                        f"broke {names[0]}, expected {design.expected_invariant}")
-    return Verdict(design, scope, result, "refuted",
-                   f"shortest counterexample: {len(result.trace)} steps, breaks {names[0]}")
+    return Verdict(design, scope, result, "refuted", f"{found}: {len(result.trace)} steps, breaks {names[0]}")
 
 
 def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
@@ -100,15 +104,8 @@ def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
         return Verdict(design, scope, result, "survived",
                        f"no violation in {sim.walks_run:,} random walks ({result.states:,} distinct states): "
                        "not a proof")
-    names = [v.invariant for v in result.violations]
-    if not names:
-        return Verdict(design, scope, result, "not-refuted",
-                       f"no violation in {sim.walks_run:,} random walks; expected {design.expected_invariant}")
-    if names[0] != design.expected_invariant:
-        return Verdict(design, scope, result, "not-refuted",
-                       f"broke {names[0]} ({where}), expected {design.expected_invariant}")
-    return Verdict(design, scope, result, "refuted",
-                   f"counterexample in {where}: {len(result.trace)} steps (not the shortest), breaks {names[0]}")
+    return _judge_known_bad(design, scope, result, f"in {sim.walks_run:,} random walks",
+                            f"a counterexample, not the shortest, in {where}")
 
 
 def run_design(design: Design, scope: Scope | None = None, *, progress: Progress | None = None,

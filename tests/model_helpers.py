@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from proofs.bfs import TraceStep
 from statemodel.actions import Action
 from statemodel.design import Design, Scope
 from statemodel.model import Model
@@ -22,6 +23,16 @@ def walk(model: Model, state: State, names: Iterable[str]) -> State:
 def take(model: Model, state: State, action: Action) -> State:
     assert action in model.actions(state), f"{action} not enabled: {model.actions(state)}"
     return model.next_state(state, action)
+
+
+def replay_trace(model: Model, initial: State, trace: Iterable[TraceStep]) -> State:
+    """Replay a checker's counterexample through the model, step by step: each action enabled where it was
+    taken, each state the one the model reaches; the last state."""
+    state = initial
+    for step in trace:
+        state = take(model, state, step.action)
+        assert state == step.state
+    return state
 
 
 def initial_with(model: Model, t_off: int | None = None, t_on: int | None = None) -> State:

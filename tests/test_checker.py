@@ -29,6 +29,7 @@ from statemodel.designs import (
 from statemodel.invariants import Violation
 from statemodel.model import Model
 from statemodel.state import Batch, ForwardMode, Stage, Status, Thresholds
+from tests.model_helpers import replay_trace
 
 
 @pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
@@ -353,11 +354,7 @@ def test_trace_replays_through_the_model() -> None:
     design = get_design("merge_unchecked_spec_info")
     model = Model(design, Scope())
     result = check(model)
-    state = result.initial
-    for step in result.trace:
-        assert step.action in model.actions(state)
-        state = model.next_state(state, step.action)
-        assert state == step.state
+    state = replay_trace(model, result.initial, result.trace)
     assert model.check_state(state)[0].invariant == design.expected_invariant
 
 

@@ -15,6 +15,7 @@ from specflip.cli import main
 from statemodel.design import Scope
 from statemodel.designs import KNOWN_BAD, OVERLAP_KNOWN_BAD, SEEDS_FINAL, SHIPPED, get_design, overlap_scope
 from statemodel.model import Model
+from tests.model_helpers import replay_trace
 
 # the tree's own known-bad designs (retract_catch_up_radix_unmarked, ..._evict_at_flip_on) take 3,600-4,500 walks
 # of seed 0: a bug few paths reach, where BFS is the faster strategy (docs/model.md, "Random walks")
@@ -41,11 +42,7 @@ def test_a_walks_counterexample_replays_through_the_model_and_is_no_shorter_than
     design = get_design("merge_unchecked_spec_info")
     model = Model(design, Scope())
     result = simulate(model, FEW_WALKS).result
-    state = result.initial
-    for step in result.trace:
-        assert step.action in model.actions(state)
-        state = model.next_state(state, step.action)
-        assert state == step.state
+    state = replay_trace(model, result.initial, result.trace)
     assert model.check_state(state)[0].invariant == design.expected_invariant
     assert len(result.trace) >= len(check(model).trace) and not result.complete
 
