@@ -146,6 +146,8 @@ class Result:
     eventually_trace: tuple[TraceStep, ...]
     invariants_checked: tuple[str, ...]
     cpu_seconds: float = 0.0
+    # states at rest (`Model.at_rest`) the `eventually` properties were checked on: none means they held vacuously
+    states_at_rest: int = 0
 
     @property
     def refuted(self) -> bool:
@@ -178,13 +180,18 @@ def _check(model: Model, max_states: int, progress: Progress | None, progress_ev
     started, cpu_started = time.perf_counter(), time.process_time()
     actions, next_state = model.actions, model.next_state
     eventually = model.eventually()
-    stuck: list[tuple[State, list[str]]] = []  # the first terminal state (shallowest) that fails `eventually`
+
+    at_rest = model.at_rest
+    stuck: list[tuple[State, list[str]]] = []  # the first state at rest (shallowest) that fails `eventually`
+
+    rest = [0]
 
     def successors(state: State) -> list[tuple[Action, State]]:
         acts = actions(state)
-        if not acts and not stuck:
+        if at_rest(state, acts):
+            rest[0] += 1
             failed = [e.name for e in eventually if not e.holds(state)]
-            if failed:
+            if failed and not stuck:
                 stuck.append((state, failed))
         return [(action, next_state(state, action)) for action in acts]
 
@@ -213,7 +220,7 @@ def _check(model: Model, max_states: int, progress: Progress | None, progress_ev
             seconds=time.perf_counter() - started, complete=complete, violations=tuple(violations),
             trace=trace, initial=initial, sometimes_reached=reached, eventually_failed=failed,
             eventually_trace=ev_trace, invariants_checked=tuple(i.name for i in model.always()),
-            cpu_seconds=time.process_time() - cpu_started,
+            cpu_seconds=time.process_time() - cpu_started, states_at_rest=rest[0],
         )
 
     for init in search.roots:

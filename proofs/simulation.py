@@ -8,7 +8,10 @@ survives N walks is not shown correct, and its counterexamples are not the short
 
 Each walk starts from an initial state chosen at random, takes an enabled action chosen uniformly at random
 at every step, checks every step with the model's own `check_step` (the same invariants as BFS), and ends at a
-terminal state, where the model's `eventually` properties are checked, or after `max_depth` steps. The walks are
+state at rest (`Model.at_rest`: nothing left to do but flip), where the model's `eventually` properties are
+checked, or after `max_depth` steps. An action that
+leads back to a state on the walk's own path is checked (an edge into a state seen before can break a step
+invariant) but not taken, another is drawn; a walk whose every action leads back ends there. The walks are
 a function of `seed` alone: the same seed gives the same walks and the same counterexample.
 """
 
@@ -41,15 +44,18 @@ class Walks:
 
 @attrs.frozen
 class SimulationResult:
-    """A `Result` (its `complete` always False: a sample proves nothing) and how many walks it took."""
+    """A `Result` (its `complete` always False: a sample proves nothing), how many walks it took, and how the
+    finished walks ended: at rest, with every enabled action leading back onto the walk's own path, or at
+    `max_depth`."""
 
     result: Result
     walks_run: int
     settings: Walks
+    ended: dict[str, int]
 
 
 def simulate(model: Model, settings: Walks = Walks()) -> SimulationResult:
-    """Walk `model` at random until a step breaks an invariant or a terminal state fails an `eventually` property,
+    """Walk `model` at random until a step breaks an invariant or a state at rest fails an `eventually` property,
     or `settings.walks` walks end clean. `states` counts the distinct states (by `model.dedup_key`) the walks met."""
     with no_cyclic_gc():
         return _simulate(model, settings)
@@ -60,11 +66,13 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
     rng = random.Random(settings.seed)
     inits = model.init_states()
     actions, next_state, check_step, key = model.actions, model.next_state, model.check_step, model.dedup_key
+    at_rest = model.at_rest
     eventually = model.eventually()
     sometimes = model.sometimes()
     reached = {s.name: False for s in sometimes}
     unreached = list(sometimes)
     seen: set[object] = set()
+    ended = {"at rest": 0, "looped": 0, "depth": 0}
     transitions = deepest = 0
 
     def finish(walks: int, violations: list[Violation] | None = None, initial: State | None = None,
@@ -78,36 +86,53 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
             trace=trace if violations else (), initial=initial, sometimes_reached=reached,
             eventually_failed=failed, eventually_trace=() if violations else trace,
             invariants_checked=tuple(i.name for i in model.always()),
-            cpu_seconds=time.process_time() - cpu_started,
+            cpu_seconds=time.process_time() - cpu_started, states_at_rest=ended["at rest"],
         )
-        return SimulationResult(result, walks, settings)
+        return SimulationResult(result, walks, settings, ended)
 
     for walk in range(1, settings.walks + 1):
         state = inits[rng.randrange(len(inits))]
-        seen.add(key(state))
+        state_key = key(state)
+        seen.add(state_key)
         bad = model.check_state(state)
         if bad:
             return finish(walk, bad, state)
-        initial, steps = state, []
-        for _ in range(settings.max_depth):
-            enabled = actions(state)
-            if not enabled:
+        initial, steps, on_path = state, [], {state_key}
+        while True:
+            if len(steps) == settings.max_depth:
+                ended["depth"] += 1
+                break
+            candidates = actions(state)
+            if at_rest(state, candidates):
                 failed = tuple(e.name for e in eventually if not e.holds(state))
                 if failed:
                     return finish(walk, initial=initial, steps=steps, failed=failed)
+                ended["at rest"] += 1
                 break
-            action = enabled[rng.randrange(len(enabled))]
-            after = next_state(state, action)
-            transitions += 1
+            # an action back onto the walk's own path is checked but not taken: a walk of flips off and on (which
+            # `auto` may take at any step) would spend its depth going round without reaching anything new
+            while candidates:
+                i = rng.randrange(len(candidates))
+                action = candidates[i]
+                after = next_state(state, action)
+                transitions += 1
+                if unreached:
+                    for p in [p for p in unreached if p.holds(state, action, after)]:
+                        reached[p.name] = True
+                        unreached.remove(p)
+                bad = check_step(state, action, after)
+                if bad:
+                    return finish(walk, bad, initial, [*steps, (action, after)])
+                after_key = key(after)
+                seen.add(after_key)
+                if after_key not in on_path:
+                    break
+                candidates = candidates[:i] + candidates[i + 1:]
+            if not candidates:
+                ended["looped"] += 1
+                break
             steps.append((action, after))
-            seen.add(key(after))
-            if unreached:
-                for s in [s for s in unreached if s.holds(state, action, after)]:
-                    reached[s.name] = True
-                    unreached.remove(s)
-            bad = check_step(state, action, after)
-            if bad:
-                return finish(walk, bad, initial, steps)
+            on_path.add(after_key)
             state = after
         deepest = max(deepest, len(steps))
     return finish(settings.walks)

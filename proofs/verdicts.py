@@ -1,6 +1,6 @@
 """Verdicts: each design checked exhaustively, judged against its kind, written as a proof report.
 
-shipped:   pass (no violation, every "sometimes" reached, every terminal state good) or fail.
+shipped:   pass (no violation, every "sometimes" reached, every state at rest good) or fail.
 known-bad: refuted (a shortest counterexample whose last step breaks the expected invariant) or
            not-refuted (no violation, or one that names another invariant).
 With random walks instead (`proofs.simulation`, `specflip check --simulate N`): a shipped design survives N walks
@@ -70,7 +70,9 @@ def judge(design: Design, scope: Scope, result: Result) -> Verdict:
         if result.vacuous:
             problems.append(f"never reached: {', '.join(result.vacuous)} (the proof would be vacuous)")
         if result.eventually_failed:
-            problems.append(f"a terminal state fails {', '.join(result.eventually_failed)}")
+            problems.append(f"a state at rest fails {', '.join(result.eventually_failed)}")
+        elif result.complete and not result.violations and not result.states_at_rest:
+            problems.append("no state at rest reached (every eventually-property would hold vacuously)")
         if problems:
             return Verdict(design, scope, result, "fail", "; ".join(problems))
         return Verdict(design, scope, result, "pass",
@@ -100,10 +102,12 @@ def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
                            f"breaks {result.violations[0].invariant} after {len(result.trace)} steps ({where})")
         if result.eventually_failed:
             return Verdict(design, scope, result, "fail",
-                           f"a terminal state fails {', '.join(result.eventually_failed)} ({where})")
+                           f"a state at rest fails {', '.join(result.eventually_failed)} ({where})")
+        e = sim.ended
         return Verdict(design, scope, result, "survived",
-                       f"no violation in {sim.walks_run:,} random walks ({result.states:,} distinct states): "
-                       "not a proof")
+                       f"no violation in {sim.walks_run:,} random walks ({result.states:,} distinct states; "
+                       f"{e['at rest']:,} ended at rest, {e['looped']:,} where every step led back, "
+                       f"{e['depth']:,} at depth {sim.settings.max_depth}): not a proof")
     return _judge_known_bad(design, scope, result, f"in {sim.walks_run:,} random walks",
                             f"a counterexample, not the shortest, in {where}")
 

@@ -58,7 +58,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     from specflip.outputs import has_mark, refuse_foreign, writable_dir
     from statemodel.design import Scope
-    from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, overlap_scope
+    from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, large_scope, overlap_scope
 
     try:
         default = OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS
@@ -74,6 +74,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         walks = Walks(args.simulate, args.depth or Walks().max_depth, args.seed or 0)
     elif args.seed is not None or args.depth is not None:
         raise UsageError("--seed and --depth shape the random walks: give --simulate N with them")
+    elif args.scope == "large":
+        raise UsageError("--scope large is beyond what the exhaustive search can finish: give --simulate N with it")
     reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
     # proof reports come from the exhaustive check only
     writes_reports = args.write_reports and not args.design and not args.check_reports and walks is None
@@ -91,7 +93,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
               f"{r.states:>8,} states {r.seconds:6.1f}s  {verdict.reason}", file=lines, flush=True)
 
     # the overlap scope's spaces reach 7.3M states (plain_off_catch_up_overlap; docs/overlap-plan.md: risks)
-    if args.overlap:
+    if args.scope == "large":
+        scope_for, limit = (lambda design: large_scope(design, overlap=args.overlap)), 0
+    elif args.overlap:
         scope_for, limit = overlap_scope, 12_000_000
     else:
         scope_for, limit = (lambda design: Scope()), 2_000_000
@@ -200,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "not the shortest; a design that survives is not proven (no reports written)")
     check.add_argument("--seed", type=non_negative_int, help="--simulate: the walks' seed (default 0)")
     check.add_argument("--depth", type=positive_int, help="--simulate: steps per walk at most (default 200)")
+    check.add_argument("--scope", choices=("default", "large"), default="default",
+                       help="--simulate: the default scope BFS exhausts, or a larger one (six requests, caps 3 and 5: "
+                            "statemodel.designs.large_scope)")
     check.set_defaults(func=_cmd_check)
 
     explain = add("explain", "replay guard traces through the model")

@@ -20,6 +20,7 @@ from statemodel.design import (
     MergeSpecInfo,
     OutCacheLocFrom,
     PlainStepGraphs,
+    RequestSpec,
     Scope,
     ThresholdPolicy,
     TierFlips,
@@ -444,6 +445,17 @@ def overlap_scope(design: Design) -> Scope:
     design's double reserve for its largest tier (6 slots a request) leaves no two requests room to run its
     steps-0 tier in 11 slots; 15 lets them (the zero_step sometimes-property needs it)."""
     return Scope(overlap=True, kv_pool_size=15 if design.is_adaptive else Scope().kv_pool_size)
+
+
+def large_scope(design: Design, overlap: bool = False) -> Scope:
+    """A scope beyond what BFS exhausts, for random walks only (`specflip check --simulate N --scope large`): six
+    requests with prompts of 1 to 4 tokens and 2 to 4 new ones, caps of 3 running with speculation and 5 without,
+    CUDA graphs for 1, 2 and 4, a pool of 16 slots (retraction still happens), 4 more for the adaptive designs'
+    double reserve as in `overlap_scope`."""
+    return Scope(requests=(RequestSpec(3, 4), RequestSpec(1, 3), RequestSpec(2, 2), RequestSpec(1, 2),
+                           RequestSpec(4, 3), RequestSpec(2, 4)),
+                 kv_pool_size=20 if design.is_adaptive else 16, spec_cap=3, plain_cap=5,
+                 graph_capture_sizes=(1, 2, 4), overlap=overlap)
 DESIGNS_BY_NAME: dict[str, Design] = {d.name: d for d in ALL_DESIGNS + OVERLAP_DESIGNS}
 
 

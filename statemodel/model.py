@@ -1,6 +1,6 @@
 """The model interface every consumer uses (stateright's shape): initial states, actions, next state,
 and properties of three kinds: always (the invariants), sometimes (reachability, so no invariant holds
-vacuously), eventually (checked on terminal states: every request finishes, nothing deadlocks).
+vacuously), eventually (checked on states at rest: every request finishes, nothing deadlocks).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from statemodel.invariants import INVARIANTS, Invariant, Violation, check_state,
 from statemodel.policy import equivalent_thresholds
 from statemodel.state import SpecMode, Stage, State, Status, Thresholds, forgotten_requests
 
+# the actions that only change what the policy runs, doing no request's work (`Model.at_rest`)
+POLICY_ACTIONS = frozenset({"flip_off", "flip_on"})
+
 
 @attrs.frozen
 class Sometimes:
@@ -28,7 +31,7 @@ class Sometimes:
 
 @attrs.frozen
 class Eventually:
-    """A property every terminal state (no action enabled) must satisfy."""
+    """A property every state at rest (`Model.at_rest`: no work left to do) must satisfy."""
 
     name: str
     summary: str
@@ -211,6 +214,27 @@ class Model:
                 thresholds = _EQUIVALENT[asked] = t if pair == (t.t_off, t.t_on) else _thresholds(pair)
         return (requests, state.running, state.pending, launched, state.stage, state.spec_mode, state.num_steps,
                 state.kv_free, thresholds, state.unprocessed, state.prefix_cache)
+
+    def at_rest(self, state: State, enabled: list[Action] | None = None) -> bool:
+        """No work can happen any more: no action is enabled but the policy's flips, here or in any state the flips
+        alone lead to. Where the `eventually` properties are checked: a design that may flip at any demand (`auto`,
+        tiers) enables a flip in every state, so it never reaches a state with no action at all. `enabled` is
+        `actions(state)` when the caller has it."""
+        acts = self.actions(state) if enabled is None else enabled
+        if any(a.name not in POLICY_ACTIONS for a in acts):
+            return False
+        todo, seen = [state], {self.dedup_key(state)}
+        while todo:
+            here = todo.pop()
+            for action in acts if here is state else self.actions(here):
+                if action.name not in POLICY_ACTIONS:
+                    return False
+                there = self.next_state(here, action)
+                key = self.dedup_key(there)
+                if key not in seen:
+                    seen.add(key)
+                    todo.append(there)
+        return True
 
     def always(self) -> tuple[Invariant, ...]:
         return INVARIANTS

@@ -375,6 +375,25 @@ def test_deadlock_fails_eventually() -> None:
     assert verdict.result.eventually_failed == ("all_requests_finish",)
 
 
+def test_a_design_that_may_flip_at_any_demand_is_checked_for_deadlock_too() -> None:
+    # `auto` enables a flip in every state, so it never reaches a state with no action: the checker before
+    # Model.at_rest never checked `eventually` on it. The same too-small pool deadlocks it with flips still enabled.
+    design = get_design("plain_off_retract_catch_up_auto")
+    scope = attrs.evolve(Scope(), kv_pool_size=2)
+    result = check(Model(design, scope))
+    assert result.eventually_failed == ("all_requests_finish",) and result.eventually_trace
+    state = replay_trace(Model(design, scope), result.initial, result.eventually_trace)
+    assert Model(design, scope).actions(state) and Model(design, scope).at_rest(state)
+    assert {a.name for a in Model(design, scope).actions(state)} <= {"flip_off", "flip_on"}
+
+
+def test_a_shipped_design_whose_eventually_holds_vacuously_fails(every_verdict) -> None:
+    verdict = every_verdict["plain_off_retract_catch_up_auto"]
+    assert verdict.result.states_at_rest > 0
+    emptied = judge(verdict.design, verdict.scope, attrs.evolve(verdict.result, states_at_rest=0))
+    assert emptied.verdict == "fail" and "no state at rest" in emptied.reason
+
+
 def test_known_bad_with_no_violation_is_not_refuted() -> None:
     # the same bad design, judged in a scope where its bug cannot show (no flip ever happens)
     design = get_design("seeds_attempt1_spec_info_left")

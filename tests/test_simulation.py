@@ -1,6 +1,6 @@
 """The random-walk checking strategy (`proofs/simulation.py`, `specflip check --simulate`): it refutes the known-bad
 designs with their own invariants, its walks are real steps of the model and a function of the seed, a shipped
-design survives without being called proven, and a terminal state that fails `eventually` is caught."""
+design survives without being called proven, and a state at rest that fails `eventually` is caught."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from proofs.simulation import Walks, simulate
 from proofs.verdicts import judge_walks
 from specflip.cli import main
 from statemodel.design import Scope
-from statemodel.designs import KNOWN_BAD, OVERLAP_KNOWN_BAD, SEEDS_FINAL, SHIPPED, get_design, overlap_scope
+from statemodel.designs import (
+    KNOWN_BAD,
+    OVERLAP_KNOWN_BAD,
+    SEEDS_FINAL,
+    SHIPPED,
+    get_design,
+    large_scope,
+    overlap_scope,
+)
 from statemodel.model import Model
 from tests.model_helpers import replay_trace
 
@@ -65,7 +73,7 @@ def test_a_shipped_design_survives_and_is_not_called_proven() -> None:
     assert sim.result.max_depth <= Walks().max_depth
 
 
-def test_a_terminal_state_that_fails_eventually_is_caught() -> None:
+def test_a_state_at_rest_that_fails_eventually_is_caught() -> None:
     # a pool too small for the longest prompt: its chunked prefill holds the pool and nothing can move
     scope = attrs.evolve(Scope(), kv_pool_size=2)
     verdict = judge_walks(SEEDS_FINAL, scope, simulate(Model(SEEDS_FINAL, scope), FEW_WALKS))
@@ -73,9 +81,31 @@ def test_a_terminal_state_that_fails_eventually_is_caught() -> None:
     assert verdict.result.eventually_trace  # the walk that got stuck
 
 
+def test_walks_of_a_design_that_may_flip_at_any_demand_end_at_rest_not_going_round() -> None:
+    # `auto` enables a flip in every state: without the rest check and the loop avoidance its walks spent their
+    # depth flipping off and on, never ending where `eventually` is checked
+    design = get_design("plain_off_retract_catch_up_auto")
+    sim = simulate(Model(design, Scope()), Walks(walks=100, seed=5))
+    assert sim.ended == {"at rest": 100, "looped": 0, "depth": 0}
+    assert sim.result.max_depth < Walks().max_depth
+
+
 def test_a_walk_stops_at_its_depth() -> None:
     sim = simulate(Model(SHIPPED[0], Scope()), Walks(walks=50, max_depth=3))
     assert sim.result.max_depth == 3 and sim.walks_run == 50
+
+
+def test_the_large_scope_is_larger_and_the_walks_refute_there_too() -> None:
+    design = get_design("retract_catch_up_radix_unmarked")  # a bug few paths reach in the default scope
+    scope = large_scope(design)
+    assert len(scope.requests) > len(Scope().requests) and scope.kv_pool_size > Scope().kv_pool_size
+    assert large_scope(get_design("sglang_adaptive_warm")).kv_pool_size > scope.kv_pool_size  # its double reserve
+    assert large_scope(design, overlap=True).overlap
+    verdict = judge_walks(design, scope, simulate(Model(design, scope), FEW_WALKS))
+    assert verdict.verdict == "refuted", verdict.reason
+    shipped = SHIPPED[0]
+    sim = simulate(Model(shipped, large_scope(shipped)), Walks(walks=100, seed=2))
+    assert judge_walks(shipped, large_scope(shipped), sim).verdict == "survived"
 
 
 def test_cli_simulate_refutes_and_writes_no_report(capsys, tmp_path) -> None:
@@ -99,8 +129,10 @@ def test_cli_simulate_bad_usage_is_one_line(capsys) -> None:
     assert "--simulate" in capsys.readouterr().err
     assert main(["check", "--simulate", "10", "--check-reports"]) == 2
     assert "--check-reports" in capsys.readouterr().err
+    assert main(["check", "--scope", "large", "--design", "draft_kv_never_freed"]) == 2
+    assert "--simulate" in capsys.readouterr().err
     for bad in (["--simulate", "0"], ["--simulate", "x"], ["--simulate", "5", "--depth", "0"],
-                ["--simulate", "5", "--seed", "-1"]):
+                ["--simulate", "5", "--seed", "-1"], ["--simulate", "5", "--scope", "huge"]):
         with pytest.raises(SystemExit) as exc:
             main(["check", *bad, "--design", "draft_kv_never_freed"])
         err = capsys.readouterr().err
