@@ -221,8 +221,9 @@ class Model:
         tiers) enables a flip in every state, so it never reaches a state with no action at all. `enabled` is
         `actions(state)` when the caller has it."""
         acts = self.actions(state) if enabled is None else enabled
-        if any(a.name not in POLICY_ACTIONS for a in acts):
-            return False
+        for action in acts:  # a plain loop: the checker asks this of every state it expands
+            if action.name not in POLICY_ACTIONS:
+                return False
         todo, seen = [state], {self.dedup_key(state)}
         while todo:
             here = todo.pop()
