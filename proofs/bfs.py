@@ -20,7 +20,7 @@ import attrs
 
 from statemodel.actions import Action
 from statemodel.invariants import Violation
-from statemodel.model import Model
+from statemodel.model import Model, Sometimes
 from statemodel.state import State
 
 N = TypeVar("N", bound=Hashable)
@@ -109,6 +109,15 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def note_reached(unreached: list[Sometimes], reached: dict[str, bool], before: State, action: Action,
+                 after: State) -> None:
+    """Mark the sometimes-properties this step reaches, and drop them from `unreached` (most are reached early, so
+    the caller asks only while some are left)."""
+    for s in [s for s in unreached if s.holds(before, action, after)]:
+        reached[s.name] = True
+        unreached.remove(s)
+
+
 def model_successors(model: Model) -> Callable[[State], list[tuple[Action, State]]]:
     """Every enabled action of `model` in a state, with the state it leads to, in the model's order."""
     actions, next_state = model.actions, model.next_state
@@ -179,17 +188,15 @@ def check(model: Model, *, max_states: int = 2_000_000, progress: Progress | Non
 def _check(model: Model, max_states: int, progress: Progress | None, progress_every: int) -> Result:
     started, cpu_started = time.perf_counter(), time.process_time()
     actions, next_state = model.actions, model.next_state
-    eventually = model.eventually()
-
-    at_rest = model.at_rest
+    eventually, at_rest = model.eventually(), model.at_rest
     stuck: list[tuple[State, list[str]]] = []  # the first state at rest (shallowest) that fails `eventually`
-
-    rest = [0]
+    states_at_rest = 0
 
     def successors(state: State) -> list[tuple[Action, State]]:
+        nonlocal states_at_rest
         acts = actions(state)
         if at_rest(state, acts):
-            rest[0] += 1
+            states_at_rest += 1
             failed = [e.name for e in eventually if not e.holds(state)]
             if failed and not stuck:
                 stuck.append((state, failed))
@@ -220,7 +227,7 @@ def _check(model: Model, max_states: int, progress: Progress | None, progress_ev
             seconds=time.perf_counter() - started, complete=complete, violations=tuple(violations),
             trace=trace, initial=initial, sometimes_reached=reached, eventually_failed=failed,
             eventually_trace=ev_trace, invariants_checked=tuple(i.name for i in model.always()),
-            cpu_seconds=time.process_time() - cpu_started, states_at_rest=rest[0],
+            cpu_seconds=time.process_time() - cpu_started, states_at_rest=states_at_rest,
         )
 
     for init in search.roots:
@@ -233,9 +240,7 @@ def _check(model: Model, max_states: int, progress: Progress | None, progress_ev
     for before, action, after, new, kept in search.edges():
         transitions += 1
         if unreached:
-            for s in [s for s in unreached if s.holds(before, action, after)]:
-                reached[s.name] = True
-                unreached.remove(s)
+            note_reached(unreached, reached, before, action, after)
         if search.truncated:
             return finish([], complete=False)
         if new or kept is None or (after.launched is not kept.launched and after.launched != kept.launched):

@@ -22,7 +22,7 @@ import time
 
 import attrs
 
-from proofs.bfs import Result, TraceStep, no_cyclic_gc
+from proofs.bfs import Result, TraceStep, no_cyclic_gc, note_reached
 from statemodel.actions import Action
 from statemodel.invariants import Violation
 from statemodel.model import Model
@@ -120,9 +120,7 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
                 after = next_state(state, action)
                 transitions += 1
                 if unreached:
-                    for p in [p for p in unreached if p.holds(state, action, after)]:
-                        reached[p.name] = True
-                        unreached.remove(p)
+                    note_reached(unreached, reached, state, action, after)
                 bad = check_step(state, action, after)
                 if bad:
                     return finish(walk, bad, initial, [*steps, (action, after)])

@@ -69,12 +69,16 @@ pip_filtered() {
 t0=$SECONDS
 # torch 2.13.0+cpu and triton are the same files in .venv (scripts/setup.sh runs first) and take 1.75 GB
 # per copy; CI once ran out of disk writing the second one. Hard links share them: pip then finds them
-# installed and satisfied. Only when .venv holds exactly those versions, the two venvs are on one
-# filesystem, and .venv12 has none yet; otherwise pip installs them as before.
-SITE_MAIN=".venv/lib/python3.11/site-packages"
-SITE_V1="$VENV/lib/python3.11/site-packages"
+# installed and satisfied. Only when .venv holds exactly those versions for the same Python (the wheels are
+# built per Python version), the two venvs are on one filesystem, and .venv12 has none yet; otherwise pip
+# installs them as before.
+site_packages() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true; }
+SITE_MAIN="$(site_packages .venv)"
+SITE_V1="$(site_packages "$VENV")"
 link_from_main() {  # link_from_main DIST_INFO DIR...: hard-link a distribution's files from .venv
   local info="$1"; shift
+  # the same lib/pythonX.Y/site-packages tail: the same Python version
+  [ -n "$SITE_MAIN" ] && [ "${SITE_MAIN##*/lib/}" = "${SITE_V1##*/lib/}" ] || return 0
   [ -d "$SITE_MAIN/$info" ] && [ -d "$SITE_V1" ] || return 0
   [ -d "$SITE_V1/${info%%-*}" ] && return 0
   local d
@@ -88,7 +92,7 @@ link_from_main() {  # link_from_main DIST_INFO DIR...: hard-link a distribution'
   say "linked ${info%.dist-info} from .venv (hard links: no second copy on disk)"
 }
 link_from_main "torch-2.13.0+cpu.dist-info" torch torchgen functorch
-triton_info="$(cd "$SITE_MAIN" 2>/dev/null && ls -d triton-*.dist-info 2>/dev/null | head -1 || true)"
+triton_info="$([ -n "$SITE_MAIN" ] && cd "$SITE_MAIN" && ls -d triton-*.dist-info 2>/dev/null | head -1 || true)"
 [ -n "$triton_info" ] && link_from_main "$triton_info" triton
 say "installing torch==2.13.0 (CPU build)"
 if ! pip_filtered install -c "$CONSTRAINTS" torch; then

@@ -94,7 +94,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     # the overlap scope's spaces reach 7.3M states (plain_off_catch_up_overlap; docs/overlap-plan.md: risks)
     if args.scope == "large":
-        scope_for, limit = (lambda design: large_scope(design, overlap=args.overlap)), 0
+        scope_for, limit = (lambda design: large_scope(design, overlap=args.overlap)), 0  # walks: no state bound
     elif args.overlap:
         scope_for, limit = overlap_scope, 12_000_000
     else:
