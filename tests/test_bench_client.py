@@ -366,6 +366,26 @@ def test_bursty_follow_ups_continue_the_bursts_conversations(
     assert e.value.code == 2
 
 
+def test_target_window_is_where_both_bursty_targets_hold() -> None:
+    """Issue 17's two bursty targets pull the burst length apart: >= 2x adaptive wants long bursts, >= 1.2x the better
+    static setting short ones. With quiet/burst seconds plain (6, 2), always on (4, 6), adaptive (4, 8) and a switch at
+    the per-phase best (4, 2): 1.2x plain holds while (6 + 2k) >= 1.2 (4 + 2k), k <= 3; 2x adaptive from
+    (4 + 8k) >= 2 (4 + 2k), k >= 1; always on never binds."""
+    low, high = summarize.target_window((4.0, 2.0), [(6.0, 2.0), (4.0, 6.0)], (4.0, 8.0), grid=4000, top=4.0)
+    assert low == pytest.approx(1.0, abs=1e-3) and high == pytest.approx(3.0, abs=1e-3)
+    # a switch slower in the quiet phases than the best: its window shrinks from both ends, then is gone
+    narrower = summarize.target_window((4.4, 2.0), [(6.0, 2.0), (4.0, 6.0)], (4.0, 8.0))
+    assert narrower is not None and low < narrower[0] < narrower[1] < high
+    assert summarize.target_window((5.0, 2.0), [(6.0, 2.0), (4.0, 6.0)], (4.0, 8.0)) is None
+    rounds = {k: {"cfg": cfg, "round": k, "total_s": sum(ph), "phase_s": ph, "errors": 0}
+              for k, (cfg, ph) in enumerate([("plain", [3.0, 1.0, 3.0, 1.0]), ("spec", [2.0, 3.0, 2.0, 3.0]),
+                                             ("adaptive", [2.0, 4.0, 2.0, 4.0]), ("switch", [2.0, 1.0, 2.0, 1.0])])}
+    lines = summarize.window_lines({r["cfg"]: {0: r} for r in rounds.values()}, ["plain", "spec"])
+    assert "- per-phase best (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in lines
+    assert "- specflip switch, calibrated thresholds (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in lines
+    assert summarize.window_lines({"plain": {0: rounds[0]}}, ["plain"]) == []  # no adaptive server: no window
+
+
 def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     import bursty_client
     monkeypatch.setattr(sys, "argv", ["bursty_client.py", "--servers", "a=http://127.0.0.1:9", "--burst-conc", "0"])

@@ -698,6 +698,55 @@ def bursty_lines(rows):
                   f"{statistics.median(per_phase.values()):.2f} s (median); SGLang adaptive over it "
                   f"{statistics.median(bound):.3f} ({min(bound):.3f}-{max(bound):.3f}): the most an on/off choice "
                   "made once per phase, at no cost, makes against it."]
+    lines += window_lines(by, statics)
+    return lines
+
+
+# issue 17's bursty targets: a switch >= 1.2x the better static setting and >= 2x SGLang's adaptive switch
+BURSTY_TARGETS = (1.2, 2.0)
+
+
+def phase_kind_seconds(rounds):
+    """(quiet, burst): a configuration's seconds in each kind of phase (phase_s alternates quiet phase, burst),
+    summed over the schedule, the median over its rounds."""
+    return tuple(statistics.median(sum(r["phase_s"][kind::2]) for r in rounds) for kind in (0, 1))
+
+
+def target_window(mine, statics, adaptive, targets=BURSTY_TARGETS, grid=2000, top=4.0):
+    """The burst scalings k (every burst k times as long, the quiet phases as they are) at which a configuration
+    with phase seconds `mine` (quiet, burst) is >= targets[0] x every static's and >= targets[1] x adaptive's
+    (q + k b over q' + k b'): (low, high) over a grid of k in (0, top], or None where no k meets both. Each ratio
+    is monotone in k, so the k meeting both are one interval. An estimate: it takes a burst's time to scale with its
+    requests, as whole waves do."""
+    def ratio(other, k):
+        return (other[0] + k * other[1]) / (mine[0] + k * mine[1])
+    ok = [k for k in (top * (i + 1) / grid for i in range(grid))
+          if min(ratio(s, k) for s in statics) >= targets[0] and ratio(adaptive, k) >= targets[1]]
+    return (ok[0], ok[-1]) if ok else None
+
+
+def window_lines(by, statics):
+    """Markdown: where issue 17's two bursty targets can both be met. Per switch configuration (and the per-phase
+    best), the range of burst scalings k, relative to this load (k = 1), at which its phase times meet both: the
+    bursts must be long enough for the 2x over adaptive and short enough for the 1.2x over static, and a load outside
+    that range cannot meet both with any policy at these phase times."""
+    if "adaptive" not in by or not statics:
+        return []
+    seconds = {c: phase_kind_seconds(list(rounds.values())) for c, rounds in by.items()
+               if not any(r["errors"] for r in rounds.values())}
+    if "adaptive" not in seconds or any(b not in seconds for b in statics):
+        return []
+    best = (min(seconds[b][0] for b in statics), min(seconds[b][1] for b in statics))
+    mine = {"per-phase best": best, **{CFG_LABEL.get(c, c): seconds[c] for c in seconds
+                                      if c not in statics and c != "adaptive"}}
+    low, high = BURSTY_TARGETS
+    lines = ["", f"Where both targets ({low}x the better static setting, {high}x SGLang adaptive) hold, by burst "
+             "length (bursts k times this load's, the quiet phases as they are; an estimate from the median phase "
+             "seconds, a burst's time taken to scale with its requests):", ""]
+    for name, s in mine.items():
+        w = target_window(s, [seconds[b] for b in statics], seconds["adaptive"])
+        where = f"k in {w[0]:.2f}-{w[1]:.2f}" if w else "no k"
+        lines.append(f"- {name} (quiet {s[0]:.2f} s, bursts {s[1]:.2f} s): {where}")
     return lines
 
 
