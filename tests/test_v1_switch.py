@@ -772,9 +772,9 @@ def test_overlap_loop_config_errors() -> None:
 
 
 def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None:
-    """SPECFLIP_V1_LOOP unset: the overlap loop (the speed of a plain server above the threshold), or the normal loop
-    when SPECFLIP_MODE asks for the guard, which follows that loop only; an explicit value is kept; the seeds' sync
-    mode stays in the normal loop. The design announced follows the loop, and the hook list gains the loop's."""
+    """SPECFLIP_V1_LOOP unset: the overlap loop (the speed of a plain server above the threshold), with the guard or
+    without (it followed that loop live, session 25); an explicit value is kept; the seeds' sync mode stays in the
+    normal loop. The design announced follows the loop, and the hook list gains the loop's."""
     import shim.switch.v1 as sw
 
     loop = {}
@@ -784,7 +784,7 @@ def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None
         config = sw.config_from_env({"SPECFLIP_SWITCH": "5:2", **env})
         loop[name] = (config.v1_loop, sw.design_for(config))
     overlap = ("overlap", sw.OVERLAP_LOOP_DESIGN)
-    assert loop == {"unset": overlap, "guard": ("normal", sw.RETRACT_DESIGN), "guard_off": overlap,
+    assert loop == {"unset": overlap, "guard": overlap, "guard_off": overlap,
                     "explicit": ("normal", sw.RETRACT_DESIGN), "sync": ("normal", sw.DESIGN)}
     assert sw.config_from_env({}) is None
     registered: list[str] = []

@@ -23,20 +23,22 @@
 #   off:    the target without speculation (a plain server), no plugin
 #   on:     EAGLE-3, speculation always on, guard assert (ON_GUARD=warn: warn mode)
 #   switch: EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T, the new design (SPECFLIP_SWITCH_DRAFT=retract:
-#           v1_plain_off_retract_catch_up) + guard assert
-#   bare:   the switch without the guard, in the normal loop as `switch` (SPECFLIP_V1_LOOP=normal: unset, a switch
-#           without the guard runs the overlap loop since session 23; bare / off is the switch against a plain server)
+#           v1_plain_off_retract_catch_up) + guard assert, in SGLang's normal loop (SPECFLIP_V1_LOOP=normal, as
+#           sessions 11-23 ran it; unset is the overlap loop since session 25, guard or not: switch_overlap)
+#   bare:   the switch without the guard, in the normal loop as `switch` (SPECFLIP_V1_LOOP=normal: unset, the switch
+#           runs the overlap loop, since session 23 without the guard, since 25 with it; bare / off is the switch
+#           against a plain server)
 #   sync:   EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T SPECFLIP_SWITCH_DRAFT=sync: the old design (seeds_final) + guard assert
 #   switch_syncs (not in the default set): the switch with SPECFLIP_COUNT_SYNCS=1, the guard's own host-device syncs
 #           counted by call site (torch's sync debug mode; catching its warnings costs time: not a speed figure)
 #   GUARD_ENV='VAR=value ...': added to every config that runs the guard, e.g. GUARD_ENV=SPECFLIP_GUARD_CLOCK=10 (the
 #           guard's own thread CPU time per hook, a line every 10 s: shim/guard/clock.py; all lines in guard_clock.txt)
-#   switch54 (not in the default set): the new design at issue 22's 5:4, guard assert
+#   switch54 (not in the default set): the new design at issue 22's 5:4, guard assert, the normal loop
 #   bare_overlap (not in the default set): bare with SPECFLIP_V1_LOOP=overlap, its plain iterations in the overlap
-#           loop's order (shim/switch/v1_loop.py; the guard does not follow that loop yet): bare_overlap / off is the
+#           loop's order (shim/switch/v1_loop.py; the guard follows it: switch_overlap): bare_overlap / off is the
 #           switch against a plain server in its own loop. ON_GUARD=off makes `on` bare too (like for like below)
-#   defaults (not in the default set): SPECFLIP_SWITCH=$T and nothing else, what a user starts with (draft mode retract;
-#           without the guard the overlap loop)
+#   defaults (not in the default set): SPECFLIP_SWITCH=$T and nothing else, what a user starts with (draft mode retract,
+#           the overlap loop)
 #   switch_overlap (not in the default set): bare_overlap with the guard in assert mode (the guard in the overlap scope
 #           of the loop's design): switch_overlap / bare_overlap is the guard's cost there
 #   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
@@ -96,15 +98,15 @@ for cfg in "${CONFIGS[@]}"; do
     off)    envs=""; flags="" ;;
     off_nonoverlap) envs=""; flags="--disable-overlap-schedule" ;;
     on)     envs="SPECFLIP_MODE=${ON_GUARD:-assert}"; flags="$SPEC" ;;
-    switch) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
-    switch_syncs) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_COUNT_SYNCS=1"
+    switch) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal"; flags="$SPEC" ;;
+    switch_syncs) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal SPECFLIP_COUNT_SYNCS=1"
             flags="$SPEC" ;;
     bare)   envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal"; flags="$SPEC" ;;
     bare_overlap) envs="SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"; flags="$SPEC" ;;
     defaults) envs="SPECFLIP_SWITCH=$T"; flags="$SPEC" ;;
     switch_overlap) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=overlap"
             flags="$SPEC" ;;
-    switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract"; flags="$SPEC" ;;
+    switch54) envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=5:4 SPECFLIP_SWITCH_DRAFT=retract SPECFLIP_V1_LOOP=normal"; flags="$SPEC" ;;
     sync)   envs="SPECFLIP_MODE=assert SPECFLIP_SWITCH=$T SPECFLIP_SWITCH_DRAFT=sync"; flags="$SPEC" ;;
     *) echo "unknown config $cfg"; exit 2 ;;
   esac

@@ -468,15 +468,13 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
 
 def config_from_env(env: dict[str, str] | None = None) -> SwitchConfig | None:
     """The v1 switch's configuration: SwitchConfig.from_env with SPECFLIP_SWITCH_DRAFT retract by default, and, when
-    SPECFLIP_V1_LOOP is unset in draft mode retract, the loop: overlap (plain iterations overlapped, v1_loop.py), or
-    normal when SPECFLIP_MODE asks for the guard: the guard has run on live servers in the normal loop; in the overlap
-    loop on real 0.5.12 objects on the CPU only (tests/test_v1_switch.py), so a guarded server gets it when asked."""
+    SPECFLIP_V1_LOOP is unset in draft mode retract, the overlap loop (plain iterations overlapped, v1_loop.py), with
+    the guard or without: the guard followed it live on the H200 with no finding (docs/v1.md, "Session 25")."""
     env = dict(os.environ) if env is None else env
     config = SwitchConfig.from_env(env, default_draft="retract")
     if config is None or env.get("SPECFLIP_V1_LOOP", "").strip() or config.draft_while_off != "retract":
         return config
-    guard = (env.get("SPECFLIP_MODE", "off").strip().lower() or "off") != "off"
-    return dataclasses.replace(config, v1_loop="normal" if guard else "overlap")
+    return dataclasses.replace(config, v1_loop="overlap")
 
 
 def install_from_env() -> bool:
@@ -493,5 +491,5 @@ def install_from_env() -> bool:
     if config is not None and config.draft_while_off == "retract":
         log.info("specflip v1 switch: the %s loop (SPECFLIP_V1_LOOP%s)", config.v1_loop,
                  "" if os.environ.get("SPECFLIP_V1_LOOP", "").strip() else
-                 " unset: normal with the guard, whose live runs are in that loop, else overlap")
+                 " unset: overlap in draft mode retract")
     return install_switch(HookRegistry, config)
