@@ -127,7 +127,7 @@ class SwitchConfig:
     # SPECFLIP_SWITCH_WARMUP=on|off: run every path a flip takes before the server listens (shim/switch/warmup.py)
     warmup: bool = True
     # SPECFLIP_V1_LOOP=normal|overlap (the v1 switch only, draft mode retract; shim/switch/v1_loop.py). Unset: normal
-    # here; the v1 switch's own reading (shim/switch/v1.py config_from_env) makes it overlap unless the guard is on
+    # here; the v1 switch's own reading (shim/switch/v1.py config_from_env) makes it overlap in draft mode retract
     v1_loop: str = "normal"
 
     def __post_init__(self) -> None:

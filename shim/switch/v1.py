@@ -32,9 +32,9 @@ Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): 
           the flips run at Scheduler.get_next_batch_to_run.
   sync    (seeds_final, the functions above): kept for the side-by-side measurement of issue 22 (docs/v1.md).
 and `SPECFLIP_V1_LOOP=normal|overlap` (retract only): overlap runs the plain iterations in the overlap loop's order
-(shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain). Unset, it is overlap, or normal when
-SPECFLIP_MODE asks for the guard (config_from_env): the guard follows both loops (the overlap one through the
-adapter's overlap scope), but its live runs so far are in the normal one.
+(shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain). Unset, it is overlap (config_from_env),
+with the guard or without: the guard follows both loops (the overlap one through the adapter's overlap scope), live
+on the H200 since session 25.
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
 which also loads the guard (a no-op unless SPECFLIP_MODE is set).
