@@ -384,6 +384,10 @@ def test_target_window_is_where_both_bursty_targets_hold() -> None:
     assert "- per-phase best (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in lines
     assert "- specflip switch, calibrated thresholds (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in lines
     assert summarize.window_lines({"plain": {0: rounds[0]}}, ["plain"]) == []  # no adaptive server: no window
+    # one static setting ran (session 25's call 2): no per-phase best, the switch against that setting
+    one = summarize.window_lines({r["cfg"]: {0: r} for r in rounds.values() if r["cfg"] != "spec"}, ["plain"])
+    assert not any("per-phase best" in line for line in one)
+    assert "- specflip switch, calibrated thresholds (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in one
 
 
 def test_bursty_client_refuses_a_zero_phase(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

@@ -736,9 +736,10 @@ def window_lines(by, statics):
                if not any(r["errors"] for r in rounds.values())}
     if "adaptive" not in seconds or any(b not in seconds for b in statics):
         return []
-    best = (min(seconds[b][0] for b in statics), min(seconds[b][1] for b in statics))
-    mine = {"per-phase best": best, **{CFG_LABEL.get(c, c): seconds[c] for c in seconds
-                                      if c not in statics and c != "adaptive"}}
+    # the per-phase best only where both static settings ran (with one it is that setting itself)
+    best = {"per-phase best": (min(seconds[b][0] for b in statics), min(seconds[b][1] for b in statics))} \
+        if len(statics) > 1 else {}
+    mine = {**best, **{CFG_LABEL.get(c, c): seconds[c] for c in seconds if c not in statics and c != "adaptive"}}
     low, high = BURSTY_TARGETS
     lines = ["", f"Where both targets ({low}x the better static setting, {high}x SGLang adaptive) hold, by burst "
              "length (bursts k times this load's, the quiet phases as they are; an estimate from the median phase "
