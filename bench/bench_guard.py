@@ -27,6 +27,11 @@ tests/sglang12_cpu.py V1LoopServer, the v1 switch in its default draft mode retr
 guard's time is on the critical path. One step is one `event_loop_normal` iteration (get_next_batch_to_run, the
 worker call, the result's processing); "spec" keeps speculation on, "plain" flips it off first. Only assert mode.
 
+`--waves` measures, on the overlap loop, what a closed-loop benchmark's waves cost instead of steady steps: `size`
+requests arrive in one prefill and finish in one iteration (each request is a model step of its own there: an
+arrival, a release), and the in-guard time of those two iterations is reported per request (kinds "arrive" and
+"finish"). On the H200 a round of the sweep at 256 runs two such waves.
+
 `--against REF` measures the guard of git revision REF (exported with `git archive` into a temporary folder) and
 of this checkout side by side: rounds alternate between the two (each a fresh process), so that a change in the
 machine's load falls on both; each cell keeps the fastest round per side. Only assert mode's in-guard time.
@@ -34,6 +39,7 @@ machine's load falls on both; each cell keeps the fastest round per side. Only a
     .venv/bin/python bench/bench_guard.py [--steps N] [--sizes 1,16,64,256] [--repeat R]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --against main --rounds 3 --clock cpu [--loop overlap]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --loop overlap --draft retract --clock cpu --sizes 64,256
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --waves --against main --rounds 3 --clock cpu --sizes 32,256
     OMP_NUM_THREADS=1 .venv12/bin/python bench/bench_guard.py --line v1 --against main --rounds 5 --clock cpu
 """
 
@@ -80,6 +86,8 @@ def main() -> None:
                         help="v2: sglang 0.5.23 objects (.venv); v1: 0.5.12's v1 EAGLEWorker, non-overlap (.venv12)")
     parser.add_argument("--against", metavar="REF", help="a git revision measured side by side with this checkout")
     parser.add_argument("--rounds", type=positive_int, default=3, help="--against: alternating rounds per side")
+    parser.add_argument("--waves", action="store_true",
+                        help="the overlap loop's arrivals and finishes of a whole wave, per request, not steady steps")
     parser.add_argument("--per-hook", action="store_true",
                         help="also the assert run's in-guard time per hook (its fastest repeat), per decode step")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
@@ -104,6 +112,17 @@ def main() -> None:
 
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
+    if args.waves:
+        rows = _wave_rows(args, sizes, clock, gf, h)
+        if args.json:
+            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
+            return
+        print(f"a wave on the overlap loop (switch draft mode retract): in-guard time per request, assert mode, "
+              f"{args.clock} clock, fastest of {args.repeat} (microseconds)")
+        print(f"{'batch':>5} {'kind':>6} {'in-guard':>9} {'iteration':>10} {'unguarded':>10}")
+        for size, kind, c in rows:
+            print(f"{size:>5} {kind:>6} {c['assert in']:>9.1f} {c['assert']:>10.0f} {c['unguarded']:>10.0f}")
+        return
     from shim.guard.core import Mode
     from statemodel.designs import CATCH_UP, RETRACT_CATCH_UP, V2_SWITCH
 
@@ -204,6 +223,63 @@ def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind
     return drv.iteration
 
 
+def _wave_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], float], gf: Any,
+               h: Any) -> list[Any]:
+    """`size` requests admitted in one prefill and finished in one iteration (the overlap loop, the retract switch's
+    design kept on speculation): per size, kind "arrive" (the prefill's iteration) and "finish" (the iteration that
+    released them), the in-guard time per request (`assert in`) and the iteration's whole time, guarded and not."""
+    from shim.guard.core import Mode
+    from shim.switch.config import SwitchConfig
+    from statemodel.designs import RETRACT_CATCH_UP
+
+    ol = importlib.import_module("overlap_loop")
+    runtime = gf.install_guard_plugin()
+    in_guard, _ = _time_guard_runs(runtime, clock)
+    model_dir = h.write_tiny_model_config()
+    rows = []
+    for size in sizes:
+        cells: dict[str, dict[str, float]] = {"arrive": {}, "finish": {}}
+        for _ in range(args.repeat):
+            for label in ("unguarded", "assert"):
+                runtime.reset()
+                runtime.paused = label == "unguarded"
+                runtime.disabled_reason = None
+                runtime.mode = Mode.ASSERT
+                runtime.design_name = RETRACT_CATCH_UP.name
+                runtime.trace_template = None
+                sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
+                                        num_draft_tokens=4, max_running_requests=size + 1)
+                sa.disable_overlap_schedule = False
+                pools = h.build_pools(sa, kv_size=size * 200 + 64, max_reqs=size + 1)
+                drv = ol.OverlapDriver(pools, RETRACT_CATCH_UP,
+                                       switch_config=SwitchConfig(t_off=size + 1, t_on=0))
+                drv.add(gf.make_reqs("w", size, max_new_tokens=4))
+                for number in range(32):
+                    released = len(drv.released)
+                    in_guard[0] = 0.0
+                    started = clock()
+                    drv.iteration()
+                    spent = clock() - started
+                    kind = "arrive" if number == 0 else "finish" if len(drv.released) - released == size else None
+                    if kind is not None:
+                        cell = cells[kind]
+                        cell[label] = min(cell.get(label, spent * 1e6), spent * 1e6)
+                        if label == "assert":
+                            per = in_guard[0] / size * 1e6
+                            cell["assert in"] = min(cell.get("assert in", per), per)
+                    if drv.idle():
+                        break
+                if len(drv.released) != size:
+                    raise SystemExit(f"bench_guard: the wave of {size} released {len(drv.released)} requests")
+        for kind in ("arrive", "finish"):
+            if "assert in" not in cells[kind]:
+                raise SystemExit(f"bench_guard: no {kind} iteration of the wave of {size} (not all in one)")
+            rows.append((size, kind, cells[kind]))
+    runtime.reset()
+    runtime.paused = True
+    return rows
+
+
 def _time_guard_runs(runtime: Any, clock: Callable[[], float]) -> tuple[list[float], dict[str, float]]:
     """Wrap `runtime.run` (every guard step goes through it) so that its time adds up in the returned one-item
     list, and per hook in the returned dict (the adapter method the step came from), which the caller empties before
@@ -286,7 +362,7 @@ def against(args: argparse.Namespace) -> None:
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
               "--sizes", ",".join(map(str, args.sizes)), "--repeat", str(args.repeat), "--loop", args.loop,
-              "--draft", args.draft, "--clock", args.clock, "--line", args.line]
+              "--draft", args.draft, "--clock", args.clock, "--line", args.line] + (["--waves"] if args.waves else [])
     best: dict[tuple[str, int, str], float] = {}
     loads = []
     try:
@@ -301,15 +377,16 @@ def against(args: argparse.Namespace) -> None:
                     best[key] = min(best.get(key, cells["assert in"]), cells["assert in"])
     finally:
         shutil.rmtree(base)  # the export this run made
-    loop = "v1 non-overlap" if args.line == "v1" else args.loop
-    print(f"in-guard time per decode step, assert mode, {loop} loop, {args.clock} clock, {args.steps} steps, "
+    loop = "v1 non-overlap" if args.line == "v1" else "overlap" if args.waves else args.loop
+    what = "per request of a wave (arrive, finish)" if args.waves else "per decode step"
+    print(f"in-guard time {what}, assert mode, {loop} loop, {args.clock} clock, {args.steps} steps, "
           f"fastest of {args.rounds} alternating rounds x {args.repeat} (microseconds); {args.against} -> this "
           f"checkout; 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
-    print(f"{'batch':>5} {'step':>5} {args.against:>10} {'branch':>10} {'ratio':>6}")
+    print(f"{'batch':>5} {'step':>6} {args.against:>10} {'branch':>10} {'ratio':>6}")
     for size in args.sizes:
-        for kind in ("spec", "plain"):
+        for kind in ("arrive", "finish") if args.waves else ("spec", "plain"):
             old, new = best[("base", size, kind)], best[("branch", size, kind)]
-            print(f"{size:>5} {kind:>5} {old:>10.0f} {new:>10.0f} {new / old:>6.2f}")
+            print(f"{size:>5} {kind:>6} {old:>10.1f} {new:>10.1f} {new / old:>6.2f}")
 
 
 if __name__ == "__main__":

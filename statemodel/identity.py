@@ -53,7 +53,7 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
     A request released whole frees within [own_start, allocated_before) (the tree may keep some; counted by
     kv_conservation)."""
     by_row = {o.row: o for o in owners}
-    freed: dict[int, set[int]] = {}
+    ranges: dict[int, list[RowRange]] = {}
     problems: list[Violation] = []
     for f in frees:
         owner = by_row.get(f.row)
@@ -64,9 +64,16 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
                 f"the step owns", expected="positions of the step's own requests",
                 actual=f"row {f.row} [{f.start}, {f.end})"))
             continue
-        freed.setdefault(f.row, set()).update(range(f.start, f.end))
+        ranges.setdefault(f.row, []).append(f)
     for o in owners:
-        got = freed.get(o.row, set())
+        mine = ranges.get(o.row, [])
+        # the rule below reads sets of positions, as long as the request's row; where the ranges alone show it holds
+        # (every one inside the own part, or together exactly the part that left the allocation) it cannot find
+        # anything: skipped, so a release costs the number of frees, not the context's length
+        if _all_within(mine, o.own_start, o.allocated_before) if o.allocated_after is None \
+                else _tile(mine, o.allocated_after, o.allocated_before):
+            continue
+        got = {p for f in mine for p in range(f.start, f.end)}
         if o.allocated_after is None:
             outside = sorted(p for p in got if not o.own_start <= p < o.allocated_before)
             if outside:
@@ -93,6 +100,21 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
             expected=f"freed [{o.allocated_after}, {o.allocated_before})",
             actual=f"freed {_spans(sorted(got)) or 'nothing'}"))
     return problems
+
+
+def _all_within(ranges: Sequence[RowRange], start: int, end: int) -> bool:
+    """Every position of `ranges` lies in [start, end)."""
+    return all(start <= f.start and f.end <= end for f in ranges if f.end > f.start)
+
+
+def _tile(ranges: Sequence[RowRange], start: int, end: int) -> bool:
+    """`ranges` cover [start, end) exactly, each position once."""
+    at = start
+    for lo, hi in sorted((f.start, f.end) for f in ranges if f.end > f.start):
+        if lo != at:
+            return False
+        at = hi
+    return at == end
 
 
 def writes_within_allocation(rid: int, start: int, width: int, committed_len: int, allocated_len: int,

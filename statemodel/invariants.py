@@ -150,7 +150,7 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
             f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
             expected=str(state.kv_pool_size), actual=str(accounted),
         ))
-    for r in _HOLDING_NO_KV(state.requests, _holding_no_kv, _move_holding_no_kv):
+    for r in _HOLDING_NO_KV(state.requests, _holding_no_kv, _move_holding_no_kv, operator.add):
         problems.append(Violation(
             "kv_conservation",
             f"request {r.rid} is {r.status.value} but still holds {r.kv_held} + {r.kv_reserved} reserved slots",

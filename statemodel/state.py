@@ -12,7 +12,7 @@ import enum
 import inspect
 from collections.abc import Callable, Sequence
 from itertools import compress
-from operator import is_not
+from operator import add, is_not
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
@@ -346,7 +346,7 @@ class State:
 
     def in_flight_count(self) -> int:
         """Requests the running batch holds now or will once merged: pending and chunked ones count."""
-        chunked = _CHUNKED(self.requests, _count_chunked, _move_chunked)
+        chunked = _CHUNKED(self.requests, _count_chunked, _move_chunked, add)
         return self.running.size + (self.pending.size if self.pending else 0) + chunked
 
     def demand(self) -> int:
@@ -356,7 +356,8 @@ class State:
 
     def kv_accounted(self) -> int:
         """Slots free, held, reserved, or the radix tree's."""
-        return self.kv_free + _HELD(self.requests, _held_and_reserved, _move_held_and_reserved) + len(self.prefix_cache)
+        return self.kv_free + _HELD(self.requests, _held_and_reserved, _move_held_and_reserved, add) \
+            + len(self.prefix_cache)
 
     def all_finished(self) -> bool:
         return all(r.status is Status.FINISHED for r in self.requests)
@@ -414,34 +415,41 @@ class LastByIdentity(Generic[_K, _V]):
 FEW_OF_MANY = 16
 
 
-def changed_indices(before: Sequence[object], after: Sequence[object]) -> list[int] | None:
+def changed_indices(before: Sequence[object], after: Sequence[object], *, prefix: bool = False) -> list[int] | None:
     """The positions at which `after` holds another object than `before`, in order, when both are as long, at least
     FEW_OF_MANY, and at most an eighth of the positions changed; None otherwise (also, without the scan, when two of
     four probes differ). The scan runs in C: a finish or a retraction moves one request of a running batch, and the
-    guard checks each such step against the whole state."""
+    guard checks each such step against the whole state. `prefix`: `after` may be longer, and only its first
+    len(before) positions are compared (FoldByIdentity's appended requests)."""
     n = len(before)
-    if n < FEW_OF_MANY or n != len(after):
+    if n < FEW_OF_MANY or (n > len(after) if prefix else n != len(after)):
         return None
-    last = _LAST_CHANGED
-    if before is last[0] and after is last[1]:
-        return last[2]  # the folds and the step invariants of one step ask about the same pair in turn
+    for last in _LAST_CHANGED:
+        if before is last[0] and after is last[1] and prefix is last[3]:
+            return last[2]  # the folds and the step invariants of one step ask about the same pairs in turn
     if (before[0] is not after[0]) + (before[n >> 2] is not after[n >> 2]) + (before[n >> 1] is not after[n >> 1]) \
-            + (before[-1] is not after[-1]) > 1:
+            + (before[n - 1] is not after[n - 1]) > 1:
         return None  # a step that moved the batch (a decode, a result): not worth the scan
-    flags = list(map(is_not, before, after))
+    flags = list(map(is_not, before, after))  # map stops at the shorter: `before`'s positions
     moved = None if flags.count(True) > len(flags) >> 3 else list(compress(range(len(flags)), flags))
-    last[:] = (before, after, moved)  # held, so that their ids are not reused while remembered
+    # held, so that their ids are not reused while remembered
+    _LAST_CHANGED[:] = [[before, after, moved, prefix], _LAST_CHANGED[0]]
     return moved
 
 
-_LAST_CHANGED: list = [None, None, None]  # changed_indices' last (before, after, answer)
+# changed_indices' last two (before, after, answer, prefix): a step's invariants compare its two states, its folds the
+# state they were last computed on with the new one
+_LAST_CHANGED: list[list[Any]] = [[None, None, None, False], [None, None, None, False]]
 
 
 class FoldByIdentity(Generic[_V]):
     """`LastByIdentity` for a fold over a requests tuple (a sum, a count, a filter): for a tuple in which a few
     requests are other objects than in the last one (`changed_indices`), the last value moved
-    by those requests alone, `move(value, old, new)`; otherwise `compute(requests)` afresh. `move` must give what
-    `compute` gives (tests/test_invariants.py holds each use to it), as a new value: the old one is not changed."""
+    by those requests alone, `move(value, old, new)`; for a tuple that is the last one with a few requests appended
+    (the guard's arrivals: a request joins the state when SGLang first shows it) and few of the others changed, that
+    moved value joined with the fold of the appended ones, `join(value, compute(appended))`; otherwise
+    `compute(requests)` afresh. `move` and `join` must give what `compute` gives (tests/test_invariants.py holds each
+    use to it), as new values: the old one is not changed."""
 
     __slots__ = ("_key", "_value")
 
@@ -450,16 +458,20 @@ class FoldByIdentity(Generic[_V]):
         self._value: Any = None
 
     def __call__(self, requests: tuple[Request, ...], compute: Callable[[tuple[Request, ...]], _V],
-                 move: Callable[[_V, Request, Request], _V]) -> _V:
+                 move: Callable[[_V, Request, Request], _V], join: Callable[[_V, _V], _V]) -> _V:
         last = self._key
         if requests is last:
             return self._value
         if last is not None:
-            moved = changed_indices(last, requests)
+            n = len(last)
+            appended = len(requests) - n
+            moved = changed_indices(last, requests, prefix=bool(appended)) if 0 <= appended <= n >> 3 else None
             if moved is not None:
                 value = self._value
                 for i in moved:
                     value = move(value, last[i], requests[i])
+                if appended:
+                    value = join(value, compute(requests[n:]))
                 self._key, self._value = requests, value
                 return value
         value = compute(requests)

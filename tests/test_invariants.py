@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -267,29 +269,34 @@ def _batch_of(count: int) -> tuple[Request, ...]:
     return tuple(running_req(i, seq_len=4 + i % 3, reserved=i % 2) for i in range(count))
 
 
-_FOLDS = (
-    (state_module._held_and_reserved, state_module._move_held_and_reserved),
-    (state_module._count_chunked, state_module._move_chunked),
-    (invariants_module._holding_no_kv, invariants_module._move_holding_no_kv),
+_FOLDS = (  # (compute, move, join) as each use passes them
+    (state_module._held_and_reserved, state_module._move_held_and_reserved, operator.add),
+    (state_module._count_chunked, state_module._move_chunked, operator.add),
+    (invariants_module._holding_no_kv, invariants_module._move_holding_no_kv, operator.add),
 )
 _EDIT = st.tuples(st.integers(0, 63), st.sampled_from(list(Status)), st.integers(0, 9), st.integers(0, 3),
                   st.integers(0, 9))
 
 
 @settings(max_examples=300, deadline=None)
-@given(count=st.integers(1, 64), edits=st.lists(_EDIT, max_size=12))
+@given(count=st.integers(1, 64), edits=st.lists(_EDIT, max_size=12), appended=st.lists(_EDIT, max_size=9))
 def test_a_fold_moved_by_the_requests_a_step_changed_is_the_fold_computed_afresh(
-        count: int, edits: list[tuple[int, Status, int, int, int]]) -> None:
+        count: int, edits: list[tuple[int, Status, int, int, int]],
+        appended: list[tuple[int, Status, int, int, int]]) -> None:
+    """`appended`: requests that join the tuple at its end (the guard's arrivals), each in any status."""
     before = _batch_of(count)
     after = list(before)
     for index, status, held, reserved, committed in edits:
         after[index % count] = after[index % count].replace(status=status, kv_held=held, kv_reserved=reserved,
                                                             committed=committed)
+    for _, status, held, reserved, committed in appended:
+        after.append(running_req(len(after)).replace(status=status, kv_held=held, kv_reserved=reserved,
+                                                     committed=committed))
     after_t = tuple(after)
-    for compute, move in _FOLDS:
+    for compute, move, join in _FOLDS:
         fold: FoldByIdentity = FoldByIdentity()
-        assert fold(before, compute, move) == compute(before)
-        assert fold(after_t, compute, move) == compute(after_t), compute.__name__
+        assert fold(before, compute, move, join) == compute(before)
+        assert fold(after_t, compute, move, join) == compute(after_t), compute.__name__
 
 
 def test_a_fold_of_a_large_batch_is_moved_by_the_changed_requests_only() -> None:
@@ -304,13 +311,21 @@ def test_a_fold_of_a_large_batch_is_moved_by_the_changed_requests_only() -> None
         computed.append(requests)
         return state_module._held_and_reserved(requests)
 
+    move, join = state_module._move_held_and_reserved, operator.add
     fold: FoldByIdentity = FoldByIdentity()
-    fold(before, compute, state_module._move_held_and_reserved)
-    assert fold(after, compute, state_module._move_held_and_reserved) == state_module._held_and_reserved(after)
+    fold(before, compute, move, join)
+    assert fold(after, compute, move, join) == state_module._held_and_reserved(after)
     assert computed == [before]  # the second value was moved, not computed
-    grown = tuple(r.replace(kv_held=r.kv_held + 1) for r in after)
-    assert fold(grown, compute, state_module._move_held_and_reserved) == state_module._held_and_reserved(grown)
+    # an arrival: the same requests and one more at the end; only the new one is folded
+    arrived = after + (running_req(32, reserved=3),)
+    assert fold(arrived, compute, move, join) == state_module._held_and_reserved(arrived)
+    assert computed[1:] == [arrived[32:]]
+    grown = tuple(r.replace(kv_held=r.kv_held + 1) for r in arrived)
+    assert fold(grown, compute, move, join) == state_module._held_and_reserved(grown)
     assert computed[-1] is grown
+    many = grown + tuple(running_req(i) for i in range(33, 40))  # more than an eighth appended: afresh
+    assert fold(many, compute, move, join) == state_module._held_and_reserved(many)
+    assert computed[-1] is many
     assert changed_indices(before, after) == [7]
     assert changed_indices(after, grown) is None  # more than an eighth moved
 
@@ -350,3 +365,25 @@ def test_result_not_after_reprefill_flags_a_row_kept_for_a_request_whose_reprefi
     assert result_not_after_reprefill(waiting, action, waiting, SCOPE, CATCH_UP) == []
     voided = attrs.evolve(before, unprocessed=(Unprocessed((1,), None),))
     assert result_not_after_reprefill(voided, action, voided, SCOPE, CATCH_UP) == []
+
+
+# --- slots_freed_owned reads ranges first (statemodel.identity._all_within, _tile) --------------------------------
+
+_RANGE = st.tuples(st.integers(0, 12), st.integers(0, 6))
+
+
+@settings(max_examples=400, deadline=None)
+@given(spans=st.lists(_RANGE, max_size=5), own_start=st.integers(0, 6), before=st.integers(0, 14),
+       after=st.one_of(st.none(), st.integers(0, 14)))
+def test_slots_freed_owned_finds_what_the_positions_show(spans: list[tuple[int, int]], own_start: int, before: int,
+                                                         after: int | None) -> None:
+    """The ranges-first shortcut skips an owner only where its freed positions, as a set, break nothing: a request
+    released whole freed only inside [own_start, allocated_before), one that keeps its row freed exactly
+    [allocated_after, allocated_before)."""
+    from statemodel.identity import RowOwner, RowRange, slots_freed_owned
+
+    frees = [RowRange(3, start, start + width) for start, width in spans]
+    owner = RowOwner(rid=1, row=3, own_start=own_start, allocated_before=before, allocated_after=after)
+    got = {p for f in frees for p in range(f.start, f.end)}
+    clean = all(own_start <= p < before for p in got) if after is None else got == set(range(after, before))
+    assert (slots_freed_owned(frees, [owner], "finish") == []) == clean

@@ -255,6 +255,29 @@ def test_a_release_inside_a_free_group_is_queued(model_dir: Path, radix: bool) -
     assert pools.available_size() == available + queued and pending_free_slots(pools.allocator) == 0
 
 
+def test_the_queued_count_follows_a_group_of_releases(model_dir: Path) -> None:
+    """pending_free_slots reads only the frees queued since its last look on the same group: after each release of a
+    group it is the queue summed afresh, and the next group (a new list) starts from nothing."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from shim.adapters.common import pending_free_slots
+
+    pools = eagle_pools(model_dir, radix_cache=False)
+    reqs = [h.make_req(f"q{i}", SHARED + [i, i + 1], max_new_tokens=8) for i in range(4)]
+    batch = h.prefill(pools, reqs)
+    h.spec_decode_step(batch, [3, 2, 1, 2])
+    allocator = pools.allocator
+    for group in (batch.reqs[:3], batch.reqs[3:]):
+        allocator.free_group_begin()
+        assert pending_free_slots(allocator) == 0
+        for req in group:
+            h.finish_req(req)
+            release_kv_cache(req, pools.tree_cache, checkpoint=True)
+            assert pending_free_slots(allocator) == sum(int(t.numel()) for t in allocator.free_group) > 0
+        allocator.free_group_end()
+        assert pending_free_slots(allocator) == 0
+
+
 @pytest.mark.parametrize("radix", [False, True], ids=["radix_off", "radix_on"])
 def test_chunked_prefill_follows_the_scheduler(model_dir: Path, radix: bool) -> None:
     pools = eagle_pools(model_dir, radix_cache=radix)

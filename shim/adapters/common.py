@@ -104,6 +104,34 @@ def row_range(index: Any, req_to_token: Any) -> RowRange | None:
     return RowRange(row, start, end)
 
 
+class _GrowingNumelSum:
+    """`sum(int(t.numel()) for t in queued)` for a free group's queue, reading only the tensors appended since the last
+    call on the same list. The guard counts the queue after every release, and a step releases every finished request
+    inside one group: summed afresh, a burst of k finishes read k*k/2 tensors. SGLang starts each group with a new list
+    (`free_group_begin`: `self.free_group = []`, every release line) and only appends to it; a list that is another
+    object, or shorter than last seen, is summed afresh. The list is held, so its id is not reused while remembered."""
+
+    __slots__ = ("_queued", "_seen", "_total")
+
+    def __init__(self) -> None:
+        self._queued: list[Any] | None = None
+        self._seen = 0
+        self._total = 0
+
+    def __call__(self, queued: list[Any]) -> int:
+        if queued is not self._queued or len(queued) < self._seen:
+            self._queued, self._seen, self._total = queued, 0, 0
+        total = self._total
+        for indices in queued[self._seen:]:
+            total += int(indices.numel())
+        self._seen, self._total = len(queued), total
+        return total
+
+
+_QUEUED_INDICES = _GrowingNumelSum()  # the free group's token indices (page size 1)
+_QUEUED_PAGE_IDS = _GrowingNumelSum()  # 0.5.23's paged free_page_ids_group
+
+
 def pending_free_slots(allocator: Any) -> int:
     """Slots freed inside a free group and not yet returned to the free list.
 
@@ -117,11 +145,11 @@ def pending_free_slots(allocator: Any) -> int:
     queued = getattr(allocator, "free_group", None) or []
     page_size = int(getattr(allocator, "page_size", 1) or 1)
     # 0.5.23's paged free_segment queues page ids, not token indices
-    queued_pages = sum(int(ids.numel()) for ids in getattr(allocator, "free_page_ids_group", None) or [])
+    queued_pages = _QUEUED_PAGE_IDS(getattr(allocator, "free_page_ids_group", None) or [])
     if not queued:
         return queued_pages * page_size
     if page_size == 1:
-        return sum(int(indices.numel()) for indices in queued)
+        return _QUEUED_INDICES(queued)
     import torch  # paged pools free whole pages: count the distinct pages (a sync, only at finishes)
 
     return (int(torch.unique(torch.cat(list(queued)) // page_size).numel()) + queued_pages) * page_size

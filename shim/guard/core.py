@@ -349,7 +349,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self.index[obs.rid] = index
         new = Request(rid=index, prompt_len=obs.prompt_len, max_new_tokens=obs.max_new_tokens)
         base = self.state
-        before = attrs.evolve(base, requests=base.requests + (new,))  # NOT_ARRIVED, as in initial_states
+        before = base.replace(requests=base.requests + (new,))  # NOT_ARRIVED, as in initial_states
         after = apply(before, Action("arrive", (index,)), self.config.design, self.config.scope)
         self._record(before, Action("arrive", (index,)), after, where, new_rids=[obs.rid], trace_base=base)
 
