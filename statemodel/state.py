@@ -462,10 +462,9 @@ class FoldByIdentity(Generic[_V]):
         last = self._key
         if requests is last:
             return self._value
-        if last is not None:
-            n = len(last)
-            appended = len(requests) - n
-            moved = changed_indices(last, requests, prefix=bool(appended)) if 0 <= appended <= n >> 3 else None
+        # below FEW_OF_MANY (the checker's states) changed_indices has no answer: not asked
+        if last is not None and (n := len(last)) >= FEW_OF_MANY and 0 <= (appended := len(requests) - n) <= n >> 3:
+            moved = changed_indices(last, requests, prefix=appended > 0)
             if moved is not None:
                 value = self._value
                 for i in moved:
