@@ -821,18 +821,25 @@ def _prepare_for_decode(state: State, action: Action, design: Design, scope: Sco
                 changed[rid] = r.replace(kv_reserved=want)
         running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=0)
     else:
-        # plain path: alloc_for_decode, one slot per request
+        # plain path: alloc_for_decode, one slot per request. Every running request moves: stored in place, by
+        # position, as `_plain_decode` does (a third less than a keyword `replace` per request and a dict)
         allocated = len(rids)
         requests = state.requests
+        updated = list(requests)
         for rid in rids:
             r = requests[rid]
-            changed[rid] = r.replace(kv_held=r.kv_held + 1)
+            updated[rid] = r.decoded(r.seq_len, r.committed, r.kv_held + 1, r.kv_reserved, r.draft_kv_len,
+                                     r.draft_hidden_ready)
+        if rids:
+            requests = tuple(updated)
         running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
+    if changed:
+        requests = state.with_requests(changed)
     if allocated > state.kv_free and state.prefix_cache:  # alloc evicts unlocked tree tokens first
         tree, free = _evict_for(state.prefix_cache, state.kv_free, allocated)
-        return state.replace(requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
+        return state.replace(requests=requests, running=running, stage=Stage.PREPARED,
                             kv_free=free - allocated, launched=None, prefix_cache=tree)
-    return state.replace(requests=state.with_requests(changed), running=running, stage=Stage.PREPARED,
+    return state.replace(requests=requests, running=running, stage=Stage.PREPARED,
                         kv_free=state.kv_free - allocated, launched=None)
 
 
