@@ -123,7 +123,6 @@ def main() -> None:
         for size, kind, c in rows:
             print(f"{size:>5} {kind:>6} {c['assert in']:>9.1f} {c['assert']:>10.0f} {c['unguarded']:>10.0f}")
         return
-    from shim.guard.core import Mode
     from statemodel.designs import CATCH_UP, RETRACT_CATCH_UP, V2_SWITCH
 
     design = CATCH_UP if args.loop == "normal" else RETRACT_CATCH_UP if args.draft == "retract" else V2_SWITCH
@@ -138,12 +137,8 @@ def main() -> None:
             cells: dict[str, float] = {}
             for _ in range(args.repeat):
                 for label in ("assert",) if args.assert_only else ("unguarded", "assert", "trace"):
-                    runtime.reset()
-                    runtime.paused = label == "unguarded"
-                    runtime.disabled_reason = None
-                    runtime.mode = Mode.TRACE if label == "trace" else Mode.ASSERT
-                    runtime.design_name = design.name
-                    runtime.trace_template = str(trace_dir / f"{size}-{kind}.jsonl") if label == "trace" else None
+                    _arm(runtime, label, design.name,
+                         str(trace_dir / f"{size}-{kind}.jsonl") if label == "trace" else None)
                     steps = args.steps
                     step = _overlap_steps(gf, h, model_dir, size, steps, kind, design) if args.loop == "overlap" \
                         else _normal_steps(gf, model_dir, size, steps, kind, design)
@@ -194,6 +189,29 @@ def _normal_steps(gf: Any, model_dir: Path, size: int, steps: int, kind: str, de
     return lambda: drv.decode(accepts=[2])
 
 
+def _arm(runtime: Any, label: str, design_name: str, trace_template: str | None = None) -> None:
+    """A fresh guard for one timed run: paused ("unguarded": the hooks pass through), assert or trace mode."""
+    from shim.guard.core import Mode
+
+    runtime.reset()
+    runtime.paused = label == "unguarded"
+    runtime.disabled_reason = None
+    runtime.mode = Mode.TRACE if label == "trace" else Mode.ASSERT
+    runtime.design_name = design_name
+    runtime.trace_template = trace_template
+
+
+def _overlap_driver(h: Any, model_dir: Path, size: int, kv_size: int, design: Any, switch_config: Any) -> Any:
+    """tests/overlap_loop.py's OverlapDriver over fresh pools for `size` running requests (EAGLE, steps 3, topk 1,
+    4 draft tokens, SGLang's overlap schedule)."""
+    ol = importlib.import_module("overlap_loop")
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
+                            num_draft_tokens=4, max_running_requests=size + 1)
+    sa.disable_overlap_schedule = False
+    pools = h.build_pools(sa, kv_size=kv_size, max_reqs=size + 1)
+    return ol.OverlapDriver(pools, design, switch_config=switch_config)
+
+
 def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind: str,
                    design: Any) -> Callable[[], Any]:
     """The overlap loop (tests/overlap_loop.py OverlapDriver) under the switch's `design`: `size` requests decoding,
@@ -203,14 +221,9 @@ def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind
     from shim.switch.config import SwitchConfig
     from statemodel.design import DraftWhileOff
 
-    ol = importlib.import_module("overlap_loop")
-    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
-                            num_draft_tokens=4, max_running_requests=size + 1)
-    sa.disable_overlap_schedule = False
-    pools = h.build_pools(sa, kv_size=size * (size // 2 + steps * 8 + 80) + 64, max_reqs=size + 1)
     retract = design.draft_while_off is DraftWhileOff.RETRACT_ON_ENABLE
     config = SwitchConfig(t_off=1 if kind == "plain" else size + 1, t_on=0) if retract else None
-    drv = ol.OverlapDriver(pools, design, switch_config=config)
+    drv = _overlap_driver(h, model_dir, size, size * (size // 2 + steps * 8 + 80) + 64, design, config)
     drv.add(gf.make_reqs("b", size, max_new_tokens=10 * steps + 20))
     for _ in range(3):  # prefill, merge, the first decode steps
         drv.iteration()
@@ -228,11 +241,9 @@ def _wave_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], f
     """`size` requests admitted in one prefill and finished in one iteration (the overlap loop, the retract switch's
     design kept on speculation): per size, kind "arrive" (the prefill's iteration) and "finish" (the iteration that
     released them), the in-guard time per request (`assert in`) and the iteration's whole time, guarded and not."""
-    from shim.guard.core import Mode
     from shim.switch.config import SwitchConfig
     from statemodel.designs import RETRACT_CATCH_UP
 
-    ol = importlib.import_module("overlap_loop")
     runtime = gf.install_guard_plugin()
     in_guard, _ = _time_guard_runs(runtime, clock)
     model_dir = h.write_tiny_model_config()
@@ -241,18 +252,9 @@ def _wave_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], f
         cells: dict[str, dict[str, float]] = {"arrive": {}, "finish": {}}
         for _ in range(args.repeat):
             for label in ("unguarded", "assert"):
-                runtime.reset()
-                runtime.paused = label == "unguarded"
-                runtime.disabled_reason = None
-                runtime.mode = Mode.ASSERT
-                runtime.design_name = RETRACT_CATCH_UP.name
-                runtime.trace_template = None
-                sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
-                                        num_draft_tokens=4, max_running_requests=size + 1)
-                sa.disable_overlap_schedule = False
-                pools = h.build_pools(sa, kv_size=size * 200 + 64, max_reqs=size + 1)
-                drv = ol.OverlapDriver(pools, RETRACT_CATCH_UP,
-                                       switch_config=SwitchConfig(t_off=size + 1, t_on=0))
+                _arm(runtime, label, RETRACT_CATCH_UP.name)
+                drv = _overlap_driver(h, model_dir, size, size * 200 + 64, RETRACT_CATCH_UP,
+                                      SwitchConfig(t_off=size + 1, t_on=0))
                 drv.add(gf.make_reqs("w", size, max_new_tokens=4))
                 for number in range(32):
                     released = len(drv.released)

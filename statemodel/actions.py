@@ -806,35 +806,33 @@ def _draft_catch_up(state: State, action: Action, design: Design, scope: Scope) 
 
 def _prepare_for_decode(state: State, action: Action, design: Design, scope: Scope) -> State:
     rids = state.running.rids
-    changed: dict[int, Request] = {}
+    requests = state.requests
     if _spec_prepare_path(state, design):
         # eagle_prepare_for_decode / alloc_for_spec_decode: top the reserve up; seq_lens and
         # out_cache_loc are the worker's business
         want = reserve_per_request(state, design)
         allocated = 0
-        requests = state.requests
+        changed: dict[int, Request] = {}
         for rid in rids:
             r = requests[rid]
             extra = want - r.kv_reserved
             if extra > 0:  # a request whose reserve is full stays the very same object
                 allocated += extra
                 changed[rid] = r.replace(kv_reserved=want)
+        requests = state.with_requests(changed)
         running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=0)
     else:
         # plain path: alloc_for_decode, one slot per request. Every running request moves: stored in place, by
         # position, as `_plain_decode` does (a third less than a keyword `replace` per request and a dict)
         allocated = len(rids)
-        requests = state.requests
         updated = list(requests)
         for rid in rids:
             r = requests[rid]
             updated[rid] = r.decoded(r.seq_len, r.committed, r.kv_held + 1, r.kv_reserved, r.draft_kv_len,
                                      r.draft_hidden_ready)
-        if rids:
+        if rids:  # no request moved: the very same tuple
             requests = tuple(updated)
         running = state.running.replace(forward_mode=ForwardMode.DECODE, out_cache_loc_width=len(rids))
-    if changed:
-        requests = state.with_requests(changed)
     if allocated > state.kv_free and state.prefix_cache:  # alloc evicts unlocked tree tokens first
         tree, free = _evict_for(state.prefix_cache, state.kv_free, allocated)
         return state.replace(requests=requests, running=running, stage=Stage.PREPARED,

@@ -424,22 +424,19 @@ def changed_indices(before: Sequence[object], after: Sequence[object], *, prefix
     n = len(before)
     if n < FEW_OF_MANY or (n > len(after) if prefix else n != len(after)):
         return None
-    for last in _LAST_CHANGED:
-        if before is last[0] and after is last[1] and prefix is last[3]:
-            return last[2]  # the folds and the step invariants of one step ask about the same pairs in turn
+    last = _LAST_CHANGED
+    if before is last[0] and after is last[1] and prefix is last[3]:
+        return last[2]  # the folds and the step invariants of one step ask about the same pair in turn
     if (before[0] is not after[0]) + (before[n >> 2] is not after[n >> 2]) + (before[n >> 1] is not after[n >> 1]) \
             + (before[n - 1] is not after[n - 1]) > 1:
         return None  # a step that moved the batch (a decode, a result): not worth the scan
     flags = list(map(is_not, before, after))  # map stops at the shorter: `before`'s positions
     moved = None if flags.count(True) > len(flags) >> 3 else list(compress(range(len(flags)), flags))
-    # held, so that their ids are not reused while remembered
-    _LAST_CHANGED[:] = [[before, after, moved, prefix], _LAST_CHANGED[0]]
+    last[:] = (before, after, moved, prefix)  # held, so that their ids are not reused while remembered
     return moved
 
 
-# changed_indices' last two (before, after, answer, prefix): a step's invariants compare its two states, its folds the
-# state they were last computed on with the new one
-_LAST_CHANGED: list[list[Any]] = [[None, None, None, False], [None, None, None, False]]
+_LAST_CHANGED: list = [None, None, None, False]  # changed_indices' last (before, after, answer, prefix)
 
 
 class FoldByIdentity(Generic[_V]):
