@@ -501,9 +501,13 @@ def apply(state: State, action: Action, design: Design, scope: Scope) -> State:
 
 
 def _arrive(state: State, action: Action, design: Design, scope: Scope) -> State:
-    rid = action.args[0]
-    req = state.req(rid).replace(status=Status.WAITING)
-    return state.replace(requests=state.with_requests({rid: req}), launched=None)
+    """Requests reach the waiting queue: one (the checker's arrivals, in id order) or several at once (SGLang's
+    `recv_requests` takes every request waiting on its socket in one call; the guard records the requests a prefill
+    shows first as one step). Several are the arrivals of each in turn: no arrival enables, disables or moves
+    anything but its own request (tests/test_actions.py holds the one to the other)."""
+    requests = state.requests
+    changed = {rid: requests[rid].replace(status=Status.WAITING) for rid in action.args}
+    return state.replace(requests=state.with_requests(changed), launched=None)
 
 
 def prefill_action(picks: Iterable[tuple[int, int]]) -> Action:
@@ -681,11 +685,23 @@ def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> 
 
 
 def _finish(state: State, action: Action, design: Design, scope: Scope) -> State:
-    r = state.req(action.args[0])
-    freed = r.kv_held + (r.kv_reserved if design.free_reserved_on_finish else 0)
-    new = r.replace(status=Status.FINISHED, kv_held=0, kv_reserved=0, cached_len=0)  # unlocks its tree prefix
-    return state.replace(requests=state.with_requests({r.rid: new}), kv_free=state.kv_free + freed,
-                        launched=None)
+    """A finished request is released: one (the checker's), or several at once (the guard checks the releases of one
+    result's processing, SGLang's free group, as one step). Several are the releases of each in turn: a release moves
+    nothing but its own request and the free count (tests/test_actions.py holds the one to the other)."""
+    requests = state.requests
+    changed: dict[int, Request] = {}
+    freed = 0
+    for rid in action.args:
+        r = requests[rid]
+        freed += r.kv_held + (r.kv_reserved if design.free_reserved_on_finish else 0)
+        changed[rid] = r.replace(status=Status.FINISHED, kv_held=0, kv_reserved=0, cached_len=0)  # unlocks its prefix
+    return state.replace(requests=state.with_requests(changed), kv_free=state.kv_free + freed, launched=None)
+
+
+def transitions_in(action: Action) -> int:
+    """The single-request transitions `action` stands for: an arrive or finish of several requests counts each (what
+    the guard's and `specflip explain`'s coverage counts)."""
+    return len(action.args) if action.name in ("arrive", "finish") else 1
 
 
 def _filter_batch(state: State, action: Action, design: Design, scope: Scope) -> State:

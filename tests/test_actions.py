@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import attrs
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled, prefill_action
 from statemodel.design import Design, RequestSpec, Scope
@@ -17,6 +21,7 @@ from statemodel.designs import (
     V2_SWITCH,
     get_design,
 )
+from statemodel.invariants import check_state
 from statemodel.state import ForwardMode, SpecInfoKind, SpecMode, Stage, Status
 from tests.model_helpers import initial_with, model_for, take, walk
 
@@ -419,3 +424,70 @@ def test_a_request_done_at_its_prefill_is_prepared_once_under_overlap(overlap: b
     assert "prepare_for_decode" not in {a.name for a in m.actions(launched)}  # released first now
     done = walk(m, launched, ["finish"])
     assert done.req(1).status is Status.FINISHED
+
+
+@settings(max_examples=200, deadline=None)
+@given(design=st.sampled_from(ALL_DESIGNS), choices=st.lists(st.integers(0, 1 << 16), max_size=40),
+       order=st.randoms(use_true_random=False))
+def test_an_arrival_of_several_requests_is_their_arrivals_in_turn(design: Design, choices: list[int],
+                                                                   order: random.Random) -> None:
+    """The guard records the requests a prefill shows first as one `arrive` of several (shim/guard/core.py): the
+    same state as their single arrivals one after another, in any order, and the same findings as those steps."""
+    m = model_for(design)
+    state = m.init_states()[0]
+    for choice in choices:  # a random path; arrivals are left for the end now and then
+        options = [a for a in m.actions(state) if a.name != "arrive" or choice % 3 == 0]
+        if not options:
+            break
+        state = m.next_state(state, options[choice % len(options)])
+    waiting = [r.rid for r in state.requests if r.status is Status.NOT_ARRIVED]
+    assume(waiting and state.stage is Stage.SCHEDULE)
+    order.shuffle(waiting)
+    several = Action("arrive", tuple(waiting))
+    after = apply(state, several, design, m.scope)
+    one_by_one, found = state, set()
+    for rid in waiting:
+        nxt = apply(one_by_one, Action("arrive", (rid,)), design, m.scope)
+        found |= {(v.invariant, v.rids) for v in m.check_step(one_by_one, Action("arrive", (rid,)), nxt)}
+        one_by_one = nxt
+    assert after == one_by_one
+    assert {(v.invariant, v.rids) for v in m.check_step(state, several, after)} == found
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(design=st.sampled_from(ALL_DESIGNS), overlap=st.booleans(), choices=st.lists(st.integers(0, 1 << 16),
+                                                                                     min_size=40, max_size=120),
+       order=st.randoms(use_true_random=False))
+def test_a_finish_of_several_requests_is_their_finishes_in_turn(design: Design, overlap: bool, choices: list[int],
+                                                               order: random.Random) -> None:
+    """The guard checks the finishes one result's processing releases (SGLang's free group) as one `finish` of them
+    all (shim/guard/core.py, `_check_releases`): the same state as their finishes one after another, in any order,
+    and the same findings as those steps."""
+    m = model_for(design, Scope(overlap=overlap))
+    state = m.init_states()[0]
+    for choice in choices:  # a random path that finishes nothing, until two or more requests can finish
+        options = m.actions(state)
+        if sum(a.name == "finish" for a in options) >= 2:
+            break
+        options = [a for a in options if a.name != "finish"]
+        if not options:
+            break
+        state = m.next_state(state, options[choice % len(options)])
+    done = [a.args[0] for a in m.actions(state) if a.name == "finish"]
+    assume(len(done) >= 2)
+    order.shuffle(done)
+    several = Action("finish", tuple(done))
+    after = apply(state, several, design, m.scope)
+    one_by_one, found = state, set()
+    for rid in done:
+        single = Action("finish", (rid,))
+        assert single in m.actions(one_by_one)  # each still enabled after the others: none moves another
+        nxt = apply(one_by_one, single, design, m.scope)
+        found |= {(v.invariant, v.rids) for v in m.check_step(one_by_one, single, nxt)}
+        one_by_one = nxt
+    assert after == one_by_one
+    # the one step finds what the finishes in turn find, but for what the state before them broke already (reported
+    # at the step that led there) and a later finish of the group mends
+    at_once = {(v.invariant, v.rids) for v in m.check_step(state, several, after)}
+    already = {(v.invariant, v.rids) for v in check_state(state, m.scope)}
+    assert at_once <= found <= at_once | already

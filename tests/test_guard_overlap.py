@@ -375,3 +375,30 @@ def test_retraction_under_pool_pressure(runtime: Any, model_dir: Path, radix: bo
     assert guard.covered["retract"] == len(drv.retracted) and guard.covered["prefill"] > 1
     assert all(r.finished() for r in reqs) and guard.covered["finish"] == 3
     assert guard.found == [] and not guard.state.unprocessed and gf.pool_accounted(drv.pools)
+
+
+def test_a_wave_arrives_in_one_step_and_its_finishes_are_one_step_at_the_free_group_end(runtime: Any,
+                                                                                        model_dir: Path) -> None:
+    """A wave's requests reach the scheduler together: the guard records those a prefill shows first as one `arrive`
+    of all of them, and the finishes one result's processing releases inside the allocator's free group as one `finish`
+    of all of them at the group's end (statemodel.actions._arrive and _finish; tests/test_actions.py holds each to its
+    single steps in turn). Both are named in the history; the coverage counts every request."""
+    configure(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    drv.accepts = cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("a", 6, max_new_tokens=6))
+    drv.iteration()
+    guard = runtime.guard
+    assert guard.covered["arrive"] == 6
+    arrivals = [line for line in guard._history_lines() if " arrive(" in line]
+    assert len(arrivals) == 1 and "arrive('a0', 'a1', 'a2', 'a3' and 2 more)" in arrivals[0], arrivals
+    drv.add(gf.make_reqs("b", 1, max_new_tokens=6))
+    drv.iteration()
+    assert guard.covered["arrive"] == 7 and any(" arrive('b0')" in line for line in guard._history_lines())
+    finishes: set[str] = set()
+    while not drv.idle():
+        drv.iteration()
+        finishes |= {line.split("] ")[0] for line in guard._history_lines() if " finish(" in line}
+        assert not guard.releasing and not guard.in_free_group  # checked by the end of each result's processing
+    assert any(", " in line for line in finishes), finishes  # several finishes of one result: one step
+    assert guard.covered["finish"] == len(drv.released) == 7 and gf.pool_accounted(drv.pools)

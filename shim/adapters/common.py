@@ -620,27 +620,33 @@ class V2Adapter:
 
     def around_release_kv_cache(self, original: Callable[..., Any], req: Any, tree_cache: Any, *args: Any,
                                 **kwargs: Any) -> Any:
-        self._run(self._settle)
         finished = bool(req.finished())
         window: dict[str, Any] = {}
 
+        # three guarded calls per release, not six (a wave's end releases every request of it)
         def open_window(g: Guard) -> None:
+            if g.round is not None:
+                g.settle_round()  # not the finishes waiting in a free group: this one joins them
             # the positions it frees are attributed to this request's row (record_free, inside the window)
             self.remember_pool(getattr(tree_cache, "req_to_token_pool", None))
             window["owners"] = self.row_owners([req])
             g.open_free_window(window["owners"])
+            g.tree_inserting.append(str(req.rid))  # its KV may go into the tree
+            window["inserting"] = True
 
         def close_window(g: Guard) -> None:
-            if "owners" in window and g.free_windows:
-                window["found"] = g.close_free_window(self.rows_allocated(window["owners"], [req]),
-                                                      "finish" if finished else "retract")
+            try:
+                if "owners" in window and g.free_windows:
+                    window["found"] = g.close_free_window(self.rows_allocated(window["owners"], [req]),
+                                                          "finish" if finished else "retract")
+            finally:
+                if window.get("inserting") and g.tree_inserting:
+                    g.tree_inserting.pop()
         self._with_guard(open_window)
-        self._with_guard(lambda g: g.tree_inserting.append(str(req.rid)))  # its KV may go into the tree
         try:
             result = original(req, tree_cache, *args, **kwargs)
         finally:
             self._with_guard(close_window)
-            self._with_guard(lambda g: g.tree_inserting.pop() if g.tree_inserting else None)
 
         def after(g: Guard) -> None:
             pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
@@ -661,6 +667,15 @@ class V2Adapter:
             return None
         g.record_free(row_range(free_index, self._req_to_token))
         return None
+
+    def after_free_group_begin(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
+        """`free_group_begin()`: the finishes released until the group ends are checked as one step. The readings of
+        the iteration stand (a group that frees nothing moves nothing; a free clears them, `before_allocator_free`)."""
+        self._with_guard_in_worker_call(_begin_release_group)
+
+    def before_free_group_end(self, allocator: Any, *args: Any, **kwargs: Any) -> None:
+        """`free_group_end()`, before the queued slots go back to the free list: the group's finishes are checked."""
+        self._with_guard_in_worker_call(_end_release_group)
 
     def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
                                **kwargs: Any) -> Any:
@@ -915,7 +930,7 @@ class V2Adapter:
                 g = self.guard()
             except Exception:  # noqa: BLE001 - the guard's own start-up error surfaces at its own hooks
                 g = None
-        state = g.state if g is not None else None
+        state = g.check_pending() if g is not None else None
         model = {"guard_mode_on": None if state is None else state.spec_mode is SpecMode.ON,
                  "guard_num_steps": None if state is None else state.num_steps,
                  "guard_transitions": None if g is None else g.step_number}
@@ -979,9 +994,18 @@ class V2Adapter:
         self._with_guard(step)
 
 
+def _begin_release_group(guard: Guard) -> None:
+    guard.begin_release_group()
+
+
+def _end_release_group(guard: Guard) -> None:
+    guard.end_release_group()
+
+
 def g_pool_or_none(guard: Guard) -> ObservedPool:
     """The pool as last observed (a flip with nothing running changes no KV)."""
-    return ObservedPool(free=guard.state.kv_free, size=guard.state.kv_pool_size)
+    state = guard.check_pending()
+    return ObservedPool(free=state.kv_free, size=state.kv_pool_size)
 
 
 def _no_output_grew(reqs: list[Any], readings: list[ObservedRequest]) -> bool:

@@ -12,6 +12,7 @@ from shim.adapters.common import V2Adapter
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
 _BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
+_ALLOC = "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator"  # free groups: the base's, not overridden
 
 
 class Adapter(V2Adapter):
@@ -42,6 +43,10 @@ class Adapter(V2Adapter):
         ("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "AFTER", "after_get_next_batch_to_run"),
         # the row positions a release or a switch's flip frees (issue 18; recorded only inside those steps)
         ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.free", "BEFORE", "before_allocator_free"),
+        # the free group one result's processing releases its finished requests in: their finishes are checked as
+        # one step at its end (Guard.end_release_group), after SGLang streamed their outputs
+        (f"{_ALLOC}.free_group_begin", "AFTER", "after_free_group_begin"),
+        (f"{_ALLOC}.free_group_end", "BEFORE", "before_free_group_end"),
     )
 
     def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:

@@ -43,7 +43,7 @@ from shim.guard.trace import (
     violation_to_json,
 )
 from shim.guard.tree_draft import TreeDraftChecks
-from statemodel.actions import Action, apply, prefill_action, result_rows
+from statemodel.actions import Action, apply, prefill_action, result_rows, transitions_in
 from statemodel.design import Design
 from statemodel.invariants import Violation
 from statemodel.state import (
@@ -64,6 +64,17 @@ class _Round:
     extend: str | None = None  # "draft_extend" or "skip_draft_extend" once the worker chose
 
 
+@attrs.frozen
+class _Release:
+    """A finished request's release inside a free group, as observed there, not yet checked (`Guard.release`)."""
+
+    rid: str
+    reqs: list[ObservedRequest]
+    pool: ObservedPool
+    where: str
+    found: list[Violation]  # what the identity checks found in it
+
+
 class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
     """Model state + checks for one TP rank. Not thread-safe: one scheduler thread drives it."""
 
@@ -77,6 +88,10 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self.history: deque[tuple[int, Action, str, str | None] | str] = deque(maxlen=config.history)
         self.covered: dict[str, int] = {}
         self.round: _Round | None = None
+        # the releases of finished requests inside the allocator's free group (one result's processing), by model id,
+        # checked as one step when the group ends (`end_release_group`) or before any other step
+        self.releasing: dict[int, _Release] = {}
+        self.in_free_group = False
         self.last_action: Action | None = None
         self.found: list[tuple[str, tuple[Violation, ...]]] = []  # (action, violations), warn/trace mode
         self._last_warned: dict[str, float] = {}
@@ -109,9 +124,9 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         the batch carries the speculative algorithm (the v2 worker's prefill branch), as observed."""
         self.settle_round()
         self._merge_pending_implicitly(None)
-        for r in reqs:
-            if r.rid not in self.index:
-                self._arrive(r, where)
+        arriving = [r for r in reqs if r.rid not in self.index]
+        if arriving:
+            self._arrive(arriving, where)
         before = self.state
         requests, index = before.requests, self.index
         for obs in reqs:  # what an insert of this chunk into the radix tree is marked with (tree_draft)
@@ -141,6 +156,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
 
     def refine_running(self, running: ObservedBatch, *, where: str) -> None:
         """The running batch as it really is after a step the guard already recorded."""
+        if self.releasing:
+            self._check_releases()
         new = attrs.evolve(self.state, running=self._running_from(self.state.running, running))
         self._refine(new, where)
 
@@ -169,6 +186,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
     def tree_cache_update(self, reqs: list[ObservedRequest], pool: ObservedPool, *, where: str) -> None:
         """The tree cache took part of these requests' KV (the adapter's `around_tree_cache_keep`): their own
         slots and the pool as they really are now. Not a model action, so only the state invariants apply."""
+        if self.releasing:
+            self._check_releases()
         known = [obs for obs in reqs if obs.rid in self.index]
         new = self._overlay(self.state, reqs=known, pool=pool)
         if new is not self.state:
@@ -179,16 +198,74 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
                 extra: Sequence[Violation] = ()) -> None:
         """A request's KV was released: `finish` when it is done, `retract` otherwise. `outputs`: its output
         tokens; `extra`: what the identity checks found in the release (the positions it freed)."""
-        self.settle_round()
+        if self.round is not None or not finished:
+            self.settle_round()  # a round settles first (no release is pending then), and a retraction is a step now
         index = self.index.get(rid)
-        if index is None or self.state.req(index).status not in (Status.RUNNING, Status.PREFILLING):
-            return  # not a request the guard tracks as holding KV (e.g. aborted before prefill)
+        if (index is None or index in self.releasing
+                or self.state.req(index).status not in (Status.RUNNING, Status.PREFILLING)):
+            return  # not a request the guard tracks as holding KV (e.g. aborted before prefill), or released already
         name = "finish" if finished else "retract"
         self.tree_forget_request(rid)
         found = list(extra) + (self.output_violations(outputs, name) if outputs else [])
-        self._transition(Action(name, (index,)), where, reqs=reqs, pool=pool, extra=found)
         if finished:
-            self.forget_output(rid)
+            # a finish inside the free group waits for the group's end, unless something else steps first: the
+            # output check above read the state before it, which the other releases of the group do not move
+            self.releasing[index] = _Release(rid, reqs, pool, where, found)
+            if not self.in_free_group:
+                self._check_releases()
+            return
+        self._transition(Action(name, (index,)), where, reqs=reqs, pool=pool, extra=found)
+
+    def check_pending(self) -> State:
+        """The state with the finishes waiting in a free group checked in (a reader outside the guard's steps)."""
+        if self.releasing:
+            self._check_releases()
+        return self.state
+
+    def begin_release_group(self) -> None:
+        """The allocator's free group opened (`free_group_begin`): its finishes are checked as one step."""
+        if self.releasing:
+            self._check_releases()
+        self.in_free_group = True
+
+    def end_release_group(self) -> None:
+        """The free group ends (`free_group_end`; SGLang has streamed the finished outputs by then): its finishes are
+        checked now, before any later step."""
+        self.in_free_group = False
+        self._check_releases()
+
+    def _check_releases(self) -> None:
+        """The finishes of a free group as one model step, `finish` of them all (statemodel.actions._finish: their
+        releases in turn), against what was observed at each: its request, and the pool after the last. Where that
+        step, or an identity check of a release, finds anything, each release is checked in turn instead, as it
+        happened, with the pool as it was then: the report blames the release that broke the rule (issue 18). What
+        the one step cannot see: a count that one release of the group unbalances and a later one balances again,
+        which takes a release freeing positions it does not own (`slots_freed_owned`, still checked per release)."""
+        group = self.releasing
+        if not group:
+            return
+        self.releasing = {}
+        entries = list(group.items())
+        if len(entries) > 1 and not any(release.found for _, release in entries):
+            before = self.state
+            action = Action("finish", tuple(group))
+            noted = len(self.outputs_over_committed)
+            observed = [obs for _, release in entries for obs in release.reqs]
+            after = self._overlay(apply(before, action, self.config.design, self.config.scope), reqs=observed,
+                                  pool=entries[-1][1].pool)
+            found = step_violations(before, action, after, self.config.scope, self.config.design)
+            # outputs past the model's committed count (noted by the overlay) within what the step allows
+            noted_now = self.outputs_over_committed[noted:]
+            if not found and not (noted_now and self.over_committed_violations(after, action.name)):
+                self._record(before, action, after, entries[-1][1].where, checked=True)
+                for _, release in entries:
+                    self.forget_output(release.rid)
+                return
+            del self.outputs_over_committed[noted:]  # the releases in turn note them again
+        for index, release in entries:
+            self._transition(Action("finish", (index,)), release.where, reqs=release.reqs, pool=release.pool,
+                             extra=release.found)
+            self.forget_output(release.rid)
 
     def prepare_for_decode(self, running: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                            *, where: str = "ScheduleBatch.prepare_for_decode",
@@ -206,6 +283,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
               *, where: str) -> None:
         """The worker is about to draft `steps` tokens (0: the trivial one-token verify). Under the overlap
         schedule no round is kept: the verify is recorded at its launch, its result by `process_result`."""
+        if self.releasing:
+            self._check_releases()
         if not self.config.scope.overlap:
             self.round = _Round(observe=observe_round)
         # a running request whose radix-tree prefix lacks draft KV (the model's rule over the live tree's marks)
@@ -216,6 +295,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
                       *, where: str) -> None:
         """The verify batch as it launches: a second look at the state the draft step produced. Under the
         overlap schedule it is also the model's `verify` (the launch; the accepts come with the result)."""
+        if self.releasing:
+            self._check_releases()
         state = self._overlay(self.state, launched=launched, reqs=reqs, pool=pool)  # one new State, not two
         # the positions it writes, from the launch's seq_lens (identity: statemodel.identity.writes_within_allocation)
         self._refine(state, where, extra=self.write_violations(reqs, launched.spec_tokens_per_row, "verify"))
@@ -228,6 +309,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         """A draft-extend (or its skip) starts. Inside a round it closes the round once the result is
         processed; outside one it is the design's draft sync or catch-up. `observe` reads the batch
         (running, requests, pool) only when the step is checked now: inside a round it is not."""
+        if self.releasing:
+            self._check_releases()
         if self.round is not None:
             self.round.extend = "skip_draft_extend" if skipped else "draft_extend"
             return
@@ -272,6 +355,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         seq_len the result gives them. The releases that follow in the same processing are model steps of
         their own (`finish`). `seq_lens`: the seq_len the result gives each request by rid, where `reqs` carry an
         earlier one (a reading of the same requests taken earlier in the iteration, reused: the adapter's reasons)."""
+        if self.releasing:
+            self._check_releases()
         if not self.config.scope.overlap:
             return  # the normal loop: the round settles at the next scheduler hook
         state = self.state
@@ -313,7 +398,10 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
 
     def settle_round(self) -> None:
         """Close a speculative round once its result is on the host: verify with the accept counts the
-        scheduler committed (kv_committed_len growth), then the draft-extend (or its skip)."""
+        scheduler committed (kv_committed_len growth), then the draft-extend (or its skip). Every step but a finish
+        inside a free group comes here first: the finishes waiting there are checked before it."""
+        if self.releasing:
+            self._check_releases()
         current = self.round
         if current is None:
             return
@@ -343,15 +431,21 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
 
     # --- machinery -----------------------------------------------------------------------------------
 
-    def _arrive(self, obs: ObservedRequest, where: str) -> None:
-        index = len(self.names)
-        self.names.append(obs.rid)
-        self.index[obs.rid] = index
-        new = Request(rid=index, prompt_len=obs.prompt_len, max_new_tokens=obs.max_new_tokens)
+    def _arrive(self, arriving: list[ObservedRequest], where: str) -> None:
+        """The requests a prefill shows first arrive, as one model step: a wave's requests reach the scheduler
+        together, and an arrival each (the whole state checked after every one) cost a prefill of k new requests k
+        checks of the state (session 27: 70 % of the prefill hook's time at 31-39 new requests of 128)."""
+        first = len(self.names)
+        names = [obs.rid for obs in arriving]
+        self.names.extend(names)
+        self.index.update(zip(names, range(first, first + len(names)), strict=True))
+        new = tuple(Request(rid=first + i, prompt_len=obs.prompt_len, max_new_tokens=obs.max_new_tokens)
+                    for i, obs in enumerate(arriving))
         base = self.state
-        before = base.replace(requests=base.requests + (new,))  # NOT_ARRIVED, as in initial_states
-        after = apply(before, Action("arrive", (index,)), self.config.design, self.config.scope)
-        self._record(before, Action("arrive", (index,)), after, where, new_rids=[obs.rid], trace_base=base)
+        before = base.replace(requests=base.requests + new)  # NOT_ARRIVED, as in initial_states
+        action = Action("arrive", tuple(range(first, first + len(new))))
+        after = apply(before, action, self.config.design, self.config.scope)
+        self._record(before, action, after, where, new_rids=names, trace_base=base)
 
     def _merge_pending_implicitly(self, running: ObservedBatch | None) -> None:
         """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch
@@ -384,14 +478,16 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
 
     def _record(self, before: State, action: Action, after: State, where: str,
                 new_rids: list[str] | None = None, trace_base: State | None = None,
-                extra: Sequence[Violation] = ()) -> None:
-        found = tuple(step_violations(before, action, after, self.config.scope, self.config.design))
+                extra: Sequence[Violation] = (), checked: bool = False) -> None:
+        """`checked`: the caller found the step clean already (`_check_releases`)."""
+        found = () if checked else tuple(step_violations(before, action, after, self.config.scope,
+                                                         self.config.design))
         if self.outputs_over_committed:
             extra = list(extra) + self.over_committed_violations(after, action.name)
         if extra:
             found = tuple(extra) + found  # an identity broken is the root cause of any count it unbalanced
         self.step_number += 1
-        self.covered[action.name] = self.covered.get(action.name, 0) + 1
+        self.covered[action.name] = self.covered.get(action.name, 0) + transitions_in(action)
         self.last_action = action
         # the request's name now: a later compaction renumbers the requests
         self.history.append((self.step_number, action, where, self._request_name(action)))
@@ -423,6 +519,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
 
 
     def close(self) -> None:
+        self._check_releases()
         if self._suppressed:
             self._flush_suppressed(force=True)
         if self.trace is not None:

@@ -29,7 +29,7 @@ from shim.guard.trace import (
     scope_from_json,
     state_from_json,
 )
-from statemodel.actions import ACTION_CATALOGUE, Action
+from statemodel.actions import ACTION_CATALOGUE, Action, transitions_in
 from statemodel.design import Design, Scope
 from statemodel.designs import get_design
 from statemodel.invariants import Violation
@@ -178,7 +178,7 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
                 action = Action(str(record["action"]), tuple(int(a) for a in record["args"]))
                 found = step_violations(state, action, after, scope, design)
                 steps += 1
-                covered[action.name] = covered.get(action.name, 0) + 1
+                covered[action.name] = covered.get(action.name, 0) + transitions_in(action)
         except TraceFormatError:
             raise
         except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:

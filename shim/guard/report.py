@@ -36,7 +36,8 @@ class SpecFlipViolation(AssertionError):
 
 
 _REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
-_NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on one request, described by its SGLang name
+_NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on requests, described by their SGLang names
+_NAMES_SHOWN = 4  # an arrival of a whole wave names this many
 
 
 class GuardReporting:
@@ -57,13 +58,18 @@ class GuardReporting:
         self.history.append(f"({text})")
 
     def _request_name(self, action: Action) -> str | None:
-        """The SGLang name of the one request an arrive/finish/retract acts on (None for other actions)."""
-        return rid_name(self.names, action.args[0]) if action.name in _NAMED_ACTIONS and action.args else None
+        """The SGLang names of the requests an arrive/finish/retract acts on, as the step's description shows them
+        (None for other actions); an arrival of many names its first few and counts the rest."""
+        if action.name not in _NAMED_ACTIONS or not action.args:
+            return None
+        shown = ", ".join(repr(rid_name(self.names, r)) for r in action.args[:_NAMES_SHOWN])
+        more = len(action.args) - _NAMES_SHOWN
+        return f"{shown} and {more} more" if more > 0 else shown
 
     def _describe(self, action: Action, name: str | None = None) -> str:
-        """`name`: the request's name captured when the step was recorded (default: looked up now)."""
+        """`name`: the requests' names captured when the step was recorded (default: looked up now)."""
         name = name if name is not None else self._request_name(action)
-        return f"{action.name}({name!r})" if name is not None else action.describe()
+        return f"{action.name}({name})" if name is not None else action.describe()
 
     def _history_lines(self) -> list[str]:
         lines = []
@@ -80,7 +86,7 @@ class GuardReporting:
         first = found[0]
         rids = tuple(dict.fromkeys(rid_name(self.names, r) for v in found for r in v.rids))
         if not rids and action.name in ("finish", "retract", "arrive") and action.args:
-            rids = (rid_name(self.names, action.args[0]),)  # a pool-wide violation seen at this request's step
+            rids = tuple(rid_name(self.names, r) for r in action.args)  # a pool-wide violation seen at their step
         if self.config.mode is Mode.ASSERT:
             raise SpecFlipViolation(message, invariant=first.invariant, action=action.name, rank=self.config.rank,
                                     rids=rids, violations=found)
