@@ -698,10 +698,20 @@ def _finish(state: State, action: Action, design: Design, scope: Scope) -> State
     return state.replace(requests=state.with_requests(changed), kv_free=state.kv_free + freed, launched=None)
 
 
+def single_steps(action: Action) -> tuple[Action, ...]:
+    """The checker's steps `action` stands for, in order: an arrive or finish of several requests is each request's
+    own (`_arrive` and `_finish` of several are these in turn); any other action is itself."""
+    if action.name in _SEVERAL and len(action.args) > 1:
+        return tuple(Action(action.name, (rid,)) for rid in action.args)
+    return (action,)
+
+
 def transitions_in(action: Action) -> int:
-    """The single-request transitions `action` stands for: an arrive or finish of several requests counts each (what
-    the guard's and `specflip explain`'s coverage counts)."""
-    return len(action.args) if action.name in ("arrive", "finish") else 1
+    """`len(single_steps(action))` without building them: what the guard's and `specflip explain`'s coverage counts."""
+    return len(action.args) if action.name in _SEVERAL else 1
+
+
+_SEVERAL = ("arrive", "finish")  # the actions the guard may take for several requests at once
 
 
 def _filter_batch(state: State, action: Action, design: Design, scope: Scope) -> State:

@@ -29,7 +29,15 @@ if _RELEASE == "0.5.12":
     import sglang12_cpu as h
 
 from shim.switch.v2 import SwitchConfig, SwitchConfigError  # noqa: E402
-from statemodel.actions import ACTIONS_BY_NAME, Action, enabled, prefill_action, prefill_adder_picks  # noqa: E402
+from statemodel.actions import (  # noqa: E402
+    ACTIONS_BY_NAME,
+    Action,
+    apply,
+    enabled,
+    prefill_action,
+    prefill_adder_picks,
+    single_steps,
+)
 from statemodel.designs import SEEDS_FINAL  # noqa: E402
 from statemodel.state import SpecMode, State, Thresholds  # noqa: E402
 
@@ -197,12 +205,14 @@ def test_replay_across_threshold_is_exact_guard_clean_and_a_model_path(server: A
         state = attrs.evolve(before, thresholds=Thresholds(5, 2))
         if state.kv_pool_size == 0:  # the guard learns the pool at its first observation (the first prefill)
             state = attrs.evolve(state, kv_free=size, kv_pool_size=size)
-        allowed = enabled(state, design, scope)
         if action.name == "prefill":
             # the guard's prefill names what SGLang's PrefillAdder picked: the model's PrefillAdder picks the same
             assert action == prefill_action(prefill_adder_picks(state, scope)), action
             action = Action("prefill")  # the checker's form of it
-        assert action in allowed, (action, [a.describe() for a in allowed])
+        for single in single_steps(action):  # a wave's arrivals (or finishes) in one guard step: each in turn
+            allowed = enabled(state, design, scope)
+            assert single in allowed, (single, [a.describe() for a in allowed])
+            state = apply(state, single, design, scope)
     # one-to-one: the switch's functions ran exactly where the model's path has their actions
     expected = [a.name for before, a in steps
                 if a.name in ("flip_off", "flip_on", "plain_decode", "draft_sync")
@@ -414,8 +424,10 @@ def test_retract_mode_is_exact_kv_clean_guard_clean_and_a_model_path(loop: Any, 
             state = attrs.evolve(state, kv_free=size, kv_pool_size=size)
         if action.name == "prefill":
             action = Action("prefill")  # the checker's form (the harness's admission is the model's PrefillAdder's)
-        allowed = enabled(state, design, scope)
-        assert action in allowed, (action, [a.describe() for a in allowed])
+        for single in single_steps(action):  # a wave's arrivals (or finishes) in one guard step: each in turn
+            allowed = enabled(state, design, scope)
+            assert single in allowed, (single, [a.describe() for a in allowed])
+            state = apply(state, single, design, scope)
     assert rt.recorded == [a.name for _, a in steps if a.name in ("flip_off", "flip_on")]
     assert {"retract", "flip_off", "flip_on", "plain_decode", "verify", "draft_extend"} <= {a.name for _, a in steps}
 
