@@ -32,6 +32,11 @@ requests arrive in one prefill and finish in one iteration (each request is a mo
 arrival, a release), and the in-guard time of those two iterations is reported per request (kinds "arrive" and
 "finish"). On the H200 a round of the sweep at 256 runs two such waves.
 
+`--ramp 1,31,34,39,23` measures a wave as a server's closed loop runs it (session 27): its requests reach the scheduler
+over several prefills, three iterations apart, and those that came first finish first; the in-guard time of the whole
+ramp and of the whole end is reported (kinds "ramp" and "end"). On the H200 that is where the guard's cost showed: the
+steady decode step hides the guard's host time behind the GPU, a wave's ramp and end do not (docs/guard.md, "Cost").
+
 `--against REF` measures the guard of git revision REF (exported with `git archive` into a temporary folder) and
 of this checkout side by side: rounds alternate between the two (each a fresh process), so that a change in the
 machine's load falls on both; each cell keeps the fastest round per side. Only assert mode's in-guard time.
@@ -40,6 +45,7 @@ machine's load falls on both; each cell keeps the fastest round per side. Only a
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --against main --rounds 3 --clock cpu [--loop overlap]
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --loop overlap --draft retract --clock cpu --sizes 64,256
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --waves --against main --rounds 3 --clock cpu --sizes 32,256
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --ramp 1,31,34,39,23 --against main --rounds 3 --clock cpu
     OMP_NUM_THREADS=1 .venv12/bin/python bench/bench_guard.py --line v1 --against main --rounds 5 --clock cpu
 """
 
@@ -88,6 +94,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=positive_int, default=3, help="--against: alternating rounds per side")
     parser.add_argument("--waves", action="store_true",
                         help="the overlap loop's arrivals and finishes of a whole wave, per request, not steady steps")
+    parser.add_argument("--ramp", type=int_list(1), metavar="SIZES",
+                        help="a wave's ramp and end as a server's closed loop runs them: its requests arrive in "
+                             "prefills of these sizes, three iterations apart (e.g. 1,31,34,39,23)")
     parser.add_argument("--per-hook", action="store_true",
                         help="also the assert run's in-guard time per hook (its fastest repeat), per decode step")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
@@ -112,6 +121,18 @@ def main() -> None:
 
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
+    if args.ramp:
+        rows = _ramp_rows(args, clock, gf, h)
+        if args.json:
+            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
+            return
+        print(f"a wave's ramp (prefills of {','.join(map(str, args.ramp))}, {RAMP_ITERATIONS} iterations apart) and "
+              f"end on the overlap loop, in plain: in-guard time of each phase, assert mode, {args.clock} clock, "
+              f"fastest of {args.repeat} (microseconds)")
+        print(f"{'batch':>5} {'phase':>6} {'in-guard':>9} {'phase':>10} {'unguarded':>10}")
+        for size, kind, c in rows:
+            print(f"{size:>5} {kind:>6} {c['assert in']:>9.0f} {c['assert']:>10.0f} {c['unguarded']:>10.0f}")
+        return
     if args.waves:
         rows = _wave_rows(args, sizes, clock, gf, h)
         if args.json:
@@ -282,6 +303,61 @@ def _wave_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], f
     return rows
 
 
+RAMP_ITERATIONS = 3  # per prefill of --ramp, its own included: session 26's H200 traces, prefills 20-30 ms apart
+
+
+def _ramp_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h: Any) -> list[Any]:
+    """A wave as a server's closed loop runs it (session 27, docs/guard.md "Cost"): its requests reach the scheduler
+    over several prefills with decode steps between (`--ramp`, RAMP_ITERATIONS iterations per prefill), and those that
+    came first finish first. Kinds: "ramp" (the prefills' iterations) and "end" (from the iteration of the first
+    release to the last), each the in-guard time of the whole phase (`assert in`) and the phase's time, guarded and
+    not. The wave runs in plain (the switch's retract design, off at any demand), as `auto` runs a wave of 128."""
+    from shim.switch.config import SwitchConfig
+    from statemodel.designs import RETRACT_CATCH_UP
+
+    chunks = list(args.ramp)
+    size = sum(chunks)
+    new_tokens = 24  # long enough for every prefill to come before the first finish
+    runtime = gf.install_guard_plugin()
+    in_guard, _ = _time_guard_runs(runtime, clock)
+    model_dir = h.write_tiny_model_config()
+    cells: dict[str, dict[str, float]] = {"ramp": {}, "end": {}}
+    for _ in range(args.repeat):
+        for label in ("unguarded", "assert"):
+            _arm(runtime, label, RETRACT_CATCH_UP.name)
+            drv = _overlap_driver(h, model_dir, size, size * 200 + 64, RETRACT_CATCH_UP, SwitchConfig(t_off=1, t_on=0))
+            totals = {"ramp": [0.0, 0.0], "end": [0.0, 0.0]}  # phase -> [in-guard, iterations' time]
+            for number, count in enumerate(chunks):
+                drv.add(gf.make_reqs(f"w{number}", count, max_new_tokens=new_tokens))
+                for _ in range(RAMP_ITERATIONS):
+                    _timed_iteration(drv, clock, in_guard, totals["ramp"])
+            if drv.released:
+                raise SystemExit("bench_guard: a request of the ramp finished before its last prefill")
+            while not drv.released:
+                drv.iteration()
+            while not drv.idle():
+                _timed_iteration(drv, clock, in_guard, totals["end"])
+            if len(drv.released) != size:
+                raise SystemExit(f"bench_guard: the wave of {size} released {len(drv.released)} requests")
+            for phase, (guard, spent) in totals.items():
+                cell = cells[phase]
+                cell[label] = min(cell.get(label, spent * 1e6), spent * 1e6)
+                if label == "assert":
+                    cell["assert in"] = min(cell.get("assert in", guard * 1e6), guard * 1e6)
+    runtime.reset()
+    runtime.paused = True
+    return [(size, phase, cells[phase]) for phase in ("ramp", "end")]
+
+
+def _timed_iteration(drv: Any, clock: Callable[[], float], in_guard: list[float], total: list[float]) -> None:
+    """One loop iteration, its in-guard time and its whole time added to `total` ([in-guard, time])."""
+    in_guard[0] = 0.0
+    started = clock()
+    drv.iteration()
+    total[1] += clock() - started
+    total[0] += in_guard[0]
+
+
 def _time_guard_runs(runtime: Any, clock: Callable[[], float]) -> tuple[list[float], dict[str, float]]:
     """Wrap `runtime.run` (every guard step goes through it) so that its time adds up in the returned one-item
     list, and per hook in the returned dict (the adapter method the step came from), which the caller empties before
@@ -364,7 +440,8 @@ def against(args: argparse.Namespace) -> None:
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
               "--sizes", ",".join(map(str, args.sizes)), "--repeat", str(args.repeat), "--loop", args.loop,
-              "--draft", args.draft, "--clock", args.clock, "--line", args.line] + (["--waves"] if args.waves else [])
+              "--draft", args.draft, "--clock", args.clock, "--line", args.line] + (["--waves"] if args.waves else []) \
+        + (["--ramp", ",".join(map(str, args.ramp))] if args.ramp else [])
     best: dict[tuple[str, int, str], float] = {}
     loads = []
     try:
@@ -379,14 +456,16 @@ def against(args: argparse.Namespace) -> None:
                     best[key] = min(best.get(key, cells["assert in"]), cells["assert in"])
     finally:
         shutil.rmtree(base)  # the export this run made
-    loop = "v1 non-overlap" if args.line == "v1" else "overlap" if args.waves else args.loop
-    what = "per request of a wave (arrive, finish)" if args.waves else "per decode step"
+    loop = "v1 non-overlap" if args.line == "v1" else "overlap" if args.waves or args.ramp else args.loop
+    what = ("per request of a wave (arrive, finish)" if args.waves
+            else f"of a wave's ramp ({','.join(map(str, args.ramp))}) and end" if args.ramp else "per decode step")
     print(f"in-guard time {what}, assert mode, {loop} loop, {args.clock} clock, {args.steps} steps, "
           f"fastest of {args.rounds} alternating rounds x {args.repeat} (microseconds); {args.against} -> this "
           f"checkout; 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
     print(f"{'batch':>5} {'step':>6} {args.against:>10} {'branch':>10} {'ratio':>6}")
-    for size in args.sizes:
-        for kind in ("arrive", "finish") if args.waves else ("spec", "plain"):
+    kinds = ("arrive", "finish") if args.waves else ("ramp", "end") if args.ramp else ("spec", "plain")
+    for size in [sum(args.ramp)] if args.ramp else args.sizes:
+        for kind in kinds:
             old, new = best[("base", size, kind)], best[("branch", size, kind)]
             print(f"{size:>5} {kind:>6} {old:>10.1f} {new:>10.1f} {new / old:>6.2f}")
 
