@@ -402,3 +402,29 @@ def test_a_wave_arrives_in_one_step_and_its_finishes_are_one_step_at_the_free_gr
         assert not guard.releasing and not guard.in_free_group  # checked by the end of each result's processing
     assert any(", " in line for line in finishes), finishes  # several finishes of one result: one step
     assert guard.covered["finish"] == len(drv.released) == 7 and gf.pool_accounted(drv.pools)
+
+
+def test_a_leak_in_a_free_group_is_blamed_on_its_own_release(runtime: Any, model_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finishes of one free group are checked as one step; when that step finds a count broken (here each release
+    keeps its over-allocated slots: sglang #13826's leak, with no position freed that the request does not own, so no
+    identity finding), each release is checked in turn, and the report names the first release that broke it, at the
+    group's end, before anything else runs."""
+    from sglang.srt.mem_cache import common
+
+    configure(runtime, ADAPTIVE_WARM)
+    monkeypatch.setattr(common, "_release_overallocated_kv_indices", lambda *a, **k: None)  # the leak
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), ADAPTIVE_WARM)
+    drv.accepts = cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("g", 3, max_new_tokens=6))
+    released = 0
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        for _ in range(40):
+            released = len(drv.released)
+            drv.iteration()
+    exc = excinfo.value
+    assert exc.invariant == "kv_conservation" and exc.action == "finish" and "leaked" in str(exc)
+    first = exc.rids[0]
+    assert len(exc.rids) == 1 and f"broken by finish('{first}')" in str(exc), str(exc)
+    assert "[mem_cache.common.release_kv_cache]" in str(exc)  # the release's own step, in the history
+    assert released == 0  # the first releases: raised in the result's processing that released them
