@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -377,8 +378,8 @@ def test_retraction_under_pool_pressure(runtime: Any, model_dir: Path, radix: bo
     assert guard.found == [] and not guard.state.unprocessed and gf.pool_accounted(drv.pools)
 
 
-def test_a_wave_arrives_in_one_step_and_its_finishes_are_one_step_at_the_free_group_end(runtime: Any,
-                                                                                        model_dir: Path) -> None:
+def test_a_wave_arrives_in_one_step_and_its_finishes_are_one_step_at_the_free_group_end(
+        runtime: Any, model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A wave's requests reach the scheduler together: the guard records those a prefill shows first as one `arrive`
     of all of them, and the finishes one result's processing releases inside the allocator's free group as one `finish`
     of all of them at the group's end (statemodel.actions._arrive and _finish; tests/test_actions.py holds each to its
@@ -387,7 +388,11 @@ def test_a_wave_arrives_in_one_step_and_its_finishes_are_one_step_at_the_free_gr
     drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
     drv.accepts = cycle([1, 2, 3, 4])
     drv.add(gf.make_reqs("a", 6, max_new_tokens=6))
-    drv.iteration()
+    with caplog.at_level(logging.INFO, logger="specflip.guard"):
+        drv.iteration()
+    # the guard says it is on once it is built, at the first hooked step (a server's logging is set up by then)
+    assert "specflip guard checking: design v2_switch_reserve_sync_overlap (overlap schedule), mode assert, TP rank 0" \
+        in caplog.text
     guard = runtime.guard
     assert guard.covered["arrive"] == 6
     arrivals = [line for line in guard._history_lines() if " arrive(" in line]
