@@ -352,9 +352,10 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         """Overlap schedule: the oldest launched decode step's result is being processed (its accepts are on
         the host now, `kv_committed_len` has moved). `rids` are the requests of the queued batch copy,
         `accept_lens` their accepted runs (drafts + bonus; None for a plain step), `reqs` observed with the
-        seq_len the result gives them. The releases that follow in the same processing are model steps of
-        their own (`finish`). `seq_lens`: the seq_len the result gives each request by rid, where `reqs` carry an
-        earlier one (a reading of the same requests taken earlier in the iteration, reused: the adapter's reasons)."""
+        seq_len the result gives them. The releases that follow in the same processing are `finish` steps, checked
+        as one at the free group's end (`end_release_group`). `seq_lens`: the seq_len the result gives each request
+        by rid, where `reqs` carry an earlier one (a reading of the same requests taken earlier in the iteration,
+        reused: the adapter's reasons)."""
         if self.releasing:
             self._check_releases()
         if not self.config.scope.overlap:
