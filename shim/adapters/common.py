@@ -671,11 +671,11 @@ class V2Adapter:
     def after_free_group_begin(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`free_group_begin()`: the finishes released until the group ends are checked as one step. The readings of
         the iteration stand (a group that frees nothing moves nothing; a free clears them, `before_allocator_free`)."""
-        self._with_guard_in_worker_call(_begin_release_group)
+        self._with_guard_in_worker_call(Guard.begin_release_group)
 
     def before_free_group_end(self, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`free_group_end()`, before the queued slots go back to the free list: the group's finishes are checked."""
-        self._with_guard_in_worker_call(_end_release_group)
+        self._with_guard_in_worker_call(Guard.end_release_group)
 
     def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
                                **kwargs: Any) -> Any:
@@ -992,14 +992,6 @@ class V2Adapter:
             g.flip(on, self.observe_batch(batch), self.observe_requests(batch), self.batch_pool(batch),
                    where="switch (shim.guard.api.notify_flip)", extra=extra)
         self._with_guard(step)
-
-
-def _begin_release_group(guard: Guard) -> None:
-    guard.begin_release_group()
-
-
-def _end_release_group(guard: Guard) -> None:
-    guard.end_release_group()
 
 
 def g_pool_or_none(guard: Guard) -> ObservedPool:

@@ -85,7 +85,7 @@ class GuardReporting:
         message = self.format(action, found, where=where)
         first = found[0]
         rids = tuple(dict.fromkeys(rid_name(self.names, r) for v in found for r in v.rids))
-        if not rids and action.name in ("finish", "retract", "arrive") and action.args:
+        if not rids and action.name in _NAMED_ACTIONS and action.args:
             rids = tuple(rid_name(self.names, r) for r in action.args)  # a pool-wide violation seen at their step
         if self.config.mode is Mode.ASSERT:
             raise SpecFlipViolation(message, invariant=first.invariant, action=action.name, rank=self.config.rank,
