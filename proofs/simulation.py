@@ -13,6 +13,9 @@ checked, or after `max_depth` steps. An action that leads back to a state on the
 into a state seen before can break a step invariant) but not taken, another is drawn; a walk whose every action
 leads back ends there. So at rest the walk still takes the flips left, each checked, until they go round. The walks are
 a function of `seed` alone: the same seed gives the same walks and the same counterexample.
+
+A counterexample found is then shrunk (`proofs.shrink`, as Hypothesis shrinks the failures it finds): fewer steps of
+the same model that break the same invariant. The result says how long the walk's own was and what shrinking cost.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 import attrs
 
 from proofs.bfs import Result, TraceStep, no_cyclic_gc, note_reached
+from proofs.shrink import shrink
 from statemodel.actions import Action
 from statemodel.invariants import Violation
 from statemodel.model import Model
@@ -31,11 +35,13 @@ from statemodel.state import State
 
 @attrs.frozen
 class Walks:
-    """How many walks, how deep each may go, and the seed they all follow from."""
+    """How many walks, how deep each may go, the seed they all follow from, and whether a counterexample found is
+    shrunk before it is reported."""
 
     walks: int = 2_000
     max_depth: int = 200
     seed: int = 0
+    shrink: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.walks < 1 or self.max_depth < 1:
@@ -44,14 +50,20 @@ class Walks:
 
 @attrs.frozen
 class SimulationResult:
-    """A `Result` (its `complete` always False: a sample proves nothing), how many walks it took, and how the
-    finished walks ended: at rest (its flips, if any, walked until they went round), elsewhere with every enabled
-    action leading back onto the walk's own path, or at `max_depth`."""
+    """A `Result` (its `complete` always False: a sample proves nothing; its seconds include the shrinking), how
+    many walks it took, and how the finished walks ended: at rest (its flips, if any, walked until they went round),
+    elsewhere with every enabled action leading back onto the walk's own path, or at `max_depth`. For a
+    counterexample: the steps of the walk that found it (`found_steps`; the result's trace is the shrunk one),
+    and the replays and seconds the shrinking took (0 when not shrunk)."""
 
     result: Result
     walks_run: int
     settings: Walks
     ended: dict[str, int]
+    found_steps: int = 0
+    shrink_replays: int = 0
+    shrink_seconds: float = 0.0
+    shrink_cpu_seconds: float = 0.0
 
 
 def simulate(model: Model, settings: Walks = Walks()) -> SimulationResult:
@@ -78,17 +90,25 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
     def finish(walks: int, violations: list[Violation] | None = None, initial: State | None = None,
                steps: list[tuple[Action, State]] | None = None, failed: tuple[str, ...] = ()) -> SimulationResult:
         violations, steps = violations or [], steps or []
+        found_steps, replays, shrink_s, shrink_cpu = len(steps), 0, 0.0, 0.0
+        if (violations or failed) and settings.shrink and initial is not None and steps:
+            shrink_started, shrink_cpu_started = time.perf_counter(), time.process_time()
+            shrunk = shrink(model, initial, steps, violations, failed)
+            initial, steps, violations = shrunk.initial, list(shrunk.steps), list(shrunk.violations)
+            failed, replays = shrunk.eventually_failed, shrunk.replays
+            shrink_s = time.perf_counter() - shrink_started
+            shrink_cpu = time.process_time() - shrink_cpu_started
         trace = tuple(TraceStep(i + 1, a, s) for i, (a, s) in enumerate(steps))
         result = Result(
             design=model.design.name, states=len(seen), transitions=transitions,
-            max_depth=max(deepest, len(steps)),
+            max_depth=max(deepest, found_steps),
             seconds=time.perf_counter() - started, complete=False, violations=tuple(violations),
             trace=trace if violations else (), initial=initial, sometimes_reached=reached,
             eventually_failed=failed, eventually_trace=() if violations else trace,
             invariants_checked=tuple(i.name for i in model.always()),
             cpu_seconds=time.process_time() - cpu_started, states_at_rest=ended["at rest"],
         )
-        return SimulationResult(result, walks, settings, ended)
+        return SimulationResult(result, walks, settings, ended, found_steps, replays, shrink_s, shrink_cpu)
 
     for walk in range(1, settings.walks + 1):
         state = inits[rng.randrange(len(inits))]

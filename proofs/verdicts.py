@@ -96,6 +96,8 @@ def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
     """A verdict from random walks: the same invariants, but no walk proves a design, and a counterexample found
     at random need not be the shortest."""
     result, where = sim.result, f"walk {sim.walks_run:,} of seed {sim.settings.seed}"
+    if sim.shrink_replays:
+        where += f", found in {sim.found_steps} steps, shrunk in {sim.shrink_replays} replays"
     if design.kind is not DesignKind.KNOWN_BAD:
         if result.violations:
             return Verdict(design, scope, result, "fail",
@@ -109,7 +111,7 @@ def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
                        f"{e['at rest']:,} ended at rest, {e['looped']:,} where every step led back, "
                        f"{e['depth']:,} at depth {sim.settings.max_depth}): not a proof")
     return _judge_known_bad(design, scope, result, f"in {sim.walks_run:,} random walks",
-                            f"a counterexample, not the shortest, in {where}")
+                            f"a counterexample, not proven the shortest, in {where}")
 
 
 def run_design(design: Design, scope: Scope | None = None, *, progress: Progress | None = None,

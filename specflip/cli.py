@@ -71,9 +71,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.simulate is not None:
         if args.check_reports:
             raise UsageError("--check-reports compares the exhaustive proofs: leave out --simulate")
-        walks = Walks(args.simulate, args.depth or Walks().max_depth, args.seed or 0)
-    elif args.seed is not None or args.depth is not None:
-        raise UsageError("--seed and --depth shape the random walks: give --simulate N with them")
+        walks = Walks(args.simulate, args.depth or Walks().max_depth, args.seed or 0, shrink=args.shrink)
+    elif args.seed is not None or args.depth is not None or not args.shrink:
+        raise UsageError("--seed, --depth and --no-shrink shape the random walks: give --simulate N with them")
     elif args.scope == "large":
         raise UsageError("--scope large is beyond what the exhaustive search can finish: give --simulate N with it")
     reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
@@ -201,9 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="designs checked at once, one process each (default: one per core)")
     check.add_argument("--simulate", type=positive_int, metavar="N",
                        help="N seeded random walks per design instead of the exhaustive search: a counterexample fast, "
-                            "not the shortest; a design that survives is not proven (no reports written)")
+                            "shrunk but not proven the shortest; a design that survives is not proven (no reports "
+                            "written)")
     check.add_argument("--seed", type=non_negative_int, help="--simulate: the walks' seed (default 0)")
     check.add_argument("--depth", type=positive_int, help="--simulate: steps per walk at most (default 200)")
+    check.add_argument("--no-shrink", dest="shrink", action="store_false",
+                       help="--simulate: report a counterexample as the walk found it, without shrinking it")
     check.add_argument("--scope", choices=("default", "large"), default="default",
                        help="--simulate: the default scope BFS exhausts, or a larger one (six requests, caps 3 and 5: "
                             "statemodel.designs.large_scope)")

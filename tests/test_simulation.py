@@ -34,7 +34,7 @@ FEW_WALKS = Walks(walks=2_000, seed=0)
 def test_random_walks_refute_each_known_bad_design_with_its_invariant(design) -> None:
     verdict = judge_walks(design, Scope(), simulate(Model(design, Scope()), FEW_WALKS))
     assert verdict.verdict == "refuted", verdict.reason
-    assert verdict.invariant == design.expected_invariant and "not the shortest" in verdict.reason
+    assert verdict.invariant == design.expected_invariant and "not proven the shortest" in verdict.reason
 
 
 @pytest.mark.parametrize("design", OVERLAP_KNOWN_BAD, ids=lambda d: d.name)
@@ -115,7 +115,7 @@ def test_cli_simulate_refutes_and_writes_no_report(capsys, tmp_path) -> None:
     assert code == 0
     data = json.loads(captured.out)["designs"]
     assert [d["verdict"] for d in data] == ["refuted", "refuted"]
-    assert "not the shortest" in data[0]["reason"] and list(tmp_path.iterdir()) == []
+    assert "not proven the shortest" in data[0]["reason"] and list(tmp_path.iterdir()) == []
 
 
 def test_cli_simulate_exits_1_when_a_known_bad_design_survives(capsys) -> None:
@@ -143,3 +143,70 @@ def test_cli_help_states_the_walks_default_depth(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["check", "--help"])
     assert f"(default {Walks().max_depth})" in " ".join(capsys.readouterr().out.split())
+
+
+def _assert_real_counterexample(model: Model, result, invariant: str) -> None:
+    """Each step enabled where taken and the state the model reaches (replay_trace), no step before the last breaking
+    anything, the last breaking `invariant`."""
+    state = result.initial
+    replay_trace(model, state, result.trace)
+    for i, step in enumerate(result.trace):
+        bad = model.check_step(state, step.action, step.state)
+        if i < len(result.trace) - 1:
+            assert not bad, f"step {i + 1} of {len(result.trace)} already breaks {bad[0].invariant}"
+        else:
+            assert bad and bad[0].invariant == invariant and list(result.violations) == bad
+        state = step.state
+
+
+@pytest.mark.parametrize("design", KNOWN_BAD, ids=lambda d: d.name)
+def test_a_shrunk_counterexample_is_real_breaks_the_same_invariant_and_is_no_longer(design) -> None:
+    model = Model(design, Scope())
+    for seed in range(3):
+        sim = simulate(model, Walks(walks=5_000, seed=seed))
+        _assert_real_counterexample(model, sim.result, design.expected_invariant)
+        assert len(sim.result.trace) <= sim.found_steps and sim.shrink_replays > 0
+
+
+def test_shrinking_takes_a_walk_down_to_the_shortest_counterexample_where_it_can() -> None:
+    from proofs.bfs import check
+
+    design = get_design("seeds_attempt1_spec_info_left")
+    model = Model(design, Scope())
+    raw, shrunk = simulate(model, Walks(seed=0, shrink=False)), simulate(model, Walks(seed=0))
+    # the same walk: shrinking starts from what the walks found
+    assert raw.walks_run == shrunk.walks_run and raw.found_steps == shrunk.found_steps == len(raw.result.trace)
+    assert raw.shrink_replays == 0 and raw.result.trace[-1].action == shrunk.result.trace[-1].action
+    assert len(raw.result.trace) == 14 and len(shrunk.result.trace) == len(check(model).trace) == 7
+    _assert_real_counterexample(model, raw.result, design.expected_invariant)
+
+
+def test_a_state_at_rest_that_fails_eventually_is_shrunk_to_one_that_still_fails() -> None:
+    scope = attrs.evolve(Scope(), kv_pool_size=2)
+    model = Model(SEEDS_FINAL, scope)
+    for seed in range(3):
+        sim = simulate(model, Walks(walks=200, seed=seed))
+        result = sim.result
+        assert result.eventually_failed == ("all_requests_finish",) and not result.violations
+        last = replay_trace(model, result.initial, result.eventually_trace)
+        finish_all = next(e for e in model.eventually() if e.name == "all_requests_finish")
+        assert model.at_rest(last) and not finish_all.holds(last)
+        assert len(result.eventually_trace) <= sim.found_steps and sim.shrink_replays > 0
+
+
+def test_cli_no_shrink_needs_simulate(capsys) -> None:
+    assert main(["check", "--no-shrink", "--design", "seq_lens_advanced_twice"]) == 2
+    assert "--no-shrink" in capsys.readouterr().err
+
+
+def test_the_shrink_keeps_only_candidates_that_break_the_invariant_it_was_given() -> None:
+    from proofs.shrink import shrink
+    from statemodel.invariants import Violation
+
+    model = Model(get_design("seeds_attempt1_spec_info_left"), Scope())
+    found = simulate(model, Walks(seed=0, shrink=False)).result  # 14 steps, breaks spec_info_matches_mode
+    steps = [(s.action, s.state) for s in found.trace]
+    assert len(shrink(model, found.initial, steps, found.violations).steps) == 7
+    # asked to keep another invariant, no shorter candidate breaks it (they break spec_info_matches_mode): unchanged
+    other = shrink(model, found.initial, steps, [Violation("kv_conservation", "as if")])
+    assert list(other.steps) == steps and other.violations[0].invariant == "kv_conservation"
