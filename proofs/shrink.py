@@ -14,7 +14,7 @@ search (`proofs.bfs`) proves shortness.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -38,15 +38,27 @@ class Shrunk:
 
 class _Replayer:
     """Replays action sequences from a state and says whether they still show the failure being shrunk. Candidates
-    share most of their steps (the same actions from the same states), so each step is taken once and kept."""
+    share most of their steps (the same actions from the same states), so each step is taken once and kept. A
+    candidate's steps are checked for the invariant being shrunk alone, which ends it; one that shows the failure is
+    then checked with every invariant (`check_step`), and kept only if no step breaks another one first."""
 
     def __init__(self, model: Model, invariant: str | None, eventually: tuple[str, ...]) -> None:
         self.model = model
         self.invariant = invariant  # the step's broken invariant, or None for an `eventually` failure
         self.eventually = eventually
         self.replays = 0
-        # (state, action) -> (the state after, the violations of the step), or None where the action is not enabled
-        self._steps: dict[tuple[State, Action], tuple[State, list[Violation]] | None] = {}
+        target = next((i for i in model.always() if i.name == invariant), None)
+        scope, design = model.scope, model.design
+        if target is None:
+            self._breaks: Callable[[State, Action, State], list[Violation]] = lambda before, action, after: []
+        elif target.on_step:
+            self._breaks = lambda before, action, after: target.check(before, action, after, scope, design)
+        else:
+            self._breaks = lambda before, action, after: target.check(after, scope)
+        # (state, action) -> (the state after, whether it breaks the invariant shrunk), or None where the action is
+        # not enabled; and the same step's violations of every invariant, once a candidate through it is checked
+        self._steps: dict[tuple[State, Action], tuple[State, bool] | None] = {}
+        self._checked: dict[tuple[State, Action], list[Violation]] = {}
         self._enabled: dict[State, list[Action]] = {}
 
     def enabled(self, state: State) -> list[Action]:
@@ -55,16 +67,23 @@ class _Replayer:
             acts = self._enabled[state] = self.model.actions(state)
         return acts
 
-    def step(self, state: State, action: Action) -> tuple[State, list[Violation]] | None:
+    def _step(self, state: State, action: Action) -> tuple[State, bool] | None:
         key = (state, action)
         if key in self._steps:
             return self._steps[key]
         taken = None
         if action in self.enabled(state):
             after = self.model.next_state(state, action)
-            taken = (after, self.model.check_step(state, action, after))
+            taken = (after, bool(self._breaks(state, action, after)))
         self._steps[key] = taken
         return taken
+
+    def _violations(self, before: State, action: Action, after: State) -> list[Violation]:
+        key = (before, action)
+        found = self._checked.get(key)
+        if found is None:
+            found = self._checked[key] = self.model.check_step(before, action, after)
+        return found
 
     def replay(self, start: State, actions: Sequence[Action], skip: bool = False
                ) -> tuple[list[tuple[Action, State]], list[Violation], tuple[str, ...]] | None:
@@ -75,25 +94,34 @@ class _Replayer:
         self.replays += 1
         state = start
         steps: list[tuple[Action, State]] = []
+        broke = False
         for action in actions:
-            taken = self.step(state, action)
+            taken = self._step(state, action)
             if taken is None:
                 if skip:
                     continue
                 return None
-            after, bad = taken
+            after, broke = taken
             steps.append((action, after))
-            if bad:
-                if self.invariant is not None and bad[0].invariant == self.invariant:
-                    return steps, bad, ()
-                return None
+            if broke:
+                break
             state = after
-        model = self.model
-        if self.invariant is None and model.at_rest(state):
+        failed: tuple[str, ...] = ()
+        if not broke:
+            model = self.model
+            if self.invariant is not None or not model.at_rest(state):
+                return None
             failed = tuple(e.name for e in model.eventually() if not e.holds(state))
-            if set(self.eventually) <= set(failed):
-                return steps, [], failed
-        return None
+            if not set(self.eventually) <= set(failed):
+                return None
+        # a candidate: every step checked with every invariant, none broken before its last step
+        before = start
+        for i, (action, after) in enumerate(steps):
+            bad = self._violations(before, action, after)
+            if bad and (i < len(steps) - 1 or not broke or bad[0].invariant != self.invariant):
+                return None
+            before = after
+        return steps, (bad if broke else []), failed
 
 
 def shrink(model: Model, initial: State, steps: Sequence[tuple[Action, State]], violations: Sequence[Violation],

@@ -210,3 +210,26 @@ def test_the_shrink_keeps_only_candidates_that_break_the_invariant_it_was_given(
     # asked to keep another invariant, no shorter candidate breaks it (they break spec_info_matches_mode): unchanged
     other = shrink(model, found.initial, steps, [Violation("kv_conservation", "as if")])
     assert list(other.steps) == steps and other.violations[0].invariant == "kv_conservation"
+
+
+def test_the_shrink_keeps_no_candidate_where_another_invariant_breaks_first() -> None:
+    import random
+
+    from proofs.shrink import shrink
+
+    # a path that goes on past its first violation: seeds_attempt2's step 8 breaks shapes_agree, step 9
+    # kv_conservation (seed 0 of this walk that does not stop)
+    model = Model(get_design("seeds_attempt2_tuple_unpack"), Scope())
+    rng, state, steps, broken = random.Random(0), model.init_states()[0], [], []
+    while len(steps) < 9:
+        actions = model.actions(state)
+        action = actions[rng.randrange(len(actions))]
+        after = model.next_state(state, action)
+        steps.append((action, after))
+        broken.append([v.invariant for v in model.check_step(state, action, after)])
+        state = after
+    assert broken[7][0] == "shapes_agree" and broken[8][0] == "kv_conservation" and not any(broken[:7])
+    last = model.check_step(steps[7][1], *steps[8])
+    shrunk = shrink(model, model.init_states()[0], steps, last)
+    # every shorter path to kv_conservation breaks shapes_agree on the way: none is kept
+    assert list(shrunk.steps) == steps and shrunk.initial == model.init_states()[0]
