@@ -2,14 +2,13 @@
 
 A random walk (`proofs.simulation`) finds a counterexample fast but long: it wanders before it reaches the bug.
 Hypothesis shrinks the failures it finds before it reports one; this does the same for the walks, on the model
-directly. The model is deterministic, so a counterexample is its initial state and its actions; a shorter candidate
-drops some of those actions (and may start from another initial state) and is replayed: every action must be
-enabled where it is taken (`Model.actions`), every step is checked with `check_step` as a walk checks it, and the
-candidate is kept when a step breaks the same invariant as the original and no step breaks another before it (or,
-for an `eventually` failure, when it ends at rest failing the same property). It tries the same actions from each
-other initial state, then deletes runs of steps, longest first (delta debugging), leaving out an action the deletion
-left disabled. The result is a counterexample, not a shortest one: breadth-first
-search (`proofs.bfs`) proves shortness.
+directly. The model is deterministic, so a counterexample is its initial state and its actions. The shrink tries
+the same actions from each other initial state, then deletes runs of steps, longest first and at every offset (delta
+debugging), leaving out an action a deletion left disabled. Each candidate is replayed: every action must be enabled
+where it is taken (`Model.actions`), and it is kept when a step breaks the same invariant as the original and, with
+every invariant checked (`check_step`, as a walk checks its steps), no step breaks another one before it; for an
+`eventually` failure, when it ends at rest failing the same property. The result is a counterexample, not a
+shortest one: breadth-first search (`proofs.bfs`) proves shortness.
 """
 
 from __future__ import annotations
