@@ -36,6 +36,8 @@ class Verdict:
     result: Result
     verdict: str  # pass | fail | refuted | not-refuted; survived (random walks only)
     reason: str
+    # random walks: the length of the counterexample the walk found, before the shrink (`result.trace` is the shrunk)
+    found_steps: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -57,6 +59,7 @@ class Verdict:
             "seconds": round(self.result.seconds, 3),
             "cpu_seconds": round(self.result.cpu_seconds, 3),
             "reason": self.reason,
+            **({} if self.found_steps is None else {"found_steps": self.found_steps}),
         }
 
 
@@ -101,17 +104,19 @@ def judge_walks(design: Design, scope: Scope, sim: SimulationResult) -> Verdict:
     if design.kind is not DesignKind.KNOWN_BAD:
         if result.violations:
             return Verdict(design, scope, result, "fail",
-                           f"breaks {result.violations[0].invariant} after {len(result.trace)} steps ({where})")
+                           f"breaks {result.violations[0].invariant} after {len(result.trace)} steps ({where})",
+                           sim.found_steps)
         if result.eventually_failed:
             return Verdict(design, scope, result, "fail",
-                           f"a state at rest fails {', '.join(result.eventually_failed)} ({where})")
+                           f"a state at rest fails {', '.join(result.eventually_failed)} ({where})", sim.found_steps)
         e = sim.ended
         return Verdict(design, scope, result, "survived",
                        f"no violation in {sim.walks_run:,} random walks ({result.states:,} distinct states; "
                        f"{e['at rest']:,} ended at rest, {e['looped']:,} where every step led back, "
                        f"{e['depth']:,} at depth {sim.settings.max_depth}): not a proof")
-    return _judge_known_bad(design, scope, result, f"in {sim.walks_run:,} random walks",
-                            f"a counterexample, not proven the shortest, in {where}")
+    verdict = _judge_known_bad(design, scope, result, f"in {sim.walks_run:,} random walks",
+                               f"a counterexample, not proven the shortest, in {where}")
+    return attrs.evolve(verdict, found_steps=sim.found_steps) if result.violations else verdict
 
 
 def run_design(design: Design, scope: Scope | None = None, *, progress: Progress | None = None,

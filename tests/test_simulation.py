@@ -115,6 +115,7 @@ def test_cli_simulate_refutes_and_writes_no_report(capsys, tmp_path) -> None:
     assert code == 0
     data = json.loads(captured.out)["designs"]
     assert [d["verdict"] for d in data] == ["refuted", "refuted"]
+    assert all(d["found_steps"] >= len(d["trace"]) > 0 for d in data)  # the shrunk trace, and the walk's length
     assert "not proven the shortest" in data[0]["reason"] and list(tmp_path.iterdir()) == []
 
 
