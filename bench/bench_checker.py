@@ -388,7 +388,8 @@ def main() -> int:
     parser.add_argument("--new", help="check this commit's code as the new side (default: this tree, uncommitted "
                         "changes included)")
     parser.add_argument("--no-base", dest="with_base", action="store_false")
-    parser.add_argument("--repeat", type=positive_int, default=3, help="Hypothesis runs per known-bad design")
+    parser.add_argument("--repeat", type=positive_int, default=5, help="runs per known-bad design: the walks and "
+                        "Hypothesis once per seed 0..N-1, BFS N times (medians compared; default 5)")
     parser.add_argument("--jobs", type=positive_int, help="processes for `specflip check` (default: one per core)")
     parser.add_argument("--pre-issue-20", action="store_true", help="also the checker before issue 20")
     parser.add_argument("--symmetry", action="store_true", help="with --pre-issue-20: also count states up to "
