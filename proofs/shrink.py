@@ -138,9 +138,9 @@ def shrink(model: Model, initial: State, steps: Sequence[tuple[Action, State]], 
         best_initial, (best, best_bad, best_failed) = start, found
 
     # another initial state (the walks pick one at random): the same actions from each, the first that still fails
+    walked = [a for a, _ in best]
     for init in model.init_states():
-        if init != best_initial and (found := replayer.replay(init, [a for a, _ in best])) is not None \
-                and len(found[0]) <= len(best):
+        if init != best_initial and (found := replayer.replay(init, walked)) is not None and len(found[0]) <= len(best):
             take(init, found)
             break
     # delete runs of steps, longest first, each run at every offset; the steps before a run are kept, so the replay
