@@ -108,20 +108,30 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
         )
         return SimulationResult(result, walks, settings, ended, found_steps, replays, shrink_cpu)
 
+    # The model is deterministic, so each edge and each state's enabled actions are worked out once and kept: later
+    # walks retake the steps earlier ones took (a scope has few initial states, most states enable one or two
+    # actions) at the cost of a dict lookup. Only an edge that checked clean is kept (a broken one ends the run).
+    taken: dict[tuple[State, Action], tuple[State, object]] = {}
+    enabled: dict[State, tuple[list[Action], bool]] = {}
     for walk in range(1, settings.walks + 1):
         state = inits[rng.randrange(len(inits))]
         state_key = key(state)
-        seen.add(state_key)
-        bad = model.check_state(state)
-        if bad:
-            return finish(walk, bad, state)
+        if state_key not in seen:
+            seen.add(state_key)
+            bad = model.check_state(state)
+            if bad:
+                return finish(walk, bad, state)
         initial, steps, on_path, rested = state, [], {state_key}, False
         while True:
             if len(steps) == settings.max_depth:
                 ended["depth"] += 1
                 break
-            candidates = actions(state)
-            if at_rest(state, candidates):
+            known = enabled.get(state)
+            if known is None:
+                acts = actions(state)
+                known = enabled[state] = (acts, at_rest(state, acts))
+            candidates, resting = known
+            if resting:
                 failed = tuple(e.name for e in eventually if not e.holds(state))
                 if failed:
                     return finish(walk, initial=initial, steps=steps, failed=failed)
@@ -135,15 +145,20 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
             while candidates:
                 i = rng.randrange(len(candidates))
                 action = candidates[i]
-                after = next_state(state, action)
                 transitions += 1
-                if unreached:
-                    note_reached(unreached, reached, state, action, after)
-                bad = check_step(state, action, after)
-                if bad:
-                    return finish(walk, bad, initial, [*steps, (action, after)])
-                after_key = key(after)
-                seen.add(after_key)
+                edge = taken.get((state, action))
+                if edge is None:
+                    after = next_state(state, action)
+                    if unreached:
+                        note_reached(unreached, reached, state, action, after)
+                    bad = check_step(state, action, after)
+                    if bad:
+                        return finish(walk, bad, initial, [*steps, (action, after)])
+                    after_key = key(after)
+                    seen.add(after_key)
+                    taken[state, action] = (after, after_key)
+                else:
+                    after, after_key = edge
                 if after_key not in on_path:
                     break
                 candidates = candidates[:i] + candidates[i + 1:]
