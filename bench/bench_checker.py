@@ -3,7 +3,7 @@ to Hypothesis's.
 
     python bench/bench_checker.py [--base REV] [--jobs J] [--overlap] [--design NAME ...] [--repeat N]
                                   [--new REV] [--no-base] [--no-hypothesis] [--end-to-end-only] [--pre-issue-20]
-                                  [--symmetry] [--json FILE]
+                                  [--symmetry] [--walks N] [--json FILE]
 
 Everything is measured in one run on this machine, side by side:
 
@@ -12,6 +12,8 @@ Everything is measured in one run on this machine, side by side:
   then `specflip check --no-reports --json --jobs J` end to end, base then new. States, transitions, verdict and
   trace length are compared; where they differ the base counted states by a coarser or finer key, which the
   docs state (docs/model.md, "What the checker counts").
+- `--walks N`: also `specflip check --simulate N --jobs 1` of base and new, interleaved for `--repeat` rounds
+  (medians): the walks of every design, the verdicts and counterexample lengths compared.
 - `--pre-issue-20`: also the checker as it was before issue 20 (`check_before_issue_20`, a frozen copy kept here
   for this comparison only: it checks an edge only when it reaches a new state), on this tree's model.
 - Hypothesis against the checker: time to each known-bad design's first counterexample, finding only (generate
@@ -215,12 +217,14 @@ def run_one(code_root: Path, design: str, overlap: bool, limit: int) -> dict[str
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_cli(code_root: Path, overlap: bool, jobs: int | None) -> tuple[float, float, list[dict[str, object]]]:
-    """`specflip check --no-reports --json` of the code under `code_root`: wall seconds, the checker's CPU seconds
-    summed over designs, and the verdicts."""
+def run_cli(code_root: Path, overlap: bool, jobs: int | None, simulate: int | None = None
+            ) -> tuple[float, float, list[dict[str, object]]]:
+    """`specflip check --no-reports --json` of the code under `code_root` (with `simulate`: its random walks, that
+    many per design): wall seconds, the checker's CPU seconds summed over designs, and the verdicts."""
     cmd = [sys.executable, "-m", "specflip.cli", "check", "--no-reports", "--json"]
     cmd += ["--overlap"] if overlap else []
     cmd += ["--jobs", str(jobs)] if jobs else []
+    cmd += ["--simulate", str(simulate)] if simulate else []
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=code_root, env=_env(code_root), capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -284,6 +288,27 @@ def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figu
                       "jobs": jobs or "cores", "same_verdicts": same, "designs_compared": len(common),
                       "designs_only_new": only_new, "load_before": load,
                       "load_after": os.getloadavg()[0]}
+
+
+def compare_walks_with_base(base_root: Path, walks: int, rounds: int, figures: dict[str, object],
+                            new_root: Path = ROOT) -> None:
+    """`specflip check --simulate WALKS --jobs 1` of base and new, interleaved for `rounds` rounds: the walks of
+    every design of the default scope, one process, so the CPU seconds compare (medians)."""
+    runs: dict[str, list[tuple[float, float, list[dict[str, object]]]]] = {"base": [], "new": []}
+    for _ in range(rounds):
+        runs["base"].append(run_cli(base_root, False, 1, simulate=walks))
+        runs["new"].append(run_cli(new_root, False, 1, simulate=walks))
+    verdicts = {side: [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in got[0][2]]
+                for side, got in runs.items()}
+    same = verdicts["base"] == verdicts["new"]
+    cpu = {side: statistics.median(r[1] for r in got) for side, got in runs.items()}
+    wall = {side: statistics.median(r[0] for r in got) for side, got in runs.items()}
+    print(f"`specflip check --simulate {walks} --jobs 1` ({len(verdicts['new'])} designs), the median of {rounds} "
+          f"rounds, base and new interleaved: base {wall['base']:.1f} s wall / {cpu['base']:.1f} s CPU, new "
+          f"{wall['new']:.1f} s wall / {cpu['new']:.1f} s CPU: {cpu['base'] / cpu['new']:.2f}x CPU; verdicts and "
+          f"counterexample lengths {'the same' if same else 'DIFFER'}\n", flush=True)
+    figures["walks_base_vs_new"] = {"walks": walks, "rounds": rounds, "base_cpu": cpu["base"], "new_cpu": cpu["new"],
+                                    "base_wall": wall["base"], "new_wall": wall["new"], "same_verdicts": same}
 
 
 def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # noqa: ANN001
@@ -400,6 +425,8 @@ def main() -> int:
                         "`specflip check` run")
     parser.add_argument("--end-to-end-only", action="store_true", help="only `specflip check` end to end, base "
                         "then new (no per-design table)")
+    parser.add_argument("--walks", type=positive_int, help="also `specflip check --simulate WALKS` of base and new "
+                        "(interleaved, --repeat rounds)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
@@ -420,7 +447,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="specflip-base-") as tmp, \
                 tempfile.TemporaryDirectory(prefix="specflip-new-") as tmp_new:
             new_root = source_tree(args.new, Path(tmp_new)) if args.new else ROOT
-            compare_with_base(source_tree(args.base, Path(tmp)), designs, args.overlap, limit, args.jobs, figures,
+            base_root = source_tree(args.base, Path(tmp))
+            if args.walks:
+                compare_walks_with_base(base_root, args.walks, args.repeat, figures, new_root)
+            compare_with_base(base_root, designs, args.overlap, limit, args.jobs, figures,
                               end_to_end=not args.design, per_design=not args.end_to_end_only, new_root=new_root)
     if args.pre_issue_20:
         compare_with_pre_issue_20(designs, scope_for, limit, args.symmetry, figures)

@@ -12,7 +12,9 @@ state at rest (`Model.at_rest`: nothing left to do but flip), where the model's 
 checked, or after `max_depth` steps. An action that leads back to a state on the walk's own path is checked (an edge
 into a state seen before can break a step invariant) but not taken, another is drawn; a walk whose every action
 leads back ends there. So at rest the walk still takes the flips left, each checked, until they go round. The walks are
-a function of `seed` alone: the same seed gives the same walks and the same counterexample.
+a function of `seed` alone: the same seed gives the same walks and the same counterexample. The model is
+deterministic, so each edge checked clean and each state's enabled actions are kept across walks: a step that a later
+walk takes again costs a lookup.
 
 A counterexample found is then shrunk (`proofs.shrink`, as Hypothesis shrinks the failures it finds): fewer steps of
 the same model that break the same invariant. The result says how long the walk's own was and what shrinking cost.
