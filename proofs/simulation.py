@@ -44,10 +44,15 @@ class Walks:
     max_depth: int = 200
     seed: int = 0
     shrink: bool = True
+    # steps (and states' enabled actions) kept for later walks, at most; past it a step is worked out again. Each
+    # keeps its state alive: 20,000 walks of v2_switch_reserve_sync in the large scope peaked at 525 MB unbounded,
+    # 328 MB with this bound, in the same CPU time (the steps kept first are the ones walks retake most)
+    kept_steps: int = 200_000
 
     def __attrs_post_init__(self) -> None:
-        if self.walks < 1 or self.max_depth < 1:
-            raise ValueError(f"walks and max_depth must be at least 1, got {self.walks} and {self.max_depth}")
+        if self.walks < 1 or self.max_depth < 1 or self.kept_steps < 0:
+            raise ValueError(f"walks and max_depth must be at least 1 and kept_steps at least 0, got {self.walks}, "
+                             f"{self.max_depth} and {self.kept_steps}")
 
 
 @attrs.frozen
@@ -115,6 +120,7 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
     # actions) at the cost of a dict lookup. Only an edge that checked clean is kept (a broken one ends the run).
     taken: dict[tuple[State, Action], tuple[State, object]] = {}
     enabled: dict[State, tuple[list[Action], bool]] = {}
+    keep = settings.kept_steps
     for walk in range(1, settings.walks + 1):
         state = inits[rng.randrange(len(inits))]
         state_key = key(state)
@@ -131,7 +137,9 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
             known = enabled.get(state)
             if known is None:
                 acts = actions(state)
-                known = enabled[state] = (acts, at_rest(state, acts))
+                known = (acts, at_rest(state, acts))
+                if len(enabled) < keep:
+                    enabled[state] = known
             candidates, resting = known
             if resting:
                 failed = tuple(e.name for e in eventually if not e.holds(state))
@@ -158,7 +166,8 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
                         return finish(walk, bad, initial, [*steps, (action, after)])
                     after_key = key(after)
                     seen.add(after_key)
-                    taken[state, action] = (after, after_key)
+                    if len(taken) < keep:
+                        taken[state, action] = (after, after_key)
                 else:
                     after, after_key = edge
                 if after_key not in on_path:
