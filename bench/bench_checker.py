@@ -20,7 +20,9 @@ Everything is measured in one run on this machine, side by side:
   phase) and finding + shrinking (what Hypothesis reports by default), with a fixed seed per repeat; beside them
   the checker's random walks (`specflip check --simulate`, `proofs/simulation.py`) with the same seeds, finding
   only and finding + shrinking (`proofs/shrink.py`, what `--simulate` reports): both walk the model at random, so
-  their ratio is what Hypothesis's own machinery costs; BFS's, what a proof of shortness costs.
+  their ratio is what Hypothesis's own machinery costs; BFS's, what a proof of shortness costs. Last, a walk
+  straight down BFS's shortest counterexample, no search (`straight_walk_cpu`): Hypothesis's finding over it bounds
+  what any search of the model could reach at the model's cost a step.
 
 Wall and CPU seconds are both reported: the machine is shared, so wall time is noisy; CPU time is what each
 checker spent. `--symmetry` also counts the states of each shipped design by the dedup key with every batch's
@@ -342,16 +344,38 @@ def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # n
     print()
 
 
+def straight_walk_cpu(model: Model, initial: State, actions: list[Action], runs: int) -> float:
+    """CPU seconds (median of `runs`) of a walk that goes straight down a known counterexample: no search, each step
+    only what any search of the model pays for it (its initial states built, the enabled actions, the step, every
+    invariant, the state's key). A lower bound on the time any search of this model needs to find that bug."""
+    times = []
+    for _ in range(runs):
+        started = time.process_time()
+        model.init_states()
+        state = initial
+        for action in actions:
+            if action not in model.actions(state):
+                raise SystemExit(f"bench_checker: {action.describe()} is not enabled on the shortest counterexample")
+            after = model.next_state(state, action)
+            model.check_step(state, action, after)
+            model.dedup_key(after)
+            state = after
+        times.append(time.process_time() - started)
+    return statistics.median(times)
+
+
 def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
     """Time to each known-bad design's first counterexample, as each tool hands one over and finding alone: the
     checker's (BFS: a shortest one), its random walks' (`specflip check --simulate`: found, then shrunk) against
     Hypothesis finding one (its generate phase alone), and finding and shrinking one (what it reports by default).
     Like for like: the walks' finding against Hypothesis's finding, the walks' shrunk counterexample against
-    Hypothesis's. CPU seconds are the comparison (the machine is shared); wall seconds are printed beside them."""
+    Hypothesis's. CPU seconds are the comparison (the machine is shared); wall seconds are printed beside them. Last,
+    a walk straight down BFS's shortest counterexample (`straight_walk_cpu`): Hypothesis's finding over it is the
+    most that any search of this model, at this model's cost a step, could reach."""
     print(f"{'known-bad design':32s} {'BFS cpu':>8s} {'steps':>5s} | {'walk find':>9s} {'steps':>5s} "
           f"{'+shrink':>8s} {'steps':>5s} | {'Hyp find':>9s} {'+shrink':>8s} {'steps':>5s} | "
-          f"{'find: Hyp/walk':>14s} {'shrunk: Hyp/walk':>16s} {'Hyp find/BFS':>12s} | wall: {'BFS':>6s} "
-          f"{'walk':>7s} {'find':>7s} {'+shrink':>8s}")
+          f"{'find: Hyp/walk':>14s} {'shrunk: Hyp/walk':>16s} {'Hyp find/BFS':>12s} | {'straight':>8s} "
+          f"{'Hyp find/straight':>17s} | wall: {'BFS':>6s} {'walk':>7s} {'find':>7s} {'+shrink':>8s}")
     rows = []
     for design in KNOWN_BAD:
         model = Model(design, Scope())
@@ -371,9 +395,11 @@ def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
         find_s, find_cpu = statistics.median(t for t, _, _ in find), statistics.median(c for _, c, _ in find)
         shrink_s, shrink_cpu = statistics.median(t for t, _, _ in shrunk), statistics.median(c for _, c, _ in shrunk)
         steps = statistics.median(n for _, _, n in shrunk)
+        straight = straight_walk_cpu(model, bfs_runs[0].initial, [t.action for t in bfs_runs[0].trace], 50 * repeat)
         print(f"{design.name:32s} {bfs_cpu:8.3f} {len(bfs_runs[0].trace):5d} | {walk_find_cpu:9.4f} {found_steps:5.0f} "
               f"{walk_cpu:8.4f} {walk_steps:5.0f} | {find_cpu:9.3f} {shrink_cpu:8.3f} {steps:5.0f} | "
-              f"{find_cpu / walk_find_cpu:13.0f}x {shrink_cpu / walk_cpu:15.0f}x {find_cpu / bfs_cpu:11.1f}x | wall: "
+              f"{find_cpu / walk_find_cpu:13.0f}x {shrink_cpu / walk_cpu:15.0f}x {find_cpu / bfs_cpu:11.1f}x | "
+              f"{straight:8.5f} {find_cpu / straight:16.0f}x | wall: "
               f"{bfs:6.3f} {walk:7.4f} {find_s:7.3f} {shrink_s:8.3f}", flush=True)
         rows.append({
             "design": design.name, "bfs_seconds": bfs, "bfs_cpu_seconds": bfs_cpu, "bfs_steps": len(bfs_runs[0].trace),
@@ -383,7 +409,8 @@ def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
             "hypothesis_shrink_seconds": shrink_s, "hypothesis_shrink_cpu_seconds": shrink_cpu,
             "hypothesis_steps_after_shrink": steps, "find_ratio_cpu": find_cpu / bfs_cpu,
             "find_over_walk_find_cpu": find_cpu / walk_find_cpu, "shrink_over_walk_cpu": shrink_cpu / walk_cpu,
-            "shrink_ratio_cpu": shrink_cpu / bfs_cpu,
+            "shrink_ratio_cpu": shrink_cpu / bfs_cpu, "straight_walk_cpu_seconds": straight,
+            "find_over_straight_walk_cpu": find_cpu / straight,
         })
     totals = {key: sum(r[key] for r in rows) for key in (
         "bfs_seconds", "bfs_cpu_seconds", "walk_seconds", "walk_cpu_seconds", "walk_find_cpu_seconds",
@@ -396,7 +423,9 @@ def compare_with_hypothesis(repeat: int, figures: dict[str, object]) -> None:
     for label, key in (("finding, Hypothesis / walks", "find_over_walk_find_cpu"),
                        ("a shrunk counterexample, Hypothesis / walks", "shrink_over_walk_cpu"),
                        ("finding, Hypothesis / BFS (shortest)", "find_ratio_cpu"),
-                       ("Hypothesis shrunk / BFS (shortest)", "shrink_ratio_cpu")):
+                       ("Hypothesis shrunk / BFS (shortest)", "shrink_ratio_cpu"),
+                       ("finding, Hypothesis / straight down the shortest counterexample (no search: the most any "
+                        "search of this model could reach)", "find_over_straight_walk_cpu")):
         worst = min(rows, key=lambda r: r[key])
         print(f"  {label}: {min(r[key] for r in rows):.1f}x to {max(r[key] for r in rows):.0f}x per design "
               f"(lowest: {worst['design']}); target >= 100x per design: "
