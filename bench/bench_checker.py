@@ -12,8 +12,9 @@ Everything is measured in one run on this machine, side by side:
   then `specflip check --no-reports --json --jobs J` end to end, base then new. States, transitions, verdict and
   trace length are compared; where they differ the base counted states by a coarser or finer key, which the
   docs state (docs/model.md, "What the checker counts").
-- `--walks N`: also `specflip check --simulate N --jobs 1` of base and new, interleaved for `--repeat` rounds
-  (medians): the walks of every design, the verdicts and counterexample lengths compared.
+- `--walks N`: also `specflip check --simulate N --jobs 1` (with `--overlap`, of the overlap designs) of base and
+  new, interleaved for `--repeat` rounds (medians): the walks of every design, verdicts and counterexample lengths
+  compared.
 - `--pre-issue-20`: also the checker as it was before issue 20 (`check_before_issue_20`, a frozen copy kept here
   for this comparison only: it checks an edge only when it reaches a new state), on this tree's model.
 - Hypothesis against the checker: time to each known-bad design's first counterexample, finding only (generate
@@ -268,14 +269,18 @@ def compare_designs_with_base(base_root: Path, designs: list[Design], overlap: b
     figures["base_vs_new"] = rows
 
 
+def _verdicts(designs: list[dict[str, object]]) -> dict[str, tuple[object, object, int]]:
+    """Design name -> (verdict, invariant, counterexample length), from `specflip check --json`."""
+    return {d["name"]: (d["verdict"], d["invariant"], len(d["trace"])) for d in designs}  # type: ignore[arg-type]
+
+
 def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figures: dict[str, object],
                           new_root: Path = ROOT) -> None:
     load = os.getloadavg()[0]
     base_wall, base_cpu, base_verdicts = run_cli(base_root, overlap, jobs)
     new_wall, new_cpu, new_verdicts = run_cli(new_root, overlap, jobs)
     # a base older than a design checks fewer designs: compare the verdicts of the designs both check
-    base_by_name = {d["name"]: (d["verdict"], d["invariant"], len(d["trace"])) for d in base_verdicts}
-    new_by_name = {d["name"]: (d["verdict"], d["invariant"], len(d["trace"])) for d in new_verdicts}
+    base_by_name, new_by_name = _verdicts(base_verdicts), _verdicts(new_verdicts)
     common = [name for name in base_by_name if name in new_by_name]
     same = len(common) == len(base_by_name) and all(base_by_name[n] == new_by_name[n] for n in common)
     only_new = len(new_by_name) - len(common)
@@ -292,20 +297,20 @@ def compare_cli_with_base(base_root: Path, overlap: bool, jobs: int | None, figu
                       "load_after": os.getloadavg()[0]}
 
 
-def compare_walks_with_base(base_root: Path, walks: int, rounds: int, figures: dict[str, object],
+def compare_walks_with_base(base_root: Path, walks: int, rounds: int, overlap: bool, figures: dict[str, object],
                             new_root: Path = ROOT) -> None:
     """`specflip check --simulate WALKS --jobs 1` of base and new, interleaved for `rounds` rounds: the walks of
-    every design of the default scope, one process, so the CPU seconds compare (medians)."""
+    every design (of the overlap scope with `overlap`), one process, so the CPU seconds compare (medians)."""
     runs: dict[str, list[tuple[float, float, list[dict[str, object]]]]] = {"base": [], "new": []}
     for _ in range(rounds):
-        runs["base"].append(run_cli(base_root, False, 1, simulate=walks))
-        runs["new"].append(run_cli(new_root, False, 1, simulate=walks))
-    verdicts = {side: [(d["name"], d["verdict"], d["invariant"], len(d["trace"])) for d in got[0][2]]
-                for side, got in runs.items()}
+        runs["base"].append(run_cli(base_root, overlap, 1, simulate=walks))
+        runs["new"].append(run_cli(new_root, overlap, 1, simulate=walks))
+    verdicts = {side: _verdicts(got[0][2]) for side, got in runs.items()}
     same = verdicts["base"] == verdicts["new"]
     cpu = {side: statistics.median(r[1] for r in got) for side, got in runs.items()}
     wall = {side: statistics.median(r[0] for r in got) for side, got in runs.items()}
-    print(f"`specflip check --simulate {walks} --jobs 1` ({len(verdicts['new'])} designs), the median of {rounds} "
+    command = f"specflip check{' --overlap' if overlap else ''} --simulate {walks} --jobs 1"
+    print(f"`{command}` ({len(verdicts['new'])} designs), the median of {rounds} "
           f"rounds, base and new interleaved: base {wall['base']:.1f} s wall / {cpu['base']:.1f} s CPU, new "
           f"{wall['new']:.1f} s wall / {cpu['new']:.1f} s CPU: {cpu['base'] / cpu['new']:.2f}x CPU; verdicts and "
           f"counterexample lengths {'the same' if same else 'DIFFER'}\n", flush=True)
@@ -458,6 +463,8 @@ def main() -> int:
                         "(interleaved, --repeat rounds)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
+    if args.walks and not args.with_base:
+        parser.error("--walks compares base and new: it needs a base (drop --no-base)")
     designs = list(OVERLAP_DESIGNS if args.overlap else ALL_DESIGNS)
     if args.design:
         unknown = sorted(set(args.design) - {d.name for d in designs})
@@ -478,7 +485,7 @@ def main() -> int:
             new_root = source_tree(args.new, Path(tmp_new)) if args.new else ROOT
             base_root = source_tree(args.base, Path(tmp))
             if args.walks:
-                compare_walks_with_base(base_root, args.walks, args.repeat, figures, new_root)
+                compare_walks_with_base(base_root, args.walks, args.repeat, args.overlap, figures, new_root)
             compare_with_base(base_root, designs, args.overlap, limit, args.jobs, figures,
                               end_to_end=not args.design, per_design=not args.end_to_end_only, new_root=new_root)
     if args.pre_issue_20:

@@ -31,7 +31,7 @@ from proofs.bfs import Result, TraceStep, no_cyclic_gc, note_reached
 from proofs.shrink import shrink
 from statemodel.actions import Action
 from statemodel.invariants import Violation
-from statemodel.model import Model
+from statemodel.model import DedupKey, Model
 from statemodel.state import State
 
 
@@ -89,7 +89,7 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
     sometimes = model.sometimes()
     reached = {s.name: False for s in sometimes}
     unreached = list(sometimes)
-    seen: set[object] = set()
+    seen: set[DedupKey] = set()
     ended = {"at rest": 0, "looped": 0, "depth": 0}
     transitions = deepest = 0
 
@@ -115,10 +115,9 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
         )
         return SimulationResult(result, walks, settings, ended, found_steps, replays, shrink_cpu)
 
-    # The model is deterministic, so each edge and each state's enabled actions are worked out once and kept: later
-    # walks retake the steps earlier ones took (a scope has few initial states, most states enable one or two
-    # actions) at the cost of a dict lookup. Only an edge that checked clean is kept (a broken one ends the run).
-    taken: dict[tuple[State, Action], tuple[State, object]] = {}
+    # kept across walks (the module docstring, Walks.kept_steps); only an edge that checked clean is kept: a broken one
+    # ends the run
+    taken: dict[tuple[State, Action], tuple[State, DedupKey]] = {}
     enabled: dict[State, tuple[list[Action], bool]] = {}
     keep = settings.kept_steps
     for walk in range(1, settings.walks + 1):
