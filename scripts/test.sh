@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command that runs every test: sets up (idempotent; seconds once done), lints, checks the
-# committed diagrams against the model, runs the v1-line tests on real SGLang 0.5.12 objects (.venv12),
+# committed diagrams against the model, checks the overlap designs and their committed proof reports, runs the v1-line tests on real SGLang 0.5.12 objects (.venv12),
 # then the whole pytest suite (model, checker, Hypothesis, the guard on real SGLang 0.5.23 objects, lint,
 # replay).
 set -euo pipefail
@@ -20,6 +20,10 @@ if [ ! -d "$MERMAID/node_modules/mermaid" ]; then
 fi
 cp scripts/check_mermaid.mjs "$MERMAID/"
 node "$MERMAID/check_mermaid.mjs" docs/diagrams/*.mmd
+# the default scope's reports are compared by tests/test_checker.py; the overlap scope (12 designs, about 2.2 minutes
+# on two cores) once here, in its process pool: every design as expected and every committed report what it writes
+echo "test: specflip check --overlap --check-reports"
+.venv/bin/specflip check --overlap --check-reports
 # a real-object test (marked sglang) that skips fails the run here (tests/real_objects_required.py)
 export SPECFLIP_REQUIRE_SGLANG=1
 echo "test: sglang 0.5.12 (v1 EAGLEWorker) on CPU, in .venv12"

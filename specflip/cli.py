@@ -92,7 +92,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(f"{mark} {verdict.design.name:34s} {verdict.design.kind.value:9s} {verdict.verdict:12s} "
               f"{r.states:>8,} states {r.seconds:6.1f}s  {verdict.reason}", file=lines, flush=True)
 
-    # the overlap scope's spaces reach 7.3M states (plain_off_catch_up_overlap; docs/overlap-plan.md: risks)
+    # a bound far above the spaces (overlap: 1.28M states at most, plain_off_catch_up_overlap; default: 0.14M)
     if args.scope == "large":
         scope_for, limit = (lambda design: large_scope(design, overlap=args.overlap)), 0  # walks: no state bound
     elif args.overlap:
