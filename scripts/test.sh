@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one command that runs every test: sets up (idempotent; seconds once done), lints, checks the
-# committed diagrams against the model, checks the overlap designs and their committed proof reports, runs the v1-line tests on real SGLang 0.5.12 objects (.venv12),
-# then the whole pytest suite (model, checker, Hypothesis, the guard on real SGLang 0.5.23 objects, lint,
-# replay).
+# committed diagrams against the model, checks the overlap designs and their committed proof reports, runs
+# the v1-line tests on real SGLang 0.5.12 objects (.venv12), then the whole pytest suite (model, checker,
+# Hypothesis, the guard on real SGLang 0.5.23 objects, lint, replay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
