@@ -351,8 +351,9 @@ def compare_with_pre_issue_20(designs: list[Design], scope_for, limit: int,  # n
 
 def straight_walk_cpu(model: Model, initial: State, actions: list[Action], runs: int) -> float:
     """CPU seconds (median of `runs`) of a walk that goes straight down a known counterexample: no search, each step
-    only what any search of the model pays for it (its initial states built, the enabled actions, the step, every
-    invariant, the state's key). A lower bound on the time any search of this model needs to find that bug."""
+    only what any search of the model pays for it (the enabled actions, the step, every invariant, the state's key;
+    the initial states are asked for, and the model keeps them once built, as Hypothesis's machine builds them
+    before its timer starts). A lower bound on the time any search of this model needs to find that bug."""
     times = []
     for _ in range(runs):
         started = time.process_time()

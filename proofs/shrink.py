@@ -3,8 +3,9 @@
 A random walk (`proofs.simulation`) finds a counterexample fast but long: it wanders before it reaches the bug.
 Hypothesis shrinks the failures it finds before it reports one; this does the same for the walks, on the model
 directly. The model is deterministic, so a counterexample is its initial state and its actions. The shrink tries
-the same actions from each other initial state, then deletes runs of steps, longest first and at every offset (delta
-debugging), leaving out an action a deletion left disabled. Each candidate is replayed: every action must be enabled
+the same actions from each initial state before its own in the model's order (as Hypothesis shrinks a drawn index
+toward 0), then deletes runs of steps, longest first and at every offset (delta debugging), leaving out an action a
+deletion left disabled. Each candidate is replayed: every action must be enabled
 where it is taken (`Model.actions`), and it is kept when a step breaks the same invariant as the original and, with
 every invariant checked (`check_step`, as a walk checks its steps), no step breaks another one before it; for an
 `eventually` failure, when it ends at rest failing the same property. The result is a counterexample, not a
@@ -13,7 +14,7 @@ shortest one: breadth-first search (`proofs.bfs`) proves shortness.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -41,8 +42,11 @@ class _Replayer:
     candidate's steps are checked for the invariant being shrunk alone, which ends it; one that shows the failure is
     then checked with every invariant (`check_step`), and kept only if no step breaks another one first."""
 
-    def __init__(self, model: Model, invariant: str | None, eventually: tuple[str, ...]) -> None:
+    def __init__(self, model: Model, invariant: str | None, eventually: tuple[str, ...],
+                 clean: Mapping[tuple[State, Action], tuple[State, object]],
+                 enabled: Mapping[State, tuple[list[Action], bool]]) -> None:
         self.model = model
+        self._clean, self._known_enabled = clean, enabled
         self.invariant = invariant  # the step's broken invariant, or None for an `eventually` failure
         self.eventually = eventually
         self.replays = 0
@@ -63,13 +67,19 @@ class _Replayer:
     def enabled(self, state: State) -> list[Action]:
         acts = self._enabled.get(state)
         if acts is None:
-            acts = self._enabled[state] = self.model.actions(state)
+            known = self._known_enabled.get(state)
+            acts = self._enabled[state] = self.model.actions(state) if known is None else known[0]
         return acts
 
     def _step(self, state: State, action: Action) -> tuple[State, bool] | None:
         key = (state, action)
         if key in self._steps:
             return self._steps[key]
+        clean = self._clean.get(key)
+        if clean is not None:  # a step the walks took and checked clean: it breaks nothing
+            taken = self._steps[key] = (clean[0], False)
+            self._checked[key] = []
+            return taken
         taken = None
         if action in self.enabled(state):
             after = self.model.next_state(state, action)
@@ -124,12 +134,17 @@ class _Replayer:
 
 
 def shrink(model: Model, initial: State, steps: Sequence[tuple[Action, State]], violations: Sequence[Violation],
-           eventually_failed: Sequence[str] = ()) -> Shrunk:
+           eventually_failed: Sequence[str] = (),
+           clean: Mapping[tuple[State, Action], tuple[State, object]] | None = None,
+           enabled: Mapping[State, tuple[list[Action], bool]] | None = None) -> Shrunk:
     """Shrink the counterexample `initial`, `steps`: its last step breaks `violations` (the first of them names the
-    invariant kept), or, with no violations, its last state is at rest and fails `eventually_failed`."""
+    invariant kept), or, with no violations, its last state is at rest and fails `eventually_failed`. `clean` and
+    `enabled` are what the walks that found it kept (`proofs.simulation`): steps every invariant held on, to the
+    state after (and its key), and states' enabled actions (and whether at rest); a replay through them is a lookup."""
     if not violations and not eventually_failed:
         raise ValueError("shrink: nothing fails in this trace")
-    replayer = _Replayer(model, violations[0].invariant if violations else None, tuple(eventually_failed))
+    replayer = _Replayer(model, violations[0].invariant if violations else None, tuple(eventually_failed),
+                         clean or {}, enabled or {})
     best_initial, best = initial, list(steps)
     best_bad, best_failed = list(violations), tuple(eventually_failed)
 
@@ -137,10 +152,13 @@ def shrink(model: Model, initial: State, steps: Sequence[tuple[Action, State]], 
         nonlocal best_initial, best, best_bad, best_failed
         best_initial, (best, best_bad, best_failed) = start, found
 
-    # another initial state (the walks pick one at random): the same actions from each, the first that still fails
+    # an earlier initial state (the walks pick one at random): the same actions from each, the first that still fails.
+    # Only earlier ones: a later one is no simpler, and trying them cost time and shortened no known-bad design's trace
     walked = [a for a, _ in best]
-    for init in model.init_states():
-        if init != best_initial and (found := replayer.replay(init, walked)) is not None and len(found[0]) <= len(best):
+    inits = model.init_states()
+    earlier = inits[:inits.index(best_initial)] if best_initial in inits else [i for i in inits if i != best_initial]
+    for init in earlier:
+        if (found := replayer.replay(init, walked)) is not None and len(found[0]) <= len(best):
             take(init, found)
             break
     # delete runs of steps, longest first, each run at every offset; the steps before a run are kept, so the replay

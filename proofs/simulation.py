@@ -14,7 +14,7 @@ into a state seen before can break a step invariant) but not taken, another is d
 leads back ends there. So at rest the walk still takes the flips left, each checked, until they go round. The walks are
 a function of `seed` alone: the same seed gives the same walks and the same counterexample. The model is
 deterministic, so each edge checked clean and each state's enabled actions are kept across walks: a step that a later
-walk takes again costs a lookup.
+walk takes again costs a lookup, and so does a step the shrinker replays (it is handed what the walks kept).
 
 A counterexample found is then shrunk (`proofs.shrink`, as Hypothesis shrinks the failures it finds): fewer steps of
 the same model that break the same invariant. The result says how long the walk's own was and what shrinking cost.
@@ -99,7 +99,7 @@ def _simulate(model: Model, settings: Walks) -> SimulationResult:
         found_steps, replays, shrink_cpu = len(steps), 0, 0.0
         if (violations or failed) and settings.shrink and initial is not None and steps:
             shrink_cpu_started = time.process_time()
-            shrunk = shrink(model, initial, steps, violations, failed)
+            shrunk = shrink(model, initial, steps, violations, failed, taken, enabled)
             initial, steps, violations = shrunk.initial, list(shrunk.steps), list(shrunk.violations)
             failed, replays = shrunk.eventually_failed, shrunk.replays
             shrink_cpu = time.process_time() - shrink_cpu_started

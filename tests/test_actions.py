@@ -217,6 +217,20 @@ def test_a_request_done_at_its_prefill_finishes_before_the_merge_and_never_joins
     assert s.running.spec_info.rows == len(s.running.rids)
 
 
+def test_the_initial_states_are_built_once_and_a_caller_cannot_change_them() -> None:
+    from statemodel.actions import initial_states
+    from statemodel.model import Model
+
+    m = Model(SEEDS_FINAL, Scope())
+    first = m.init_states()
+    assert first == initial_states(SEEDS_FINAL, Scope()) and len(first) == len(SEEDS_FINAL.policy.pairs())
+    first.clear()  # the caller's own list: the model's stays whole
+    again = m.init_states()
+    assert again == initial_states(SEEDS_FINAL, Scope())
+    assert all(a is b for a, b in zip(again, m.init_states(), strict=True))  # kept, not built again
+    assert m == Model(SEEDS_FINAL, Scope()) and hash(m) == hash(Model(SEEDS_FINAL, Scope()))  # the cache is no field
+
+
 def test_unknown_action_is_a_clear_error() -> None:
     m = model_for(SEEDS_FINAL)
     with pytest.raises(ValueError, match="unknown action 'warp'"):
