@@ -156,7 +156,7 @@ def shrink(model: Model, initial: State, steps: Sequence[tuple[Action, State]], 
     # Only earlier ones: a later one is no simpler, and trying them cost time and shortened no known-bad design's trace
     walked = [a for a, _ in best]
     inits = model.init_states()
-    earlier = inits[:inits.index(best_initial)] if best_initial in inits else [i for i in inits if i != best_initial]
+    earlier = inits[:inits.index(best_initial)] if best_initial in inits else inits
     for init in earlier:
         if (found := replayer.replay(init, walked)) is not None and len(found[0]) <= len(best):
             take(init, found)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled, prefill_action
+from statemodel.actions import ACTION_CATALOGUE, Action, apply, enabled, initial_states, prefill_action
 from statemodel.design import Design, RequestSpec, Scope
 from statemodel.designs import (
     ADAPTIVE_WARM,
@@ -218,17 +218,14 @@ def test_a_request_done_at_its_prefill_finishes_before_the_merge_and_never_joins
 
 
 def test_the_initial_states_are_built_once_and_a_caller_cannot_change_them() -> None:
-    from statemodel.actions import initial_states
-    from statemodel.model import Model
-
-    m = Model(SEEDS_FINAL, Scope())
+    m = model_for(SEEDS_FINAL)
     first = m.init_states()
     assert first == initial_states(SEEDS_FINAL, Scope()) and len(first) == len(SEEDS_FINAL.policy.pairs())
     first.clear()  # the caller's own list: the model's stays whole
     again = m.init_states()
     assert again == initial_states(SEEDS_FINAL, Scope())
     assert all(a is b for a, b in zip(again, m.init_states(), strict=True))  # kept, not built again
-    assert m == Model(SEEDS_FINAL, Scope()) and hash(m) == hash(Model(SEEDS_FINAL, Scope()))  # the cache is no field
+    assert m == model_for(SEEDS_FINAL) and hash(m) == hash(model_for(SEEDS_FINAL))  # the cache is no field
 
 
 def test_unknown_action_is_a_clear_error() -> None:
