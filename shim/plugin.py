@@ -22,9 +22,11 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
   * Measurement only: `SPECFLIP_COUNT_SYNCS=1` counts the guard steps' host-device syncs (CUDA);
     `SPECFLIP_GUARD_CLOCK=1` (or the seconds per line) logs the guard steps' thread CPU time per hook and their
     share of the thread's (shim/guard/clock.py).
-  A bad SPECFLIP_* guard setting (an unknown mode or design, a cap that is not an integer) stops start-up with
-  one line naming the variable, unless `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, the guard off). An
-  unsupported release or configuration logs one message and leaves the guard off.
+  An unsupported release or configuration logs one message and leaves the guard off.
+* Every SPECFLIP_* setting is declared in shim/settings.py (`specflip settings`, docs/settings.md). Each entry point
+  parses and checks all the settings of its features before it installs anything (`check_settings`): a bad value of
+  any of them stops start-up with one line naming the variable and what it allows, unless
+  `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, and the features those settings belong to stay off).
 * `register` (the project's entry point, `specflip = "shim.plugin:register"`): the v2 switch, the step timer,
   then the guard (the guard last: it reads what the switch announced).
 * `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard.
@@ -33,15 +35,56 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
+from shim import settings as table
 from shim.adapters import select_adapter
 from shim.guard.core import Mode
 from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
 from shim.switch import v1 as switch_v1
 from shim.switch import v2 as switch_v2
+from shim.switch.config import SwitchConfigError
 from shim.timing import step_timer
 
 logger = logging.getLogger("specflip.guard")
+
+FEATURE_TEXT = {table.GUARD: "guard", table.SWITCH: "switch", table.STEP_TIMER: "step timer"}
+
+
+def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Parse every SPECFLIP_* setting of `features` and build each feature's configuration (their combinations),
+    installing nothing: {one-line problem: the features it turns off}, empty when every setting is good."""
+    found: dict[str, list[str]] = {}
+
+    def bad(problem: Exception, *of: str) -> None:
+        found.setdefault(str(problem), [])
+        found[str(problem)] += [f for f in of if f in features and f not in found[str(problem)]]
+
+    for problem in table.problems(environ, features + (table.FAULTS, table.START_UP)):
+        setting = table.settings.by_name()[problem.names[0]]
+        bad(problem, *setting.features)
+    checks = ((table.SWITCH, lambda: switch_v1.config_from_env(environ), SwitchConfigError),  # v2's, and V1_LOOP
+              (table.STEP_TIMER, lambda: step_timer.StepTimerConfig.from_env(environ), step_timer.StepTimerConfigError),
+              (table.GUARD, lambda: GuardRuntime.from_env(environ), ConfigError))
+    for feature, build, error in checks:
+        if feature in features:
+            try:
+                build()
+            except error as exc:
+                bad(exc, feature)
+    return found
+
+
+def settings_gate(features: tuple[str, ...]) -> set[str]:
+    """Before an entry point installs anything: the features a bad setting turns off (SPECFLIP_ON_BAD_CONFIG=warn,
+    after one error line), else SystemExit with one line naming every bad setting and what it allows."""
+    found = check_settings(features)
+    if not found:
+        return set()
+    off = {f for fs in found.values() for f in fs}
+    on_bad_config(ConfigError("; ".join(found)),
+                  feature=" and ".join(FEATURE_TEXT[f] for f in features if f in off) or "plugin")
+    return off
 
 
 def register_switch() -> None:
@@ -85,14 +128,23 @@ def register_guard() -> None:
 
 
 def register() -> None:
-    """The project's entry point: the v2 switch, the step timer and the guard, each as its variables say."""
-    register_switch()
-    register_step_timer()
-    register_guard()
+    """The project's entry point: every setting checked first (settings_gate), then the v2 switch, the step timer
+    and the guard, each as its variables say."""
+    off = settings_gate((table.SWITCH, table.STEP_TIMER, table.GUARD))
+    if table.SWITCH not in off:
+        register_switch()
+    if table.STEP_TIMER not in off:
+        register_step_timer()
+    if table.GUARD not in off:
+        register_guard()
 
 
 def register_v1() -> None:
-    """The v1 kit's entry point: the v1 switch, then the guard (a no-op unless SPECFLIP_MODE is set; under the switch's
-    overlap loop its 0.5.12 adapter takes the overlap scope of the design the switch announced)."""
-    register_switch_v1()
-    register_guard()
+    """The v1 kit's entry point: every setting checked first, then the v1 switch, then the guard (a no-op unless
+    SPECFLIP_MODE is set; under the switch's overlap loop its 0.5.12 adapter takes the overlap scope of the design the
+    switch announced)."""
+    off = settings_gate((table.SWITCH, table.GUARD))
+    if table.SWITCH not in off:
+        register_switch_v1()
+    if table.GUARD not in off:
+        register_guard()

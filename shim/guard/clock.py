@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shim.settings import settings
+
 logger = logging.getLogger("specflip.guard")
 
-ENV_GUARD_CLOCK = "SPECFLIP_GUARD_CLOCK"
+ENV_GUARD_CLOCK = settings.GUARD_CLOCK.name  # declared in shim/settings.py
 
 
 def hook_name(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:

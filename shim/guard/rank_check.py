@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from shim.guard.core import Mode, SpecFlipViolation
+from shim.settings import SettingError, settings
 
 logger = logging.getLogger("specflip.guard")
 
-ENV_RANK_CHECK = "SPECFLIP_RANK_CHECK"
+ENV_RANK_CHECK = settings.RANK_CHECK.name  # declared in shim/settings.py
 INVARIANT = "ranks_agree"
 ACTION = "schedule_step"  # what the ranks disagree on: the step get_next_batch_to_run planned
 ABSENT = -1  # a field with no value on this rank (no batch; the guard is off here)
@@ -49,13 +49,10 @@ class RankCheckConfigError(ValueError):
 
 def rank_check_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """SPECFLIP_RANK_CHECK: on (default, when the guard is on and TP > 1) or off (`0`, `off`)."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_RANK_CHECK, "").strip().lower()
-    if raw in ("", "1", "on", "true", "yes"):
-        return True
-    if raw in ("0", "off", "false", "no"):
-        return False
-    raise RankCheckConfigError(f"{ENV_RANK_CHECK}={raw!r}: expected on or off")
+    try:
+        return bool(settings.RANK_CHECK.get(environ))
+    except SettingError as exc:
+        raise RankCheckConfigError(str(exc)) from None
 
 
 def rids_hash(rids: Iterable[str]) -> int:

@@ -12,57 +12,59 @@ import logging
 import os
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from shim.guard.clock import ENV_GUARD_CLOCK, GuardClock, hook_name
+from shim.guard.clock import GuardClock, hook_name
 from shim.guard.core import Guard, GuardConfig, Mode, SpecFlipViolation
-from shim.guard.rank_check import RankCheckConfigError, rank_check_enabled
 from shim.guard.trace import trace_path_for
+from shim.settings import SettingError, settings
 from statemodel.design import Design, Scope
 from statemodel.designs import DESIGNS_BY_NAME, get_design
 
 logger = logging.getLogger("specflip.guard")
 
-ENV_MODE = "SPECFLIP_MODE"
-ENV_TRACE = "SPECFLIP_TRACE"
-ENV_DESIGN = "SPECFLIP_DESIGN"
-ENV_SPEC_CAP = "SPECFLIP_SPEC_CAP"
-ENV_PLAIN_CAP = "SPECFLIP_PLAIN_CAP"
-ENV_COUNT_SYNCS = "SPECFLIP_COUNT_SYNCS"
-ENV_ON_BAD_CONFIG = "SPECFLIP_ON_BAD_CONFIG"  # stop (default) | warn: what a bad SPECFLIP_* guard setting does
+# the guard's settings, declared in shim/settings.py (their names kept here for the modules that quote them)
+ENV_MODE = settings.MODE.name
+ENV_TRACE = settings.TRACE.name
+ENV_DESIGN = settings.DESIGN.name
+ENV_SPEC_CAP = settings.SPEC_CAP.name
+ENV_PLAIN_CAP = settings.PLAIN_CAP.name
+ENV_COUNT_SYNCS = settings.COUNT_SYNCS.name
+ENV_ON_BAD_CONFIG = settings.ON_BAD_CONFIG.name  # stop (default) | warn: what a bad SPECFLIP_* setting does
 # the warning torch's sync debug mode issues at each synchronizing CUDA call (c10/cuda/CUDAFunctions.cpp)
 SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
 DEFAULT_TRACE = "specflip-trace.rank{rank}.jsonl"
 
 
 class ConfigError(ValueError):
-    """A SPECFLIP_* variable with a value the guard does not know."""
+    """A SPECFLIP_* variable with a value specflip does not accept (any feature's: shim.plugin.check_settings)."""
 
 
-def on_bad_config(problem: ConfigError, environ: dict[str, str] | None = None) -> None:
-    """A guard setting the guard cannot honour stops start-up (SystemExit: SGLang's plugin loader logs and ignores
-    a plugin's Exceptions, and a guard silently absent is worse than none), unless SPECFLIP_ON_BAD_CONFIG=warn
-    asks to serve without the guard; then it logs one error line and returns."""
-    env = os.environ if environ is None else environ
-    choice = env.get(ENV_ON_BAD_CONFIG, "stop").strip().lower() or "stop"
-    if choice == "warn":
-        logger.error("specflip guard off: %s (%s=warn: serving without the guard)", problem, ENV_ON_BAD_CONFIG)
-        return
-    why = "" if choice == "stop" else f" ({ENV_ON_BAD_CONFIG}={choice!r} is not stop or warn)"
-    raise SystemExit(f"specflip: {problem}; the server does not start with a guard setting it cannot honour{why}. "
-                     f"Fix the setting, or set {ENV_ON_BAD_CONFIG}=warn to serve without the guard")
-
-
-def mode_from_env(environ: dict[str, str] | None = None) -> Mode:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_MODE, "off").strip().lower() or "off"
+def on_bad_config(problem: ConfigError | SettingError, environ: Mapping[str, str] | None = None,
+                  feature: str = "guard") -> None:
+    """A setting specflip cannot honour stops start-up (SystemExit: SGLang's plugin loader logs and ignores a
+    plugin's Exceptions, and a feature silently absent is worse than none), unless SPECFLIP_ON_BAD_CONFIG=warn asks
+    to serve without `feature` (the feature the bad setting belongs to); then it logs one error line and returns."""
     try:
-        return Mode(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_MODE}={raw!r}: expected one of off, warn, assert, trace") from None
+        choice, why = settings.ON_BAD_CONFIG.get(environ), ""
+    except SettingError as exc:
+        choice, why = "stop", "" if str(exc) in str(problem) else f" ({exc})"
+    if choice == "warn":
+        logger.error("specflip %s off: %s (%s=warn: serving without the %s)", feature, problem, ENV_ON_BAD_CONFIG,
+                     feature)
+        return
+    raise SystemExit(f"specflip: {problem}; the server does not start with a setting specflip cannot honour{why}. "
+                     f"Fix the setting, or set {ENV_ON_BAD_CONFIG}=warn to serve without the {feature}")
+
+
+def mode_from_env(environ: Mapping[str, str] | None = None) -> Mode:
+    try:
+        return Mode(settings.MODE.get(environ))
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class GuardRuntime:
@@ -85,33 +87,20 @@ class GuardRuntime:
         self.rank_check = True  # SPECFLIP_RANK_CHECK: the per-step rank agreement check where TP > 1
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> GuardRuntime:
-        env = os.environ if environ is None else environ
-        mode = mode_from_env(env)
-        template = env.get(ENV_TRACE) or (DEFAULT_TRACE if mode is Mode.TRACE else None)
-        design = env.get(ENV_DESIGN) or None
-        if design is not None:
-            try:
-                get_design(design)
-            except KeyError as exc:
-                raise ConfigError(f"{ENV_DESIGN}: {exc.args[0]}") from None
-        runtime = cls(mode, trace_template=template, design_name=design,
-                      spec_cap=_int_env(env, ENV_SPEC_CAP), plain_cap=_int_env(env, ENV_PLAIN_CAP))
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GuardRuntime:
+        env = environ
         try:
-            runtime.rank_check = rank_check_enabled(env)
-        except RankCheckConfigError as exc:
+            mode = Mode(settings.MODE.get(env))
+            template = settings.TRACE.get(env) or (DEFAULT_TRACE if mode is Mode.TRACE else None)
+            runtime = cls(mode, trace_template=template, design_name=settings.DESIGN.get(env),
+                          spec_cap=settings.SPEC_CAP.get(env), plain_cap=settings.PLAIN_CAP.get(env))
+            runtime.rank_check = settings.RANK_CHECK.get(env)
+            if settings.COUNT_SYNCS.get(env):
+                runtime.sync_counter = SyncCounter()
+            every = settings.GUARD_CLOCK.get(env)
+        except SettingError as exc:
             raise ConfigError(str(exc)) from None
-        if env.get(ENV_COUNT_SYNCS, "").strip() not in ("", "0"):
-            runtime.sync_counter = SyncCounter()
-        raw_clock = env.get(ENV_GUARD_CLOCK, "").strip()
-        if raw_clock not in ("", "0"):
-            try:
-                every = 30.0 if raw_clock == "1" else float(raw_clock)
-            except ValueError:
-                every = -1.0
-            if not every > 0:
-                raise ConfigError(f"{ENV_GUARD_CLOCK}={raw_clock!r}: expected 1 (a line every 30 s) or the seconds "
-                                  "between lines")
+        if every is not None:
             runtime.clock = GuardClock(log_every_s=every)
         return runtime
 
@@ -229,16 +218,6 @@ class SyncCounter:
     def summary(self) -> str:
         sites = ", ".join(f"{site} x{n}" for site, n in self.sites.most_common(5)) or "none"
         return f"{self.syncs} host-device syncs in {self.steps} guard steps (sites: {sites})"
-
-
-def _int_env(env: dict[str, str] | Any, name: str) -> int | None:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected an integer") from None
 
 
 _RUNTIME: GuardRuntime | None = None

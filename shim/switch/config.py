@@ -4,10 +4,12 @@ through it): plain data, no SGLang import. The knobs are documented in shim/swit
 from __future__ import annotations
 
 import enum
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-ENV_SWITCH = "SPECFLIP_SWITCH"
+from shim.settings import SettingError, settings
+
+ENV_SWITCH = settings.SWITCH.name  # the switch's settings are declared in shim/settings.py
 
 
 class DraftMode(enum.StrEnum):
@@ -25,7 +27,7 @@ DESIGN_FOR_DRAFT_MODE = {DraftMode.SYNC: "v2_switch_reserve_sync", DraftMode.RET
                          DraftMode.NONE: "no_draft_work_while_off"}
 
 
-ENV_TIERS = "SPECFLIP_TIERS"
+ENV_TIERS = settings.TIERS.name
 TIERS_DESIGN = "plain_off_retract_catch_up_tiers"  # the design that over-approximates every tier ladder
 
 AUTO = "auto"  # SPECFLIP_SWITCH=auto: no thresholds, the learner decides (shim/switch/auto.py)
@@ -166,7 +168,7 @@ class SwitchConfig:
             raise SwitchConfigError(f"SPECFLIP_V1_LOOP must be one of {V1_LOOPS}, got {self.v1_loop!r}")
         if self.v1_loop == "overlap" and self.draft_while_off != DraftMode.RETRACT:
             raise SwitchConfigError("SPECFLIP_V1_LOOP=overlap overlaps SGLang's plain path: "
-                                    f"SPECFLIP_SWITCH_DRAFT=retract, got {self.draft_while_off!r}")
+                                    f"SPECFLIP_SWITCH_DRAFT=retract, got '{self.draft_while_off}'")
         if self.radix not in RADIX_MODES:
             raise SwitchConfigError(f"SPECFLIP_SWITCH_RADIX must be one of {RADIX_MODES}, got {self.radix!r}")
 
@@ -189,36 +191,25 @@ class SwitchConfig:
         return off, on
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, *, default_draft: str = "retract") -> SwitchConfig | None:
-        """The configuration from SPECFLIP_* variables, or None when the switch is not enabled.
-        `default_draft`: SPECFLIP_SWITCH_DRAFT when unset (the v1 switch implements sync only)."""
-        env = dict(os.environ) if env is None else env
-        text = env.get(ENV_SWITCH, "").strip()
-        if not text:
-            if env.get(ENV_TIERS, "").strip():
-                raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on (plain above the last tier) or "
-                                        f"{ENV_SWITCH}=auto")
-            return None
-        auto = text == AUTO
-        off, on = (0, 0) if auto else cls.parse_thresholds(text)
+    def from_env(cls, env: Mapping[str, str] | None = None, *, default_draft: str = "retract") -> SwitchConfig | None:
+        """The configuration from SPECFLIP_* variables (read through shim/settings.py), or None when the switch is not
+        enabled. `default_draft`: SPECFLIP_SWITCH_DRAFT when unset."""
         try:
-            cap = int(env.get("SPECFLIP_SPEC_CAP", "48"))
-        except ValueError:
-            raise SwitchConfigError(f"SPECFLIP_SPEC_CAP must be an integer, got {env['SPECFLIP_SPEC_CAP']!r}") from None
-        try:
-            every = int(env.get("SPECFLIP_SWITCH_TRACE_EVERY", "1"))
-        except ValueError:
-            raise SwitchConfigError("SPECFLIP_SWITCH_TRACE_EVERY must be an integer, got "
-                                    f"{env['SPECFLIP_SWITCH_TRACE_EVERY']!r}") from None
-        tiers_text = env.get(ENV_TIERS, "").strip()
-        tiers = TierLadder.parse(tiers_text) if tiers_text else None
-        warmup = env.get("SPECFLIP_SWITCH_WARMUP", "on").strip().lower() or "on"
-        if warmup not in ("on", "off"):
-            raise SwitchConfigError(f"SPECFLIP_SWITCH_WARMUP must be on or off, got {env['SPECFLIP_SWITCH_WARMUP']!r}")
-        return cls(t_off=off, t_on=on, spec_cap=cap, tiers=tiers,
-                   draft_while_off=env.get("SPECFLIP_SWITCH_DRAFT", default_draft).strip() or default_draft,
-                   plain_graphs=env.get("SPECFLIP_PLAIN_GRAPHS", "decode").strip() or "decode",
-                   plain_prefill=env.get("SPECFLIP_PLAIN_PREFILL", "graphs").strip() or "graphs",
-                   trace_dir=env.get("SPECFLIP_SWITCH_TRACE") or None, trace_every=every, auto=auto,
-                   radix=env.get("SPECFLIP_SWITCH_RADIX", "keep_out").strip() or "keep_out", warmup=warmup == "on",
-                   v1_loop=env.get("SPECFLIP_V1_LOOP", "normal").strip().lower() or "normal")
+            switch = settings.SWITCH.get(env)
+            if switch is None:
+                if settings.TIERS.is_set(env):
+                    raise SwitchConfigError(f"{ENV_TIERS} needs {ENV_SWITCH}=t_off:t_on (plain above the last tier) "
+                                            f"or {ENV_SWITCH}=auto")
+                return None
+            auto = switch == AUTO
+            off, on = (0, 0) if auto else switch
+            spec_cap = settings.SPEC_CAP.get(env)
+            return cls(t_off=off, t_on=on, spec_cap=48 if spec_cap is None else spec_cap, tiers=settings.TIERS.get(env),
+                       draft_while_off=settings.SWITCH_DRAFT.get(env) if settings.SWITCH_DRAFT.is_set(env)
+                       else default_draft,
+                       plain_graphs=settings.PLAIN_GRAPHS.get(env), plain_prefill=settings.PLAIN_PREFILL.get(env),
+                       trace_dir=settings.SWITCH_TRACE.get(env), trace_every=settings.SWITCH_TRACE_EVERY.get(env),
+                       auto=auto, radix=settings.SWITCH_RADIX.get(env), warmup=settings.SWITCH_WARMUP.get(env),
+                       v1_loop=settings.V1_LOOP.get(env) or "normal")
+        except SettingError as exc:
+            raise SwitchConfigError(str(exc)) from None

@@ -29,14 +29,14 @@ repeatedly. A line `specflip FAULT INJECTION: <name> fired ...` is logged (logge
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shim.settings import SettingError, settings
 from shim.switch.config import SwitchConfigError
 
-ENV_FAULT = "SPECFLIP_FAULT"
+ENV_FAULT = settings.FAULT.name  # declared in shim/settings.py
 FAULTS: dict[str, str] = {
     "reserve_off_by_one": "flip-off frees one request's reserve one row position late (a slot leaked, another freed)",
     "flip_keeps_allocated": "flip-off frees the reserve but keeps kv_allocated_len",
@@ -51,12 +51,10 @@ _plain_token_armed = -1  # iterations since the flip-off that armed plain_token_
 def install_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """Read SPECFLIP_FAULT (unset: no fault). An unknown name raises SwitchConfigError (the switch stays off)."""
     global _ACTIVE, _plain_token_armed
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_FAULT, "").strip()
-    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
-    unknown = sorted(names - FAULTS.keys())
-    if unknown:
-        raise SwitchConfigError(f"{ENV_FAULT}: unknown fault {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+    try:
+        names = settings.FAULT.get(environ)
+    except SettingError as exc:
+        raise SwitchConfigError(str(exc)) from None
     _ACTIVE, _plain_token_armed = names, -1
     for name in sorted(names):
         logger.warning("specflip FAULT INJECTION on: %s: %s (%s); testing only", name, FAULTS[name], ENV_FAULT)
@@ -113,7 +111,7 @@ def before_next_batch(running_batch: Any, spec_on: bool) -> None:
             return
 
 
-ENV_LATE_FLIP = "SPECFLIP_FAULT_LATE_FLIP"
+ENV_LATE_FLIP = settings.FAULT_LATE_FLIP.name
 
 
 def tp_rank_of(scheduler: Any) -> int:
@@ -137,17 +135,13 @@ class LateFlipFault:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LateFlipFault | None:
-        env = os.environ if environ is None else environ
-        raw = env.get(ENV_LATE_FLIP, "").strip()
-        if not raw:
-            return None
         try:
-            rank, _, nth = raw.partition(":")
-            fault = cls(int(rank), int(nth or 1))
-        except ValueError:
-            raise SwitchConfigError(f"{ENV_LATE_FLIP} must be RANK or RANK:N (integers), got {raw!r}") from None
-        if fault.rank < 0 or fault.nth < 1:
-            raise SwitchConfigError(f"{ENV_LATE_FLIP} needs a TP rank >= 0 and N >= 1, got {raw!r}")
+            value = settings.FAULT_LATE_FLIP.get(environ)
+        except SettingError as exc:
+            raise SwitchConfigError(str(exc)) from None
+        if value is None:
+            return None
+        fault = cls(*value)
         logger.warning("specflip FAULT INJECTION on: TP rank %d performs flip %d one scheduler step late (%s); "
                        "testing only", fault.rank, fault.nth, ENV_LATE_FLIP)
         return fault

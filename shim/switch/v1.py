@@ -45,12 +45,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shim.guard import api as guard_api
+from shim.settings import settings
 from shim.switch import v1_loop, v1_plain_path, warmup
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.policy import SwitchPolicy
@@ -466,13 +467,12 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
     return _RUNTIME
 
 
-def config_from_env(env: dict[str, str] | None = None) -> SwitchConfig | None:
+def config_from_env(env: Mapping[str, str] | None = None) -> SwitchConfig | None:
     """The v1 switch's configuration: SwitchConfig.from_env with SPECFLIP_SWITCH_DRAFT retract by default, and, when
     SPECFLIP_V1_LOOP is unset in draft mode retract, the overlap loop (plain iterations overlapped, v1_loop.py), with
     the guard or without: the guard followed it live on the H200 with no finding (docs/v1.md, "Session 25")."""
-    env = dict(os.environ) if env is None else env
     config = SwitchConfig.from_env(env, default_draft="retract")
-    if config is None or env.get("SPECFLIP_V1_LOOP", "").strip() or config.draft_while_off != "retract":
+    if config is None or settings.V1_LOOP.is_set(env) or config.draft_while_off != "retract":
         return config
     return dataclasses.replace(config, v1_loop="overlap")
 
@@ -490,6 +490,6 @@ def install_from_env() -> bool:
         return False
     if config is not None and config.draft_while_off == "retract":
         log.info("specflip v1 switch: the %s loop (SPECFLIP_V1_LOOP%s)", config.v1_loop,
-                 "" if os.environ.get("SPECFLIP_V1_LOOP", "").strip() else
+                 "" if settings.V1_LOOP.is_set() else
                  " unset: overlap in draft mode retract")
     return install_switch(HookRegistry, config)

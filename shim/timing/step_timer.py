@@ -36,17 +36,20 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shim.settings import SettingError, settings
 from shim.timing.jsonl import JsonlTrace
 
-ENV_DIR = "SPECFLIP_STEP_TIMER"
-ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
+# the timer's settings, declared in shim/settings.py
+ENV_DIR = settings.STEP_TIMER.name
+ENV_EVERY = settings.STEP_TIMER_EVERY.name
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 T_ARRIVAL = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
-ENV_PROFILE = "SPECFLIP_STEP_PROFILE"
-ENV_PROFILE_STEPS = "SPECFLIP_STEP_PROFILE_STEPS"
+ENV_PROFILE = settings.STEP_PROFILE.name
+ENV_PROFILE_STEPS = settings.STEP_PROFILE_STEPS.name
 PROFILE_POLL_STEPS = 32  # how often (decode steps) the flag file is looked for: a stat() is not free
 GC_REPORT_STEPS = 2048
 
@@ -96,19 +99,15 @@ class StepTimerConfig:
             raise StepTimerConfigError(f"{ENV_PROFILE_STEPS} must be >= 1, got {self.profile_steps}")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> StepTimerConfig | None:
-        env = dict(os.environ) if env is None else env
-        trace_dir = env.get(ENV_DIR, "").strip()
-        if not trace_dir:
-            return None
-        numbers = {}
-        for name, default in ((ENV_EVERY, "16"), (ENV_PROFILE_STEPS, "800")):
-            try:
-                numbers[name] = int(env.get(name, default))
-            except ValueError:
-                raise StepTimerConfigError(f"{name} must be an integer, got {env[name]!r}") from None
-        return cls(trace_dir=trace_dir, every=numbers[ENV_EVERY], profile_flag=env.get(ENV_PROFILE, "").strip() or None,
-                   profile_steps=numbers[ENV_PROFILE_STEPS])
+    def from_env(cls, env: Mapping[str, str] | None = None) -> StepTimerConfig | None:
+        try:
+            trace_dir = settings.STEP_TIMER.get(env)
+            if trace_dir is None:
+                return None
+            return cls(trace_dir=trace_dir, every=settings.STEP_TIMER_EVERY.get(env),
+                       profile_flag=settings.STEP_PROFILE.get(env), profile_steps=settings.STEP_PROFILE_STEPS.get(env))
+        except SettingError as exc:
+            raise StepTimerConfigError(str(exc)) from None
 
 
 class StepTimer:
