@@ -235,7 +235,7 @@ def test_switch_actions_are_model_actions_and_designs_exist():
     ({"SPECFLIP_SWITCH": "8:16"}, "t_on < t_off"),
     ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_SWITCH_DRAFT": "later"}, "SPECFLIP_SWITCH_DRAFT"),
     ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_SPEC_CAP": "many"}, "SPECFLIP_SPEC_CAP"),
-    ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_PLAIN_PREFILL": "cached"}, "SPECFLIP_PLAIN_PREFILL must be one of"),
+    ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_PLAIN_PREFILL": "cached"}, "SPECFLIP_PLAIN_PREFILL=.cached.: expected one of"),
 ])
 def test_switch_config_errors_are_one_line(env, message):
     with pytest.raises(SwitchConfigError, match=message) as exc:
@@ -292,7 +292,7 @@ def test_install_from_env_is_off_without_the_variable_and_one_line_on_a_bad_one(
     assert switch_v2.install_from_env() is False
     monkeypatch.setenv("SPECFLIP_SWITCH", "4:9")
     assert switch_v2.install_from_env() is False
-    assert "specflip switch off: SPECFLIP_SWITCH: need 0 <= t_on < t_off" in caplog.text
+    assert "specflip switch off: SPECFLIP_SWITCH='4:9': expected 't_off:t_on' with 0 <= t_on < t_off" in caplog.text
     assert switch_v2.runtime() is None
 
 

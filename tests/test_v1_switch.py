@@ -775,7 +775,7 @@ def test_overlap_loop_relay_is_what_makes_it_exact(overlap_loop: Any, monkeypatc
 
 def test_overlap_loop_config_errors() -> None:
     """SPECFLIP_V1_LOOP: one line for a bad value or for overlap with the seeds' sync mode."""
-    with pytest.raises(SwitchConfigError, match="SPECFLIP_V1_LOOP must be one of"):
+    with pytest.raises(SwitchConfigError, match="SPECFLIP_V1_LOOP='fast': expected one of normal, overlap"):
         SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "fast"})
     with pytest.raises(SwitchConfigError, match="SPECFLIP_SWITCH_DRAFT=retract"):
         SwitchConfig.from_env({"SPECFLIP_SWITCH": "5:2", "SPECFLIP_V1_LOOP": "overlap",
