@@ -41,6 +41,11 @@ from shim import settings as table
 from shim.adapters import select_adapter
 from shim.guard.core import Mode
 from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
+from shim.settings import FEATURE_FAULTS as FAULTS
+from shim.settings import FEATURE_GUARD as GUARD
+from shim.settings import FEATURE_START_UP as START_UP
+from shim.settings import FEATURE_STEP_TIMER as STEP_TIMER
+from shim.settings import FEATURE_SWITCH as SWITCH
 from shim.switch import v1 as switch_v1
 from shim.switch import v2 as switch_v2
 from shim.switch.config import SwitchConfigError
@@ -48,7 +53,7 @@ from shim.timing import step_timer
 
 logger = logging.getLogger("specflip.guard")
 
-FEATURE_TEXT = {table.GUARD: "guard", table.SWITCH: "switch", table.STEP_TIMER: "step timer"}
+FEATURE_TEXT = {GUARD: "guard", SWITCH: "switch", STEP_TIMER: "step timer"}
 
 
 def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
@@ -60,12 +65,12 @@ def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None 
         found.setdefault(str(problem), [])
         found[str(problem)] += [f for f in of if f in features and f not in found[str(problem)]]
 
-    for problem in table.problems(environ, features + (table.FAULTS, table.START_UP)):
+    for problem in table.problems(environ, features + (FAULTS, START_UP)):
         setting = table.settings.by_name()[problem.names[0]]
         bad(problem, *setting.features)
-    checks = ((table.SWITCH, lambda: switch_v1.config_from_env(environ), SwitchConfigError),  # v2's, and V1_LOOP
-              (table.STEP_TIMER, lambda: step_timer.StepTimerConfig.from_env(environ), step_timer.StepTimerConfigError),
-              (table.GUARD, lambda: GuardRuntime.from_env(environ), ConfigError))
+    checks = ((SWITCH, lambda: switch_v1.config_from_env(environ), SwitchConfigError),  # v2's, and V1_LOOP's
+              (STEP_TIMER, lambda: step_timer.StepTimerConfig.from_env(environ), step_timer.StepTimerConfigError),
+              (GUARD, lambda: GuardRuntime.from_env(environ), ConfigError))
     for feature, build, error in checks:
         if feature in features:
             try:
@@ -130,12 +135,12 @@ def register_guard() -> None:
 def register() -> None:
     """The project's entry point: every setting checked first (settings_gate), then the v2 switch, the step timer
     and the guard, each as its variables say."""
-    off = settings_gate((table.SWITCH, table.STEP_TIMER, table.GUARD))
-    if table.SWITCH not in off:
+    off = settings_gate((SWITCH, STEP_TIMER, GUARD))
+    if SWITCH not in off:
         register_switch()
-    if table.STEP_TIMER not in off:
+    if STEP_TIMER not in off:
         register_step_timer()
-    if table.GUARD not in off:
+    if GUARD not in off:
         register_guard()
 
 
@@ -143,8 +148,8 @@ def register_v1() -> None:
     """The v1 kit's entry point: every setting checked first, then the v1 switch, then the guard (a no-op unless
     SPECFLIP_MODE is set; under the switch's overlap loop its 0.5.12 adapter takes the overlap scope of the design the
     switch announced)."""
-    off = settings_gate((table.SWITCH, table.GUARD))
-    if table.SWITCH not in off:
+    off = settings_gate((SWITCH, GUARD))
+    if SWITCH not in off:
         register_switch_v1()
-    if table.GUARD not in off:
+    if GUARD not in off:
         register_guard()

@@ -22,11 +22,11 @@ PREFIX = "SPECFLIP_"
 
 # features, in the order `specflip settings` lists them; a setting's feature is what SPECFLIP_ON_BAD_CONFIG=warn turns
 # off when its value is bad
-GUARD, SWITCH, STEP_TIMER, FAULTS, START_UP, DEVELOPMENT = (
+FEATURE_GUARD, FEATURE_SWITCH, FEATURE_STEP_TIMER, FEATURE_FAULTS, FEATURE_START_UP, FEATURE_DEVELOPMENT = (
     "guard", "switch", "step timer", "fault injection", "start-up", "development")
-FEATURES = (GUARD, SWITCH, STEP_TIMER, FAULTS, START_UP, DEVELOPMENT)
+FEATURES = (FEATURE_START_UP, FEATURE_GUARD, FEATURE_SWITCH, FEATURE_STEP_TIMER, FEATURE_FAULTS, FEATURE_DEVELOPMENT)
 # features read by the SGLang plugin (the development settings are read by tests and benchmarks only)
-PLUGIN_FEATURES = (GUARD, SWITCH, STEP_TIMER, FAULTS, START_UP)
+PLUGIN_FEATURES = (FEATURE_GUARD, FEATURE_SWITCH, FEATURE_STEP_TIMER, FEATURE_FAULTS, FEATURE_START_UP)
 
 
 class SettingError(ValueError):
@@ -203,6 +203,20 @@ def parse_tiers(text: str) -> Any:
     return TierLadder.parse(text)
 
 
+def parse_trace_template(text: str) -> str:
+    """A file in an existing directory specflip can write into (the guard opens it at its first step, in the
+    scheduler: a mistake found there would come too late)."""
+    path = Path(text.replace("{rank}", "0").replace("{pid}", str(os.getpid())))
+    if path.is_dir():
+        raise ValueError("names a directory; expected a file name in an existing directory")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise ValueError(f"{parent} is not a directory; expected a file name in an existing directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{parent} is not writable; expected a file name in a directory specflip can write into")
+    return text
+
+
 def parse_design(text: str) -> str:
     from statemodel.designs import get_design
 
@@ -257,107 +271,112 @@ class Settings:
         ("stop", "warn"), "stop",
         "What a bad value of any SPECFLIP_* setting does at start-up: stop (the server does not start; one line "
         "names the variable and what it allows) or warn (one error line; the feature it belongs to stays off).",
-        features=(START_UP,))
+        features=(FEATURE_START_UP,))
 
     # --- guard (shim/guard; docs/guard.md) ---
     MODE = Choice(
         ("off", "warn", "assert", "trace"), "off",
         "The runtime guard: off (no hook registered), warn (log findings), assert (stop the server at a finding), "
-        "trace (record every checked step).", features=(GUARD,))
-    TRACE = Text(
-        None, "The guard's trace file (JSONL); `{rank}` and `{pid}` are filled in.", features=(GUARD,),
+        "trace (record every checked step).", features=(FEATURE_GUARD,))
+    TRACE = Parsed(
+        parse_trace_template, None,
+        "The guard's trace file (JSONL, appended to); `{rank}` and `{pid}` are filled in.", features=(FEATURE_GUARD,),
         kind="file name template", default_text="specflip-trace.rank{rank}.jsonl in trace mode, else none")
     DESIGN = Parsed(
         parse_design, None,
-        "The reference design whose transition function moves the guard's ghost state (`specflip designs`).",
-        kind="design name", features=(GUARD,),
+        "The reference design whose transition function moves the guard's ghost state (statemodel/designs.py).",
+        kind="design name", features=(FEATURE_GUARD,),
         default_text="the design the installed switch announced, else sglang_adaptive_warm with "
                      "--speculative-adaptive, else plain_off_catch_up")
     SPEC_CAP = Int(
         None, "Running-request cap while speculation is on: the switch admits up to it; the guard checks it.",
-        features=(SWITCH, GUARD),
+        features=(FEATURE_SWITCH, FEATURE_GUARD),
         default_text="switch: 48 (SGLang's speculative default); guard: the switch's cap, else max_running_requests")
     PLAIN_CAP = Int(
-        None, "Running-request cap the guard checks while speculation is off.", features=(GUARD,),
+        None, "Running-request cap the guard checks while speculation is off.", features=(FEATURE_GUARD,),
         default_text="max_running_requests")
     RANK_CHECK = Flag(
-        True, "The guard's per-step rank agreement check under tensor parallelism (docs/tp.md).", features=(GUARD,))
+        True, "The guard's per-step rank agreement check under tensor parallelism (docs/tp.md).",
+        features=(FEATURE_GUARD,))
     COUNT_SYNCS = Flag(
-        False, "Measurement: count the guard steps' host-device synchronisations (CUDA).", features=(GUARD,))
+        False, "Measurement: count the guard steps' host-device synchronisations (CUDA).", features=(FEATURE_GUARD,))
     GUARD_CLOCK = Parsed(
         parse_guard_clock, None,
         "Measurement: log the guard steps' thread CPU time per hook every so many seconds (shim/guard/clock.py).",
-        kind="0 | 1 (every 30 s) | seconds", features=(GUARD,), default_text="0 (off)")
+        kind="0 | 1 (every 30 s) | seconds", features=(FEATURE_GUARD,), default_text="0 (off)")
 
     # --- switch (shim/switch; docs/auto-switch.md) ---
     SWITCH = Parsed(
         parse_switch, None,
         "specflip's switch: speculation off at t_off running requests or more, on again at t_on or fewer; auto: "
-        "no thresholds, the learner decides.", kind="t_off:t_on | auto", features=(SWITCH,),
+        "no thresholds, the learner decides.", kind="t_off:t_on | auto", features=(FEATURE_SWITCH,),
         default_text="unset (no switch)")
     SWITCH_DRAFT = Choice(
         ("retract", "sync", "none"), "retract",
         "What the draft does while speculation is off: retract (SGLang's plain path; the flip on retracts and "
         "catches up), sync (a draft-extend after every plain step), none (KNOWN BAD, measurement only).",
-        features=(SWITCH,))
+        features=(FEATURE_SWITCH,))
     TIERS = Parsed(
         parse_tiers, None,
         "Speculative tiers: while on, the EAGLE step count follows the load, e.g. 3,8:4,1 (steps 3 below 8 running "
         "requests, 1 from 8, back at 4); with SPECFLIP_SWITCH=auto the step counts only, e.g. 3,1.",
-        kind="steps[,up:down,steps]...", features=(SWITCH,), default_text="unset (one step count)")
+        kind="steps[,up:down,steps]...", features=(FEATURE_SWITCH,), default_text="unset (one step count)")
     PLAIN_GRAPHS = Choice(
         ("decode", "eager"), "decode", "Plain decoding while off: capture a plain decode CUDA-graph runner, or eager.",
-        features=(SWITCH,))
+        features=(FEATURE_SWITCH,))
     PLAIN_PREFILL = Choice(
         ("graphs", "eager"), "graphs", "Prefills while off: replay the target's prefill CUDA graphs, or eager.",
-        features=(SWITCH,))
+        features=(FEATURE_SWITCH,))
     SWITCH_WARMUP = Flag(
-        True, "Before the server listens, run every path a flip takes (shim/switch/warmup.py).", features=(SWITCH,))
+        True, "Before the server listens, run every path a flip takes (shim/switch/warmup.py).",
+        features=(FEATURE_SWITCH,))
     SWITCH_RADIX = Choice(
         ("keep_out", "insert"), "keep_out",
         "Requests run while off: kept out of the radix tree (no cached token without draft KV), or inserted "
-        "(SGLang's own tree; outputs exact, acceptance drops).", features=(SWITCH,))
+        "(SGLang's own tree; outputs exact, acceptance drops).", features=(FEATURE_SWITCH,))
     SWITCH_TRACE = Directory(
         None, "A directory for the switch's JSONL trace, one switch-<pid>.jsonl per process (`specflip replay`, "
-        "`specflip ranks`).", features=(SWITCH,))
+        "`specflip ranks`).", features=(FEATURE_SWITCH,))
     SWITCH_TRACE_EVERY = Int(
         1, "The switch trace times the two decode steps after each flip and every Nth other one.",
-        features=(SWITCH,))
+        features=(FEATURE_SWITCH,))
     V1_LOOP = Choice(
         ("normal", "overlap"), None,
         "The v1 switch only (SGLang 0.5.12, SGLANG_ENABLE_SPEC_V2=0): SGLang's normal loop, or specflip's loop "
-        "that overlaps the plain iterations.", features=(SWITCH,),
+        "that overlaps the plain iterations.", features=(FEATURE_SWITCH,),
         default_text="overlap in draft mode retract, else normal")
 
     # --- fault injection (shim/switch/faults.py; testing the guard only) ---
     FAULT = Parsed(
         parse_faults, frozenset(),
         "FAULT INJECTION, tests only: switch bugs the guard must catch (reserve_off_by_one, flip_keeps_allocated, "
-        "plain_token_twice).", kind="name[,name...]", features=(FAULTS, SWITCH), default_text="none")
+        "plain_token_twice).", kind="name[,name...]", features=(FEATURE_FAULTS, FEATURE_SWITCH), default_text="none")
     FAULT_LATE_FLIP = Parsed(
         parse_late_flip, None,
         "FAULT INJECTION, tests only: this TP rank performs the switch's Nth flip (default the first) one scheduler "
-        "step late.", kind="RANK[:N]", features=(FAULTS, SWITCH), default_text="none")
+        "step late.", kind="RANK[:N]", features=(FEATURE_FAULTS, FEATURE_SWITCH), default_text="none")
 
     # --- step timer (shim/timing/step_timer.py) ---
     STEP_TIMER = Directory(
         None, "A directory for the per-step timer's lines, one steps-<pid>.jsonl per process (any server).",
-        features=(STEP_TIMER,), default_text="unset (no timer)")
-    STEP_TIMER_EVERY = Int(16, "The step timer times every Nth decode step on the device.", features=(STEP_TIMER,))
+        features=(FEATURE_STEP_TIMER,), default_text="unset (no timer)")
+    STEP_TIMER_EVERY = Int(
+        16, "The step timer times every Nth decode step on the device.", features=(FEATURE_STEP_TIMER,))
     STEP_PROFILE = Text(
         None, "A flag file: once it exists, the scheduler runs under cProfile for SPECFLIP_STEP_PROFILE_STEPS "
-        "decode steps.", features=(STEP_TIMER,), kind="file name")
-    STEP_PROFILE_STEPS = Int(800, "Decode steps in the profile window.", features=(STEP_TIMER,))
+        "decode steps.", features=(FEATURE_STEP_TIMER,), kind="file name")
+    STEP_PROFILE_STEPS = Int(800, "Decode steps in the profile window.", features=(FEATURE_STEP_TIMER,))
 
     # --- development: read by the tests and benchmarks, not by the plugin ---
     SGLANG_0_5_16_SRC = Text(
         None, "SGLang 0.5.16's source tree (the lint's and the overlap tests' stand-in for the GPU host's release).",
-        features=(DEVELOPMENT,), kind="directory", default_text=".cache/sglang-src/0.5.16 (scripts/setup.sh)")
+        features=(FEATURE_DEVELOPMENT,), kind="directory", default_text=".cache/sglang-src/0.5.16 (scripts/setup.sh)")
     REQUIRE_SGLANG = Flag(
         False, "The test session fails when a test needing real SGLang objects is skipped (scripts/test.sh sets it).",
-        features=(DEVELOPMENT,), default_text="off (on when CI=true)")
+        features=(FEATURE_DEVELOPMENT,), default_text="off (on when CI=true)")
     REQUIRE_SGLANG_V1 = Flag(
-        False, "The same for SGLang 0.5.12's tests (scripts/test.sh sets it for that run).", features=(DEVELOPMENT,))
+        False, "The same for SGLang 0.5.12's tests (scripts/test.sh sets it for that run).",
+        features=(FEATURE_DEVELOPMENT,))
 
     def __iter__(self) -> Iterator[Setting]:
         for value in vars(type(self)).values():

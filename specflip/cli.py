@@ -165,6 +165,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return replay_main(args)
 
 
+def _cmd_settings(args: argparse.Namespace) -> int:
+    import json
+
+    from shim import settings as table
+
+    if args.json:
+        print(json.dumps(table.rows(), indent=2))
+    elif args.markdown:
+        print(table.markdown(), end="")
+    else:
+        for row in table.rows():
+            print(f"{row['name']}  [{row['feature']}]  {row['type']}  (default: {row['default']})")
+            print(f"    {row['meaning']}")
+    return 0
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from specflip.calibrate import CalibrateError
     from specflip.calibrate import main as calibrate_main
@@ -263,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--launch-timeout", type=positive_float, default=300.0,
                         help="seconds to wait for a --launch server to become healthy")
     replay.set_defaults(func=_cmd_replay)
+
+    settings = add("settings", "list every SPECFLIP_* environment variable: name, type, default and meaning "
+                   "(shim/settings.py)")
+    form = settings.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print the table as JSON")
+    form.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/settings.md)")
+    settings.set_defaults(func=_cmd_settings)
 
     calibrate = add("calibrate", "the switch's thresholds (SPECFLIP_SWITCH) from a throughput "
                     "measurement of plain decoding and always-on speculation")

@@ -235,7 +235,7 @@ def test_switch_actions_are_model_actions_and_designs_exist():
     ({"SPECFLIP_SWITCH": "8:16"}, "t_on < t_off"),
     ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_SWITCH_DRAFT": "later"}, "SPECFLIP_SWITCH_DRAFT"),
     ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_SPEC_CAP": "many"}, "SPECFLIP_SPEC_CAP"),
-    ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_PLAIN_PREFILL": "cached"}, "SPECFLIP_PLAIN_PREFILL=.cached.: expected one of"),
+    ({"SPECFLIP_SWITCH": "16:8", "SPECFLIP_PLAIN_PREFILL": "cached"}, "SPECFLIP_PLAIN_PREFILL=.cached.: expected"),
 ])
 def test_switch_config_errors_are_one_line(env, message):
     with pytest.raises(SwitchConfigError, match=message) as exc:
