@@ -36,10 +36,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
-from specflip.cli_args import OneLineParser, positive_int  # noqa: E402 - the repo root is put first
+from shim.settings import settings  # noqa: E402 - the repo root is put first
+from specflip.cli_args import OneLineParser, positive_int  # noqa: E402
 
 STAND_INS = REPO / "stand_ins" / "cpu"
-SRC_0_5_16 = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16"))
+SRC_0_5_16 = Path(settings.SGLANG_0_5_16_SRC.get() or REPO / ".cache" / "sglang-src" / "0.5.16")
 
 # (label, flags after --model-path <tiny> --speculative-draft-model-path <tiny> --speculative-algorithm EAGLE)
 CONFIGS: list[tuple[str, list[str]]] = [

@@ -223,7 +223,7 @@ def parse_design(text: str) -> str:
     try:
         get_design(text)
     except KeyError as exc:
-        raise ValueError(str(exc.args[0])) from None
+        raise ValueError(f"{exc.args[0]} (expected a design's name)") from None
     return text
 
 

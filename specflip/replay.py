@@ -29,6 +29,7 @@ import attrs
 from shim.guard.explain import explain_traces
 from shim.guard.ranks import RankTraceError
 from shim.guard.trace import TraceFormatError
+from shim.settings import settings
 from specflip.schedules import VOCAB, Schedule, ScheduleError, generate, load, save
 from statemodel.actions import ACTIONS_BY_NAME
 from statemodel.design import DraftWhileOff
@@ -310,7 +311,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: floa
 
 
 def launch_server(server_args: Sequence[str], trace_dir: str, log_path: str, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, SPECFLIP_MODE=os.environ.get("SPECFLIP_MODE", "trace"),
+    env = dict(os.environ, SPECFLIP_MODE=settings.MODE.raw() or "trace",
                SPECFLIP_TRACE=os.path.join(trace_dir, "specflip-trace.rank{rank}.jsonl"),
                SPECFLIP_SWITCH_TRACE=trace_dir)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *server_args]

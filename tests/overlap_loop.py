@@ -105,11 +105,12 @@ def _function_0_5_16(module: str, name: str, namespace: dict[str, Any], cls: str
     scripts/setup.sh unpacks to .cache/sglang-src/0.5.16, or $SPECFLIP_SGLANG_0_5_16_SRC) with `namespace` for the
     names its module imports. Raises FileNotFoundError without the source."""
     import ast
-    import os
     from pathlib import Path
 
-    root = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", Path(__file__).resolve().parents[1] / ".cache"
-                               / "sglang-src" / "0.5.16"))
+    from shim.settings import settings
+
+    root = Path(settings.SGLANG_0_5_16_SRC.get() or Path(__file__).resolve().parents[1] / ".cache" / "sglang-src"
+                / "0.5.16")
     path = root / "sglang" / "srt" / module
     body = ast.parse(path.read_text()).body
     if cls is not None:

@@ -18,21 +18,23 @@ from pathlib import Path
 
 import pytest
 
+from shim.settings import settings
+
 MARK = "sglang"
-ENV = "SPECFLIP_REQUIRE_SGLANG"
+ENV = settings.REQUIRE_SGLANG.name  # both declared in shim/settings.py
 V1_MARK = "sglang_v1"
-V1_ENV = "SPECFLIP_REQUIRE_SGLANG_V1"
+V1_ENV = settings.REQUIRE_SGLANG_V1.name
 
 
 def required(env: dict[str, str] | None = None) -> bool:
     env = dict(os.environ) if env is None else env
-    return env.get(ENV, "") == "1" or env.get("CI", "").strip().lower() in ("true", "1")
+    return settings.REQUIRE_SGLANG.get(env) or env.get("CI", "").strip().lower() in ("true", "1")
 
 
 def required_marks(env: dict[str, str] | None = None) -> tuple[str, ...]:
     """The marks whose tests must not skip in this run."""
     env = dict(os.environ) if env is None else env
-    return ((MARK,) if required(env) else ()) + ((V1_MARK,) if env.get(V1_ENV, "") == "1" else ())
+    return ((MARK,) if required(env) else ()) + ((V1_MARK,) if settings.REQUIRE_SGLANG_V1.get(env) else ())
 
 
 def _declares_mark(path: Path, mark: str) -> bool:

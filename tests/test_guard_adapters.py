@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +16,7 @@ from shim.adapters import ADAPTERS, select_adapter
 from shim.adapters.sglang_0_5_16 import Adapter as Adapter0516
 from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
 from shim.guard import api as guard_api
+from shim.settings import settings
 from shim.switch.config import SwitchConfig
 
 
@@ -28,7 +28,7 @@ def installed_root() -> Path | None:
 
 
 def root_0_5_16() -> Path | None:
-    root = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", "/tmp/sg/0.5.16"))
+    root = Path(settings.SGLANG_0_5_16_SRC.get() or "/tmp/sg/0.5.16")
     return root if (root / "sglang" / "srt").is_dir() else None
 
 

@@ -21,8 +21,10 @@ import pytest
 from lint_cases import DRIVER, cases, verdict
 from sglang_cpu import write_tiny_model_config
 
+from shim.settings import settings
+
 REPO = Path(__file__).resolve().parents[1]
-SRC_0_5_16 = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16"))
+SRC_0_5_16 = Path(settings.SGLANG_0_5_16_SRC.get() or REPO / ".cache" / "sglang-src" / "0.5.16")
 # the CPU import stand-ins under which 0.5.16's source imports in .venv (bench/gpu/lint_matrix.py, CPU_0516_PATHS)
 PATH_0_5_16 = os.pathsep.join([str(REPO), str(SRC_0_5_16), str(REPO / "stand_ins" / "cpu_sglang_0_5_16"),
                                str(REPO / "stand_ins" / "cpu")])

@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 import lint_matrix  # noqa: E402
 
-SRC_0_5_16 = Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16"))
+from shim.settings import settings  # noqa: E402
+
+SRC_0_5_16 = Path(settings.SGLANG_0_5_16_SRC.get() or REPO / ".cache" / "sglang-src" / "0.5.16")
 
 
 def test_verdicts() -> None:

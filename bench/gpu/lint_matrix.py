@@ -60,7 +60,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402 - the repo root is put on the path first
+from shim.settings import settings  # noqa: E402 - the repo root is put on the path first
+from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402
 from specflip.cli_args import OneLineParser, number, positive_float, positive_int  # noqa: E402
 
 PREDICTS = ("serves", "dies-at-startup", "dies-at-first-request")
@@ -69,7 +70,7 @@ PROMPT = [11, 402, 77, 903, 5, 1200, 64, 300]
 NEW_TOKENS = 24
 # the CPU stand-ins under which 0.5.16's source (.cache/sglang-src/0.5.16) imports in .venv: its xgrammar
 # import and the transformers config registration that .venv's newer transformers already has (see the package)
-CPU_0516_PATHS = (Path(os.environ.get("SPECFLIP_SGLANG_0_5_16_SRC", REPO / ".cache" / "sglang-src" / "0.5.16")),
+CPU_0516_PATHS = (Path(settings.SGLANG_0_5_16_SRC.get() or REPO / ".cache" / "sglang-src" / "0.5.16"),
                   REPO / "stand_ins" / "cpu_sglang_0_5_16", REPO / "stand_ins" / "cpu")
 
 
