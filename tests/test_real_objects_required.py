@@ -55,7 +55,8 @@ def test_runs():
 def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     requiring = ("CI", "SPECFLIP_REQUIRE_SGLANG", "SPECFLIP_REQUIRE_SGLANG_V1")
     base = {k: v for k, v in os.environ.items() if k not in requiring}
-    base["PYTHONPATH"] = os.pathsep.join([str(TESTS), base.get("PYTHONPATH", "")])
+    # the repository too: the plugin reads its variables through shim/settings.py
+    base["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent), base.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "real_objects_required", "-p",
                            "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", "."],
                           cwd=tmp_path, env={**base, **env}, capture_output=True, text=True, timeout=300)
