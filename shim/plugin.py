@@ -5,7 +5,8 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
 
 * `register_switch`: specflip's v2 switch (shim/switch/v2.py), when `SPECFLIP_SWITCH=t_off:t_on` is set; not on a
   server that runs SGLang's v1 EAGLEWorker.
-* `register_switch_v1`: the v1 switch (shim/switch/v1.py, SGLang 0.5.12 with SGLANG_ENABLE_SPEC_V2=0), when
+* `register_switch_v1`: the v1 switch (shim/switch/v1.py, on a line that ships the v1 EAGLEWorker, with
+  SGLANG_ENABLE_SPEC_V2=0), when
   `SPECFLIP_SWITCH` is set.
 * `register_step_timer`: the per-step timer for any server, when `SPECFLIP_STEP_TIMER=<dir>` is set
   (shim/timing/step_timer.py).
@@ -34,9 +35,9 @@ from __future__ import annotations
 
 import logging
 
-from shim.adapters import select_adapter
 from shim.guard.core import Mode
 from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
+from shim.releases import UnsupportedRelease, release_line
 from shim.switch import v1 as switch_v1
 from shim.switch import v2 as switch_v2
 from shim.timing import step_timer
@@ -71,9 +72,10 @@ def register_guard() -> None:
         return
     if runtime.mode is Mode.OFF:
         return
-    adapter, why = select_adapter()
-    if adapter is None:
-        logger.warning("specflip guard off: %s", why)
+    try:
+        adapter = release_line().adapter()
+    except UnsupportedRelease as exc:
+        logger.warning("specflip guard off: %s", exc)
         return
     problem = adapter.install(runtime)
     if problem:
@@ -93,6 +95,6 @@ def register() -> None:
 
 def register_v1() -> None:
     """The v1 kit's entry point: the v1 switch, then the guard (a no-op unless SPECFLIP_MODE is set; under the switch's
-    overlap loop its 0.5.12 adapter takes the overlap scope of the design the switch announced)."""
+    overlap loop its v1-line adapter takes the overlap scope of the design the switch announced)."""
     register_switch_v1()
     register_guard()

@@ -361,5 +361,5 @@ def test_unsupported_release_is_a_usage_error(monkeypatch):
     import specflip.lint.run as lint
 
     monkeypatch.setattr(lint.importlib.metadata, "version", lambda name: "0.4.0")
-    with pytest.raises(lint.LintUsageError, match="not a supported release line"):
+    with pytest.raises(lint.LintUsageError, match="not a supported release"):
         lint.installed_release()

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from shim.releases import UnsupportedRelease, release_line
 from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
 from specflip.lint.rules import (
     SGLANG_REFUSES,
@@ -43,8 +44,6 @@ from specflip.lint.rules import (
     summary,
 )
 
-SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16",
-                                      "0.5.12": "specflip.lint.sglang_0_5_12"}
 CACHE_VERSION = 1
 
 
@@ -170,7 +169,7 @@ _ATTRIBUTE = {"--speculative-num-steps": "speculative_num_steps",
 def _what_sglang_does(argv: Sequence[str], release: str, flag: str, value: int) -> str:
     """What SGLang's own resolution makes of a bad value: '; SGLang <release> would silently run 4' (or run with
     it, or fail on it). Best effort: anything else SGLang objects to first leaves the line without it."""
-    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    adapter = _line_module(release)
     try:
         server_args = adapter.build_server_args(_with_default_device(list(argv)))
         kept = adapter.launch_value(server_args, _ATTRIBUTE[flag])
@@ -194,14 +193,16 @@ def rewrite_notes(argv: Sequence[str], sizing: Sizing) -> list[str]:
 
 
 def installed_release() -> str:
+    """The installed sglang's release line (shim/releases/); a usage error where no line describes it."""
     try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        raise LintUsageError("sglang is not installed; lint reads the installed release's ServerArgs") from None
-    if version not in SUPPORTED_RELEASES:
-        raise LintUsageError(f"sglang {version} is not a supported release line "
-                             f"(supported: {', '.join(sorted(SUPPORTED_RELEASES))})")
-    return version
+        return release_line().version
+    except UnsupportedRelease as exc:
+        raise LintUsageError(f"{exc}; lint reads the installed release's ServerArgs") from None
+
+
+def _line_module(release: str) -> Any:
+    """The module that builds `release`'s ServerArgs and reads its sizing (named by its release line)."""
+    return importlib.import_module(release_line(release).lint_module)
 
 
 def _flag_value(argv: Sequence[str], *names: str) -> str | None:
@@ -323,7 +324,7 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
             return data["refused"] if "refused" in data else Sizing.from_json(data["sizing"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a stale or torn cache entry: recompute
-    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    adapter = _line_module(release)
     try:
         server_args = adapter.build_server_args(_with_default_device(list(argv)), verbose=verbose)
         result: Sizing | str = adapter.read_sizing(server_args, policy)
@@ -359,7 +360,7 @@ def lint_server_args(server_args: Any, policy: SpecflipPolicy | None = None) -> 
     Reads the config the server already published and leaves it as it was; no cache, no re-parse.
     """
     release = installed_release()
-    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    adapter = _line_module(release)
     sizing = adapter.read_sizing(server_args, policy, republish=False)
     return check(sizing)
 

@@ -1,5 +1,6 @@
-"""SGLang 0.5.12 with the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule): the
-seeds' line. What differs from the v2 lines (docs/correspondence-research.md sections 0.1 and 7.2):
+"""The SGLang 0.5.12 line. Its guard adapter covers the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0 or
+--disable-overlap-schedule): the seeds' line. What differs from the v2 lines (docs/correspondence-research.md
+sections 0.1 and 7.2):
 
 * a Req keeps `req_pool_idx`, `kv_committed_len`, `kv_allocated_len` and `cache_protected_len` on itself;
   `release_kv_cache(req, tree_cache, is_insert=True)`;
@@ -34,6 +35,8 @@ from shim.adapters.common import V2Adapter, host_ints, sorted_capture_sizes, ten
 from shim.guard.api import announced_switch
 from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
+from shim.releases import v0_5_16
+from shim.releases.base import prefix_slots_chunk
 from statemodel.design import Design, Scope
 from statemodel.designs import SEEDS_FINAL, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
@@ -276,3 +279,27 @@ class Adapter(V2Adapter):
         # draft-extend. The model's draft-extend / draft_sync of finished requests, with nothing left to extend.
         if not batch.forward_mode.is_idle() and batch.reqs:
             self._v1_draft_extend(batch, where="EAGLEWorker._draft_preprocess_idle (all finished)")
+
+
+class Line(v0_5_16.Line):
+    """0.5.12 as it differs from 0.5.16: it still ships the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0 selects it; the
+    v1 switch is shim/switch/v1.py); a Req keeps kv_allocated_len on itself too; add_chunked_req cuts fill_ids at the
+    chunk's end (init_next_round_input restores them); GenerationBatchResult has no extra_keep_alive_refs; retract_all
+    is a ScheduleBatch method only (the v2 switch's retraction, which calls the module function, does not run here)."""
+
+    version = "0.5.12"
+    adapter_class = Adapter
+    lint_module = "specflip.lint.sglang_0_5_12"
+    ships_v1_worker = True
+    result_keeps_refs = False
+
+    def kv_row(self, req: Any) -> tuple[int | None, int, int]:
+        if req.req_pool_idx is None:
+            return None, int(req.kv_committed_len), 0
+        return req.req_pool_idx, int(req.kv_committed_len), int(req.kv_allocated_len)
+
+    def advance_kept_out_chunk(self, scheduler: Any, req: Any) -> int:
+        return prefix_slots_chunk(scheduler, req, len(req.fill_ids))
+
+
+LINE = Line()

@@ -1,4 +1,6 @@
-"""SGLang 0.5.23 (what CI installs): the v2 worker takes the ScheduleBatch; a Req keeps its KV lengths
+"""The SGLang 0.5.23 line (what CI installs). The newest line: `ReleaseLine`'s defaults are its behaviour.
+
+Guard: the v2 worker takes the ScheduleBatch; a Req keeps its KV lengths
 in `req.kv` (ReqKvInfo); `release_kv_cache(req, tree_cache, *, checkpoint)`; the tree cache is a
 `UnifiedRadixCache` (not `RadixCache`, which 0.5.23 still ships but never builds) whose `checkpoint(req, *,
 up_to)` takes a running request's KV into the tree."""
@@ -8,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from shim.adapters.common import V2Adapter
+from shim.releases.base import ReleaseLine
 
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
@@ -74,3 +77,15 @@ class Adapter(V2Adapter):
             return get_server_args()
         except Exception:  # noqa: BLE001 - not published: run with what the live objects say
             return None
+
+
+class Line(ReleaseLine):
+    """0.5.23: a Req keeps its row and KV lengths in `req.kv`; the future map has no lazy sizing flag; the draft's TP
+    context is a module function over its parallel layout (ReleaseLine's defaults)."""
+
+    version = "0.5.23"
+    adapter_class = Adapter
+    lint_module = "specflip.lint.sglang_0_5_23"
+
+
+LINE = Line()

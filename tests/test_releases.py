@@ -1,0 +1,59 @@
+"""The release layer (shim/releases/): one registry of SGLang release lines, each line a `Release`; nothing outside
+the layer names a release."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from shim import releases
+from shim.releases import LINES, Release, UnsupportedRelease, base_line, release_line, worker_kind
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_registered_line_is_a_release_of_its_own_version() -> None:
+    for line in releases.all_lines():
+        assert isinstance(line, Release)
+        assert LINES[line.version].endswith(line.version.replace(".", "_"))
+        assert line.adapter().release == line.version
+        assert line.lint_module
+
+
+@pytest.mark.parametrize(("given", "base"), [("0.5.16", "0.5.16"), ("0.5.16.post1", "0.5.16"),
+                                             ("0.5.23.post12", "0.5.23"), ("0.5.12+cu128", "0.5.12"),
+                                             ("0.5.16rc1", None), ("abc", None), ("0.5", None)])
+def test_a_post_release_uses_its_base_line(given: str, base: str | None) -> None:
+    assert base_line(given) == base
+
+
+def test_an_unsupported_release_is_one_line_naming_the_range() -> None:
+    for bad in ("0.4.0", "0.5.16rc1", "0.6.0", "garbage"):
+        with pytest.raises(UnsupportedRelease) as caught:
+            release_line(bad)
+        text = str(caught.value)
+        assert "\n" not in text and f"sglang {bad} is not a supported release" in text
+        assert re.search(r"SGLang 0\.5\.12 to 0\.5\.\d+", text)
+    assert release_line("0.5.16.post3") is release_line("0.5.16")
+
+
+def test_the_worker_kind() -> None:
+    off = {"SGLANG_ENABLE_SPEC_V2": "False"}
+    assert worker_kind("0.5.12", off) == "v1" and worker_kind("0.5.12.post1", {"SGLANG_ENABLE_SPEC_V2": "0"}) == "v1"
+    assert worker_kind("0.5.12", {}) == "v2"  # the v2 worker is the default where both ship
+    assert worker_kind("0.5.16", off) == "v2" and worker_kind("0.5.23", off) == "v2"  # no v1 worker left there
+    assert worker_kind("0.5.11", off) == "v1"  # SGLang's fact, also for a line specflip has no module for
+    assert worker_kind(None, off) == "v2"
+
+
+# what only the layer may name: an SGLang release number (comments included)
+_RELEASE_NUMBER = re.compile(r"0\.5\.[0-9]+")
+
+
+def test_no_release_number_outside_the_layer() -> None:
+    found = [f"{path.relative_to(REPO)}:{n}" for folder in ("shim/switch", "shim/guard", "shim/timing")
+             for path in sorted((REPO / folder).rglob("*.py"))
+             for n, text in enumerate(path.read_text().splitlines(), 1) if _RELEASE_NUMBER.search(text)]
+    assert found == []
