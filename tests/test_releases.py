@@ -90,3 +90,61 @@ def test_specflip_releases_bad_usage_is_one_line(capsys: pytest.CaptureFixture[s
     assert exited.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def unsupported_sglang(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The installed sglang reports a release no line describes (0.5.14 before its line exists: 0.6.0)."""
+    import importlib.metadata
+
+    from shim.guard import runtime
+
+    bad = "0.6.0"
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: bad if name == "sglang" else "0")
+    for name in ("SPECFLIP_MODE", "SPECFLIP_SWITCH", "SPECFLIP_ON_BAD_CONFIG", "SPECFLIP_STEP_TIMER"):
+        monkeypatch.delenv(name, raising=False)
+    runtime.install(None)
+    yield bad
+    runtime.install(None)
+
+
+@pytest.mark.parametrize(("variable", "value", "register"), [
+    ("SPECFLIP_MODE", "warn", "register_guard"), ("SPECFLIP_SWITCH", "auto", "register_switch"),
+    ("SPECFLIP_SWITCH", "8:4", "register_switch_v1"), ("SPECFLIP_MODE", "assert", "register")])
+def test_an_unsupported_release_stops_start_up_when_specflip_was_asked_for(
+        unsupported_sglang: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, register: str) -> None:
+    from shim import plugin
+    from shim.guard.runtime import current
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        getattr(plugin, register)()
+    line = str(stopped.value.code)
+    assert "\n" not in line and f"{variable}={value} asks for specflip" in line
+    assert f"sglang {unsupported_sglang} is not a supported release (supported: SGLang 0.5.12 to " in line
+    assert current() is None
+
+
+def test_warn_serves_without_specflip_after_one_line(unsupported_sglang: str, monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from shim import plugin
+    from shim.guard.runtime import current
+    from shim.switch import v2
+
+    monkeypatch.setenv("SPECFLIP_MODE", "assert")
+    monkeypatch.setenv("SPECFLIP_SWITCH", "auto")
+    monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
+    with caplog.at_level("ERROR"):
+        plugin.register()
+    lines = [r.getMessage() for r in caplog.records if "not a supported release" in r.getMessage()]
+    assert len(lines) == 2 and all("SGLang 0.5.12 to " in line for line in lines)  # the switch's, the guard's
+    assert current() is None and v2._RUNTIME is None
+
+
+def test_an_unsupported_release_without_specflip_asked_for_is_silent(unsupported_sglang: str) -> None:
+    from shim import plugin
+    from shim.guard.runtime import current
+
+    plugin.register()
+    plugin.register_v1()
+    assert current() is None
