@@ -176,3 +176,13 @@ def test_the_switch_and_the_guard_read_a_row_alike(version: str) -> None:
     assert (adapter.req_row(held), *adapter.req_kv_lens(held)[1:3]) == line.kv_row(held)
     free = _req_of(version, row=None, committed=0, allocated=0)
     assert line.kv_row(free)[0] is None and adapter.req_kv_lens(free)[0] is False
+
+
+def test_where_a_line_was_verified_is_not_inherited() -> None:
+    from shim.releases import v0_5_16
+
+    class Later(v0_5_16.Line):
+        version = "0.5.99"
+
+    assert Later.verified == () and v0_5_16.Line.verified  # a new line derived from the GPU line starts unverified
+    assert Later().kv_row(_req_of("0.5.16", row=2, committed=3, allocated=4)) == (2, 3, 4)  # its reading is inherited

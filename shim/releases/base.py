@@ -80,6 +80,11 @@ class ReleaseLine:
     # the guard's adapter class for this line (a subclass of shim.adapters.common.V2Adapter)
     adapter_class: ClassVar[type] = object
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "verified" not in cls.__dict__:
+            cls.verified = ()  # where a line was verified is that line's own fact: never inherited
+
     def __repr__(self) -> str:
         return f"<SGLang {self.version} line>"
 
