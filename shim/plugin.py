@@ -5,7 +5,8 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
 
 * `register_switch`: specflip's v2 switch (shim/switch/v2.py), when `SPECFLIP_SWITCH=t_off:t_on` is set; not on a
   server that runs SGLang's v1 EAGLEWorker.
-* `register_switch_v1`: the v1 switch (shim/switch/v1.py, SGLang 0.5.12 with SGLANG_ENABLE_SPEC_V2=0), when
+* `register_switch_v1`: the v1 switch (shim/switch/v1.py, on a line that ships the v1 EAGLEWorker, with
+  SGLANG_ENABLE_SPEC_V2=0), when
   `SPECFLIP_SWITCH` is set.
 * `register_step_timer`: the per-step timer for any server, when `SPECFLIP_STEP_TIMER=<dir>` is set
   (shim/timing/step_timer.py).
@@ -22,11 +23,13 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
   * Measurement only: `SPECFLIP_COUNT_SYNCS=1` counts the guard steps' host-device syncs (CUDA);
     `SPECFLIP_GUARD_CLOCK=1` (or the seconds per line) logs the guard steps' thread CPU time per hook and their
     share of the thread's (shim/guard/clock.py).
-  An unsupported release or configuration logs one message and leaves the guard off.
+  An unsupported configuration logs one message and leaves the guard off.
 * Every SPECFLIP_* setting is declared in shim/settings.py (`specflip settings`, docs/settings.md). Each entry point
   parses and checks all the settings of its features before it installs anything (`check_settings`): a bad value of
   any of them stops start-up with one line naming the variable and what it allows, unless
   `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, and the features those settings belong to stay off).
+* An SGLang release no line of shim/releases/ describes, when SPECFLIP_MODE or SPECFLIP_SWITCH asks for specflip,
+  stops start-up the same way (the line names the supported range).
 * `register` (the project's entry point, `specflip = "shim.plugin:register"`): the v2 switch, the step timer,
   then the guard (the guard last: it reads what the switch announced).
 * `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard.
@@ -38,9 +41,9 @@ import logging
 from collections.abc import Mapping
 
 from shim import settings as table
-from shim.adapters import select_adapter
 from shim.guard.core import Mode
 from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
+from shim.releases import UnsupportedRelease, release_line
 from shim.settings import FEATURE_FAULTS as FAULTS
 from shim.settings import FEATURE_GUARD as GUARD
 from shim.settings import FEATURE_START_UP as START_UP
@@ -92,14 +95,31 @@ def settings_gate(features: tuple[str, ...]) -> set[str]:
     return off
 
 
+def supported_or_stop(asked_by: str, feature: str) -> bool:
+    """Whether the installed SGLang is a release line specflip supports (shim/releases/). When it is not and
+    `asked_by` (SPECFLIP_SWITCH, SPECFLIP_MODE) asked for specflip, start-up stops with one line naming the supported
+    range, as for any bad setting (SPECFLIP_ON_BAD_CONFIG=warn: one error line, and the server runs without it)."""
+    try:
+        release_line()
+    except UnsupportedRelease as exc:
+        asked = table.settings.by_name()[asked_by].raw()
+        on_bad_config(ConfigError(f"{asked_by}={asked} asks for specflip, but {exc}"), feature=feature)
+        return False
+    return True
+
+
 def register_switch() -> None:
     """specflip's v2 switch: a no-op unless SPECFLIP_SWITCH is set (idempotent)."""
+    if table.settings.SWITCH.is_set() and not supported_or_stop(table.settings.SWITCH.name, "switch"):
+        return
     switch_v2.install_from_env()
 
 
 def register_switch_v1() -> None:
     """The v1 switch on SGLang's v1 EAGLEWorker (design v1_plain_off_retract_catch_up; with
     SPECFLIP_SWITCH_DRAFT=sync, seeds_final): a no-op unless SPECFLIP_SWITCH is set."""
+    if table.settings.SWITCH.is_set() and not supported_or_stop(table.settings.SWITCH.name, "switch"):
+        return
     switch_v1.install_from_env()
 
 
@@ -119,10 +139,9 @@ def register_guard() -> None:
         return
     if runtime.mode is Mode.OFF:
         return
-    adapter, why = select_adapter()
-    if adapter is None:
-        logger.warning("specflip guard off: %s", why)
+    if not supported_or_stop(table.settings.MODE.name, "guard"):
         return
+    adapter = release_line().adapter()
     problem = adapter.install(runtime)
     if problem:
         logger.warning("specflip guard off: %s", problem)
@@ -146,7 +165,7 @@ def register() -> None:
 
 def register_v1() -> None:
     """The v1 kit's entry point: every setting checked first, then the v1 switch, then the guard (a no-op unless
-    SPECFLIP_MODE is set; under the switch's overlap loop its 0.5.12 adapter takes the overlap scope of the design the
+    SPECFLIP_MODE is set; under the switch's overlap loop its v1-line adapter takes the overlap scope of the design the
     switch announced)."""
     off = settings_gate((SWITCH, GUARD))
     if SWITCH not in off:

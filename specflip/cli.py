@@ -126,7 +126,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from shim.guard.explain import main as explain_main
+    from specflip.explain import main as explain_main
 
     return explain_main(args)
 
@@ -134,7 +134,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_ranks(args: argparse.Namespace) -> int:
     import json
 
-    from shim.guard.ranks import RankTraceError, check_switch_agreement
+    from specflip.ranks import RankTraceError, check_switch_agreement
 
     try:
         result = check_switch_agreement(args.traces)
@@ -189,6 +189,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return calibrate_main(args)
     except CalibrateError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _cmd_releases(args: argparse.Namespace) -> int:
+    from specflip.releases import main as releases_main
+
+    return releases_main(args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -303,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "at its step count, the ladder from low load to high, e.g. spec=3,spec_steps1=1)")
     calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=_cmd_calibrate)
+
+    releases = add("releases", "the SGLang release lines specflip supports: what works on each (guard, switch, step "
+                   "timer, lint) and where it was verified")
+    releases.add_argument("--json", action="store_true", help="print the table as JSON")
+    releases.set_defaults(func=_cmd_releases)
     return parser
 
 

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from shim.adapters import ADAPTERS, select_adapter
-from shim.adapters.sglang_0_5_16 import Adapter as Adapter0516
-from shim.adapters.sglang_0_5_23 import Adapter as Adapter0523
 from shim.guard import api as guard_api
+from shim.releases import LINES, UnsupportedRelease, release_line
+from shim.releases.v0_5_16 import Adapter as Adapter0516
+from shim.releases.v0_5_23 import Adapter as Adapter0523
 from shim.settings import settings
 from shim.switch.config import SwitchConfig
 
@@ -107,11 +107,12 @@ def test_kv_mapping_per_release() -> None:
 
 
 def test_version_dispatch() -> None:
-    assert set(ADAPTERS) == {"0.5.23", "0.5.16", "0.5.12"}
-    adapter, why = select_adapter("0.5.11")
-    assert adapter is None and "0.5.11 is not a supported release" in why and "0.5.12, 0.5.16, 0.5.23" in why
-    assert select_adapter("0.5.16")[0].release == "0.5.16"
-    assert select_adapter("0.5.23")[0].release == "0.5.23"
+    assert {"0.5.23", "0.5.16", "0.5.12"} <= set(LINES)
+    with pytest.raises(UnsupportedRelease, match=r"0\.5\.11 is not a supported release .*SGLang 0\.5\.12 to 0\.5\.23"):
+        release_line("0.5.11")
+    assert release_line("0.5.16").adapter().release == "0.5.16"
+    assert release_line("0.5.16.post1").adapter().release == "0.5.16"  # a .postN release: its base line
+    assert release_line("0.5.23").adapter().release == "0.5.23"
 
 
 def test_reference_design_and_caps_follow_the_installed_switch(monkeypatch: pytest.MonkeyPatch) -> None:

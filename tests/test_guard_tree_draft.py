@@ -169,8 +169,8 @@ def test_the_0_5_16_eviction_hook_forgets_what_the_tree_dropped(model_dir: Path)
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-    from shim.adapters.sglang_0_5_16 import Adapter as Adapter0516
     from shim.guard.core import GuardConfig
+    from shim.releases.v0_5_16 import Adapter as Adapter0516
     from statemodel.design import Scope
 
     pools = h.build_pools(h.make_server_args(model_dir), kv_size=128)

@@ -84,7 +84,7 @@ if ! python3 -c "import attrs" 2>/dev/null; then
   W=$(ls "$K"/attrs-*.whl 2>/dev/null | head -1); [ -n "$W" ] || { echo "attrs missing and no $K/attrs-*.whl"; exit 5; }
   python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/site')" "$W" && echo "attrs from $(basename "$W")"
 fi
-python3 -c "import attrs, shim.switch.v1, shim.adapters.sglang_0_5_12; print('specflip importable, attrs', attrs.__version__)" || exit 5
+python3 -c "import attrs, shim.switch.v1, shim.releases.v0_5_12; print('specflip importable, attrs', attrs.__version__)" || exit 5
 M=/tmp/models_$MODELS
 # a warm machine keeps /tmp between calls: a pair an earlier call generated (its .done marker) is reused
 if [ -f $M/.done ]; then echo "models reused"

@@ -456,8 +456,9 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
             return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
         if running is not None:
             live, observed = self._live(pending), set(self._indices(running.rids)[0])
-            # every live pending request turned up, but for done ones 0.5.23's exclusion (`_reqs_finishing_inflight`)
-            # filtered out of the assigned batch (their queued prefill result finishes them)
+            # every live pending request turned up, but for done ones the newest line's exclusion
+            # (`_reqs_finishing_inflight`) filtered out of the assigned batch (their queued prefill result finishes
+            # them)
             if not live <= observed and (not observed <= live
                                          or any(not self.state.req(rid).done for rid in live - observed)):
                 return

@@ -134,7 +134,7 @@ class GuardRuntime:
         self.guard = Guard(GuardConfig(mode=self.mode, design=design, scope=scope, rank=rank, release=release,
                                        trace_path=trace_path))
         # the line an operator looks for: "guard on" at registration can come before the scheduler process sets up
-        # its logging (none of sessions 26-27's 0.5.16 server logs has it); this one comes at the first hooked step
+        # its logging (none of sessions 26-27's GPU-line server logs has it); this one comes at the first hooked step
         logger.info("specflip guard checking: design %s%s, mode %s, TP rank %d, sglang %s", design.name,
                     " (overlap schedule)" if scope.overlap else "", self.mode.value, rank, release)
         return self.guard

@@ -13,8 +13,8 @@ tree itself:
   record is rewritten at every creation, marked by what the inserting request's draft KV covers there (the model's
   `draft_kv_len`; a chunk still prefilling: the chunks that ran with the draft);
 * so a record left behind by an eviction is never read wrongly: a request can match only positions the tree holds,
-  and a position evicted and created again was rewritten then. Forgetting on eviction (0.5.16: `_delete_leaf`) keeps
-  the record as small as the tree; on 0.5.23 (the tree core may be Rust) it is not pruned, which costs memory only.
+  and a position evicted and created again was rewritten then. Forgetting on eviction (RadixCache: `_delete_leaf`)
+  keeps the record as small as the tree; a UnifiedRadixCache's (its core may be Rust) is not pruned: memory only.
 
 What it reads: the inserted key's token ids and namespace (host lists, the RadixKey's own), the insert's
 `prefix_len` (a python int), and each request's `cache_protected_len` (its tree prefix) and token ids. Nothing on the

@@ -1,5 +1,5 @@
-"""specflip's speculation switch for SGLang's v1 EAGLE worker (0.5.12, SGLANG_ENABLE_SPEC_V2=0 or
---disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
+"""specflip's speculation switch for SGLang's v1 EAGLE worker (on the lines that ship it, shim/releases/;
+SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
 
 Two designs (statemodel/designs.py), chosen by SPECFLIP_SWITCH_DRAFT (below). The default since issue 22,
 `v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py: speculation off is SGLang's own plain
@@ -67,7 +67,7 @@ OVERLAP_LOOP_DESIGN = "v1_plain_off_retract_catch_up_overlap_plain"  # SPECFLIP_
 # the model's catalogue and that a recorded run is a path of the design).
 SWITCH_ACTIONS = ("flip_off", "flip_on", "prepare_for_decode", "plain_decode", "draft_sync")
 
-# Hook targets (SGLang 0.5.12, docs/correspondence-research.md section 7.2).
+# Hook targets (the v1 worker's lines, docs/correspondence-research.md section 7.2).
 T_UPDATE_RUNNING = "sglang.srt.managers.scheduler.Scheduler.update_running_batch"
 T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
 T_PREPARE = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
@@ -76,8 +76,8 @@ T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker.EAGLEWorker.init_cuda_graph
 # draft mode retract: the flips, at the top of the non-overlap loop's iteration; the decode steps' trace
 T_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
 T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-# 0.5.12 fills BatchTokenIDOutput.spec_verify_ct only while scheduler.spec_algorithm is set, and its tokenizer
-# manager indexes it per request: the plain path's NONE crashed the first output on the H200 (0.5.16's
+# The v1 worker's line fills BatchTokenIDOutput.spec_verify_ct only while scheduler.spec_algorithm is set, and its
+# tokenizer manager indexes it per request: the plain path's NONE crashed the first output on the H200 (the v2 lines'
 # OutputStreamer keeps its own copy of the algorithm)
 T_STREAM = "sglang.srt.managers.scheduler.Scheduler.stream_output_generation"
 # SPECFLIP_V1_LOOP=overlap: specflip's loop in place of the normal one (shim/switch/v1_loop.py)
@@ -357,7 +357,7 @@ def _next_batch_around(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> 
     if rt is None or not rt.plain_path:
         return orig(scheduler, *args, **kwargs)
     if rt.config.radix == "keep_out":  # issue 24, the default (shim/switch/radix_keep_out.py)
-        resume_chunk_kept_out(scheduler)  # before SGLang's stash: 0.5.12's would not advance a kept-out chunk
+        resume_chunk_kept_out(scheduler)  # before SGLang's stash: this line's would not advance a kept-out chunk
     v1_plain_path.plain_path_flip(rt, scheduler)
     batch = orig(scheduler, *args, **kwargs)
     if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":

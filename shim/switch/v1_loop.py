@@ -1,6 +1,6 @@
 """specflip's v1 loop (SPECFLIP_V1_LOOP=overlap; design v1_plain_off_retract_catch_up_overlap_plain, issue 22).
 
-A v1 EAGLE server runs SGLang 0.5.12's normal loop for every iteration: the v1 EAGLEWorker cannot overlap (its verify
+A v1 EAGLE server runs SGLang's normal loop for every iteration: the v1 EAGLEWorker cannot overlap (its verify
 changes the ScheduleBatch in place, and the next step is prepared from it), so SGLang turns the overlap schedule off
 for the whole server. Above the threshold the switch's plain path is then a plain server in the normal loop, 0.81-0.87x
 the same server in the overlap loop on the H200 (docs/v1.md, session 12). This loop, installed in place of
@@ -12,7 +12,7 @@ Scheduler.event_loop_normal, runs each iteration in the loop its side needs:
   overlap loop's iteration, as Scheduler.event_loop_overlap runs it (step N+1 prepared and launched, then step N's
   result processed; run_batch's overlap branch with a FutureMap of plain token ids, made here at start);
 * a flip processes the result in flight first (flip_due: the same decision the flip itself makes), so the flip finds
-  the state the normal loop gives it. Without it, 0.5.12 would process that result after a flip-on cleared
+  the state the normal loop gives it. Without it, SGLang would process that result after a flip-on cleared
   `enable_overlap`, so without skipping the requests the flip retracted: a re-prefilled one would get its token twice.
 
 The model checks this order under the overlap scope (Design.overlap_spec_steps False, flip_waits_for_results True);

@@ -1,5 +1,5 @@
-"""The v1 switch's draft mode "retract" (design v1_plain_off_retract_catch_up, issue 22): speculation off is SGLang
-0.5.12's own plain scheduler path on the v1 worker's server, as the v2 switch's default design does on 0.5.16.
+"""The v1 switch's draft mode "retract" (design v1_plain_off_retract_catch_up, issue 22): speculation off is SGLang's
+own plain scheduler path on the v1 worker's server, as the v2 switch's default design does on the v2 lines.
 
 seeds_final ran every spec-off step inside the speculative path: the scheduler's spec-v1 branches, the EAGLEWorker's
 forward hook, a worker-copy of the batch, per-request bookkeeping in Python and a draft-extend forward (the draft

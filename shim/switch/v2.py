@@ -1,4 +1,4 @@
-"""specflip's speculation switch for SGLang's v2 EAGLE worker (0.5.16), as plugin hooks only.
+"""specflip's speculation switch for SGLang's v2 EAGLE worker (the lines in shim/releases/), as plugin hooks only.
 
 Speculation goes off when demand (running + prefilling + waiting requests) reaches `t_off` and back on when
 demand falls to `t_on` and the running batch fits under speculation's running cap (hysteresis): the model's
@@ -55,9 +55,9 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from shim import releases
 from shim.guard import api as guard_api
 from shim.switch import faults, warmup
 from shim.switch.auto import AutoSwitch
@@ -93,7 +93,7 @@ from shim.switch.v2_tiers import activate_tier, check_tier_states, launch_tier
 from shim.timing.jsonl import JsonlTrace
 from statemodel import auto_policy as ap
 
-# Hook targets (SGLang 0.5.16, docs/correspondence-research.md section 6).
+# Hook targets (the same on every v2 line, docs/correspondence-research.md section 6).
 T_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
 T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs"
 T_UPDATE_RUNNING = "sglang.srt.managers.scheduler.Scheduler.update_running_batch"
@@ -276,10 +276,10 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     last_batch = kwargs.pop("last_batch", None) if "last_batch" in kwargs else (args[1] if len(args) > 1 else None)
     faults.before_next_batch(running_batch, rt.policy.spec_on)  # SPECFLIP_FAULT only (tests); else a no-op
     if rt.config.radix == "keep_out":
-        resume_chunk_kept_out(self)  # before SGLang's stash: on 0.5.16 it would not advance a kept-out chunk
+        resume_chunk_kept_out(self)  # before SGLang's stash: on some lines it would not advance a kept-out chunk
     last_batch = plain_path_flip(rt, self, running_batch, last_batch)
     plan = orig(self, running_batch=running_batch, last_batch=last_batch)
-    batch = plan.batch_to_run  # a NextBatchPlan (0.5.16, 0.5.23): the batch to launch and the running batch
+    batch = plan.batch_to_run  # a NextBatchPlan: the batch to launch and the running batch
     if batch is None and rt.policy.auto is not None:
         rt.policy.auto.on_idle()
     if batch is not None and not rt.policy.spec_on and rt.config.radix == "keep_out":
@@ -457,26 +457,19 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
     return True
 
 
-V1_WORKER_RELEASES = ("0.5.11", "0.5.12")  # the last lines that still ship the v1 EAGLEWorker
-
-
 def v1_worker_selected(release: str | None, env: Mapping[str, str]) -> bool:
     """Whether this server runs SGLang's v1 EAGLEWorker, whose switch is shim/switch/v1.py: on the lines
-    that still have it, SGLANG_ENABLE_SPEC_V2=0 selects it. Installing this (v2) switch there as well
-    doubles the scheduler hooks (seen on the H200: two AROUND hooks on prepare_for_decode, a slot leaked)."""
-    flag = env.get("SGLANG_ENABLE_SPEC_V2", "").strip().lower()
-    return release in V1_WORKER_RELEASES and flag in ("0", "false", "no", "off")
+    that still have it, SGLANG_ENABLE_SPEC_V2=0 selects it (the release layer says which: shim/releases/).
+    Installing this (v2) switch there as well doubles the scheduler hooks (seen on the H200: two AROUND hooks on
+    prepare_for_decode, a slot leaked)."""
+    return releases.worker_kind(release, env) == "v1"
 
 
 def install_from_env() -> bool:
     """Install the switch as SPECFLIP_* say (idempotent); a bad setting logs one line and leaves it off."""
     if _RUNTIME is not None:
         return True
-    try:
-        release: str | None = version("sglang")
-    except PackageNotFoundError:
-        release = None
-    if v1_worker_selected(release, os.environ):
+    if v1_worker_selected(releases.installed_release(), os.environ):
         logging.getLogger("specflip.switch").info(
             "specflip v2 switch not installed: SGLANG_ENABLE_SPEC_V2=0 selects the v1 EAGLEWorker (shim/switch/v1.py)")
         return False

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from shim.releases.registry import installed_line
 from shim.switch.swap import AttributeSwap
 from shim.switch.v2_runtime import SwitchRuntime
 
@@ -27,7 +28,7 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
     warmed = 0
     # the runner picks DECODE, width 1, no verify spec_info
     with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)) as swap:
-        if hasattr(mr, "init_new_workspace"):
+        if installed_line().model_runner_has_workspace_flag:
             swap.set(mr, "init_new_workspace", mr.init_new_workspace)  # the new backend may change it: put back
         rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
         if rt.config.plain_graphs == "decode" and mr.decode_cuda_graph_runner is not None:
@@ -56,7 +57,7 @@ def warm_replay(runner: Any) -> int:
     A graph's first launch uploads it to the device, which costs a large graph about a millisecond; without this the
     first plain step at each batch size (after the server's first flip-off) paid it. The replay runs the captured
     kernels over the static buffers as the capture left them, as the capture's own warm-up forwards did (padding
-    slot writes, in-range reads). SGLang's runners keep their graphs in `runner.backend._graphs` (0.5.16's full and
+    slot writes, in-range reads). SGLang's runners keep their graphs in `runner.backend._graphs` (the full and
     breakable backends); a runner without them is left as it is (0).
     """
     import torch

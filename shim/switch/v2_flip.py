@@ -6,22 +6,17 @@ scheduler, its future map and the target's model runner at the plain side; flip_
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
+from shim.releases.registry import installed_line
 from shim.switch import faults
 from shim.switch.v2_runtime import SwitchRuntime
 
 
 def _kv_row(req: Any) -> tuple[int | None, int, int]:
-    """(req_to_token row, committed, allocated) of a request; row None when it holds none. 0.5.16 keeps the
-    row and the committed length on the Req and `kv` is None without a row; 0.5.23 keeps all in req.kv."""
-    kv = getattr(req, "kv", None)
-    if kv is None:
-        return None, int(getattr(req, "kv_committed_len", 0)), 0
-    if hasattr(req, "kv_committed_len"):
-        return req.req_pool_idx, int(req.kv_committed_len), int(kv.kv_allocated_len)
-    return kv.req_pool_idx, int(kv.kv_committed_len), int(kv.kv_allocated_len)
+    """(req_to_token row, committed, allocated) of a request; row None when it holds none (the release line's
+    reading: shim/releases/)."""
+    return installed_line().kv_row(req)
 
 
 def drain_in_flight(scheduler: Any) -> bool:
@@ -84,7 +79,7 @@ def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
     fm = scheduler.future_map
     mr = scheduler.tp_worker.model_runner
     side = rt.spec_side
-    rt.fm_was_initialized = getattr(fm, "_forward_buf_initialized", False)
+    rt.fm_was_initialized = installed_line().future_map_sizes_lazily and fm._forward_buf_initialized
     side.set(scheduler, "spec_algorithm", none)  # the prefill batches formed while off (ScheduleBatch.init_new)
     side.set(scheduler, "model_worker", scheduler.tp_worker)
     # the plain relay: input ids gathered from output_tokens_buf, a stash carries the bonus token only
@@ -104,9 +99,9 @@ def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
     if not rt.spec_side:
         return
     fm = scheduler.future_map
-    if rt.fm_was_initialized or not hasattr(fm, "_forward_buf_initialized"):  # 0.5.23: no lazy sizing flag
+    if rt.fm_was_initialized or not installed_line().future_map_sizes_lazily:
         rt.spec_side.restore()
-    else:  # 0.5.16, first stashed while off: sized for the plain payload, so size it again at the next spec stash
+    else:  # lazy sizing, first stashed while off: sized for the plain payload, so size it again at the next spec stash
         rt.spec_side.restore(keep=((fm, "need_topk"), (fm, "need_hidden_states")))
         fm._forward_buf_initialized = False
 
@@ -126,11 +121,7 @@ def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
     kwargs = dict(reqs=reqs, req_to_token_pool=scheduler.req_to_token_pool,
                   token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator, tree_cache=scheduler.tree_cache,
                   hisparse_coordinator=getattr(scheduler, "hisparse_coordinator", None))
-    params = inspect.signature(schedule_batch.retract_all).parameters
-    if "server_args" in params:  # 0.5.16
-        kwargs["server_args"] = scheduler.server_args
-    if "offload_kv" in params:
-        kwargs["offload_kv"] = False  # re-prefilled, never restored from host
+    kwargs.update(installed_line().retract_all_kwargs(scheduler))  # offload_kv False: re-prefilled, never restored
     schedule_batch.retract_all(**kwargs)
     for req in reqs:
         scheduler._add_request_to_queue(req, is_retracted=True)

@@ -4,24 +4,15 @@ actions plain_decode and draft_sync."""
 from __future__ import annotations
 
 import contextlib
-import sys
 from typing import Any
 
+from shim.releases.registry import installed_line
 from shim.switch.swap import AttributeSwap, plain_runner_side
 from shim.switch.v2_runtime import SwitchRuntime
 
 
 def _worker_contexts(worker: Any) -> list[Any]:
-    mod = sys.modules["sglang.srt.speculative.eagle_worker_v2"]
-    dw = worker.draft_worker
-    if hasattr(dw, "draft_tp_context"):  # 0.5.16: a per-worker context factory over the draft's TP group
-        ctxs = [dw.draft_tp_context(dw.draft_runner.tp_group)]
-    else:  # 0.5.23: a module function over the draft's parallel layout (what forward_batch_generation enters)
-        ctxs = [mod.draft_tp_context(dw.parallel_layout)]
-    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-        if hasattr(mod, name):
-            ctxs.append(getattr(mod, name)())
-    return ctxs
+    return installed_line().draft_worker_contexts(worker)
 
 
 def plain_decode(worker: Any, batch: Any, on_publish: Any, rt: SwitchRuntime) -> Any:
@@ -83,7 +74,7 @@ def plain_decode(worker: Any, batch: Any, on_publish: Any, rt: SwitchRuntime) ->
         draft_sync(worker, batch, result, old, old_cpu, old_sum, old_orig, spec_algo, keep)
     else:
         worker._stub_skipped_draft_extend(batch, result)
-    if hasattr(result, "extra_keep_alive_refs"):
+    if installed_line().result_keeps_refs:
         result.extra_keep_alive_refs = list(result.extra_keep_alive_refs or []) + keep
     return result
 

@@ -27,7 +27,7 @@ the builds): it starts afresh at the first decode after them (`is_warmup_batch`,
 
 Touches SGLang internals (the per-release surface): `ServerArgs.check_server_args` (a BEFORE hook that names the
 warm-up in `server_args.warmups`), `sglang.srt.entrypoints.warmup.warmup` (the registry), `GenerateReqInput` and
-`TokenizerManager.generate_request`: the same on 0.5.12, 0.5.16 and 0.5.23.
+`TokenizerManager.generate_request`: the same on every supported line.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`specflip lint <launch_server args...>`: refuse a speculative configuration that cannot survive its own
 switches, before the server starts.
 
-Builds SGLang's own `ServerArgs` from the arguments (the installed release, through its adapter in
-`specflip/lint/sglang_<release>.py`), derives every runtime state the server can switch into and checks each
+Builds SGLang's own `ServerArgs` from the arguments (the installed release, through its release line in
+`shim/releases/`), derives every runtime state the server can switch into and checks each
 against what SGLang sizes at start-up (rules: `specflip/lint/rules.py`, named after the model's invariants).
 
 Exit 0: every state fits (one summary line). Exit 1: one line per finding. Exit 2: bad input (unknown flag,
@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from shim.releases import UnsupportedRelease, release_line
+from shim.releases.server_args import LintInputError, SGLangRefused
 from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
 from specflip.lint.rules import (
     SGLANG_REFUSES,
@@ -43,8 +45,6 @@ from specflip.lint.rules import (
     summary,
 )
 
-SUPPORTED_RELEASES: dict[str, str] = {"0.5.23": "specflip.lint.sglang_0_5_23", "0.5.16": "specflip.lint.sglang_0_5_16",
-                                      "0.5.12": "specflip.lint.sglang_0_5_12"}
 CACHE_VERSION = 1
 
 
@@ -170,11 +170,11 @@ _ATTRIBUTE = {"--speculative-num-steps": "speculative_num_steps",
 def _what_sglang_does(argv: Sequence[str], release: str, flag: str, value: int) -> str:
     """What SGLang's own resolution makes of a bad value: '; SGLang <release> would silently run 4' (or run with
     it, or fail on it). Best effort: anything else SGLang objects to first leaves the line without it."""
-    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    adapter = _line_module(release)
     try:
         server_args = adapter.build_server_args(_with_default_device(list(argv)))
         kept = adapter.launch_value(server_args, _ATTRIBUTE[flag])
-    except adapter.SGLangRefused:
+    except SGLangRefused:
         return f"; SGLang {release}'s resolution fails on it"
     except Exception:  # noqa: BLE001 - another problem of the arguments: the floor alone is the message
         return ""
@@ -194,14 +194,16 @@ def rewrite_notes(argv: Sequence[str], sizing: Sizing) -> list[str]:
 
 
 def installed_release() -> str:
+    """The installed sglang's release line (shim/releases/); a usage error where no line describes it."""
     try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        raise LintUsageError("sglang is not installed; lint reads the installed release's ServerArgs") from None
-    if version not in SUPPORTED_RELEASES:
-        raise LintUsageError(f"sglang {version} is not a supported release line "
-                             f"(supported: {', '.join(sorted(SUPPORTED_RELEASES))})")
-    return version
+        return release_line().version
+    except UnsupportedRelease as exc:
+        raise LintUsageError(f"{exc}; lint reads the installed release's ServerArgs") from None
+
+
+def _line_module(release: str) -> Any:
+    """The release line that builds `release`'s ServerArgs and reads its sizing (shim/releases/)."""
+    return release_line(release)
 
 
 def _flag_value(argv: Sequence[str], *names: str) -> str | None:
@@ -323,13 +325,13 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
             return data["refused"] if "refused" in data else Sizing.from_json(data["sizing"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a stale or torn cache entry: recompute
-    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    adapter = _line_module(release)
     try:
         server_args = adapter.build_server_args(_with_default_device(list(argv)), verbose=verbose)
         result: Sizing | str = adapter.read_sizing(server_args, policy)
-    except adapter.SGLangRefused as exc:
+    except SGLangRefused as exc:
         result = str(exc)
-    except adapter.LintInputError as exc:
+    except LintInputError as exc:
         raise LintUsageError(str(exc)) from None
     if use_cache:
         try:
@@ -359,7 +361,7 @@ def lint_server_args(server_args: Any, policy: SpecflipPolicy | None = None) -> 
     Reads the config the server already published and leaves it as it was; no cache, no re-parse.
     """
     release = installed_release()
-    adapter = importlib.import_module(SUPPORTED_RELEASES[release])
+    adapter = _line_module(release)
     sizing = adapter.read_sizing(server_args, policy, republish=False)
     return check(sizing)
 

@@ -1,4 +1,12 @@
-"""`specflip lint` for SGLang 0.5.23: build the real `ServerArgs` from launch_server arguments and read what
+"""The SGLang 0.5.23 line (what CI installs). The newest line: `ReleaseLine`'s defaults are its behaviour.
+
+Guard: the v2 worker takes the ScheduleBatch; a Req keeps its KV lengths
+in `req.kv` (ReqKvInfo); `release_kv_cache(req, tree_cache, *, checkpoint)`; the tree cache is a
+`UnifiedRadixCache` (not `RadixCache`, which 0.5.23 still ships but never builds) whose `checkpoint(req, *,
+up_to)` takes a running request's KV into the tree.
+
+Lint (`specflip lint`, read with SGLang's own sizing functions):
+`specflip lint` for SGLang 0.5.23: build the real `ServerArgs` from launch_server arguments and read what
 SGLang sizes at start-up for every speculative runtime state, with SGLang's own sizing functions.
 
 Paths are relative to the installed `sglang/srt/`. Per state, the adapter publishes the resolved config and
@@ -19,66 +27,85 @@ pool, which is max_running_requests // dp_size; attention-TP alignment is not ap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from specflip.lint.rules import Sizing, SpecflipPolicy, StepSizing
-from specflip.lint.sglang_common import (
-    NEEDS_DRAFT_MODEL,
-    LintInputError,
-    RaisingParser,
-    SGLangRefused,
-    ensure_torchvision_importable,
-    quiet,
-    sglang_failure,
-    silence_again,
-)
+from shim.adapters.common import V2Adapter
+from shim.releases.base import ReleaseLine
+from shim.releases.server_args import LintInputError, quiet, silence_again
+from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
 
-__all__ = ["LintInputError", "SGLangRefused", "build_server_args", "launch_value", "read_sizing"]
-
-RELEASE = "0.5.23"
+_SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_V2 = "sglang.srt.speculative.eagle_worker_v2"
+_BRP = "sglang.srt.managers.scheduler_components.batch_result_processor"
+_ALLOC = "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator"  # free groups: the base's, not overridden
 
 
-def build_server_args(argv: Sequence[str], *, verbose: bool = False) -> Any:
-    """`ServerArgs` exactly as `python -m sglang.launch_server argv` builds it (`prepare_server_args`), resolved.
-    `verbose`: SGLang's log lines and warnings are shown (on stderr) instead of silenced."""
-    ensure_torchvision_importable()
-    with quiet(verbose):
-        from sglang.srt.arg_groups.overrides import resolving_view
-        from sglang.srt.server_args import ServerArgs, prepare_server_args
+class Adapter(V2Adapter):
+    release = "0.5.23"
+    PLAIN_RESULT_TAKES_READING = True  # V2Adapter._result_reading: event_loop_overlap's order, read in 0.5.23's source
+    TARGETS = (
+        (f"{_SB}.prepare_for_extend", "AROUND", "around_prepare_for_extend"),
+        (f"{_SB}.prepare_for_decode", "AFTER", "after_prepare_for_decode"),
+        (f"{_SB}.merge_batch", "AROUND", "around_merge_batch"),
+        (f"{_SB}.filter_batch", "AROUND", "around_filter_batch"),
+        ("sglang.srt.mem_cache.common.release_kv_cache", "AROUND", "around_release_kv_cache"),
+        # the tree a 0.5.23 server builds (mem_cache/registry.default_radix_cache_factory), enabled or not
+        ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", "AROUND", "around_tree_cache_keep"),
+        # the positions an insert creates in the tree, marked with the inserting request's draft coverage (issue 24)
+        ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert", "AROUND", "around_tree_insert"),
+        ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
+        (f"{_V2}.EagleDraftWorker.draft", "BEFORE", "before_draft"),
+        (f"{_V2}.EAGLEWorkerV2._build_trivial_verify_input", "BEFORE", "before_trivial_verify_input"),
+        (f"{_V2}.EAGLEWorkerV2.verify", "BEFORE", "before_verify"),
+        (f"{_V2}.EagleDraftWorker._draft_extend_for_decode", "BEFORE", "before_draft_extend_for_decode"),
+        (f"{_V2}.EAGLEWorkerV2._stub_skipped_draft_extend", "BEFORE", "before_stub_skipped_draft_extend"),
+        (f"{_V2}.EAGLEWorkerV2.apply_runtime_state", "AFTER", "after_apply_runtime_state"),
+        # a decode result's processing, right after _resolve_spec_v2_tokens (spec) or the plain token listing:
+        # the overlap schedule's process_result (a no-op in the normal loop)
+        (f"{_BRP}.SchedulerBatchResultProcessor._normalize_decode_outputs", "AFTER",
+         "after_normalize_decode_outputs"),
+        # TP > 1: the ranks agree on the planned step before it runs (shim/guard/rank_check.py; TP 1: a no-op)
+        ("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "AFTER", "after_get_next_batch_to_run"),
+        # the row positions a release or a switch's flip frees (issue 18; recorded only inside those steps)
+        ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.free", "BEFORE", "before_allocator_free"),
+        # the free group one result's processing releases its finished requests in: their finishes are checked as
+        # one step at its end (Guard.end_release_group), after SGLang streamed their outputs
+        (f"{_ALLOC}.free_group_begin", "AFTER", "after_free_group_begin"),
+        (f"{_ALLOC}.free_group_end", "BEFORE", "before_free_group_end"),
+    )
 
-        parser = RaisingParser(prog="sglang serve", add_help=False)
-        ServerArgs.add_cli_args(parser)
-        parsed = parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
-        if parsed.speculative_adaptive and parsed.speculative_adaptive_config:
-            _check_adaptive_config(parsed.speculative_adaptive_config)
-        server_args = prepare_server_args(list(argv))
-        silence_again(verbose)  # prepare_server_args re-configured logging
+    def req_kv_lens(self, req: Any) -> tuple[bool, int, int, int]:
+        kv = req.kv
+        if kv is None or kv.req_pool_idx is None:
+            return False, 0, 0, 0
+        return True, int(kv.kv_committed_len), int(kv.kv_allocated_len), int(kv.cache_protected_len)
+
+    def req_row(self, req: Any) -> int | None:
+        kv = req.kv
+        return None if kv is None else kv.req_pool_idx
+
+    def tp_rank(self) -> int:
+        from sglang.srt.runtime_context import get_parallel
+
         try:
-            server_args.resolve_once()
-        except (ValueError, NotImplementedError, AssertionError, TypeError, AttributeError, KeyError) as exc:
-            # SGLang's own refusal, or its resolution failing on these arguments: the server would not start
-            raise SGLangRefused(sglang_failure(exc, argv, RELEASE)) from None
-        except OSError as exc:
-            raise LintInputError(f"SGLang could not read the model configuration: {exc}") from None
-        cfg = resolving_view(server_args)
-        if cfg.speculative_algorithm in NEEDS_DRAFT_MODEL and not cfg.speculative_draft_model_path:
-            raise LintInputError(f"--speculative-algorithm {cfg.speculative_algorithm} needs "
-                                 "--speculative-draft-model-path (the draft model's directory or id)")
-    return server_args
+            return int(get_parallel().tp_rank)
+        except RuntimeError:  # not written in this process (single-process use, tests)
+            return 0
+
+    def server_args(self) -> Any:
+        from sglang.srt.runtime_context import get_server_args
+
+        try:
+            return get_server_args()
+        except Exception:  # noqa: BLE001 - not published: run with what the live objects say
+            return None
 
 
-def _check_adaptive_config(path: str) -> None:
-    """SGLang's own validation of the adaptive tiers (`_load_adaptive_config`), its refusal as bad input."""
-    from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config
-
-    try:
-        _load_adaptive_config(path)
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:
-        raise LintInputError(f"the adaptive config {path}: {str(exc).strip().splitlines()[0]}") from None
+# --- lint: what this line sizes at start-up ------------------------------------------------------------
 
 
-def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, republish: bool = True) -> Sizing:
+def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | None = None, *,
+                republish: bool = True) -> Sizing:
     """What SGLang 0.5.23 sizes at start-up for every runtime state of a resolved `ServerArgs`.
 
     `republish=False` (inside a running server): use the config already published; the spec bag is moved
@@ -150,7 +177,7 @@ def read_sizing(server_args: Any, specflip: SpecflipPolicy | None = None, *, rep
         ctx.override("specflip.lint.restore", **saved)
 
     return Sizing(
-        release=RELEASE, algorithm=cfg.speculative_algorithm, topk=topk, launch_steps=launch_steps,
+        release=line.version, algorithm=cfg.speculative_algorithm, topk=topk, launch_steps=launch_steps,
         launch_draft_tokens=launch_draft, overlap=not bool(cfg.disable_overlap_schedule),
         max_running_requests=max_running, logits_rows=logits_rows, states=tuple(states), adaptive=adaptive,
         tiers=tiers, refusals=tuple(refusals),
@@ -199,8 +226,40 @@ def tokens_per_req(phase: str, algo: Any, num_draft_tokens: int | None = None) -
     raise ValueError(f"lint reads no {phase!r} width")
 
 
-def launch_value(server_args: Any, attribute: str) -> Any:
-    """A launch attribute as resolution left it (the resolved view: 0.5.23 keeps resolved values in its bags)."""
-    from sglang.srt.arg_groups.overrides import resolving_view
+class Line(ReleaseLine):
+    """0.5.23: a Req keeps its row and KV lengths in `req.kv`; the future map has no lazy sizing flag; the draft's TP
+    context is a module function over its parallel layout (ReleaseLine's defaults)."""
 
-    return getattr(resolving_view(server_args), attribute)
+    version = "0.5.23"
+    adapter_class = Adapter
+    # SGLang 0.5.23 pins torch 2.14.1: it cannot run on the device image (torch 2.11.0), so CPU only
+    verified = (
+        ("guard", "CPU, real 0.5.23 objects in CI (tests/test_guard_sglang.py, tests/test_guard_adapters.py)"),
+        ("switch", "CPU, real 0.5.23 objects in CI (tests/test_switch_*.py, tests/test_replay.py)"),
+        ("step_timer", "CPU, real 0.5.23 hook registry in CI (tests/test_step_timer.py)"),
+        ("lint", "CPU, real 0.5.23 ServerArgs in CI (tests/test_lint.py)"),
+    )
+
+
+    # --- lint ---------------------------------------------------------------------------------------------
+
+    def resolve_server_args(self, argv: list[str], verbose: bool) -> Any:
+        """`prepare_server_args`, then `resolve_once` (0.5.23 resolves into published config bags)."""
+        from sglang.srt.server_args import prepare_server_args
+
+        server_args = prepare_server_args(argv)
+        silence_again(verbose)  # prepare_server_args re-configured logging
+        server_args.resolve_once()
+        return server_args
+
+    def launch_view(self, server_args: Any) -> Any:
+        """The resolved view: 0.5.23 keeps resolved values in its bags."""
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        return resolving_view(server_args)
+
+    # this module's functions, called as methods: the line is their first argument (a later line inherits them)
+    read_sizing = read_sizing
+
+
+LINE = Line()

@@ -1,0 +1,198 @@
+"""The `Release` protocol: everything specflip needs from one SGLang release line, and `ReleaseLine`, the base
+every line module's `Line` derives from (a line states only how it differs from the line it derives from).
+
+What a line answers, by consumer:
+* the guard: `adapter()` (the hook targets and the hook bodies that read this line's live objects);
+* the switches: `worker_kind` (SGLang's v1 EAGLEWorker or the v2 one), `kv_row` (a request's row and KV lengths),
+  `future_map_sizes_lazily`, `retract_all_kwargs`, `advance_kept_out_chunk`, `draft_worker_contexts`,
+  `result_keeps_refs`, `model_runner_has_workspace_flag`;
+* the step timer: `step_timer_targets`;
+* lint: `build_server_args`, `launch_value`, `read_sizing` (shim/releases/server_args.py runs the common part);
+* `specflip releases`: `features` and `verified`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+WorkerKind = Literal["v1", "v2"]
+FEATURES = ("guard", "switch", "step_timer", "lint")
+_OFF = ("0", "false", "no", "off")
+
+
+@runtime_checkable
+class Release(Protocol):
+    """One SGLang release line as specflip sees it."""
+
+    version: str  # the base line, "0.5.16" (a ".postN" release uses it)
+    ships_v1_worker: bool  # SGLang's v1 EAGLEWorker is still there (SGLANG_ENABLE_SPEC_V2=0 selects it)
+    future_map_sizes_lazily: bool
+    result_keeps_refs: bool
+    step_timer_targets: tuple[str, str]
+    model_runner_has_workspace_flag: bool
+    verified: tuple[tuple[str, str], ...]
+
+    def worker_kind(self, env: Mapping[str, str]) -> WorkerKind: ...
+
+    def adapter(self) -> Any: ...
+
+    def kv_row(self, req: Any) -> tuple[int | None, int, int]: ...
+
+    def retract_all_kwargs(self, scheduler: Any) -> dict[str, Any]: ...
+
+    def advance_kept_out_chunk(self, scheduler: Any, req: Any) -> int: ...
+
+    def draft_worker_contexts(self, worker: Any) -> list[Any]: ...
+
+    def features(self) -> dict[str, str]: ...
+
+    def build_server_args(self, argv: Sequence[str], *, verbose: bool = False) -> Any: ...
+
+    def launch_value(self, server_args: Any, attribute: str) -> Any: ...
+
+    def read_sizing(self, server_args: Any, specflip: Any = None, *, republish: bool = True) -> Any: ...
+
+
+class ReleaseLine:
+    """Defaults: what the v2-worker lines share. A line module's `Line` overrides what its line does otherwise."""
+
+    version: ClassVar[str] = ""
+    ships_v1_worker: ClassVar[bool] = False
+    # the future map sizes its buffers at the first stash (`_forward_buf_initialized`): a flip back to speculation
+    # must let the next speculative stash size them again
+    future_map_sizes_lazily: ClassVar[bool] = False
+    # GenerationBatchResult carries `extra_keep_alive_refs` (tensors kept alive until the result is processed)
+    result_keeps_refs: ClassVar[bool] = True
+    # the model runner's `init_new_workspace` flag, which `_get_attention_backend(init_new_workspace=True)` may change
+    model_runner_has_workspace_flag: ClassVar[bool] = True
+    # schedule_batch.retract_all takes `server_args` / `offload_kv`
+    retract_all_takes_server_args: ClassVar[bool] = False
+    retract_all_takes_offload_kv: ClassVar[bool] = True
+    # (feature, where it was verified), one entry per place: "CPU, ..." (real SGLang objects in CI) or
+    # "GPU <card>, <dates>: ... (<file>)". Features: FEATURES.
+    verified: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # the step timer's hook targets: a scheduler iteration's batch run, a request's arrival
+    step_timer_targets: ClassVar[tuple[str, str]] = (
+        "sglang.srt.managers.scheduler.Scheduler.run_batch",
+        "sglang.srt.managers.scheduler.Scheduler.handle_generate_request")
+    # the guard's adapter class for this line (a subclass of shim.adapters.common.V2Adapter)
+    adapter_class: ClassVar[type] = object
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "verified" not in cls.__dict__:
+            cls.verified = ()  # where a line was verified is that line's own fact: never inherited
+
+    def __repr__(self) -> str:
+        return f"<SGLang {self.version} line>"
+
+    # --- the worker --------------------------------------------------------------------------------------
+
+    def worker_kind(self, env: Mapping[str, str]) -> WorkerKind:
+        """The EAGLE worker a server of this line runs: v1 where the line still ships it and SGLANG_ENABLE_SPEC_V2
+        turns the v2 one off; else v2."""
+        if self.ships_v1_worker and env.get("SGLANG_ENABLE_SPEC_V2", "").strip().lower() in _OFF:
+            return "v1"
+        return "v2"
+
+    # --- the guard ---------------------------------------------------------------------------------------
+
+    def adapter(self) -> Any:
+        """A fresh guard adapter for this line."""
+        return self.adapter_class()
+
+    # --- reading live objects (the switches) -------------------------------------------------------------
+
+    def kv_row(self, req: Any) -> tuple[int | None, int, int]:
+        """(req_to_token row, kv_committed_len, kv_allocated_len) of a request; row None while it holds none.
+        Default: everything in `req.kv` (ReqKvInfo)."""
+        kv = req.kv
+        if kv is None:
+            return None, 0, 0
+        return kv.req_pool_idx, int(kv.kv_committed_len), int(kv.kv_allocated_len)
+
+    def retract_all_kwargs(self, scheduler: Any) -> dict[str, Any]:
+        """The line's extra keyword arguments of `schedule_batch.retract_all` (beyond reqs, the pools and the tree)."""
+        kwargs: dict[str, Any] = {}
+        if self.retract_all_takes_server_args:
+            kwargs["server_args"] = scheduler.server_args
+        if self.retract_all_takes_offload_kv:
+            kwargs["offload_kv"] = False  # re-prefilled, never restored from host
+        return kwargs
+
+    def advance_kept_out_chunk(self, scheduler: Any, req: Any) -> int:
+        """A chunked request barred from the tree resumes after the chunk that ran (shim/switch/radix_keep_out.py
+        `resume_chunk_kept_out`); returns the tokens its prefix advanced by. Default: the prefix is `prefix_len`
+        and the chunk's end `extend_end` (the line's own stash advances it too)."""
+        start, end = req.prefix_len, req.extend_end
+        if end > start:
+            req.prefix_len = end
+        return max(0, end - start)
+
+    def draft_worker_contexts(self, worker: Any) -> list[Any]:
+        """The context managers the v2 worker's draft-extend runs under (what forward_batch_generation enters).
+        Default: the module function over the draft's parallel layout, and the speculative MoE contexts."""
+        mod = sys.modules["sglang.srt.speculative.eagle_worker_v2"]
+        ctxs = [mod.draft_tp_context(worker.draft_worker.parallel_layout)]
+        return ctxs + _moe_contexts(mod)
+
+    # --- lint: ServerArgs and what the line sizes at start-up (shim/releases/server_args.py) ----------------------
+
+    def build_server_args(self, argv: Sequence[str], *, verbose: bool = False) -> Any:
+        """`ServerArgs` as `python -m sglang.launch_server argv` builds it on this line, resolved (lint)."""
+        from shim.releases.server_args import build_server_args
+
+        return build_server_args(self, argv, verbose=verbose)
+
+    def resolve_server_args(self, argv: list[str], verbose: bool) -> Any:
+        """`prepare_server_args(argv)` and whatever else this line's launch runs to resolve it."""
+        raise NotImplementedError
+
+    def launch_view(self, server_args: Any) -> Any:
+        """What holds the resolved launch values: the ServerArgs itself, or the line's resolved view of it."""
+        raise NotImplementedError
+
+    def launch_value(self, server_args: Any, attribute: str) -> Any:
+        """A launch attribute as resolution left it."""
+        return getattr(self.launch_view(server_args), attribute)
+
+    def check_adaptive_config(self, path: str, launch_steps: int) -> None:
+        """LintInputError for an adaptive config this line refuses. Default: SGLang's own tier validation."""
+        from shim.releases.server_args import check_tiered_adaptive_config
+
+        check_tiered_adaptive_config(path)
+
+    def read_sizing(self, server_args: Any, specflip: Any = None, *, republish: bool = True) -> Any:
+        """What this line sizes at start-up for a resolved ServerArgs (a shim.releases.sizing.Sizing)."""
+        raise NotImplementedError
+
+    # --- specflip releases ---------------------------------------------------------------------------------
+
+    def features(self) -> dict[str, str]:
+        """feature (FEATURES) -> how it works on this line, one line each."""
+        return {"guard": "yes, on the v2 EAGLE worker (shim/adapters/common.py)",
+                "switch": "v2 (shim/switch/v2.py; SPECFLIP_SWITCH=t_off:t_on or auto)",
+                "step_timer": "yes (shim/timing/step_timer.py)",
+                "lint": "yes (specflip lint)"}
+
+
+def _moe_contexts(mod: Any) -> list[Any]:
+    return [getattr(mod, name)() for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context")
+            if name in vars(mod)]
+
+
+def prefix_slots_chunk(scheduler: Any, req: Any, end: int) -> int:
+    """`advance_kept_out_chunk` for lines whose prefix is the slots themselves (`req.prefix_indices`) and whose row is
+    on the Req: the stash (`maybe_cache_unfinished_req`) returns early for a kept-out request and leaves
+    `prefix_indices` at the tree match, so its next chunk would re-extend from there on fresh slots and the slots of
+    the chunks before, overwritten in its req_to_token row, would be lost to the pool. `end`: the chunk's end."""
+    if req.req_pool_idx is None:
+        return 0
+    start = len(req.prefix_indices)
+    if end > start:
+        # what cache_unfinished_req leaves there for the part it does not cache: the request's own row
+        row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, :end]
+        req.prefix_indices = row.to(dtype=req.prefix_indices.dtype, copy=True)
+    return max(0, end - start)
