@@ -196,7 +196,7 @@ for d in "$OUT"/tr/*/; do [ -f "$d/server.log" ] || continue
   grep -h 'specflip guard clock' "$d/server.log" | tail -1 | cut -c1-700; done
 [ -s "$OUT/guard_clock.txt" ] || rm -f "$OUT/guard_clock.txt"
 [ -n "${SAVE_JIT:-}" ] && python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache.tar.xz" /tmp/jitcache 2>/dev/null
-# committed as bench/gpu/results/traces_sN_callM.tar.xz: `gzip -dc traces.tar.gz | xz -9e > ...` (about half the
+# committed as bench/gpu/results/DATE_COMMIT/traces_callM.tar.xz: `gzip -dc traces.tar.gz | xz -9e > ...` (about half the
 # size; the tree and the bundle share the device's 64 MiB carry)
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 ls -la "$OUT"; echo "== done (t=$(el)s)"
