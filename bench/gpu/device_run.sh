@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/gpu-results.md).
+# Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/archive/gpu-results.md).
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
 #   MODELS: 8b (H=4096 L=32 I=14336: Llama-3-8B's shape, the pair every deciding figure uses), small
 #           (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632: the host-bound 0.8B pair of sessions 1-6)
