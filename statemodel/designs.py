@@ -82,7 +82,7 @@ V2_SWITCH = Design(
     "a spec-off step strips spec_info and spec_algorithm only inside the worker call (_forward_isolation "
     "restores them), takes its slot from the v2 over-allocation, replays a decode graph runner captured at "
     "start-up, and a draft-extend follows every plain step.",
-    source="shim/switch/v2.py; docs/gpu-results.md (H200, 0.5.16)",
+    source="shim/switch/v2.py; docs/archive/gpu-results.md (H200, 0.5.16)",
     sglang_line="0.5.16",
     policy=THRESHOLDS,
     clear_spec_on=ClearSpecOn.WORKER_COPY,
@@ -112,7 +112,8 @@ RETRACT_CATCH_UP = attrs.evolve(
     "flip-on retracts every running request (ScheduleBatch.release_req without tree insertion: KV freed, back to "
     "waiting with its output) and its prefill with speculation on runs the target and the draft over prompt + "
     "output.",
-    source="shim/switch/v2.py (draft mode retract); docs/throughput-plan.md; docs/gpu-results.md (H200, 0.5.16)",
+    source=("shim/switch/v2.py (draft mode retract); docs/throughput-plan.md; "
+            "docs/archive/gpu-results.md (H200, 0.5.16)"),
     sglang_line="0.5.16",
     draft_while_off=DraftWhileOff.RETRACT_ON_ENABLE,
 )

@@ -132,7 +132,8 @@ QUIET, WAVE, LULL, BURST = 400, 60, 4, 300
 
 
 def lulled_bursts(seed: int) -> list[int]:
-    """The H200's bursty load as the auto server saw it (session 9, traces_s9_callA): each burst arrives in two
+    """The H200's bursty load as the auto server saw it (session 9, 2026-12-01_25a6220/traces_callA.tar.xz): each
+    burst arrives in two
     waves with a lull between them in which the server holds a single request."""
     rng = random.Random(seed)
     demands: list[int] = []
@@ -187,7 +188,8 @@ def test_stale_estimates_are_probed_again_rarely() -> None:
 
 
 def test_traffic_that_drafts_better_while_plain_runs_is_found_again() -> None:
-    """The H200 8B run of session 11 (bench/gpu/results/traces_s11_call2.tar.xz, tr/auto/): the warm-up's requests
+    """The H200 8B run of session 11 (bench/gpu/results/2026-12-02_eedb8cd/traces_call2.tar.xz, tr/auto/): the
+    warm-up's requests
     drafted at accept 1.0-1.5 (prompts outside the counter draft's vocabulary), so at demand 1-2 plain won on the
     numbers and held; the measured traffic drafted at 2.0, which a plain step cannot show, and with `stale_after`
     8192 speculation was not visited again in the whole bursty run (auto 15.16 s against the switch's 12.23 s).
@@ -297,7 +299,8 @@ def replay_windows(windows: list[dict[str, Any]]) -> ap.AutoState:
 
 def test_recorded_session7_windows_value_speculation_at_its_rate() -> None:
     """The H200 8B run of session 7 (call 2, bursty; tests/regressions/recorded/auto_s7_call2_windows.json, from
-    traces_s7_call2.tar.xz): at batch 1 speculation was seen only in warm-up windows whose requests drafted at
+    2026-12-01_9b58d3b/traces_call2.tar.xz): at batch 1 speculation was seen only in warm-up windows whose requests
+    drafted at
     accept 1.0 (SGLang's own log there: accept len 1.4-1.7), at 5.3-5.8 ms a step; the quiet phase later ran at
     batch 2 with accept 2.0. Learned per bucket (before the fix), batch 1 kept accept 1.0 and valued speculation at
     about 181 tok/s against plain's 223 here (the trace's flips: 181 against 183), half its rate (call 1: 327 tok/s
@@ -369,7 +372,8 @@ def wave(state: ap.AutoState, spec_on: bool, batch: int, first_ms: float, last_m
 
 
 def test_a_mode_whose_steps_grow_over_a_wave_is_valued_over_the_wave() -> None:
-    """The H200, session 16, concurrency 48 (traces_s16_call3.tar.xz, the learner's windows): speculation's steps
+    """The H200, session 16, concurrency 48 (2026-12-02_50a6e62/traces_call3.tar.xz, the learner's windows):
+    speculation's steps
     grew from 9.5 to 12.7 ms over each wave of 128-token requests, plain's stayed at 5.1-5.3 ms. An 8-step memory
     valued speculation by the part of the wave it saw last: its flips at the wave's start read 9.5 ms (10,100 tok/s,
     the server made 7,556) and held it against plain. The step estimate's memory (64 steps) spans a wave: after two
@@ -421,7 +425,8 @@ def test_a_bucket_between_two_known_ones_is_interpolated() -> None:
 
 
 def test_a_demand_inside_a_bucket_is_valued_on_the_line_between_its_points() -> None:
-    """The H200, session 17, concurrency 48 (traces_s17_call1.tar.xz, the learner's windows): speculation's step
+    """The H200, session 17, concurrency 48 (2026-12-02_eeb8707/traces_call1.tar.xz, the learner's windows):
+    speculation's step
     took 9.8 ms at 32 and 12.6 ms at 48, plain's 5.0 and 5.2 ms. Under the closed loop the demand dipped from 48 to
     46 as requests turned over; valued at bucket 32's seconds, 46 requests made speculation 2 % better than plain,
     at 48 plain won by 15 %: each dip cut the flip's confirmation short (inferred; the trace kept no decisions
@@ -555,7 +560,8 @@ def test_without_tiers_the_decisions_are_the_two_mode_learners() -> None:
 
 # --- tiers: plain and every step count of the ladder (issue 23) ---------------------------------------------------
 
-# H200, the 8B-class pair, session 7 call 3 (bench/gpu/results/bench_s7_call3.jsonl): always on at steps 3 and at
+# H200, the 8B-class pair, session 7 call 3 (bench/gpu/results/2026-12-01_9b58d3b/bench_call3.jsonl): always on at
+# steps 3 and at
 # steps 1 (accept length 2.0 at both: the counter draft), plain decoding
 T_PLAIN = dict(zip(CONCS, [220, 855, 3170, 4580, 5908, 10340, 21686], strict=True))
 T_STEPS3 = dict(zip(CONCS, [330, 1223, 3771, 4889, 5814, 6444, 6864], strict=True))
@@ -622,7 +628,8 @@ def test_tiers_above_the_cap_with_plain_never_measured_there_follow_the_prior() 
     speculation at 48 requests, and comparing the two tiers alone would hold it there (on this session 16 table
     0.39-0.44x plain at 256). The prior says plain above the cap, and the learner flips off at once (requests wait
     beyond the cap: no dwell; before session 20, after its dwell and confirmation). Found
-    by the simulation of a sweep that jumps from 64 to 256 (bench/gpu/results/bench_s16_call3.jsonl's rows)."""
+    by the simulation of a sweep that jumps from 64 to 256 (bench/gpu/results/2026-12-02_50a6e62/bench_call3.jsonl's
+    rows)."""
     state = ap.initial_state(tiers=(3, 1))
     for steps, seconds in [(3, 0.0142), (1, 0.0127)]:
         for _ in range(12):
@@ -958,7 +965,8 @@ def test_a_probe_of_speculation_ends_when_a_burst_overtakes_it() -> None:
 
 
 def test_speculation_holding_requests_beyond_its_cap_flips_off_without_a_dwell() -> None:
-    """The H200, session 20, call 3 (`auto` with tiers 3,1, concurrency 64, traces_s20_call3.tar.xz): each wave
+    """The H200, session 20, call 3 (`auto` with tiers 3,1, concurrency 64, 2026-12-03_9d1af93/traces_call3.tar.xz):
+    each wave
     arrived with speculation on, so its cap (48) split the wave: 48 ran, 16 waited until the flip off, and finished
     some 25 steps after the rest, a tail of 16 in which steps 1 won on the numbers (4,447 against plain's 3,456
     tok/s) and came on. The next wave then waited through the flip-on's dwell: 40 steps at 48 running and 16 waiting

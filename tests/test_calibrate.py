@@ -14,9 +14,11 @@ from specflip.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "gpu" / "results"
-S3_CALL3 = RESULTS / "bench_s3_call3.jsonl"  # session 3, all servers side by side: plain wins everywhere
-FINAL = RESULTS / "bench_final.jsonl"
-CALL1 = RESULTS / "bench_call1.jsonl"  # the same plain/spec rows as bench_final (call 1 of that session)
+# session 3, all servers side by side: plain wins everywhere
+S3_CALL3 = RESULTS / "2026-11-29_44eaff4/bench_call3.jsonl"
+FINAL = RESULTS / "2026-11-29_4233485/bench_final.jsonl"
+# the same plain/spec rows as bench_final (call 1 of that session)
+CALL1 = RESULTS / "2026-11-29_4233485/bench_call1.jsonl"
 
 # The table (tok/s at concurrency 1/8/32/128): speculation wins at low concurrency, which no file
 # recorded on this host shows (plain wins everywhere in bench/gpu/results).
@@ -129,9 +131,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, extra, mess
 
 
 def test_missing_cfg_names_what_the_file_has(capsys):
-    rc, _, err = run_cli(capsys, RESULTS / "bench_s3_call1.jsonl")
+    no_plain = RESULTS / "2026-11-29_44eaff4/bench_call1.jsonl"
+    rc, _, err = run_cli(capsys, no_plain)
     assert rc == 2
-    assert err.strip() == (f"specflip calibrate: no rows with cfg 'plain' in {RESULTS / 'bench_s3_call1.jsonl'} "
+    assert err.strip() == (f"specflip calibrate: no rows with cfg 'plain' in {no_plain} "
                            "(cfgs found: sw_guard, sw_noguard)")
     with pytest.raises(CalibrateError, match="cfg 'specflip'"):
         calibrate([str(S3_CALL3)], spec="specflip")
@@ -169,7 +172,8 @@ def test_auto_on_a_host_where_plain_wins_everywhere(capsys):
     assert rc == 0 and "SPECFLIP_SWITCH=auto would settle on: speculation at c=none;" in out
 
 
-S7_CALL3 = RESULTS / "bench_s7_call3.jsonl"  # session 7 call 3: plain, steps 3 (spec) and steps 1 always on, 8B pair
+# session 7 call 3: plain, steps 3 (spec) and steps 1 always on, 8B pair
+S7_CALL3 = RESULTS / "2026-12-01_9b58d3b/bench_call3.jsonl"
 
 
 def test_tiers_simulates_the_tiered_auto_learner_on_the_h200_rows(capsys):

@@ -2,7 +2,7 @@
 
 CI's torch has no CUDA, so torch's mode switch is replaced by `SyncDebugModeCpuStandIn`, which warns exactly as
 torch's c10 code does (the same text, only while the mode is "warn"). The real mode runs on the H200
-(bench/gpu/device_run.sh, docs/gpu-results.md).
+(bench/gpu/device_run.sh, docs/archive/gpu-results.md).
 """
 
 from __future__ import annotations

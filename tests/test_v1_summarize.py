@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "gpu"))
 
 import v1_summarize  # noqa: E402
 
-CALL_S22 = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "results" / "v1" / "call-s22"
+CALL_S22 = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "results" / "2026-12-03_b86d557" / "v1"
 
 
 def timing(t: float, kind: str, bs: int, ms: float, first: bool = False, **tag: bool) -> dict:

@@ -57,7 +57,7 @@ def percentile(xs, q):
 
 # two requests whose starts are this close reach the server in one scheduler iteration (a decode step of the 8B pair
 # takes 5-6 ms) and share a prefill; a quiet-phase request further than this from every other start is prefilled
-# alone, breaking into the running request's decode (session 20's slow bursty round: docs/gpu-results.md)
+# alone, breaking into the running request's decode (session 20's slow bursty round: docs/archive/gpu-results.md)
 LONE_START_S = 0.005
 
 

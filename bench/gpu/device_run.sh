@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/gpu-results.md).
+# Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/archive/gpu-results.md).
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
 #   MODELS: 8b (H=4096 L=32 I=14336: Llama-3-8B's shape, the pair every deciding figure uses), small
 #           (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632: the host-bound 0.8B pair of sessions 1-6)
@@ -196,7 +196,7 @@ for d in "$OUT"/tr/*/; do [ -f "$d/server.log" ] || continue
   grep -h 'specflip guard clock' "$d/server.log" | tail -1 | cut -c1-700; done
 [ -s "$OUT/guard_clock.txt" ] || rm -f "$OUT/guard_clock.txt"
 [ -n "${SAVE_JIT:-}" ] && python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache.tar.xz" /tmp/jitcache 2>/dev/null
-# committed as bench/gpu/results/traces_sN_callM.tar.xz: `gzip -dc traces.tar.gz | xz -9e > ...` (about half the
+# committed as bench/gpu/results/DATE_COMMIT/traces_callM.tar.xz: `gzip -dc traces.tar.gz | xz -9e > ...` (about half the
 # size; the tree and the bundle share the device's 64 MiB carry)
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 ls -la "$OUT"; echo "== done (t=$(el)s)"

@@ -19,7 +19,7 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
                           plain scheduler path; the flip back on retracts the running requests, whose re-prefill
                           with speculation is the draft's catch-up) |
                           sync (design v2_switch_reserve_sync, draft-extend after every plain step, inside the
-                          speculative scheduler path: slower, measured in docs/gpu-results.md) |
+                          speculative scheduler path: slower, measured in docs/archive/gpu-results.md) |
                           none (KNOWN BAD, measurement only: no draft work while off, zeroed draft input)
   SPECFLIP_TIERS          'steps[,up:down,steps]...' (e.g. 3,8:4,1): while on, the EAGLE step count follows the
                           demand (design plain_off_retract_catch_up_tiers, shim/switch/v2_tiers.py, docs/tiers.md);

@@ -18,8 +18,9 @@ one request at a time:
    flips on with requests running: their retraction, their re-prefill with the draft (the catch-up) and speculative
    decode down to 1 again.
 
-On the H200 (8B-class pair, `32:24`, `--max-running-requests 256`, an empty triton cache; docs/gpu-results.md, session
-15) it took 4.2 + 11.1 s of start-up and paid there the builds the server beside it, without it, met on traffic.
+On the H200 (8B-class pair, `32:24`, `--max-running-requests 256`, an empty triton cache;
+docs/archive/gpu-results.md, session 15) it took 4.2 + 11.1 s of start-up and paid there the builds the server
+beside it, without it, met on traffic.
 `SPECFLIP_SWITCH_WARMUP=off` leaves it out. Requests the server refuses (its admission limits, e.g.
 `--max-queued-requests`) make one warning line, and the server starts: whether it serves at all is SGLang's own
 warm-up request's to tell, right after. The `auto` learner does not learn from these steps (their times include

@@ -1,7 +1,7 @@
 """A per-step timer for any SGLang server (plain, speculative, with or without specflip's switch), as a plugin hook.
 
 Issue 5's open question is where the switch's plain path loses 12-29 % against a plain server
-(docs/gpu-results.md, "Session 4"): GPU time per step, or host time between steps. The switch's own trace
+(docs/archive/gpu-results.md, "Session 4"): GPU time per step, or host time between steps. The switch's own trace
 times its steps; a plain server had nothing to compare with. This hook records, for decode batches:
 
 * `host_ms`: the time from the previous `Scheduler.run_batch` entry to this one, i.e. one loop iteration
