@@ -259,7 +259,8 @@ class V2Adapter:
                 rt.disable(f"sglang {self.release}: {reason}")
                 return None
             rt.start(design=self.reference_design(sa), scope=self.scope(sa), rank=self.tp_rank(),
-                     release=self.release, num_steps=int(getattr(sa, "speculative_num_steps", None) or 0))
+                     release=self.release, num_steps=int(getattr(sa, "speculative_num_steps", None) or 0),
+                     metrics=bool(getattr(sa, "enable_metrics", False)))
         return rt.guard
 
     def unsupported_reason(self, sa: Any) -> str | None:

@@ -93,10 +93,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self.releasing: dict[int, _Release] = {}
         self.in_free_group = False
         self.last_action: Action | None = None
-        self.found: list[tuple[str, tuple[Violation, ...]]] = []  # (action, violations), warn/trace mode
-        self._last_warned: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-        self._latest_suppressed: dict[str, str] = {}
+        self._init_reporting()
         self._init_identity()
         self._init_tree_draft()
         self.trace: TraceWriter | None = TraceWriter(config.trace_path) if config.trace_path else None
@@ -522,8 +519,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
 
     def close(self) -> None:
         self._check_releases()
-        if self._suppressed:
-            self._flush_suppressed(force=True)
+        self.report_held_back(force=True)
         if self.trace is not None:
             self.trace.close()
             self.trace = None

@@ -1,13 +1,21 @@
 """The guard's reporting: the last transitions it keeps, the violation message (invariant, action, TP rank, SGLang
 request ids, numbers, last transitions), and what a violation does per mode: raise `SpecFlipViolation` (assert) or
-log, rate-limited per invariant (warn, trace)."""
+log, rate-limited per invariant (warn, trace).
+
+Warn mode is something an operator can alert on: every finding is counted per invariant (`finding_counts`, and the
+Prometheus counter of shim/guard/metrics.py where SGLang's metrics are on); a finding held back by the rate limit is
+logged, with its count, once its invariant's interval has passed -- after the next step, or from the runtime's
+reporter thread when no step comes (shim/guard/runtime.py) -- and at close, so none is lost when the server stops.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections import deque
+from collections import Counter, deque
+from typing import Any
 
 from shim.guard.config import GuardConfig, Mode
 from shim.guard.trace import rid_name
@@ -38,6 +46,7 @@ class SpecFlipViolation(AssertionError):
 _REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
 _NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on requests, described by their SGLang names
 _NAMES_SHOWN = 4  # an arrival of a whole wave names this many
+FOUND_KEPT = 256  # findings kept whole in `found` (tests and explain read them); every one is counted beyond that
 
 
 class GuardReporting:
@@ -48,10 +57,28 @@ class GuardReporting:
     step_number: int
     # (step, action, where, request name) per transition, or a note; formatted only when a message is built
     history: deque[tuple[int, Action, str, str | None] | str]
-    found: list[tuple[str, tuple[Violation, ...]]]  # (action, violations), warn/trace mode
+    found: list[tuple[str, tuple[Violation, ...]]]  # (action, violations), warn/trace mode: the first FOUND_KEPT
+    finding_counts: Counter[str]  # every finding, by its first invariant, all modes
+    metrics: Any  # shim.guard.metrics.GuardMetrics where SGLang's metrics are on, else None
     _last_warned: dict[str, float]
     _suppressed: dict[str, int]
     _latest_suppressed: dict[str, str]  # invariant -> the first line of its latest finding not logged yet
+    _report_lock: threading.RLock  # the rate limit's books: the scheduler thread and the reporter thread share them
+    _totals_logged: int  # findings_total when the last totals line was logged
+
+    def _init_reporting(self) -> None:
+        self.found = []
+        self.finding_counts = Counter()
+        self.metrics = None
+        self._last_warned = {}
+        self._suppressed = {}
+        self._latest_suppressed = {}
+        self._report_lock = threading.RLock()  # re-entrant: the shutdown report can interrupt a step in its thread
+        self._totals_logged = 0
+
+    @property
+    def findings_total(self) -> int:
+        return sum(self.finding_counts.values())
 
     def note(self, text: str) -> None:
         """Something worth seeing in the last transitions that is not a model action."""
@@ -87,36 +114,57 @@ class GuardReporting:
         rids = tuple(dict.fromkeys(rid_name(self.names, r) for v in found for r in v.rids))
         if not rids and action.name in _NAMED_ACTIONS and action.args:
             rids = tuple(rid_name(self.names, r) for r in action.args)  # a pool-wide violation seen at their step
+        key = first.invariant
+        with self._report_lock:
+            self.finding_counts[key] += 1
+        if self.metrics is not None:
+            self.metrics.count(key)
         if self.config.mode is Mode.ASSERT:
             raise SpecFlipViolation(message, invariant=first.invariant, action=action.name, rank=self.config.rank,
                                     rids=rids, violations=found)
-        self.found.append((action.name, found))
+        if len(self.found) < FOUND_KEPT:
+            self.found.append((action.name, found))
         now = time.monotonic()
-        key = first.invariant
-        if now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
-            skipped = self._suppressed.pop(key, 0)
-            self._latest_suppressed.pop(key, None)
-            extra = f" ({skipped} more like it since the last report)" if skipped else ""
-            logger.warning("%s%s", message, extra)
-            self._last_warned[key] = now
-        else:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            self._latest_suppressed[key] = message.split("\n", 1)[0]
+        with self._report_lock:
+            if now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
+                skipped = self._suppressed.pop(key, 0)
+                self._latest_suppressed.pop(key, None)
+                extra = f" ({skipped} more like it since the last report)" if skipped else ""
+                logger.warning("%s%s", message, extra)
+                self._last_warned[key] = now
+            else:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                self._latest_suppressed[key] = message.split("\n", 1)[0]
         if self._suppressed:
             self._flush_suppressed(now)  # another invariant's held-back findings whose interval has passed
 
     def _flush_suppressed(self, now: float | None = None, *, force: bool = False) -> None:
         """Warn mode never goes silent after a first report: once an invariant's interval has passed, the findings
         held back since are logged as one line with their count and the latest of them, whether or not a new one
-        comes (called after every step while any is held back, and at close)."""
+        comes (called after every step while any is held back, from the runtime's reporter thread, and at close)."""
         now = time.monotonic() if now is None else now
-        for key in list(self._suppressed):
-            if force or now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
-                count = self._suppressed.pop(key)
-                latest = self._latest_suppressed.pop(key, "")
-                logger.warning("specflip: %d more %s findings since the last report on TP rank %d; latest: %s",
-                               count, key, self.config.rank, latest)
-                self._last_warned[key] = now
+        with self._report_lock:
+            for key in list(self._suppressed):
+                if force or now - self._last_warned.get(key, -1e18) >= self.config.warn_interval_s:
+                    count = self._suppressed.pop(key)
+                    latest = self._latest_suppressed.pop(key, "")
+                    logger.warning("specflip: %d more %s findings since the last report on TP rank %d; latest: %s",
+                                   count, key, self.config.rank, latest)
+                    self._last_warned[key] = now
+
+    def report_held_back(self, *, force: bool = False) -> None:
+        """What the reporter thread calls every interval, and close at shutdown: the held-back findings whose
+        interval has passed (all of them with `force`), then the totals line if any finding came since the last."""
+        if self._suppressed:
+            self._flush_suppressed(force=force)
+        with self._report_lock:
+            total = sum(self.finding_counts.values())
+            if total == self._totals_logged:
+                return
+            self._totals_logged = total
+            counts = ", ".join(f"{name} {n}" for name, n in self.finding_counts.most_common())
+        logger.warning("specflip guard: %d findings in all on TP rank %d since start (%s)", total, self.config.rank,
+                       counts)
 
     def format(self, action: Action, found: tuple[Violation, ...], *, where: str | None = None) -> str:
         """The violation message: invariant, action, rank, request ids, numbers, last transitions."""

@@ -8,8 +8,11 @@ mode, where the point is to stop.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import signal
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -85,6 +88,7 @@ class GuardRuntime:
         self.sync_counter: SyncCounter | None = None
         self.clock: GuardClock | None = None  # SPECFLIP_GUARD_CLOCK: the guard steps timed (shim/guard/clock.py)
         self.rank_check = True  # SPECFLIP_RANK_CHECK: the per-step rank agreement check where TP > 1
+        self.reporter: FindingsReporter | None = None  # warn/trace: held-back findings and totals on a timer
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GuardRuntime:
@@ -116,10 +120,12 @@ class GuardRuntime:
             if self.guard is not None:
                 self.guard.close()
 
-    def start(self, *, design: Design, scope: Scope, rank: int, release: str, num_steps: int | None = None) -> Guard:
+    def start(self, *, design: Design, scope: Scope, rank: int, release: str, num_steps: int | None = None,
+              metrics: bool = False) -> Guard:
         """Build the Guard (the adapter calls this at the first hooked step). `num_steps`: the server's
         `speculative_num_steps`, the step count of a design whose steps are one number (`Design.num_steps`, 2 in the
-        checker's scope): its reserve is what SGLang reserves then."""
+        checker's scope): its reserve is what SGLang reserves then. `metrics`: the server exports Prometheus metrics
+        (`--enable-metrics`): the findings are counted there too (shim/guard/metrics.py)."""
         if self.design_name:
             design = get_design(self.design_name)
         if scope.overlap:
@@ -133,6 +139,12 @@ class GuardRuntime:
         trace_path = trace_path_for(self.trace_template, rank) if self.trace_template else None
         self.guard = Guard(GuardConfig(mode=self.mode, design=design, scope=scope, rank=rank, release=release,
                                        trace_path=trace_path))
+        if metrics:
+            from shim.guard.metrics import GuardMetrics
+
+            self.guard.metrics = GuardMetrics(rank)
+        if self.mode is not Mode.ASSERT and self.reporter is None:
+            self.reporter = FindingsReporter(self, every_s=self.guard.config.warn_interval_s)
         # the line an operator looks for: "guard on" at registration can come before the scheduler process sets up
         # its logging (none of sessions 26-27's GPU-line server logs has it); this one comes at the first hooked step
         logger.info("specflip guard checking: design %s%s, mode %s, TP rank %d, sglang %s", design.name,
@@ -172,6 +184,55 @@ class GuardRuntime:
             self.sync_counter.run(fn, *args, **kwargs)
         else:
             fn(*args, **kwargs)
+
+
+class FindingsReporter:
+    """A daemon thread that, every `every_s`, has the live guard log its held-back findings and its totals
+    (`GuardReporting.report_held_back`): in warn and trace mode a finding held back by the rate limit is reported
+    within one interval even when no step follows it (an idle server, or one about to stop)."""
+
+    def __init__(self, runtime: GuardRuntime, *, every_s: float) -> None:
+        self.runtime = runtime
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="specflip-guard-reporter", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            guard = self.runtime.guard
+            if guard is not None and self.runtime.mode is not Mode.OFF:
+                guard.report_held_back()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def report_at_shutdown() -> None:
+    """The installed guard's held-back findings and totals, now (atexit, and SIGTERM: see `install`)."""
+    runtime = _RUNTIME
+    if runtime is not None and runtime.guard is not None:
+        runtime.guard.report_held_back(force=True)
+
+
+def _report_on_sigterm() -> None:
+    """SIGTERM (how a process group is stopped, and how SGLang stops its daemons) ends a process without atexit:
+    report first, then do what was set before (its handler; or the default, which ends the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        report_at_shutdown()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 class SyncCounter:
@@ -229,5 +290,13 @@ def current() -> GuardRuntime | None:
 
 
 def install(runtime: GuardRuntime | None) -> None:
-    global _RUNTIME
+    """Make `runtime` this process's guard; the first time, also report its findings at shutdown."""
+    global _RUNTIME, _SHUTDOWN_REPORT
     _RUNTIME = runtime
+    if runtime is not None and runtime.mode is not Mode.ASSERT and not _SHUTDOWN_REPORT:
+        atexit.register(report_at_shutdown)
+        _report_on_sigterm()
+        _SHUTDOWN_REPORT = True
+
+
+_SHUTDOWN_REPORT = False
