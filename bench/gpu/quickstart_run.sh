@@ -70,8 +70,8 @@ for p in 30000 30001 30002 30003; do
   done
   echo "== :$p up=$up (t=$(el)s)"
 done
-flips() {  # the load that makes a threshold switch flip, on :$1
-  python3 - "$1" <<'PY'
+# the load that makes a threshold switch flip (python3 /tmp/flips.py PORT)
+cat > /tmp/flips.py <<'PY'
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 url = f"http://127.0.0.1:{sys.argv[1]}/generate"
@@ -88,10 +88,9 @@ for n, c in ((64, 32), (8, 1), (64, 32)):
     exact += sum(res); total += n
 print(f":{sys.argv[1]} flipping load: {exact}/{total} outputs exact")
 PY
-}
 for p in 30000 30001; do
-  echo "== :$p kit client (t=$(el)s)"; timeout 120 python3 "$K/client.py" http://127.0.0.1:$p 2>&1 | grep -E '^== |CLIENT_'
-  timeout 180 flips $p
+  echo "== :$p kit client (t=$(el)s)"; timeout 120 python3 "$K/client.py" http://127.0.0.1:$p 2>&1 | grep -vE '^   ' | tail -n 6
+  timeout 180 python3 /tmp/flips.py $p 2>&1 | tail -n 3
 done
 echo "== skip, control: bursty load, 4 cycles (t=$(el)s)"
 (cd "$REPO" && PYTHONPATH=$REPO:/tmp/site timeout 300 python3 bench/gpu/bursty_client.py \
@@ -109,5 +108,7 @@ for n in quickstart fault skip control; do
     echo "   findings logged whole: $(grep -c 'broken by' "$Q/server_$n.log"); tracebacks: $(grep -c Traceback "$Q/server_$n.log")"
   } >> "$Q/lines.txt"
 done
-specflip explain /tmp/trace_fault.rank0.jsonl > "$Q/explain_fault.txt" 2>&1; echo "== fault explain exit $?" | tee -a "$Q/lines.txt"
+# `specflip explain` (pip --target leaves the bundle's bin/ as it is, so the console script may not be there)
+SPECFLIP=specflip; command -v specflip > /dev/null || SPECFLIP="python3 -m specflip.cli"
+$SPECFLIP explain /tmp/trace_fault.rank0.jsonl > "$Q/explain_fault.txt" 2>&1; echo "== fault explain exit $?" | tee -a "$Q/lines.txt"
 head -c 3000 "$Q/explain_fault.txt"; echo; cat "$Q/lines.txt"; ls -la "$Q"; echo "== done (t=$(el)s)"
