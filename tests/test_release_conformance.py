@@ -163,6 +163,14 @@ if ACTIVE is not None:
     def line() -> Any:
         from shim.releases import base_line, installed_release, release_line
 
+        try:
+            import sglang.srt.managers.tp_worker  # noqa: F401
+        except ModuleNotFoundError as exc:  # 0.5.12 imports sgl_kernel (CUDA kernels) through its host KV pool
+            if not (exc.name or "").startswith("sgl_kernel"):
+                raise
+            sys.path.insert(0, str(REPO / "tests"))
+            __import__("sglang12_cpu").install_import_stand_ins()  # sgl_kernel as an import-only CPU stand-in
+
         assert base_line(installed_release() or "") == ACTIVE, f"sglang {installed_release()} is installed, not {ACTIVE}"
         return release_line()
 
@@ -290,7 +298,10 @@ class _CpuObjects:
         params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
         params.normalize(None)
         params.verify(self.TINY["vocab_size"])
-        return Req(rid, "", array("q", ids), params, vocab_size=self.TINY["vocab_size"])
+        req = Req(rid, "", list(ids), params, vocab_size=self.TINY["vocab_size"])
+        if isinstance(req.output_ids, array):  # lines that keep token ids in arrays take the prompt as one too
+            req = Req(rid, "", array("q", ids), params, vocab_size=self.TINY["vocab_size"])
+        return req
 
     def prefill(self, reqs: list[Any]) -> Any:
         """PrefillAdder's admission of whole prompts (the tree match, the extend range where the line keeps one),
