@@ -24,8 +24,9 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
     `SPECFLIP_GUARD_CLOCK=1` (or the seconds per line) logs the guard steps' thread CPU time per hook and their
     share of the thread's (shim/guard/clock.py).
   A bad SPECFLIP_* guard setting (an unknown mode or design, a cap that is not an integer) stops start-up with
-  one line naming the variable, unless `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, the guard off). An
-  unsupported release or configuration logs one message and leaves the guard off.
+  one line naming the variable, unless `SPECFLIP_ON_BAD_CONFIG=warn` (then: one error line, the guard off). So does
+  an SGLang release no line of shim/releases/ describes, when SPECFLIP_MODE or SPECFLIP_SWITCH asks for specflip
+  (the line names the supported range). An unsupported configuration logs one message and leaves the guard off.
 * `register` (the project's entry point, `specflip = "shim.plugin:register"`): the v2 switch, the step timer,
   then the guard (the guard last: it reads what the switch announced).
 * `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard.
@@ -34,6 +35,7 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
 from __future__ import annotations
 
 import logging
+import os
 
 from shim.guard.core import Mode
 from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
@@ -45,14 +47,30 @@ from shim.timing import step_timer
 logger = logging.getLogger("specflip.guard")
 
 
+def supported_or_stop(asked_by: str) -> bool:
+    """Whether the installed SGLang is a release line specflip supports (shim/releases/). When it is not and
+    `asked_by` (SPECFLIP_SWITCH, SPECFLIP_MODE) asked for specflip, start-up stops with one line naming the supported
+    range, as for any bad setting (SPECFLIP_ON_BAD_CONFIG=warn: one error line, and the server runs without it)."""
+    try:
+        release_line()
+    except UnsupportedRelease as exc:
+        on_bad_config(ConfigError(f"{asked_by}={os.environ.get(asked_by, '').strip()} asks for specflip, but {exc}"))
+        return False
+    return True
+
+
 def register_switch() -> None:
     """specflip's v2 switch: a no-op unless SPECFLIP_SWITCH is set (idempotent)."""
+    if os.environ.get("SPECFLIP_SWITCH", "").strip() and not supported_or_stop("SPECFLIP_SWITCH"):
+        return
     switch_v2.install_from_env()
 
 
 def register_switch_v1() -> None:
     """The v1 switch on SGLang's v1 EAGLEWorker (design v1_plain_off_retract_catch_up; with
     SPECFLIP_SWITCH_DRAFT=sync, seeds_final): a no-op unless SPECFLIP_SWITCH is set."""
+    if os.environ.get("SPECFLIP_SWITCH", "").strip() and not supported_or_stop("SPECFLIP_SWITCH"):
+        return
     switch_v1.install_from_env()
 
 
@@ -72,11 +90,9 @@ def register_guard() -> None:
         return
     if runtime.mode is Mode.OFF:
         return
-    try:
-        adapter = release_line().adapter()
-    except UnsupportedRelease as exc:
-        logger.warning("specflip guard off: %s", exc)
+    if not supported_or_stop("SPECFLIP_MODE"):
         return
+    adapter = release_line().adapter()
     problem = adapter.install(runtime)
     if problem:
         logger.warning("specflip guard off: %s", problem)

@@ -175,6 +175,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _cmd_releases(args: argparse.Namespace) -> int:
+    from specflip.releases import main as releases_main
+
+    return releases_main(args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="specflip", description=__doc__, epilog=EXIT_CODES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,6 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "at its step count, the ladder from low load to high, e.g. spec=3,spec_steps1=1)")
     calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=_cmd_calibrate)
+
+    releases = add("releases", "the SGLang release lines specflip supports: what works on each (guard, switch, step "
+                   "timer, lint) and where it was verified")
+    releases.add_argument("--json", action="store_true", help="print the table as JSON")
+    releases.set_defaults(func=_cmd_releases)
     return parser
 
 

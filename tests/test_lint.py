@@ -13,8 +13,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from specflip.lint import sglang_0_5_12 as lint_0_5_12
-from specflip.lint import sglang_0_5_16 as lint_0_5_16
+from shim.releases import release_line
+from shim.releases.server_args import LintInputError, SGLangRefused
+from shim.releases.v0_5_23 import tokens_per_req
 from specflip.lint.rules import (
     DRAFT_KV,
     KV_RESERVE,
@@ -30,7 +31,8 @@ from specflip.lint.rules import (
 )
 from statemodel.invariants import INVARIANT_NAMES
 
-sglang_23 = pytest.importorskip("specflip.lint.sglang_0_5_23")
+# each release line's lint reading (shim/releases/): the installed 0.5.23 on real objects, the others from values
+sglang_23, lint_0_5_16, lint_0_5_12 = release_line("0.5.23"), release_line("0.5.16"), release_line("0.5.12")
 try:
     import importlib.metadata as _md
 
@@ -110,7 +112,7 @@ def test_sglang_refuses_adaptive_with_topk_2(model_dir):
 
 @needs_sglang
 def test_sglang_refuses_steps_outside_the_candidates(model_dir):
-    with pytest.raises(sglang_23.SGLangRefused, match="candidate_steps"):
+    with pytest.raises(SGLangRefused, match="candidate_steps"):
         sizing(model_dir, "--speculative-algorithm", "EAGLE", "--speculative-adaptive", "--speculative-num-steps", "4")
 
 
@@ -231,7 +233,7 @@ def test_0_5_12_single_candidate_dies_at_startup_and_tier_keys_are_ignored():
     assert rules(found) == {SGLANG_REFUSES} and predicted_outcome(found) == "serves"
     assert "ignores the tier keys ['1']" in found[0].message and [st.steps for st in tiered.states] == [1, 3, 7]
     for bad in ([1, 2], {"candidate_steps": "1,3"}, {"candidate_steps": [1, -1]}):
-        with pytest.raises(lint_0_5_12.LintInputError):
+        with pytest.raises(LintInputError):
             lint_0_5_12.sizing_from_values(steps=3, draft_tokens=4, adaptive=True, adaptive_config=bad)
 
 
@@ -270,7 +272,7 @@ def test_tokens_per_req_is_sglangs_resolve_num_tokens_per_req(model_dir):
     """The adapter reads the graph widths from what SGLang's `resolve_num_tokens_per_req` reads, without importing
     its module (seconds of a cold lint): in every state of a static, an adaptive and a tree launch the two agree,
     for EAGLE and for DFLASH-style hooks alike (the algorithm's own target-verify hook)."""
-    from specflip.lint.sglang_common import ensure_torchvision_importable
+    from shim.releases.server_args import ensure_torchvision_importable
 
     ensure_torchvision_importable()  # spec_utils imports SGLang's configs, which import torchvision
     from sglang.srt import runtime_context
@@ -292,7 +294,7 @@ def test_tokens_per_req_is_sglangs_resolve_num_tokens_per_req(model_dir):
                 for phase in ("target_verify", "draft_extend"):
                     want = resolve_num_tokens_per_req(phase=phase, spec_algorithm=algo,
                                                       num_draft_tokens=draft if phase == "target_verify" else None)
-                    assert sglang_23.tokens_per_req(phase, algo, draft) == want, (algo, draft, phase)
+                    assert tokens_per_req(phase, algo, draft) == want, (algo, draft, phase)
                     checked += 1
     assert checked >= 2 * 2 * 4 * 2
 

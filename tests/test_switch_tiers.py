@@ -463,8 +463,10 @@ def test_lint_checks_each_tier_on_0_5_16_sizing() -> None:
     its largest tier (bench/gpu/tiers_8b.json, steps 3) and every tier fits; launched at steps 1, the steps-3 tier's
     graphs outgrow the buffer. A tier the server builds no state for is a finding, as is a server without
     --speculative-adaptive."""
-    from specflip.lint import sglang_0_5_16 as lint_0_5_16
+    from shim.releases import release_line
     from specflip.lint.rules import SHAPES, check, reachable_states, summary
+
+    lint_0_5_16 = release_line("0.5.16")
 
     policy = _tiers_policy()
     assert policy.tiers == (3, 1) and policy.tier_bounds == ((8, 4),)
@@ -490,8 +492,10 @@ def test_lint_checks_each_tier_on_0_5_16_sizing() -> None:
 def test_lint_checks_each_auto_tier() -> None:
     """`--specflip-auto --specflip-tiers 3,1`: every tier is a state the learner may pick at any demand; each is
     checked as the threshold tiers' are (a launch at steps 1 on 0.5.16 outgrows the buffer for steps 3)."""
-    from specflip.lint import sglang_0_5_16 as lint_0_5_16
+    from shim.releases import release_line
     from specflip.lint.rules import SHAPES, check, reachable_states, summary
+
+    lint_0_5_16 = release_line("0.5.16")
     from specflip.lint.run import _own_parser, specflip_policy
 
     policy = specflip_policy(_own_parser().parse_args(["--specflip-auto", "--specflip-tiers", "3,1"]))

@@ -13,7 +13,8 @@ line's behaviour.
 To add a line (say 0.5.17):
 1. Write `shim/releases/v0_5_17.py`: subclass the nearest line's `Adapter` and `Line` (e.g. `v0_5_16`), override what
    0.5.17's source does otherwise (each difference once, with a docstring line saying what 0.5.17 does), set
-   `version = "0.5.17"`, `adapter_class = Adapter`, `lint_module`, `verified`, and end with `LINE = Line()`.
+   `version = "0.5.17"`, `adapter_class = Adapter`, `verified`, and end with `LINE = Line()`. Lint's
+   reading (`resolve_server_args`, `launch_view`, `sizing_from_values`, `read_sizing`) is inherited the same way.
 2. Add `"0.5.17": "shim.releases.v0_5_17"` to `registry.LINES`.
 3. Run the conformance tests on that line's real objects (tests/test_guard_adapters.py, tests/test_releases.py).
 """

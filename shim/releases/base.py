@@ -6,17 +6,18 @@ What a line answers, by consumer:
 * the switches: `worker_kind` (SGLang's v1 EAGLEWorker or the v2 one), `kv_row` (a request's row and KV lengths),
   `future_map_sizes_lazily`, `retract_all_kwargs`, `advance_kept_out_chunk`, `draft_worker_contexts`,
   `result_keeps_refs`, `model_runner_has_workspace_flag`;
-* lint: `lint_module` (the module that builds this line's ServerArgs and reads what it sizes);
+* lint: `build_server_args`, `launch_value`, `read_sizing` (shim/releases/server_args.py runs the common part);
 * `specflip releases`: `features` and `verified`.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 WorkerKind = Literal["v1", "v2"]
+FEATURES = ("guard", "switch", "step_timer", "lint")
 _OFF = ("0", "false", "no", "off")
 
 
@@ -29,7 +30,6 @@ class Release(Protocol):
     future_map_sizes_lazily: bool
     result_keeps_refs: bool
     model_runner_has_workspace_flag: bool
-    lint_module: str
     verified: tuple[tuple[str, str], ...]
 
     def worker_kind(self, env: Mapping[str, str]) -> WorkerKind: ...
@@ -45,6 +45,12 @@ class Release(Protocol):
     def draft_worker_contexts(self, worker: Any) -> list[Any]: ...
 
     def features(self) -> dict[str, str]: ...
+
+    def build_server_args(self, argv: Sequence[str], *, verbose: bool = False) -> Any: ...
+
+    def launch_value(self, server_args: Any, attribute: str) -> Any: ...
+
+    def read_sizing(self, server_args: Any, specflip: Any = None, *, republish: bool = True) -> Any: ...
 
 
 class ReleaseLine:
@@ -62,9 +68,8 @@ class ReleaseLine:
     # schedule_batch.retract_all takes `server_args` / `offload_kv`
     retract_all_takes_server_args: ClassVar[bool] = False
     retract_all_takes_offload_kv: ClassVar[bool] = True
-    # the lint module for this line's ServerArgs and sizing (specflip/lint reads it; the layer never imports it)
-    lint_module: ClassVar[str] = ""
-    # (feature, where it was verified): "CPU real objects (CI)" or "GPU <card> <date> (<file>)"
+    # (feature, where it was verified), one entry per place: "CPU, ..." (real SGLang objects in CI) or
+    # "GPU <card>, <dates>: ... (<file>)". Features: FEATURES.
     verified: ClassVar[tuple[tuple[str, str], ...]] = ()
     # the guard's adapter class for this line (a subclass of shim.adapters.common.V2Adapter)
     adapter_class: ClassVar[type] = object
@@ -122,12 +127,44 @@ class ReleaseLine:
         ctxs = [mod.draft_tp_context(worker.draft_worker.parallel_layout)]
         return ctxs + _moe_contexts(mod)
 
+    # --- lint: ServerArgs and what the line sizes at start-up (shim/releases/server_args.py) ----------------------
+
+    def build_server_args(self, argv: Sequence[str], *, verbose: bool = False) -> Any:
+        """`ServerArgs` as `python -m sglang.launch_server argv` builds it on this line, resolved (lint)."""
+        from shim.releases.server_args import build_server_args
+
+        return build_server_args(self, argv, verbose=verbose)
+
+    def resolve_server_args(self, argv: list[str], verbose: bool) -> Any:
+        """`prepare_server_args(argv)` and whatever else this line's launch runs to resolve it."""
+        raise NotImplementedError
+
+    def launch_view(self, server_args: Any) -> Any:
+        """What holds the resolved launch values: the ServerArgs itself, or the line's resolved view of it."""
+        raise NotImplementedError
+
+    def launch_value(self, server_args: Any, attribute: str) -> Any:
+        """A launch attribute as resolution left it."""
+        return getattr(self.launch_view(server_args), attribute)
+
+    def check_adaptive_config(self, path: str, launch_steps: int) -> None:
+        """LintInputError for an adaptive config this line refuses. Default: SGLang's own tier validation."""
+        from shim.releases.server_args import check_tiered_adaptive_config
+
+        check_tiered_adaptive_config(path)
+
+    def read_sizing(self, server_args: Any, specflip: Any = None, *, republish: bool = True) -> Any:
+        """What this line sizes at start-up for a resolved ServerArgs (a shim.releases.sizing.Sizing)."""
+        raise NotImplementedError
+
     # --- specflip releases ---------------------------------------------------------------------------------
 
     def features(self) -> dict[str, str]:
-        """feature -> how it works on this line."""
-        return {"guard": "yes", "switch": "v1 or v2" if self.ships_v1_worker else "v2", "step_timer": "yes",
-                "lint": "yes" if self.lint_module else "no"}
+        """feature (FEATURES) -> how it works on this line, one line each."""
+        return {"guard": "yes, on the v2 EAGLE worker (shim/adapters/common.py)",
+                "switch": "v2 (shim/switch/v2.py; SPECFLIP_SWITCH=t_off:t_on or auto)",
+                "step_timer": "yes (shim/timing/step_timer.py)",
+                "lint": "yes (specflip lint)"}
 
 
 def _moe_contexts(mod: Any) -> list[Any]:

@@ -1,8 +1,8 @@
 """`specflip lint <launch_server args...>`: refuse a speculative configuration that cannot survive its own
 switches, before the server starts.
 
-Builds SGLang's own `ServerArgs` from the arguments (the installed release, through its adapter in
-`specflip/lint/sglang_<release>.py`), derives every runtime state the server can switch into and checks each
+Builds SGLang's own `ServerArgs` from the arguments (the installed release, through its release line in
+`shim/releases/`), derives every runtime state the server can switch into and checks each
 against what SGLang sizes at start-up (rules: `specflip/lint/rules.py`, named after the model's invariants).
 
 Exit 0: every state fits (one summary line). Exit 1: one line per finding. Exit 2: bad input (unknown flag,
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from shim.releases import UnsupportedRelease, release_line
+from shim.releases.server_args import LintInputError, SGLangRefused
 from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
 from specflip.lint.rules import (
     SGLANG_REFUSES,
@@ -173,7 +174,7 @@ def _what_sglang_does(argv: Sequence[str], release: str, flag: str, value: int) 
     try:
         server_args = adapter.build_server_args(_with_default_device(list(argv)))
         kept = adapter.launch_value(server_args, _ATTRIBUTE[flag])
-    except adapter.SGLangRefused:
+    except SGLangRefused:
         return f"; SGLang {release}'s resolution fails on it"
     except Exception:  # noqa: BLE001 - another problem of the arguments: the floor alone is the message
         return ""
@@ -201,8 +202,8 @@ def installed_release() -> str:
 
 
 def _line_module(release: str) -> Any:
-    """The module that builds `release`'s ServerArgs and reads its sizing (named by its release line)."""
-    return importlib.import_module(release_line(release).lint_module)
+    """The release line that builds `release`'s ServerArgs and reads its sizing (shim/releases/)."""
+    return release_line(release)
 
 
 def _flag_value(argv: Sequence[str], *names: str) -> str | None:
@@ -328,9 +329,9 @@ def sizing_for(argv: Sequence[str], policy: SpecflipPolicy | None, *, use_cache:
     try:
         server_args = adapter.build_server_args(_with_default_device(list(argv)), verbose=verbose)
         result: Sizing | str = adapter.read_sizing(server_args, policy)
-    except adapter.SGLangRefused as exc:
+    except SGLangRefused as exc:
         result = str(exc)
-    except adapter.LintInputError as exc:
+    except LintInputError as exc:
         raise LintUsageError(str(exc)) from None
     if use_cache:
         try:

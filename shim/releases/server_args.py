@@ -1,6 +1,7 @@
-"""What every per-release lint adapter (`specflip/lint/sglang_<release>.py`) shares: its two exceptions, the
-parser that raises instead of exiting, silencing SGLang while it resolves, and one line for SGLang failing.
-Nothing here imports SGLang."""
+"""`ServerArgs` as `python -m sglang.launch_server argv` builds it, for `specflip lint`: one flow for every release
+line (`build_server_args`), its two exceptions, the parser that raises instead of exiting, silencing SGLang while it
+resolves, and one line for SGLang failing. A line says how it resolves (`ReleaseLine.resolve_server_args`), how it
+checks an adaptive config and where resolved values live (`launch_view`). SGLang is imported only inside calls."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-_STAND_INS = Path(__file__).resolve().parents[2] / "stand_ins" / "cpu"
+_STAND_INS = Path(__file__).resolve().parents[2] / "stand_ins" / "cpu"  # the repository's, beside shim/
 
 # algorithms whose draft is a separate model: without --speculative-draft-model-path (which SGLang fills in
 # itself only for targets that carry their draft layers, e.g. DeepSeek's MTP) the draft worker has nothing to load
@@ -95,3 +96,41 @@ def sglang_failure(exc: BaseException, argv: Sequence[str], release: str) -> str
 def given_flag(argv: Sequence[str], flag: str) -> bool:
     """Whether a store_true launch flag was given (resolution may turn it off without a trace)."""
     return any(a == flag for a in argv)
+
+
+def build_server_args(line: Any, argv: Sequence[str], *, verbose: bool = False) -> Any:
+    """`ServerArgs` exactly as `python -m sglang.launch_server argv` builds it on `line` (a ReleaseLine), resolved.
+    `verbose`: SGLang's log lines and warnings are shown (on stderr) instead of silenced."""
+    ensure_torchvision_importable()
+    with quiet(verbose):
+        from sglang.srt.server_args import ServerArgs
+
+        parser = RaisingParser(prog="sglang serve", add_help=False)
+        ServerArgs.add_cli_args(parser)
+        parsed = parser.parse_args(list(argv))  # unknown flags / bad values: one line, before SGLang exits
+        if parsed.speculative_adaptive and parsed.speculative_adaptive_config:
+            # a malformed file is bad input even where resolution will drop --speculative-adaptive
+            line.check_adaptive_config(parsed.speculative_adaptive_config, parsed.speculative_num_steps or 0)
+        try:
+            server_args = line.resolve_server_args(list(argv), verbose)
+        except (ValueError, NotImplementedError, AssertionError, TypeError, AttributeError, KeyError) as exc:
+            # SGLang's own refusal, or its resolution failing on these arguments: the server would not start
+            raise SGLangRefused(sglang_failure(exc, argv, line.version)) from None
+        except OSError as exc:
+            raise LintInputError(f"SGLang could not read the model configuration: {exc}") from None
+        silence_again(verbose)
+        cfg = line.launch_view(server_args)
+        if cfg.speculative_algorithm in NEEDS_DRAFT_MODEL and not cfg.speculative_draft_model_path:
+            raise LintInputError(f"--speculative-algorithm {cfg.speculative_algorithm} needs "
+                                 "--speculative-draft-model-path (the draft model's directory or id)")
+    return server_args
+
+
+def check_tiered_adaptive_config(path: str) -> None:
+    """SGLang's own validation of the adaptive tiers (`_load_adaptive_config`), its refusal as bad input."""
+    from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config
+
+    try:
+        _load_adaptive_config(path)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise LintInputError(f"the adaptive config {path}: {str(exc).strip().splitlines()[0]}") from None
