@@ -56,7 +56,8 @@ class LineSetup:
 
     def missing(self) -> list[str]:
         python = REPO / self.venv / "bin" / "python"
-        gone = [] if python.exists() else [f"{self.venv} (bash scripts/setup{'-v1' if self.venv == '.venv12' else ''}.sh)"]
+        script = "scripts/setup-v1.sh" if self.venv == ".venv12" else "scripts/setup.sh"
+        gone = [] if python.exists() else [f"{self.venv} (bash {script})"]
         return gone + [f"{f.relative_to(REPO)} (bash scripts/setup-lines.sh)" for f in self.folders()
                        if not (f / ".specflip-installed").exists()]
 
@@ -110,7 +111,8 @@ if ACTIVE is None:
         if missing:
             pytest.skip(f"SGLang {line} is not installed: {', '.join(missing)}")
         done = line_runs[line].result()
-        assert done.returncode == 0, f"SGLang {line}'s conformance run failed:\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
+        assert done.returncode == 0, \
+            f"SGLang {line}'s conformance run failed:\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -171,7 +173,8 @@ if ACTIVE is not None:
             sys.path.insert(0, str(REPO / "tests"))
             __import__("sglang12_cpu").install_import_stand_ins()  # sgl_kernel as an import-only CPU stand-in
 
-        assert base_line(installed_release() or "") == ACTIVE, f"sglang {installed_release()} is installed, not {ACTIVE}"
+        installed = installed_release()
+        assert base_line(installed or "") == ACTIVE, f"sglang {installed} is installed, not {ACTIVE}"
         return release_line()
 
     def test_the_registry_gives_the_line(line: Any) -> None:
@@ -190,9 +193,13 @@ if ACTIVE is not None:
         table: list[tuple[str, str, Any]] = [(warmup.T_CHECK_SERVER_ARGS, "BEFORE", warmup.name_warmup),
                                              (step_timer.T_RUN_BATCH, "AROUND", step_timer.StepTimer.around_run_batch),
                                              (step_timer.T_ARRIVAL, "AROUND", step_timer.StepTimer.around_arrival)]
-        table += [(t, "AROUND", None) for t in (v2.T_FORWARD, v2.T_INIT_GRAPHS, v2.T_UPDATE_RUNNING, v2.T_ALLOCATABLE,
-                                                v2.T_NEXT_BATCH, v2.T_RUN_BATCH, v2.T_PROCESS_RESULT,
-                                                v2.T_ACTIVATE_STEPS, v2.T_VERIFY_DONE)]
+        switch = line.features()["switch"]
+        if "v2" in switch:  # the v2 switch, where the line's switch is it
+            table += [(t, "AROUND", None) for t in (v2.T_FORWARD, v2.T_INIT_GRAPHS, v2.T_UPDATE_RUNNING,
+                                                    v2.T_ALLOCATABLE, v2.T_NEXT_BATCH, v2.T_RUN_BATCH,
+                                                    v2.T_PROCESS_RESULT,
+                                                    v2.T_ACTIVATE_STEPS, v2.T_VERIFY_DONE)]
+        assert ("v1" in switch) == line.ships_v1_worker  # the v1 switch exactly where the v1 EAGLEWorker ships
         if line.ships_v1_worker:
             table += [(t, "AROUND", None) for t in v1.TARGETS]
         assert _check_targets(table) == []
@@ -216,16 +223,14 @@ if ACTIVE is not None:
             (type(objs.tree_cache), tree_hooks)
 
     def test_lint_resolves_a_real_launch(line: Any, tmp_path: Path) -> None:
-        import importlib
-
         model = _CpuObjects.write_model(tmp_path)
-        lint = importlib.import_module(line.lint_module)
-        sa = lint.build_server_args(["--model-path", str(model), "--speculative-draft-model-path", str(model),
+        sa = line.build_server_args(["--model-path", str(model), "--speculative-draft-model-path", str(model),
                                      "--device", "cuda", "--speculative-algorithm", "EAGLE",
                                      "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                                      "--speculative-num-draft-tokens", "4", "--max-running-requests", "24"])
-        assert (sa.speculative_algorithm, sa.speculative_num_steps, sa.max_running_requests) == ("EAGLE", 3, 24)
-        sizing = lint.read_sizing(sa)
+        assert [line.launch_value(sa, a) for a in ("speculative_algorithm", "speculative_num_steps",
+                                                    "max_running_requests")] == ["EAGLE", 3, 24]
+        sizing = line.read_sizing(sa)
         assert (sizing.release, sizing.launch_steps, sizing.launch_draft_tokens) == (ACTIVE, 3, 4)
 
 
