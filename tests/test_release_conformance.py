@@ -193,13 +193,13 @@ if ACTIVE is not None:
         table: list[tuple[str, str, Any]] = [(warmup.T_CHECK_SERVER_ARGS, "BEFORE", warmup.name_warmup),
                                              (step_timer.T_RUN_BATCH, "AROUND", step_timer.StepTimer.around_run_batch),
                                              (step_timer.T_ARRIVAL, "AROUND", step_timer.StepTimer.around_arrival)]
-        switch = line.features()["switch"]
-        if "v2" in switch:  # the v2 switch, where the line's switch is it
+        switch = line.features()["switch"].split()[0]  # "v2", "v1" or "no:"
+        if switch == "v2":  # the v2 switch, where the line's switch is it
             table += [(t, "AROUND", None) for t in (v2.T_FORWARD, v2.T_INIT_GRAPHS, v2.T_UPDATE_RUNNING,
                                                     v2.T_ALLOCATABLE, v2.T_NEXT_BATCH, v2.T_RUN_BATCH,
                                                     v2.T_PROCESS_RESULT,
                                                     v2.T_ACTIVATE_STEPS, v2.T_VERIFY_DONE)]
-        assert ("v1" in switch) == line.ships_v1_worker  # the v1 switch exactly where the v1 EAGLEWorker ships
+        assert (switch == "v1") == line.ships_v1_worker  # the v1 switch exactly where the v1 EAGLEWorker ships
         if line.ships_v1_worker:
             table += [(t, "AROUND", None) for t in v1.TARGETS]
         assert _check_targets(table) == []
@@ -320,6 +320,8 @@ class _CpuObjects:
                 req.set_extend_range(len(req.prefix_indices), full)
             elif hasattr(req, "extend_end"):
                 req.extend_end = full
+            elif hasattr(req, "fill_len"):  # 0.5.13, 0.5.14: PrefillAdder's fill_len
+                req.fill_len = len(req.prefix_indices) + req.extend_input_len
         batch = ScheduleBatch.init_new(reqs, self.req_to_token_pool, self.allocator, self.tree_cache,
                                        self.model_config, enable_overlap=False, spec_algorithm=self.spec_algorithm)
         batch.prepare_for_extend()
