@@ -126,7 +126,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from shim.guard.explain import main as explain_main
+    from specflip.explain import main as explain_main
 
     return explain_main(args)
 
@@ -134,7 +134,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_ranks(args: argparse.Namespace) -> int:
     import json
 
-    from shim.guard.ranks import RankTraceError, check_switch_agreement
+    from specflip.ranks import RankTraceError, check_switch_agreement
 
     try:
         result = check_switch_agreement(args.traces)

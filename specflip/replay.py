@@ -4,7 +4,7 @@ Reports, per run: greedy equality (the counter target makes every output exactly
 `--compare-url` also equal to a server without speculation), lost requests, errors, and conformance of the
 switch's trace to the model (every observed action is a model action allowed in the stage and mode the
 trace is in; which model actions were covered). Guard traces (shim.guard.trace, SPECFLIP_MODE=trace) are
-explained by `shim.guard.explain.explain_traces` when that module is present.
+explained by `specflip.explain.explain_traces` when that module is present.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 import attrs
 
-from shim.guard.explain import explain_traces
-from shim.guard.ranks import RankTraceError
 from shim.guard.trace import TraceFormatError
+from specflip.explain import explain_traces
+from specflip.ranks import RankTraceError
 from specflip.schedules import VOCAB, Schedule, ScheduleError, generate, load, save
 from statemodel.actions import ACTIONS_BY_NAME
 from statemodel.design import DraftWhileOff
@@ -232,7 +232,7 @@ def admission_stalls(events: Sequence[dict[str, Any]], min_steps: int = 8) -> li
 
 
 def explain_guard_traces(paths: Sequence[str]) -> dict[str, Any]:
-    """The guard's explainer (shim.guard.explain.explain_traces) over guard traces, or a clear note why not."""
+    """The guard's explainer (specflip.explain.explain_traces) over guard traces, or a clear note why not."""
     if not paths:
         return {"available": False, "note": "no guard traces found (run the server with SPECFLIP_MODE=trace)"}
     try:

@@ -180,7 +180,7 @@ def test_long_mixed_run_other_loops_have_no_findings(runtime: Any, model_dir: Pa
 def test_trace_of_an_overlap_run_replays(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
     """The trace carries the queued results (State.unprocessed) and the overlap scope: `specflip explain`
     replays an overlap run and finds it conforms."""
-    from shim.guard.explain import explain_traces
+    from specflip.explain import explain_traces
 
     trace = tmp_path / "overlap.jsonl"
     configure(runtime, V2_SWITCH, mode=Mode.TRACE)

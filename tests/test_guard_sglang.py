@@ -20,7 +20,7 @@ gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 
 from shim.guard.core import Mode, SpecFlipViolation  # noqa: E402
-from shim.guard.explain import explain_traces  # noqa: E402
+from specflip.explain import explain_traces  # noqa: E402
 from statemodel.designs import (  # noqa: E402
     ADAPTIVE_WARM,
     CATCH_UP,

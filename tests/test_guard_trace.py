@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 
 from shim.guard.core import Mode
-from shim.guard.explain import explain_traces
 from shim.guard.runtime import ConfigError, GuardRuntime, mode_from_env
 from shim.guard.trace import (
     TRACE_VERSION,
     TraceFormatError,
     TraceWriter,
     apply_delta,
-    read_records,
     scope_to_json,
     state_delta,
     state_delta_json,
@@ -28,6 +26,8 @@ from shim.guard.trace import (
     state_to_json,
 )
 from specflip.cli import main as cli_main
+from specflip.explain import explain_traces
+from specflip.trace_reader import read_records
 from statemodel.actions import apply, enabled, initial_states
 from statemodel.design import Scope
 from statemodel.designs import CATCH_UP, SHIPPED

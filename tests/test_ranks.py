@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shim.guard.ranks import RankTraceError, check_rank_agreement
 from shim.guard.trace import TraceFormatError, TraceWriter, scope_to_json, state_delta, state_to_json
+from specflip.ranks import RankTraceError, check_rank_agreement
 from statemodel.actions import Action
 from statemodel.design import Scope
 from statemodel.designs import SEEDS_FINAL
@@ -138,8 +138,8 @@ def test_switch_traces_of_a_threshold_server_agree_and_diverge(tmp_path: Path, c
     ranks diverge at that flip, and the message names the record, the step index and the ranks."""
     import json
 
-    from shim.guard.ranks import RANKS_FROM_ORDER, check_switch_agreement
     from specflip.cli import main
+    from specflip.ranks import RANKS_FROM_ORDER, check_switch_agreement
 
     lines = RECORDED_SWITCH.read_text().splitlines()
     for rank in range(3):

@@ -148,3 +148,41 @@ def test_an_unsupported_release_without_specflip_asked_for_is_silent(unsupported
     plugin.register()
     plugin.register_v1()
     assert current() is None
+
+
+def _req_of(line: str, *, row: int | None, committed: int, allocated: int) -> object:
+    """A request as each line keeps its row and KV lengths (the field layout of that release's Req; the real 0.5.23
+    and 0.5.12 Req are exercised by tests/test_switch_retract.py and tests/test_v1_switch.py)."""
+    from types import SimpleNamespace
+
+    if line == "0.5.23":
+        kv = SimpleNamespace(req_pool_idx=row, kv_committed_len=committed, kv_allocated_len=allocated,
+                             cache_protected_len=0)
+        return SimpleNamespace(kv=kv if row is not None else None)
+    if line == "0.5.16":
+        kv = SimpleNamespace(kv_allocated_len=allocated) if row is not None else None
+        return SimpleNamespace(kv=kv, req_pool_idx=row, kv_committed_len=committed, cache_protected_len=0)
+    return SimpleNamespace(req_pool_idx=row, kv_committed_len=committed, kv_allocated_len=allocated,
+                           cache_protected_len=0)
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.16", "0.5.23"])
+def test_the_switch_and_the_guard_read_a_row_alike(version: str) -> None:
+    """The switch's reading of a request (`kv_row`) and the guard's (`req_row`, `req_kv_lens`) agree on each line."""
+    line = release_line(version)
+    adapter = line.adapter()
+    held = _req_of(version, row=5, committed=12, allocated=16)
+    assert line.kv_row(held) == (5, 12, 16)
+    assert (adapter.req_row(held), *adapter.req_kv_lens(held)[1:3]) == line.kv_row(held)
+    free = _req_of(version, row=None, committed=0, allocated=0)
+    assert line.kv_row(free)[0] is None and adapter.req_kv_lens(free)[0] is False
+
+
+def test_where_a_line_was_verified_is_not_inherited() -> None:
+    from shim.releases import v0_5_16
+
+    class Later(v0_5_16.Line):
+        version = "0.5.99"
+
+    assert Later.verified == () and v0_5_16.Line.verified  # a new line derived from the GPU line starts unverified
+    assert Later().kv_row(_req_of("0.5.16", row=2, committed=3, allocated=4)) == (2, 3, 4)  # its reading is inherited

@@ -24,11 +24,11 @@ gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
-from shim.guard.ranks import RANKS_FROM_FIELD, check_switch_agreement  # noqa: E402
 from shim.switch import auto as auto_switch  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
 from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402
 from specflip.cli import main as cli_main  # noqa: E402
+from specflip.ranks import RANKS_FROM_FIELD, check_switch_agreement  # noqa: E402
 from statemodel import auto_policy as ap  # noqa: E402
 from statemodel.designs import AUTO_RETRACT_CATCH_UP, DESIGNS_BY_NAME  # noqa: E402
 
@@ -268,7 +268,7 @@ def test_two_ranks_agree_on_every_decision(tmp_path: Path) -> None:
     assert sum(1 for _, action, _, _ in agreed[0] if action) >= 2
     apart = run_two_ranks(tmp_path, agree=False)
     assert apart[0] != apart[1]
-    # the per-rank switch traces say the same: `specflip ranks` (shim.guard.ranks.check_switch_agreement)
+    # the per-rank switch traces say the same: `specflip ranks` (specflip.ranks.check_switch_agreement)
     same = check_switch_agreement(sorted((tmp_path / "traces-True").glob("*.jsonl")))
     assert same.agree and same.ranks == (0, 1) and same.ranks_from == RANKS_FROM_FIELD and same.records_compared > 100
     split = sorted((tmp_path / "traces-False").glob("*.jsonl"))

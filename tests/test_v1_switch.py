@@ -142,8 +142,9 @@ def test_v1_switch_refuses_a_design_it_does_not_implement() -> None:
 def _guard_steps(trace: Path) -> list[tuple[State, Action]]:
     """(state before, action) for every step the guard recorded, rebuilt from its trace as `specflip explain`
     rebuilds them."""
-    from shim.guard.explain import _with_arrivals
-    from shim.guard.trace import apply_delta, compact_state, read_records, state_from_json
+    from shim.guard.trace import apply_delta, compact_state, state_from_json
+    from specflip.explain import _with_arrivals
+    from specflip.trace_reader import read_records
 
     steps = []
     state: State | None = None

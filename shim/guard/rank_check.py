@@ -1,7 +1,7 @@
 """Per-step rank agreement under tensor parallelism (TP > 1), checked live before the forward.
 
 Every TP rank runs its own scheduler on identical inputs; a flip taken on one rank and not on another makes the ranks
-launch different forwards, whose NCCL collectives then hang or mix batches. `shim.guard.ranks` finds such a
+launch different forwards, whose NCCL collectives then hang or mix batches. `specflip.ranks` finds such a
 divergence afterwards in the per-rank traces; this module stops it while the server runs. Once per scheduler
 iteration, right after `Scheduler.get_next_batch_to_run` returned the batch to run (after the switch's flip, before
 `run_batch` and so before any NCCL collective of the model), every rank contributes a `StepFingerprint` of the step it

@@ -8,7 +8,8 @@ this package. A `.postN` release uses its base line (`registry.base_line`).
 A line module holds `LINE`, an instance of its `Line` class (a `base.ReleaseLine`, satisfying `base.Release`), and
 the guard's `Adapter` for the line (a `shim.adapters.common.V2Adapter` subclass: hook targets, reading requests and
 KV rows). A line states only how it differs from the line it derives from: `ReleaseLine`'s defaults are the newest
-line's behaviour.
+line's behaviour for the switches, and `v0_5_23.Line` holds the newest line's lint reading. Where a line was
+verified (`verified`) is never inherited: a new line starts unverified.
 
 To add a line (say 0.5.17):
 1. Write `shim/releases/v0_5_17.py`: subclass the nearest line's `Adapter` and `Line` (e.g. `v0_5_16`), override what
@@ -16,7 +17,8 @@ To add a line (say 0.5.17):
    `version = "0.5.17"`, `adapter_class = Adapter`, `verified`, and end with `LINE = Line()`. Lint's
    reading (`resolve_server_args`, `launch_view`, `sizing_from_values`, `read_sizing`) is inherited the same way.
 2. Add `"0.5.17": "shim.releases.v0_5_17"` to `registry.LINES`.
-3. Run the conformance tests on that line's real objects (tests/test_guard_adapters.py, tests/test_releases.py).
+3. Run the conformance tests on that line's real objects (tests/test_guard_adapters.py, tests/test_releases.py),
+   then add what ran to `verified`; `specflip releases` shows it.
 """
 
 from shim.releases.base import Release, ReleaseLine, WorkerKind

@@ -6,6 +6,7 @@ What a line answers, by consumer:
 * the switches: `worker_kind` (SGLang's v1 EAGLEWorker or the v2 one), `kv_row` (a request's row and KV lengths),
   `future_map_sizes_lazily`, `retract_all_kwargs`, `advance_kept_out_chunk`, `draft_worker_contexts`,
   `result_keeps_refs`, `model_runner_has_workspace_flag`;
+* the step timer: `step_timer_targets`;
 * lint: `build_server_args`, `launch_value`, `read_sizing` (shim/releases/server_args.py runs the common part);
 * `specflip releases`: `features` and `verified`.
 """
@@ -29,6 +30,7 @@ class Release(Protocol):
     ships_v1_worker: bool  # SGLang's v1 EAGLEWorker is still there (SGLANG_ENABLE_SPEC_V2=0 selects it)
     future_map_sizes_lazily: bool
     result_keeps_refs: bool
+    step_timer_targets: tuple[str, str]
     model_runner_has_workspace_flag: bool
     verified: tuple[tuple[str, str], ...]
 
@@ -71,8 +73,17 @@ class ReleaseLine:
     # (feature, where it was verified), one entry per place: "CPU, ..." (real SGLang objects in CI) or
     # "GPU <card>, <dates>: ... (<file>)". Features: FEATURES.
     verified: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # the step timer's hook targets: a scheduler iteration's batch run, a request's arrival
+    step_timer_targets: ClassVar[tuple[str, str]] = (
+        "sglang.srt.managers.scheduler.Scheduler.run_batch",
+        "sglang.srt.managers.scheduler.Scheduler.handle_generate_request")
     # the guard's adapter class for this line (a subclass of shim.adapters.common.V2Adapter)
     adapter_class: ClassVar[type] = object
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "verified" not in cls.__dict__:
+            cls.verified = ()  # where a line was verified is that line's own fact: never inherited
 
     def __repr__(self) -> str:
         return f"<SGLang {self.version} line>"

@@ -117,13 +117,7 @@ class Adapter(V2Adapter):
         except Exception:  # noqa: BLE001 - no TP group in this process (single-process use, tests)
             return 0
 
-    def server_args(self) -> Any:
-        from sglang.srt.server_args import get_global_server_args
-
-        try:
-            return get_global_server_args()
-        except Exception:  # noqa: BLE001 - not published yet: run with what the live objects say
-            return None
+    server_args = v0_5_16.Adapter.server_args  # published the same way (get_global_server_args)
 
     def unsupported_reason(self, sa: Any) -> str | None:
         reason = super().unsupported_reason(sa)
@@ -478,12 +472,9 @@ class Line(v0_5_16.Line):
     def check_adaptive_config(self, path: str, launch_steps: int) -> None:
         check_adaptive_config(path, launch_steps)
 
-    def sizing_from_values(self, **values: Any) -> Sizing:
-        return sizing_from_values(self, **values)
-
-    def read_sizing(self, server_args: Any, specflip: SpecflipPolicy | None = None, *,
-                    republish: bool = True) -> Sizing:
-        return read_sizing(self, server_args, specflip, republish=republish)
+    # this module's functions, called as methods: the line is their first argument (a later line inherits them)
+    read_sizing = read_sizing
+    sizing_from_values = sizing_from_values
 
 
 LINE = Line()

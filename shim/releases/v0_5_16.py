@@ -232,12 +232,9 @@ class Line(v0_5_23.Line):
     def launch_view(self, server_args: Any) -> Any:
         return server_args
 
-    def sizing_from_values(self, **values: Any) -> Sizing:
-        return sizing_from_values(self, **values)
-
-    def read_sizing(self, server_args: Any, specflip: SpecflipPolicy | None = None, *,
-                    republish: bool = True) -> Sizing:
-        return read_sizing(self, server_args, specflip, republish=republish)
+    # this module's functions, called as methods: the line is their first argument (a later line inherits them)
+    read_sizing = read_sizing
+    sizing_from_values = sizing_from_values
 
 
 LINE = Line()

@@ -258,9 +258,8 @@ class Line(ReleaseLine):
 
         return resolving_view(server_args)
 
-    def read_sizing(self, server_args: Any, specflip: SpecflipPolicy | None = None, *,
-                    republish: bool = True) -> Sizing:
-        return read_sizing(self, server_args, specflip, republish=republish)
+    # this module's functions, called as methods: the line is their first argument (a later line inherits them)
+    read_sizing = read_sizing
 
 
 LINE = Line()

@@ -26,7 +26,7 @@ identically on every rank, the window's seconds and accept sums are all-reduced 
 (`scheduler.tp_cpu_group`, gloo) and only then fed to the learner; at TP 1 no collective runs. Every decision reads
 only the learner's state, which is a function of agreed observations, and the counts every rank has, so every
 rank flips at the same scheduler step. The switch trace records each window (`auto_observe`) and each flip with the
-learner's inputs and a digest of its state; `shim.guard.ranks.check_switch_agreement` compares them across ranks.
+learner's inputs and a digest of its state; `specflip.ranks.check_switch_agreement` compares them across ranks.
 """
 
 from __future__ import annotations

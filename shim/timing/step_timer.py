@@ -39,12 +39,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from shim.releases import ReleaseLine, UnsupportedRelease
+from shim.releases.registry import installed_line
 from shim.timing.jsonl import JsonlTrace
 
 ENV_DIR = "SPECFLIP_STEP_TIMER"
 ENV_EVERY = "SPECFLIP_STEP_TIMER_EVERY"
-T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-T_ARRIVAL = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
+# the hook targets, as the release line names them (shim/releases/); these where no line describes the release
+T_RUN_BATCH, T_ARRIVAL = ReleaseLine.step_timer_targets
 ENV_PROFILE = "SPECFLIP_STEP_PROFILE"
 ENV_PROFILE_STEPS = "SPECFLIP_STEP_PROFILE_STEPS"
 PROFILE_POLL_STEPS = 32  # how often (decode steps) the flag file is looked for: a stat() is not free
@@ -262,8 +264,12 @@ def install_step_timer(registry: Any, config: StepTimerConfig | None, event_fact
     gc.callbacks.append(gc_clock)
     timer = StepTimer(config, event_factory, gc_clock)
     timer.trace.event("config", step_timer_every=config.every)
-    registry.register(T_RUN_BATCH, timer.around_run_batch, HookType.AROUND)
-    registry.register(T_ARRIVAL, timer.around_arrival, HookType.AROUND)
+    try:
+        run_batch, arrival = installed_line().step_timer_targets
+    except UnsupportedRelease:  # the timer serves any server: the scheduler's methods as every line names them
+        run_batch, arrival = T_RUN_BATCH, T_ARRIVAL
+    registry.register(run_batch, timer.around_run_batch, HookType.AROUND)
+    registry.register(arrival, timer.around_arrival, HookType.AROUND)
     _TIMER = timer
     return True
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from shim.guard.trace import read_records
+from specflip.trace_reader import read_records
 
 # Fields of a step record that every rank must agree on; `where` (the hooked function) and the
 # wall-clock are rank-local details.

@@ -19,16 +19,16 @@ from typing import Any
 import attrs
 
 from shim.guard.checks import state_violations, step_violations
-from shim.guard.ranks import RankAgreement, RankTraceError, check_rank_agreement
 from shim.guard.trace import (
     TraceFormatError,
     apply_delta,
     compact_state,
-    read_records,
     rid_name,
     scope_from_json,
     state_from_json,
 )
+from specflip.ranks import RankAgreement, RankTraceError, check_rank_agreement
+from specflip.trace_reader import read_records
 from statemodel.actions import ACTION_CATALOGUE, Action, transitions_in
 from statemodel.design import Design, Scope
 from statemodel.designs import get_design
