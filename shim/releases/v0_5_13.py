@@ -19,6 +19,7 @@ from typing import Any
 from shim.releases import v0_5_14
 from shim.releases.server_args import LintInputError
 from shim.releases.sizing import Sizing, SpecflipPolicy
+from shim.releases.v0_5_22 import CPU_VERIFIED
 
 _WITHOUT = ("before_trivial_verify_input", "before_stub_skipped_draft_extend")
 
@@ -41,7 +42,7 @@ class Line(v0_5_14.Line):
 
     version = "0.5.13"
     adapter_class = Adapter
-    verified = tuple((f, where) for f, where in v0_5_14.Line.verified if f != "switch")
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "step_timer", "lint"))
 
     def read_sizing(self, server_args: Any, specflip: SpecflipPolicy | None = None, *,
                     republish: bool = True) -> Sizing:

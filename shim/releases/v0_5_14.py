@@ -11,6 +11,7 @@ from typing import Any
 
 from shim.releases import v0_5_15
 from shim.releases.base import prefix_slots_chunk
+from shim.releases.v0_5_22 import CPU_VERIFIED
 
 
 class Adapter(v0_5_15.Adapter):
@@ -22,6 +23,7 @@ class Line(v0_5_15.Line):
 
     version = "0.5.14"
     adapter_class = Adapter
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
 
     def advance_kept_out_chunk(self, scheduler: Any, req: Any) -> int:
         return prefix_slots_chunk(scheduler, req, req.fill_len)

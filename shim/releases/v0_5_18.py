@@ -13,6 +13,7 @@ from typing import Any
 
 from shim.adapters.common import V2Adapter
 from shim.releases import v0_5_17
+from shim.releases.v0_5_22 import CPU_VERIFIED
 
 
 class Adapter(v0_5_17.Adapter):
@@ -30,6 +31,7 @@ class Line(v0_5_17.Line):
 
     version = "0.5.18"
     adapter_class = Adapter
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
 
 
 LINE = Line()

@@ -8,6 +8,7 @@ the UnifiedRadixCache for a plain model, whose future map has no lazy sizing fla
 from __future__ import annotations
 
 from shim.releases import v0_5_20
+from shim.releases.v0_5_22 import CPU_VERIFIED
 
 
 class Adapter(v0_5_20.Adapter):
@@ -19,6 +20,7 @@ class Line(v0_5_20.Line):
 
     version = "0.5.19"
     adapter_class = Adapter
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
 
 
 LINE = Line()

@@ -12,6 +12,7 @@ from typing import Any
 
 from shim.releases import v0_5_21
 from shim.releases.base import _moe_contexts
+from shim.releases.v0_5_22 import CPU_VERIFIED
 
 
 class Adapter(v0_5_21.Adapter):
@@ -23,6 +24,7 @@ class Line(v0_5_21.Line):
 
     version = "0.5.20"
     adapter_class = Adapter
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
 
     def draft_worker_contexts(self, worker: Any) -> list[Any]:
         dw = worker.draft_worker

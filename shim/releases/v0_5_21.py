@@ -18,6 +18,7 @@ from typing import Any
 
 from shim.releases import v0_5_22
 from shim.releases.base import _moe_contexts
+from shim.releases.v0_5_22 import CPU_VERIFIED
 
 _KEEP = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.cache_unfinished_req"
 
@@ -34,6 +35,7 @@ class Line(v0_5_22.Line):
 
     version = "0.5.21"
     adapter_class = Adapter
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
 
     def advance_kept_out_chunk(self, scheduler: Any, req: Any) -> int:
         return prefix_slots_in_kv_chunk(scheduler, req, req.extend_range.end if req.extend_range is not None else 0)
