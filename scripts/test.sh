@@ -31,6 +31,9 @@ bash scripts/setup-v1.sh
 # ... and so does a v1-line test (marked sglang_v1) in this run, the one run where they must not skip
 SPECFLIP_REQUIRE_SGLANG_V1=1 .venv12/bin/python -m pytest -p no:warnings tests/test_v1_switch.py tests/test_lint_v1.py \
   tests/test_keep_out_chunk_0_5_12.py
+# every other SGLang line (scripts/sglang-lines.txt), each sglang --no-deps in its own folder beside .venv's torch:
+# tests/test_release_conformance.py runs each on its own real objects in a subprocess, two at a time
+bash scripts/setup-lines.sh
 echo "test: pytest"
 export SPECFLIP_SGLANG_0_5_16_SRC="$PWD/.cache/sglang-src/0.5.16"
 PYTHONWARNINGS="ignore:builtin type swigvarlink:DeprecationWarning" .venv/bin/python -m pytest "$@"

@@ -14,7 +14,16 @@ from shim.releases.base import Release, WorkerKind
 # base line -> the module whose `LINE` describes it. A line missing here gets one line naming the supported ones.
 LINES: dict[str, str] = {
     "0.5.12": "shim.releases.v0_5_12",
+    "0.5.13": "shim.releases.v0_5_13",
+    "0.5.14": "shim.releases.v0_5_14",
+    "0.5.15": "shim.releases.v0_5_15",
     "0.5.16": "shim.releases.v0_5_16",
+    "0.5.17": "shim.releases.v0_5_17",
+    "0.5.18": "shim.releases.v0_5_18",
+    "0.5.19": "shim.releases.v0_5_19",
+    "0.5.20": "shim.releases.v0_5_20",
+    "0.5.21": "shim.releases.v0_5_21",
+    "0.5.22": "shim.releases.v0_5_22",
     "0.5.23": "shim.releases.v0_5_23",
 }
 # lines before this one still ship SGLang's v1 EAGLEWorker (a fact about SGLang, also for lines specflip lacks)

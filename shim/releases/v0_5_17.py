@@ -1,0 +1,28 @@
+"""The SGLang 0.5.17 line, as it differs from 0.5.16 (read in the 0.5.17 wheel, 2026-12-06): nothing specflip reads.
+
+0.5.17 publishes its config through `runtime_context.publish` (0.5.16's `get_global_server_args` reads the same
+context). Still 0.5.16's: the row and the committed length on the Req, `kv_allocated_len` in `req.kv`; RadixCache with
+`cache_unfinished_req` (the factory's tree for a plain model); RadixKey without `cache_salt`; the lazily sized future
+map; `retract_all(..., server_args, offload_kv)`; the draft worker's own TP context. Its torch pin is 2.11.0, the GPU
+host's (docs: issue 49 asks for a GPU run where it fits). CPU install: transformers 5.12.1, tokenizers 0.22.2, xgrammar.
+"""
+
+from __future__ import annotations
+
+from shim.releases import v0_5_16
+from shim.releases.v0_5_22 import CPU_VERIFIED
+
+
+class Adapter(v0_5_16.Adapter):
+    release = "0.5.17"
+
+
+class Line(v0_5_16.Line):
+    """0.5.17: 0.5.16's behaviour in everything specflip reads."""
+
+    version = "0.5.17"
+    adapter_class = Adapter
+    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
+
+
+LINE = Line()

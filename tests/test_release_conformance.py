@@ -1,0 +1,367 @@
+"""Release conformance: every SGLang line of scripts/sglang-lines.txt (0.5.12 ... 0.5.23), each on its own real objects
+on the CPU, against its module of the release layer (shim/releases/).
+
+One module, two roles:
+* in the suite's run (`SPECFLIP_CONFORMANCE_LINE` unset), `test_line_conforms[X]` runs this same module once per line
+  in a subprocess: the line's interpreter (.venv, or .venv12 for 0.5.12) with the line's folders of
+  .cache/sglang-lines first on PYTHONPATH (scripts/setup-lines.sh installs them) and `SPECFLIP_CONFORMANCE_LINE=X`.
+  The lines run two at a time (the machine's cores). A line not installed skips, which fails a CI run
+  (marked `sglang`: tests/real_objects_required.py);
+* in that subprocess, the checks below run on the line installed there:
+  - the installed sglang is the line, and the registry gives its module;
+  - every hook target the guard (its adapter's TARGETS), the v2 switch (where the line has the v2 worker), the v1
+    switch (where it ships the v1 EAGLEWorker), the warm-up and the step timer register resolves as SGLang's
+    HookRegistry resolves it (`pkgutil.resolve_name` of the owner, then `getattr`), and takes the positional
+    arguments the hook body reads;
+  - the line's module reads a real Req, its KV row and its batch as they are: a real ScheduleBatch over real pools,
+    allocator and the tree cache the line's own factory builds, through the real prepare_for_extend and
+    prepare_for_decode (plain decode: the speculative one launches a triton kernel, which has no CPU driver);
+  - lint's module for the line resolves a real EAGLE launch's ServerArgs and reads its sizing.
+No stand-in: nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "scripts" / "sglang-lines.txt"
+LINES_DIR = REPO / ".cache" / "sglang-lines"
+STAND_INS = REPO / "stand_ins" / "cpu"  # torchvision, imported by SGLang's model configs (import-only stand-in)
+ENV = "SPECFLIP_CONFORMANCE_LINE"
+ACTIVE = os.environ.get(ENV)
+
+
+@dataclass(frozen=True)
+class LineSetup:
+    line: str
+    venv: str
+    extra: tuple[str, ...]  # name==version, each in .cache/sglang-lines/<name>-<version>
+
+    def folders(self) -> list[Path]:
+        return [LINES_DIR / req.replace("==", "-") for req in self.extra]
+
+    def missing(self) -> list[str]:
+        python = REPO / self.venv / "bin" / "python"
+        script = "scripts/setup-v1.sh" if self.venv == ".venv12" else "scripts/setup.sh"
+        gone = [] if python.exists() else [f"{self.venv} (bash {script})"]
+        return gone + [f"{f.relative_to(REPO)} (bash scripts/setup-lines.sh)" for f in self.folders()
+                       if not (f / ".specflip-installed").exists()]
+
+
+def read_table() -> list[LineSetup]:
+    rows = []
+    for text in TABLE.read_text().splitlines():
+        fields = text.split()
+        if fields and not fields[0].startswith("#"):
+            rows.append(LineSetup(fields[0], fields[1], tuple(f for f in fields[2:] if f != "-")))
+    return rows
+
+
+SETUPS = {s.line: s for s in read_table()}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The suite's side: one subprocess per line
+
+_RUNS: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _run_line(setup: LineSetup) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, **{ENV: setup.line})
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, setup.folders()), str(STAND_INS), str(REPO)])
+    env.pop("SPECFLIP_REQUIRE_SGLANG_V1", None)
+    cmd = [str(REPO / setup.venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+           "no:warnings", str(Path(__file__).relative_to(REPO))]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def line_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """Starts the selected lines' subprocesses, as many at a time as the machine has cores."""
+    selected = [item.callspec.params["line"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_line_conforms" and hasattr(item, "callspec")]
+    runnable = [SETUPS[line] for line in selected if not SETUPS[line].missing()]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(runnable) or 1, os.cpu_count() or 1))) as pool:
+        with _POOL_LOCK:
+            for setup in runnable:
+                _RUNS[setup.line] = pool.submit(_run_line, setup)
+        yield _RUNS
+
+
+if ACTIVE is None:
+    @pytest.mark.sglang
+    @pytest.mark.parametrize("line", list(SETUPS))
+    def test_line_conforms(line: str, line_runs: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
+        missing = SETUPS[line].missing()
+        if missing:
+            pytest.skip(f"SGLang {line} is not installed: {', '.join(missing)}")
+        done = line_runs[line].result()
+        assert done.returncode == 0, \
+            f"SGLang {line}'s conformance run failed:\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The line's side: the checks, on the sglang installed in this process
+
+def _resolve(target: str) -> Any:
+    """What SGLang's HookRegistry._apply_target patches: the owner by pkgutil.resolve_name, then the attribute."""
+    owner, attr = target.rsplit(".", 1)
+    return getattr(pkgutil.resolve_name(owner), attr)
+
+
+def _required_positionals(hook: Any, how: str) -> int:
+    """The positional arguments a hook body reads off the target's call (AROUND's first is the original, AFTER's the
+    result; the hook is a bound method or a function taking the target's arguments)."""
+    params = [p for p in inspect.signature(hook).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    if params and params[0].name == "self":  # a hook class's method, unbound
+        params = params[1:]
+    return len(params) - (1 if how in ("AROUND", "AFTER") else 0)
+
+
+def _takes_positionals(target: Any, count: int) -> bool:
+    fn = target.__func__ if inspect.ismethod(target) else target
+    try:
+        inspect.signature(fn).bind_partial(*range(count))
+    except TypeError:
+        return False
+    return True
+
+
+def _check_targets(table: list[tuple[str, str, Any]]) -> list[str]:
+    bad = []
+    for target, how, hook in table:
+        try:
+            resolved = _resolve(target)
+        except (ImportError, AttributeError) as exc:
+            bad.append(f"{target}: does not resolve ({type(exc).__name__}: {exc})")
+            continue
+        if not callable(resolved) or isinstance(resolved, type):
+            bad.append(f"{target}: not a function")
+        elif hook is not None and not _takes_positionals(resolved, _required_positionals(hook, how)):
+            bad.append(f"{target}: takes fewer positional arguments than {hook.__name__} reads")
+    return bad
+
+
+if ACTIVE is not None:
+    sys.path.insert(0, str(STAND_INS))
+
+    @pytest.fixture(scope="module")
+    def line() -> Any:
+        from shim.releases import base_line, installed_release, release_line
+
+        try:
+            import sglang.srt.managers.tp_worker  # noqa: F401
+        except ModuleNotFoundError as exc:  # 0.5.12 imports sgl_kernel (CUDA kernels) through its host KV pool
+            if not (exc.name or "").startswith("sgl_kernel"):
+                raise
+            sys.path.insert(0, str(REPO / "tests"))
+            __import__("sglang12_cpu").install_import_stand_ins()  # sgl_kernel as an import-only CPU stand-in
+
+        installed = installed_release()
+        assert base_line(installed or "") == ACTIVE, f"sglang {installed} is installed, not {ACTIVE}"
+        return release_line()
+
+    def test_the_registry_gives_the_line(line: Any) -> None:
+        assert line.version == ACTIVE
+        assert line.adapter().release == ACTIVE
+
+    def test_guard_targets_resolve_with_their_call_shape(line: Any) -> None:
+        adapter = line.adapter()
+        table = [(t, how, getattr(adapter, hook)) for t, how, hook in adapter.TARGETS]
+        assert _check_targets(table) == []
+
+    def test_switch_warmup_and_step_timer_targets_resolve(line: Any) -> None:
+        from shim.switch import v1, v2, warmup
+        from shim.timing import step_timer
+
+        table: list[tuple[str, str, Any]] = [(warmup.T_CHECK_SERVER_ARGS, "BEFORE", warmup.name_warmup),
+                                             (step_timer.T_RUN_BATCH, "AROUND", step_timer.StepTimer.around_run_batch),
+                                             (step_timer.T_ARRIVAL, "AROUND", step_timer.StepTimer.around_arrival)]
+        switch = line.features()["switch"].split()[0]  # "v2", "v1" or "no:"
+        if switch == "v2":  # the v2 switch, where the line's switch is it
+            table += [(t, "AROUND", None) for t in (v2.T_FORWARD, v2.T_INIT_GRAPHS, v2.T_UPDATE_RUNNING,
+                                                    v2.T_ALLOCATABLE, v2.T_NEXT_BATCH, v2.T_RUN_BATCH,
+                                                    v2.T_PROCESS_RESULT,
+                                                    v2.T_ACTIVATE_STEPS, v2.T_VERIFY_DONE)]
+        assert (switch == "v1") == line.ships_v1_worker  # the v1 switch exactly where the v1 EAGLEWorker ships
+        if line.ships_v1_worker:
+            table += [(t, "AROUND", None) for t in v1.TARGETS]
+        assert _check_targets(table) == []
+
+    def test_the_line_reads_a_real_batch(line: Any, tmp_path: Path) -> None:
+        objs = _CpuObjects(tmp_path)
+        adapter = line.adapter()
+        reqs = [objs.req(f"r{i}", list(range(10 + i, 17 + 2 * i))) for i in range(3)]
+        assert [line.kv_row(r)[0] for r in reqs] == [None] * 3  # no row before admission
+        assert [adapter.req_kv_lens(r)[0] for r in reqs] == [False] * 3
+        batch = objs.prefill(reqs)
+        lens = [len(r.origin_input_ids) for r in reqs]
+        _assert_readings(line, adapter, batch, committed=lens, allocated=lens)
+        batch.prepare_for_decode()
+        seq = [int(x) for x in batch.seq_lens.tolist()]
+        assert seq == [n + 1 for n in lens]
+        _assert_readings(line, adapter, batch, committed=None, allocated=seq)
+        # the tree the guard hooks is the class this line's factory builds
+        tree_hooks = [t for t, _, hook in adapter.TARGETS if hook in ("around_tree_cache_keep", "around_tree_insert")]
+        assert tree_hooks and all(_resolve(t.rsplit(".", 1)[0]) in type(objs.tree_cache).__mro__ for t in tree_hooks), \
+            (type(objs.tree_cache), tree_hooks)
+
+    def test_lint_resolves_a_real_launch(line: Any, tmp_path: Path) -> None:
+        model = _CpuObjects.write_model(tmp_path)
+        sa = line.build_server_args(["--model-path", str(model), "--speculative-draft-model-path", str(model),
+                                     "--device", "cuda", "--speculative-algorithm", "EAGLE",
+                                     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                                     "--speculative-num-draft-tokens", "4", "--max-running-requests", "24"])
+        assert [line.launch_value(sa, a) for a in ("speculative_algorithm", "speculative_num_steps",
+                                                    "max_running_requests")] == ["EAGLE", 3, 24]
+        sizing = line.read_sizing(sa)
+        assert (sizing.release, sizing.launch_steps, sizing.launch_draft_tokens) == (ACTIVE, 3, 4)
+
+
+def _assert_readings(line: Any, adapter: Any, batch: Any, *, committed: list[int] | None,
+                     allocated: list[int]) -> None:
+    """The line's readings of each request against the batch: the row is the batch's req_pool_indices entry, the
+    allocated length its seq_lens entry, the committed length at most that (and `committed` where given); the guard's
+    adapter and the switches' kv_row read the same."""
+    rows = [int(x) for x in batch.req_pool_indices.tolist()]
+    for i, req in enumerate(batch.reqs):
+        row, kv_committed, kv_allocated = line.kv_row(req)
+        held, g_committed, g_allocated, protected = adapter.req_kv_lens(req)
+        assert (row, kv_allocated) == (rows[i], allocated[i]), req.rid
+        assert held and adapter.req_row(req) == rows[i] and (g_committed, g_allocated) == (kv_committed, kv_allocated)
+        assert kv_committed <= kv_allocated and protected == 0
+        if committed is not None:
+            assert kv_committed == committed[i]
+
+
+class _CpuObjects:
+    """A scheduler's memory objects for a tiny llama, built with the installed line's own constructors (keyword
+    arguments a line does not take are left out: the lines add fields over time)."""
+
+    TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000,
+            "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32"}
+
+    @classmethod
+    def write_model(cls, directory: Path) -> Path:
+        (directory / "config.json").write_text(json.dumps(cls.TINY))
+        return directory
+
+    def __init__(self, tmp_path: Path) -> None:
+        import torch
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        sa = ServerArgs(model_path=str(self.write_model(tmp_path)), device="cpu", dtype="float32",
+                        attention_backend="torch_native", skip_tokenizer_init=True, disable_cuda_graph=True,
+                        disable_overlap_schedule=True, disable_radix_cache=True, max_running_requests=8, page_size=1,
+                        random_seed=0)
+        _publish(sa)
+        self.server_args = sa
+        self.model_config = ModelConfig.from_server_args(sa)
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
+        self.req_to_token_pool = ReqToTokenPool(size=8, max_context_len=self.model_config.context_len + 32,
+                                                device="cpu", enable_memory_saver=False)
+        kv = MHATokenToKVPool(**_accepted(MHATokenToKVPool, size=256, page_size=1, dtype=torch.float32,
+                                          head_num=self.model_config.get_num_kv_heads(1),
+                                          head_dim=self.model_config.head_dim,
+                                          layer_num=self.model_config.num_hidden_layers, device="cpu",
+                                          enable_memory_saver=False))
+        self.allocator = TokenToKVPoolAllocator(**_accepted(TokenToKVPoolAllocator, size=256, dtype=torch.float32,
+                                                            device="cpu", kvcache=kv, need_sort=False))
+        params = CacheInitParams(**_accepted(CacheInitParams, disable=True, req_to_token_pool=self.req_to_token_pool,
+                                             token_to_kv_pool_allocator=self.allocator, page_size=1, is_eagle=False,
+                                             chunked_prefill_size=sa.chunked_prefill_size))
+        self.tree_cache = _tree_cache(sa, params, self.model_config)
+
+    def req(self, rid: str, ids: list[int]) -> Any:
+        from array import array
+
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
+        params.normalize(None)
+        params.verify(self.TINY["vocab_size"])
+        req = Req(rid, "", list(ids), params, vocab_size=self.TINY["vocab_size"])
+        if isinstance(req.output_ids, array):  # lines that keep token ids in arrays take the prompt as one too
+            req = Req(rid, "", array("q", ids), params, vocab_size=self.TINY["vocab_size"])
+        return req
+
+    def prefill(self, reqs: list[Any]) -> Any:
+        """PrefillAdder's admission of whole prompts (the tree match, the extend range where the line keeps one),
+        ScheduleBatch.init_new and the real prepare_for_extend."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        for req in reqs:
+            req.init_next_round_input(self.tree_cache)
+            full = len(req.origin_input_ids)
+            if hasattr(req, "set_extend_range"):  # PrefillAdder sets the range it admits
+                req.set_extend_range(len(req.prefix_indices), full)
+            elif hasattr(req, "extend_end"):
+                req.extend_end = full
+            elif hasattr(req, "fill_len"):  # 0.5.13, 0.5.14: PrefillAdder's fill_len
+                req.fill_len = len(req.prefix_indices) + req.extend_input_len
+        batch = ScheduleBatch.init_new(reqs, self.req_to_token_pool, self.allocator, self.tree_cache,
+                                       self.model_config, enable_overlap=False, spec_algorithm=self.spec_algorithm)
+        batch.prepare_for_extend()
+        # the prefill's sampled token, as the result processing appends it
+        for req in reqs:
+            req.output_ids.append(1)
+        batch.output_ids = __import__("torch").ones(len(reqs), dtype=__import__("torch").int64)
+        return batch
+
+
+def _accepted(cls: Any, **kwargs: Any) -> dict[str, Any]:
+    names = inspect.signature(cls).parameters
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _publish(server_args: Any) -> None:
+    """The scheduler's process-wide server args, where the line keeps them (runtime_context from 0.5.17)."""
+    from sglang.srt import server_args as sa_mod
+
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:
+        runtime_context = None
+    if runtime_context is not None and hasattr(runtime_context, "publish"):
+        runtime_context.publish(server_args, role="scheduler")
+    else:
+        sa_mod.set_global_server_args_for_scheduler(server_args)
+
+
+def _tree_cache(server_args: Any, params: Any, model_config: Any) -> Any:
+    """The tree class the line's own factory builds for a server with the radix cache on (mem_cache/registry, from
+    0.5.13; else RadixCache), its content disabled (`params.disable`)."""
+    try:
+        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, default_radix_cache_factory
+    except ImportError:
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        return RadixCache(params)
+    ctx = TreeCacheBuildContext(**_accepted(
+        TreeCacheBuildContext, server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
+        enable_hierarchical_cache=False, disable_radix_cache=False, effective_chunked_prefill_size=None, tp_worker=None,
+        model_config=model_config, tp_size=1, tp_rank=0, tp_group=None, full_tokens_per_layer=None, is_dsa=False))
+    return default_radix_cache_factory(ctx)
