@@ -38,6 +38,7 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 
 from shim import settings as table
@@ -110,8 +111,15 @@ def supported_or_stop(asked_by: str, feature: str) -> bool:
 
 def register_switch() -> None:
     """specflip's v2 switch: a no-op unless SPECFLIP_SWITCH is set (idempotent)."""
-    if table.settings.SWITCH.is_set() and not supported_or_stop(table.settings.SWITCH.name, "switch"):
-        return
+    if table.settings.SWITCH.is_set():
+        if not supported_or_stop(table.settings.SWITCH.name, "switch"):
+            return
+        line = release_line()
+        if not line.offers_v2_switch and line.worker_kind(os.environ) == "v2":
+            switch = table.settings.SWITCH
+            on_bad_config(ConfigError(f"{switch.name}={switch.raw()} asks for the switch, which sglang {line.version} "
+                                      f"does not offer: {line.features()['switch']}"), feature="switch")
+            return
     switch_v2.install_from_env()
 
 

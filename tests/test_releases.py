@@ -150,6 +150,27 @@ def test_an_unsupported_release_without_specflip_asked_for_is_silent(unsupported
     assert current() is None
 
 
+def test_a_line_without_the_v2_switch_stops_start_up_when_the_switch_was_asked_for(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """0.5.13's v2 worker has no init_cuda_graphs for the switch to hook: SPECFLIP_SWITCH there stops start-up (warn:
+    one line, no switch), never a switch installed half-working."""
+    import importlib.metadata
+
+    from shim import plugin
+    from shim.switch import v2
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.13" if name == "sglang" else "0")
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
+    monkeypatch.setenv("SPECFLIP_SWITCH", "auto")
+    with pytest.raises(SystemExit) as stopped:
+        plugin.register_switch()
+    assert "SPECFLIP_SWITCH=auto asks for the switch, which sglang 0.5.13 does not offer" in str(stopped.value.code)
+    monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
+    with caplog.at_level("ERROR"):
+        plugin.register_switch()
+    assert v2._RUNTIME is None and any("does not offer" in r.getMessage() for r in caplog.records)
+
+
 def _req_of(line: str, *, row: int | None, committed: int, allocated: int) -> object:
     """A request as each line keeps its row and KV lengths (the field layout of that release's Req; the real 0.5.23
     and 0.5.12 Req are exercised by tests/test_switch_retract.py and tests/test_v1_switch.py)."""

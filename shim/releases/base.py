@@ -28,6 +28,7 @@ class Release(Protocol):
 
     version: str  # the base line, "0.5.16" (a ".postN" release uses it)
     ships_v1_worker: bool  # SGLang's v1 EAGLEWorker is still there (SGLANG_ENABLE_SPEC_V2=0 selects it)
+    offers_v2_switch: bool  # the v2 worker has the hook points shim/switch/v2.py needs
     future_map_sizes_lazily: bool
     result_keeps_refs: bool
     step_timer_targets: tuple[str, str]
@@ -60,6 +61,9 @@ class ReleaseLine:
 
     version: ClassVar[str] = ""
     ships_v1_worker: ClassVar[bool] = False
+    # the v2 worker has the hook points the v2 switch needs (EAGLEWorkerV2.init_cuda_graphs, where it captures its
+    # plain path's graphs); a line without them is not offered the v2 switch
+    offers_v2_switch: ClassVar[bool] = True
     # the future map sizes its buffers at the first stash (`_forward_buf_initialized`): a flip back to speculation
     # must let the next speculative stash size them again
     future_map_sizes_lazily: ClassVar[bool] = False

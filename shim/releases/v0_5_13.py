@@ -42,6 +42,7 @@ class Line(v0_5_14.Line):
 
     version = "0.5.13"
     adapter_class = Adapter
+    offers_v2_switch = False
     verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "step_timer", "lint"))
 
     def read_sizing(self, server_args: Any, specflip: SpecflipPolicy | None = None, *,
