@@ -438,15 +438,16 @@ class Line(v0_5_16.Line):
 
     version = "0.5.12"
     adapter_class = Adapter
+    future_map_sizes_lazily = False  # its FutureMap sizes its buffers at construction (no _forward_buf_initialized)
     verified = (
-        ("guard", "GPU H200, 2026-12-03: assert mode in the v1 switch's own loop (docs/gpu-results.md, "
+        ("guard", "GPU H200, 2026-12-03: assert mode in the v1 switch's own loop (docs/archive/gpu-results.md, "
                   "2026-12-03; docs/v1.md)"),
         ("guard", "CPU, real 0.5.12 objects in CI (.venv12: tests/test_v1_switch.py)"),
         ("switch", "GPU H200, 2026-11-29 to 2026-12-03: the v1 switch, greedy-exact (docs/v1.md; "
-                   "docs/gpu-results.md)"),
+                   "docs/archive/gpu-results.md)"),
         ("switch", "CPU, real 0.5.12 objects in CI (.venv12: tests/test_v1_switch.py, "
                    "tests/test_keep_out_chunk_0_5_12.py)"),
-        ("lint", "GPU H200, 2026-12-01: predictions against real start-ups (docs/gpu-results.md, 2026-12-01)"),
+        ("lint", "GPU H200, 2026-12-01: predictions against real start-ups (docs/archive/gpu-results.md, 2026-12-01)"),
         ("lint", "CPU, real 0.5.12 ServerArgs in CI (.venv12: tests/test_lint_v1.py)"),
     )
 

@@ -182,16 +182,16 @@ class Line(v0_5_23.Line):
 
     version = "0.5.16"
     adapter_class = Adapter
-    # the GPU line (the device image's torch 2.11.0); dates from docs/gpu-results.md and its git log
+    # the GPU line (the device image's torch 2.11.0); dates from docs/archive/gpu-results.md and its git log
     verified = (
         ("guard", "GPU H200, 2026-11-29 to 2026-12-04: assert mode in the v2 switch's server, replay and sweeps "
-                  "(docs/gpu-results.md)"),
+                  "(docs/archive/gpu-results.md)"),
         ("guard", "CPU, the hook targets against the 0.5.16 wheel's source (tests/test_guard_adapters.py)"),
         ("switch", "GPU H200, 2026-11-29 to 2026-12-03: the v2 switch and SPECFLIP_SWITCH=auto, greedy-exact sweeps "
-                   "at concurrency 1-256 (docs/gpu-results.md)"),
+                   "at concurrency 1-256 (docs/archive/gpu-results.md)"),
         ("step_timer", "GPU H200, 2026-11-30 to 2026-12-03: the per-step timer in the benchmark servers "
-                       "(docs/gpu-results.md)"),
-        ("lint", "GPU H200, 2026-12-01: predictions against 71 real start-ups (docs/gpu-results.md; "
+                       "(docs/archive/gpu-results.md)"),
+        ("lint", "GPU H200, 2026-12-01: predictions against 71 real start-ups (docs/archive/gpu-results.md; "
                  "bench/gpu/results/lint/)"),
         ("lint", "CPU, the 0.5.16 wheel's source in CI (tests/test_lint_bad_input.py, tests/test_lint_matrix.py)"),
     )
