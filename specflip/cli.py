@@ -11,11 +11,23 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specflip.cli_args import OneLineParser, http_url, non_negative_int, positive_float, positive_int
+from specflip.cli_args import (
+    OneLineParser,
+    at_least,
+    http_url,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from specflip.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPORTS = REPO_ROOT / "proofs" / "reports"
+# `check --simulate N --depth D` bounds: a walk takes about 1 ms of CPU (2,000 walks of v2_switch_reserve_sync:
+# 1.8 s, 2026-12-06, the 2-core CPU machine the repository's CI runs on), so a million walks is about 20 minutes
+# a design; beyond it a run would outlast any session silently
+MAX_WALKS = 1_000_000
+MAX_DEPTH = 100_000
 
 EXIT_CODES = """exit codes (every subcommand):
   0  fine: every design as expected, the trace conforms, the configuration fits, ...
@@ -56,7 +68,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         verdicts_json,
         write_reports,
     )
-    from specflip.outputs import has_mark, refuse_foreign, writable_dir
+    from specflip.outputs import directory_argument, has_mark, refuse_foreign, writable_dir
     from statemodel.design import Scope
     from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, large_scope, overlap_scope
 
@@ -76,9 +88,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--seed, --depth and --no-shrink shape the random walks: give --simulate N with them")
     elif args.scope == "large":
         raise UsageError("--scope large is beyond what the exhaustive search can finish: give --simulate N with it")
-    reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
-    # proof reports come from the exhaustive check only
+    given_dir = args.reports_dir is not None
+    reports_root = directory_argument(args.reports_dir, "--reports-dir") if given_dir else DEFAULT_REPORTS
+    reports_dir = reports_root / "overlap" if args.overlap else reports_root
+    # proof reports come from the exhaustive check only; by default into the checkout's proofs/reports only, and
+    # only when run from inside that checkout (an installed copy, or a run from elsewhere, writes none unless asked)
     writes_reports = args.write_reports and not args.design and not args.check_reports and walks is None
+    skipped_reports = writes_reports and not given_dir and not _inside_own_checkout()
+    writes_reports = writes_reports and not skipped_reports
     if writes_reports:
         # before the checking (minutes): the directory takes the reports and no file of the user's is in the way
         writable_dir(reports_dir, "reports directory")
@@ -117,12 +134,26 @@ def _cmd_check(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write the proof reports into {reports_dir}: {exc.strerror or exc}") from None
         print(f"proof reports written to {reports_dir}", file=lines)
+    elif skipped_reports:
+        print(f"proof reports not written: run from specflip's checkout ({REPO_ROOT}) to refresh its proofs/reports, "
+              "or give --reports-dir DIR", file=lines)
     bad = [v for v in verdicts if not v.ok]
     cpu = sum(v.result.cpu_seconds for v in verdicts)
     print(f"{len(verdicts) - len(bad)}/{len(verdicts)} designs as expected"
           + (f"; unexpected: {', '.join(v.design.name for v in bad)}" if bad else "")
           + f" ({time.perf_counter() - started:.1f}s wall, {cpu:.1f}s CPU in the checker)", file=lines)
     return 1 if bad or stale else 0
+
+
+def _inside_own_checkout() -> bool:
+    """Whether specflip runs from its own source checkout (a git checkout with its pyproject.toml, not an installed
+    copy) and the current directory is inside it: where `specflip check` refreshes proofs/reports by default."""
+    if not ((REPO_ROOT / ".git").exists() and (REPO_ROOT / "pyproject.toml").is_file()):
+        return False
+    try:
+        return Path.cwd().resolve().is_relative_to(REPO_ROOT)
+    except OSError:  # the current directory was removed
+        return False
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -192,19 +223,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the overlap schedule (results processed one step late): check the overlap designs")
     check.add_argument("--no-reports", dest="write_reports", action="store_false",
                        help="do not rewrite the proof reports")
-    check.add_argument("--reports-dir", default=str(DEFAULT_REPORTS),
-                       help="where proof reports go (checked before the checking starts; a file of the same name "
-                            "that specflip did not write stops the command)")
+    check.add_argument("--reports-dir", metavar="DIR",
+                       help="where the exhaustive check writes its proof reports (checked before the checking starts; "
+                            "a file of the same name that specflip did not write stops the command). Default: "
+                            "proofs/reports of specflip's own checkout, written only when run from inside that "
+                            "checkout (as README's first command does); an installed copy, or a run from another "
+                            "directory, writes no report unless given --reports-dir; --check-reports reads the "
+                            "checkout's")
     check.add_argument("--check-reports", action="store_true",
                        help="write no report; exit 1 if a committed proof report differs from the model's")
     check.add_argument("--jobs", type=positive_int,
                        help="designs checked at once, one process each (default: one per core)")
-    check.add_argument("--simulate", type=positive_int, metavar="N",
+    check.add_argument("--simulate", type=at_least(1, MAX_WALKS), metavar="N",
                        help="N seeded random walks per design instead of the exhaustive search: a counterexample fast, "
                             "shrunk but not proven the shortest; a design that survives is not proven (no reports "
-                            "written)")
+                            f"written). N at most {MAX_WALKS:,} (about 1 ms of CPU a walk)")
     check.add_argument("--seed", type=non_negative_int, help="--simulate: the walks' seed (default 0)")
-    check.add_argument("--depth", type=positive_int, help="--simulate: steps per walk at most (default 200)")
+    check.add_argument("--depth", type=at_least(1, MAX_DEPTH),
+                       help=f"--simulate: steps per walk at most (default 200, at most {MAX_DEPTH:,})")
     check.add_argument("--no-shrink", dest="shrink", action="store_false",
                        help="--simulate: report a counterexample as the walk found it, without shrinking it")
     check.add_argument("--scope", choices=("default", "large"), default="default",
@@ -270,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--plain", default="plain", help="cfg of the plain-decoding rows")
     calibrate.add_argument("--spec", default="spec", help="cfg of the always-on speculation rows")
     calibrate.add_argument("--margin", type=float, default=0.05,
-                           help="speculation wins at c when spec tok/s >= plain tok/s x (1 + margin)")
+                           help="speculation wins at c when spec tok/s >= plain tok/s x (1 + margin); from 0 to "
+                                "1 (1: speculation must be twice as fast as plain decoding)")
     calibrate.add_argument("--spec-cap", type=int, default=48,
                            help="SPECFLIP_SPEC_CAP the switch will run with (t_on is capped at it)")
     calibrate.add_argument("--auto", action="store_true",

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
+from specflip.cli_args import OneLineParser, integer
 from specflip.lint.rules import (
     SGLANG_REFUSES,
     STARTUP,
@@ -83,15 +84,16 @@ exit codes:
 
 
 def _own_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    # every other specflip command's parser: a bad value is one line naming `specflip lint` and the flag, exit 2
+    p = OneLineParser(prog="specflip lint", add_help=False, allow_abbrev=False)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--help", "-h", action="store_true")
-    p.add_argument("--specflip-t-off", type=int)
-    p.add_argument("--specflip-t-on", type=int)
+    p.add_argument("--specflip-t-off", type=integer)
+    p.add_argument("--specflip-t-on", type=integer)
     p.add_argument("--specflip-auto", action="store_true")
-    p.add_argument("--specflip-spec-cap", type=int, default=48)
+    p.add_argument("--specflip-spec-cap", type=integer, default=48)
     p.add_argument("--specflip-plain-graphs", default="decode")
     p.add_argument("--specflip-draft", default="retract")
     p.add_argument("--specflip-tiers")
@@ -142,6 +144,12 @@ REWRITABLE: tuple[tuple[str, str], ...] = (
 )
 
 
+# the most any of those flags can be: SGLang indexes KV slots with int32 (req_to_token in mem_cache/memory_pool.py,
+# 0.5.23), so draft tokens or requests past it cannot be held; without this bound lint said
+# `--speculative-num-steps 100000000000000000000` fit
+MOST_VALUE = 2**31 - 1
+
+
 def _given_int(argv: Sequence[str], flag: str) -> int | None:
     """The integer given for `flag`, or None (not given, or not an integer: SGLang's parser says so)."""
     raw = _flag_value(argv, flag)
@@ -152,10 +160,16 @@ def _given_int(argv: Sequence[str], flag: str) -> int | None:
 
 
 def check_values(argv: Sequence[str], release: str | None = None) -> None:
-    """LintUsageError (exit 2) for a launch value below what a speculative server can run with. With `release`,
-    the line also says what that SGLang release does with the value (replaces it silently, runs with it, or fails)."""
+    """LintUsageError (exit 2) for a launch value that is not an integer, above MOST_VALUE or below what a speculative
+    server can run with. With `release`, a value below the least also says what that SGLang release does with it
+    (replaces it silently, runs with it, or fails)."""
     for flag, least in LEAST_VALUES:
+        raw = _flag_value(argv, flag)
+        if raw is not None and _given_int(argv, flag) is None:
+            raise LintUsageError(f"{flag} {raw}: not an integer")
         value = _given_int(argv, flag)
+        if value is not None and value > MOST_VALUE:
+            raise LintUsageError(f"{flag} {raw}: must be at most {MOST_VALUE:,} (SGLang indexes KV slots with int32)")
         if value is not None and value < least:
             what = _what_sglang_does(argv, release, flag, value) if release else ""
             raise LintUsageError(f"{flag} {value}: must be at least {least}{what} (docs/lint.md, \"Bad values\")")
