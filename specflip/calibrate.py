@@ -43,7 +43,6 @@ from typing import Any
 from shim.switch.config import SwitchConfig
 from specflip.auto_sim import TierRow, settled_modes, settled_tiers
 
-
 # what speculation must gain to be worth a flip, at most. Past 1 it asks speculation for more than twice plain
 # decoding's throughput at the same load; with 1e308 every measurement answered "off as soon as anything runs" (1:0)
 # as if it had been measured
