@@ -22,6 +22,7 @@ from specflip.cli_args import (
 from specflip.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = Path(__file__).resolve().parent / "examples"  # ready inputs for ranks and lint (examples/README.md)
 DEFAULT_REPORTS = REPO_ROOT / "proofs" / "reports"
 # `check --simulate N --depth D` bounds: a walk takes about 1 ms of CPU (2,000 walks of v2_switch_reserve_sync:
 # 1.8 s, 2026-12-06, the 2-core CPU machine the repository's CI runs on), so a million walks is about 20 minutes
@@ -212,9 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print specflip's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, help_text: str, **kwargs: object) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)  # type: ignore[arg-type]
+    def add(name: str, help_text: str, example: str = "", **kwargs: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text + (f"\n\n{example}" if example else ""),
+                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              **kwargs)  # type: ignore[arg-type]
 
     check = add("check", "exhaustively check every shipped and known-bad design")
     check.add_argument("--design", action="append", help="check only this design (repeatable)")
@@ -254,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=_cmd_explain)
 
     ranks = add("ranks", "do the switch's per-rank traces of a TP > 1 server agree (steps, flips, auto windows)? "
-                "Lists each flip's scheduler step index, batch and decision on every rank")
+                "Lists each flip's scheduler step index, batch and decision on every rank",
+                example=f"example (a two-rank auto run shipped with specflip): specflip ranks {EXAMPLES / 'ranks'}")
     ranks.add_argument("traces", nargs="+",
                        help="switch-<pid>.jsonl files (SPECFLIP_SWITCH_TRACE), one per rank, or directories of them; "
                             "ranks from the records' rank field (auto), else the order given")

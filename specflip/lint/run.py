@@ -75,6 +75,11 @@ HELP = """specflip lint's own flags (every other argument goes to SGLang's launc
                             --specflip-auto the step counts only, e.g. 3,1 (the learner picks among them)
   --help, -h                this text
 
+example (an EAGLE-3 pair of Llama-3-8B's shape shipped with specflip, config.json only; {examples}/README.md):
+  specflip lint --model-path {examples}/lint/target --speculative-draft-model-path {examples}/lint/draft \\
+      --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 \\
+      --speculative-num-draft-tokens 4 --specflip-auto
+
 exit codes:
   0  every state fits (one summary line)
   1  a finding: one line per broken rule (docs/lint.md)
@@ -417,7 +422,7 @@ def _run(args: argparse.Namespace) -> int:
             print(USAGE)
             print(__doc__.strip().splitlines()[0])
             print()
-            print(HELP)
+            print(HELP.replace("{examples}", str(Path(__file__).resolve().parent.parent / "examples")))
             return 0
         if not rest:
             raise LintUsageError("no launch_server arguments given; " + USAGE)
