@@ -24,6 +24,7 @@ from specflip.errors import UsageError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = Path(__file__).resolve().parent / "examples"  # ready inputs for ranks and lint (examples/README.md)
 DEFAULT_REPORTS = REPO_ROOT / "proofs" / "reports"
+DEFAULT_DIAGRAMS = REPO_ROOT / "docs" / "diagrams"
 # `check --simulate N --depth D` bounds: a walk takes about 1 ms of CPU (2,000 walks of v2_switch_reserve_sync:
 # 1.8 s, 2026-12-06, the 2-core CPU machine the repository's CI runs on), so a million walks is about 20 minutes
 # a design; beyond it a run would outlast any session silently
@@ -157,9 +158,16 @@ def _inside_own_checkout() -> bool:
         return False
 
 
+def _no_empty_paths(paths: Sequence[str], what: str) -> None:
+    """UsageError for an empty path argument (`Path("")` is the current directory, which the user did not name)."""
+    if any(not p.strip() for p in paths):
+        raise UsageError(f"an empty {what} path was given: name a file")
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     from shim.guard.explain import main as explain_main
 
+    _no_empty_paths(args.traces, "trace")
     return explain_main(args)
 
 
@@ -168,6 +176,7 @@ def _cmd_ranks(args: argparse.Namespace) -> int:
 
     from shim.guard.ranks import RankTraceError, check_switch_agreement
 
+    _no_empty_paths(args.traces, "trace")
     try:
         result = check_switch_agreement(args.traces)
     except RankTraceError as exc:
@@ -181,7 +190,15 @@ def _cmd_ranks(args: argparse.Namespace) -> int:
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from specflip.diagrams import main as diagram_main
+    from specflip.outputs import directory_argument
 
+    if args.out is not None:
+        directory_argument(args.out, "--out")
+    elif not args.check and not _inside_own_checkout():
+        # the default rewrites the checkout's docs/diagrams and README.md: from inside that checkout only
+        raise UsageError(f"give --out DIR: the default, {DEFAULT_DIAGRAMS} (and README.md beside docs/), is written "
+                         "only from inside specflip's own checkout")
+    args.out = args.out or str(DEFAULT_DIAGRAMS)
     return diagram_main(args)
 
 
@@ -266,9 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     diagram = add("diagram", "generate the state diagrams in docs/ from the model")
     diagram.add_argument("--check", action="store_true", help="exit 1 if a committed diagram is stale")
-    diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"),
+    diagram.add_argument("--out", metavar="DIR",
                          help="directory for the .dot/.svg/.mmd files (default: the repository's docs/diagrams, "
-                              "which also refreshes README.md); elsewhere only specflip's own files are written")
+                              "which also refreshes README.md, written only when run from inside specflip's own "
+                              "checkout); elsewhere only specflip's own files are written")
     diagram.set_defaults(func=_cmd_diagram)
 
     # Every argument after `lint` is passed through untouched (launch_server flags start with "--" too);

@@ -359,7 +359,7 @@ def read_recorded(path: str) -> tuple[list[Schedule], list[list[Outcome]], list[
     try:
         rec = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"cannot read recorded report {path}: {exc}") from None
+        raise ReplayError(f"cannot read recorded report {path}: {getattr(exc, 'strerror', None) or exc}") from None
     runs = rec.get("runs") if isinstance(rec, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ReplayError(f"{path} is not a replay report (`specflip replay --out`): it needs a list of runs, "
@@ -379,7 +379,9 @@ def read_recorded(path: str) -> tuple[list[Schedule], list[list[Outcome]], list[
 
 
 def _schedules_from(args: argparse.Namespace) -> list[Schedule]:
-    if getattr(args, "schedules_file", None):
+    if getattr(args, "schedules_file", None) is not None:
+        if not args.schedules_file.strip():
+            raise ReplayError("--schedules-file is empty: name a schedules file")
         return load(args.schedules_file)
     if not 0 <= args.t_on < args.t_off:
         raise ReplayError(f"--t-on must be below --t-off (got --t-off {args.t_off} --t-on {args.t_on}): the "
@@ -422,7 +424,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    if getattr(args, "recorded", None):
+    trace_dir_given = getattr(args, "trace_dir", None)
+    if trace_dir_given is not None and not (args.launch and not Path(trace_dir_given).exists()) \
+            and not Path(trace_dir_given).is_dir():
+        # read after the run (switch-*.jsonl, guard traces): a mistyped one would judge silently without them
+        raise ReplayError(f"--trace-dir {trace_dir_given!r} is not a directory")
+    if getattr(args, "recorded", None) is not None:
+        if not args.recorded.strip():
+            raise ReplayError("--recorded is empty: name a report `specflip replay --out` wrote")
         schedules, outcomes, refs = read_recorded(args.recorded)
         report = judge(schedules, outcomes, refs, args.trace_dir, args.design)
         print(format_summary(report["summary"], report["conformance"]))
