@@ -162,6 +162,17 @@ def test_lint_refuses_a_launch_value_out_of_range(home: Path, value: str, words:
     one_line_exit_2(done, "specflip lint: ", words)
 
 
+@needs_sglang
+def test_lint_model_config_that_is_not_text(home: Path) -> None:
+    (home / "model").mkdir()
+    (home / "model" / "config.json").write_bytes(bytes(range(128, 256)))
+    before = snapshot(home)
+    done = specflip(home, "lint", "--model-path", "model", "--speculative-draft-model-path", "model",
+                    "--speculative-algorithm", "EAGLE")
+    one_line_exit_2(done, "specflip lint: the model config model/config.json is not text")
+    assert snapshot(home) == before
+
+
 # --- check: where the proof reports go by default --------------------------------------------------------------------
 
 

@@ -254,7 +254,13 @@ def _read_inputs(argv: Sequence[str]) -> dict[str, str]:
         files["adaptive_config"] = text
     model = _flag_value(argv, "--model-path", "--model")
     if model is not None and (Path(model) / "config.json").is_file():
-        files["model_config"] = (Path(model) / "config.json").read_text()
+        config = Path(model) / "config.json"
+        try:
+            files["model_config"] = config.read_text()
+        except OSError as exc:
+            raise LintUsageError(f"cannot read the model config {config}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise LintUsageError(f"the model config {config} is not text (JSON expected)") from None
     return files
 
 
