@@ -30,6 +30,12 @@ DEFAULT_DIAGRAMS = REPO_ROOT / "docs" / "diagrams"
 # a design; beyond it a run would outlast any session silently
 MAX_WALKS = 1_000_000
 MAX_DEPTH = 100_000
+# `replay`'s generated schedules: Hypothesis draws each one (about 0.06 s of CPU a schedule at the defaults,
+# 2026-12-06, this 2-core machine), and a schedule holds up to t_off + 8 requests; past these a run would draw
+# silently for hours (`--schedules 10**9`, `--t-off 10**9`)
+MAX_SCHEDULES = 10_000
+MAX_T_OFF = 1_024
+MAX_NEW_CAP = 65_536
 
 EXIT_CODES = """exit codes (every subcommand):
   0  fine: every design as expected, the trace conforms, the configuration fits, ...
@@ -300,15 +306,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--url", type=http_url, help="a live server to send the schedules to")
     replay.add_argument("--launch", action="store_true",
                         help="start a server (python -m sglang.launch_server with --server-arg ...) and stop it after")
-    replay.add_argument("--schedules", type=positive_int, default=20, help="how many schedules to generate")
+    replay.add_argument("--schedules", type=at_least(1, MAX_SCHEDULES), default=20,
+                        help=f"how many schedules to generate (at most {MAX_SCHEDULES:,})")
     # the rest of replay's flags (kept here so `specflip` starts without importing Hypothesis)
     replay.add_argument("--schedules-file", help="replay these schedules (JSON) instead of generating")
     replay.add_argument("--save-schedules", help="write the generated schedules here (exit unless --url/--launch)")
     replay.add_argument("--seed", type=non_negative_int, default=0, help="Hypothesis seed of the generated schedules")
-    replay.add_argument("--t-off", type=positive_int, default=6,
-                        help="the switch's t_off the schedules straddle (more than --t-on)")
+    replay.add_argument("--t-off", type=at_least(1, MAX_T_OFF), default=6,
+                        help=f"the switch's t_off the schedules straddle (more than --t-on, at most {MAX_T_OFF:,}: a "
+                             "schedule sends up to t_off + 8 requests)")
     replay.add_argument("--t-on", type=non_negative_int, default=2, help="the switch's t_on the schedules straddle")
-    replay.add_argument("--max-new-cap", type=positive_int, default=96, help="largest max_new_tokens of a request")
+    replay.add_argument("--max-new-cap", type=at_least(1, MAX_NEW_CAP), default=96,
+                        help=f"largest max_new_tokens of a request (at most {MAX_NEW_CAP:,})")
     replay.add_argument("--design", default="v2_switch_reserve_sync", help="checker design the switch implements")
     replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
     replay.add_argument("--compare-url", type=http_url, help="a server without speculation: outputs must be equal")

@@ -117,6 +117,8 @@ def test_replay_leaves_no_hypothesis_directory(home: Path) -> None:
     (["check", "--simulate", "99999999999999999999999"], "argument --simulate: must be at most 1,000,000"),
     (["check", "--simulate", "10", "--depth", "100000000"], "argument --depth: must be at most 100,000"),
     (["check", "--reports-dir", ""], "--reports-dir is empty"),
+    (["replay", "--schedules", "1000000000", "--save-schedules", "s.json"], "--schedules: must be at most 10,000"),
+    (["replay", "--t-off", "1000000000", "--save-schedules", "s.json"], "--t-off: must be at most 1,024"),
     (["lint", "--model-path", "m", "--specflip-t-off", "abc"], "specflip lint: argument --specflip-t-off: not an"),
     (["lint", "--model-path", "m", "--specflip-spec-cap", "1e3"], "specflip lint: argument --specflip-spec-cap"),
     (["calibrate", "--margin", "1e308", "trace.jsonl"], "--margin must be from 0 to 1"),
