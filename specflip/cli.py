@@ -310,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"how many schedules to generate (at most {MAX_SCHEDULES:,})")
     # the rest of replay's flags (kept here so `specflip` starts without importing Hypothesis)
     replay.add_argument("--schedules-file", help="replay these schedules (JSON) instead of generating")
-    replay.add_argument("--save-schedules", help="write the generated schedules here (exit unless --url/--launch)")
+    replay.add_argument("--save-schedules", metavar="FILE",
+                        help="write the generated schedules here (exit unless --url/--launch); an existing FILE is "
+                             "replaced only if specflip replay wrote it (its written_by field), never a file of yours")
     replay.add_argument("--seed", type=non_negative_int, default=0, help="Hypothesis seed of the generated schedules")
     replay.add_argument("--t-off", type=at_least(1, MAX_T_OFF), default=6,
                         help=f"the switch's t_off the schedules straddle (more than --t-on, at most {MAX_T_OFF:,}: a "
@@ -322,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
     replay.add_argument("--compare-url", type=http_url, help="a server without speculation: outputs must be equal")
     replay.add_argument("--recorded", help="judge a recorded report (JSON from --out) instead of sending")
-    replay.add_argument("--out", help="write the full report (schedules, outcomes, checks) as JSON here")
+    replay.add_argument("--out", metavar="FILE",
+                        help="write the full report (schedules, outcomes, checks) as JSON here (checked before any "
+                             "request is sent; an existing FILE is replaced only if specflip replay wrote it)")
     replay.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for one request")
     replay.add_argument("--port", type=positive_int, default=30000, help="port of the server --launch starts")
     replay.add_argument("--server-arg", action="append", default=[], help="launch_server argument (repeatable)")
