@@ -425,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     trace_dir_given = getattr(args, "trace_dir", None)
-    if trace_dir_given is not None and not (args.launch and not Path(trace_dir_given).exists()) \
+    if trace_dir_given is not None and not (getattr(args, "launch", False) and not Path(trace_dir_given).exists()) \
             and not Path(trace_dir_given).is_dir():
         # read after the run (switch-*.jsonl, guard traces): a mistyped one would judge silently without them
         raise ReplayError(f"--trace-dir {trace_dir_given!r} is not a directory")
