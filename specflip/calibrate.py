@@ -43,6 +43,11 @@ from typing import Any
 from shim.switch.config import SwitchConfig
 from specflip.auto_sim import TierRow, settled_modes, settled_tiers
 
+# what speculation must gain to be worth a flip, at most. Past 1 it asks speculation for more than twice plain
+# decoding's throughput at the same load; with 1e308 every measurement answered "off as soon as anything runs" (1:0)
+# as if it had been measured
+MAX_MARGIN = 1.0
+
 
 class CalibrateError(ValueError):
     """Bad input (a file, a row, an option); printed as one line, exit 2."""
@@ -207,8 +212,9 @@ def calibrate(paths: Sequence[str], plain: str = "plain", spec: str = "spec", ma
     """The thresholds for the measurement in `paths`; raises CalibrateError on bad input."""
     if not paths:
         raise CalibrateError("give at least one bench JSONL file")
-    if not (math.isfinite(margin) and margin >= 0):
-        raise CalibrateError(f"--margin must be >= 0 (what speculation must gain, as a fraction), got {margin}")
+    if not 0 <= margin <= MAX_MARGIN:  # also refuses nan and the infinities
+        raise CalibrateError(f"--margin must be from 0 to {MAX_MARGIN:g} (what speculation must gain, as a fraction: "
+                             f"0.05 is 5 %), got {margin:g}")
     if spec_cap < 1:
         raise CalibrateError(f"--spec-cap must be >= 1, got {spec_cap}")
     if plain == spec:

@@ -11,11 +11,31 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specflip.cli_args import OneLineParser, http_url, non_negative_int, positive_float, positive_int
+from specflip.cli_args import (
+    OneLineParser,
+    at_least,
+    http_url,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from specflip.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = Path(__file__).resolve().parent / "examples"  # ready inputs for ranks and lint (examples/README.md)
 DEFAULT_REPORTS = REPO_ROOT / "proofs" / "reports"
+DEFAULT_DIAGRAMS = REPO_ROOT / "docs" / "diagrams"
+# `check --simulate N --depth D` bounds: a walk takes about 1 ms of CPU (2,000 walks of v2_switch_reserve_sync:
+# 1.8 s, 2026-12-06, the 2-core CPU machine the repository's CI runs on), so a million walks is about 20 minutes
+# a design; beyond it a run would outlast any session silently
+MAX_WALKS = 1_000_000
+MAX_DEPTH = 100_000
+# `replay`'s generated schedules: Hypothesis draws each one (about 0.06 s of CPU a schedule at the defaults,
+# 2026-12-06, this 2-core machine), and a schedule holds up to t_off + 8 requests; past these a run would draw
+# silently for hours (`--schedules 10**9`, `--t-off 10**9`)
+MAX_SCHEDULES = 10_000
+MAX_T_OFF = 1_024
+MAX_NEW_CAP = 65_536
 
 EXIT_CODES = """exit codes (every subcommand):
   0  fine: every design as expected, the trace conforms, the configuration fits, ...
@@ -56,7 +76,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         verdicts_json,
         write_reports,
     )
-    from specflip.outputs import has_mark, refuse_foreign, writable_dir
+    from specflip.outputs import directory_argument, has_mark, refuse_foreign, writable_dir
     from statemodel.design import Scope
     from statemodel.designs import ALL_DESIGNS, OVERLAP_DESIGNS, get_design, large_scope, overlap_scope
 
@@ -76,9 +96,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--seed, --depth and --no-shrink shape the random walks: give --simulate N with them")
     elif args.scope == "large":
         raise UsageError("--scope large is beyond what the exhaustive search can finish: give --simulate N with it")
-    reports_dir = Path(args.reports_dir) / "overlap" if args.overlap else Path(args.reports_dir)
-    # proof reports come from the exhaustive check only
+    given_dir = args.reports_dir is not None
+    reports_root = directory_argument(args.reports_dir, "--reports-dir") if given_dir else DEFAULT_REPORTS
+    reports_dir = reports_root / "overlap" if args.overlap else reports_root
+    # proof reports come from the exhaustive check only; by default into the checkout's proofs/reports only, and
+    # only when run from inside that checkout (an installed copy, or a run from elsewhere, writes none unless asked)
     writes_reports = args.write_reports and not args.design and not args.check_reports and walks is None
+    skipped_reports = writes_reports and not given_dir and not _inside_own_checkout()
+    writes_reports = writes_reports and not skipped_reports
     if writes_reports:
         # before the checking (minutes): the directory takes the reports and no file of the user's is in the way
         writable_dir(reports_dir, "reports directory")
@@ -117,6 +142,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write the proof reports into {reports_dir}: {exc.strerror or exc}") from None
         print(f"proof reports written to {reports_dir}", file=lines)
+    elif skipped_reports:
+        print(f"proof reports not written: run from specflip's checkout ({REPO_ROOT}) to refresh its proofs/reports, "
+              "or give --reports-dir DIR", file=lines)
     bad = [v for v in verdicts if not v.ok]
     cpu = sum(v.result.cpu_seconds for v in verdicts)
     print(f"{len(verdicts) - len(bad)}/{len(verdicts)} designs as expected"
@@ -125,9 +153,27 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad or stale else 0
 
 
+def _inside_own_checkout() -> bool:
+    """Whether specflip runs from its own source checkout (a git checkout with its pyproject.toml, not an installed
+    copy) and the current directory is inside it: where `specflip check` refreshes proofs/reports by default."""
+    if not ((REPO_ROOT / ".git").exists() and (REPO_ROOT / "pyproject.toml").is_file()):
+        return False
+    try:
+        return Path.cwd().resolve().is_relative_to(REPO_ROOT)
+    except OSError:  # the current directory was removed
+        return False
+
+
+def _no_empty_paths(paths: Sequence[str], what: str) -> None:
+    """UsageError for an empty path argument (`Path("")` is the current directory, which the user did not name)."""
+    if any(not p.strip() for p in paths):
+        raise UsageError(f"an empty {what} path was given: name a file")
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     from specflip.explain import main as explain_main
 
+    _no_empty_paths(args.traces, "trace")
     return explain_main(args)
 
 
@@ -136,6 +182,7 @@ def _cmd_ranks(args: argparse.Namespace) -> int:
 
     from specflip.ranks import RankTraceError, check_switch_agreement
 
+    _no_empty_paths(args.traces, "trace")
     try:
         result = check_switch_agreement(args.traces)
     except RankTraceError as exc:
@@ -149,7 +196,15 @@ def _cmd_ranks(args: argparse.Namespace) -> int:
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
     from specflip.diagrams import main as diagram_main
+    from specflip.outputs import directory_argument
 
+    if args.out is not None:
+        directory_argument(args.out, "--out")
+    elif not args.check and not _inside_own_checkout():
+        # the default rewrites the checkout's docs/diagrams and README.md: from inside that checkout only
+        raise UsageError(f"give --out DIR: the default, {DEFAULT_DIAGRAMS} (and README.md beside docs/), is written "
+                         "only from inside specflip's own checkout")
+    args.out = args.out or str(DEFAULT_DIAGRAMS)
     return diagram_main(args)
 
 
@@ -203,9 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print specflip's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, help_text: str, **kwargs: object) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
-                              formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)  # type: ignore[arg-type]
+    def add(name: str, help_text: str, example: str = "", **kwargs: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text + (f"\n\n{example}" if example else ""),
+                              epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              **kwargs)  # type: ignore[arg-type]
 
     check = add("check", "exhaustively check every shipped and known-bad design")
     check.add_argument("--design", action="append", help="check only this design (repeatable)")
@@ -214,19 +270,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the overlap schedule (results processed one step late): check the overlap designs")
     check.add_argument("--no-reports", dest="write_reports", action="store_false",
                        help="do not rewrite the proof reports")
-    check.add_argument("--reports-dir", default=str(DEFAULT_REPORTS),
-                       help="where proof reports go (checked before the checking starts; a file of the same name "
-                            "that specflip did not write stops the command)")
+    check.add_argument("--reports-dir", metavar="DIR",
+                       help="where the exhaustive check writes its proof reports (checked before the checking starts; "
+                            "a file of the same name that specflip did not write stops the command). Default: "
+                            "proofs/reports of specflip's own checkout, written only when run from inside that "
+                            "checkout (as README's first command does); an installed copy, or a run from another "
+                            "directory, writes no report unless given --reports-dir; --check-reports reads the "
+                            "checkout's")
     check.add_argument("--check-reports", action="store_true",
                        help="write no report; exit 1 if a committed proof report differs from the model's")
     check.add_argument("--jobs", type=positive_int,
                        help="designs checked at once, one process each (default: one per core)")
-    check.add_argument("--simulate", type=positive_int, metavar="N",
+    check.add_argument("--simulate", type=at_least(1, MAX_WALKS), metavar="N",
                        help="N seeded random walks per design instead of the exhaustive search: a counterexample fast, "
                             "shrunk but not proven the shortest; a design that survives is not proven (no reports "
-                            "written)")
+                            f"written). N at most {MAX_WALKS:,} (about 1 ms of CPU a walk)")
     check.add_argument("--seed", type=non_negative_int, help="--simulate: the walks' seed (default 0)")
-    check.add_argument("--depth", type=positive_int, help="--simulate: steps per walk at most (default 200)")
+    check.add_argument("--depth", type=at_least(1, MAX_DEPTH),
+                       help=f"--simulate: steps per walk at most (default 200, at most {MAX_DEPTH:,})")
     check.add_argument("--no-shrink", dest="shrink", action="store_false",
                        help="--simulate: report a counterexample as the walk found it, without shrinking it")
     check.add_argument("--scope", choices=("default", "large"), default="default",
@@ -240,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=_cmd_explain)
 
     ranks = add("ranks", "do the switch's per-rank traces of a TP > 1 server agree (steps, flips, auto windows)? "
-                "Lists each flip's scheduler step index, batch and decision on every rank")
+                "Lists each flip's scheduler step index, batch and decision on every rank",
+                example=f"example (a two-rank auto run shipped with specflip): specflip ranks {EXAMPLES / 'ranks'}")
     ranks.add_argument("traces", nargs="+",
                        help="switch-<pid>.jsonl files (SPECFLIP_SWITCH_TRACE), one per rank, or directories of them; "
                             "ranks from the records' rank field (auto), else the order given")
@@ -249,9 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     diagram = add("diagram", "generate the state diagrams in docs/ from the model")
     diagram.add_argument("--check", action="store_true", help="exit 1 if a committed diagram is stale")
-    diagram.add_argument("--out", default=str(REPO_ROOT / "docs" / "diagrams"),
+    diagram.add_argument("--out", metavar="DIR",
                          help="directory for the .dot/.svg/.mmd files (default: the repository's docs/diagrams, "
-                              "which also refreshes README.md); elsewhere only specflip's own files are written")
+                              "which also refreshes README.md, written only when run from inside specflip's own "
+                              "checkout); elsewhere only specflip's own files are written")
     diagram.set_defaults(func=_cmd_diagram)
 
     # Every argument after `lint` is passed through untouched (launch_server flags start with "--" too);
@@ -265,20 +328,27 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--url", type=http_url, help="a live server to send the schedules to")
     replay.add_argument("--launch", action="store_true",
                         help="start a server (python -m sglang.launch_server with --server-arg ...) and stop it after")
-    replay.add_argument("--schedules", type=positive_int, default=20, help="how many schedules to generate")
+    replay.add_argument("--schedules", type=at_least(1, MAX_SCHEDULES), default=20,
+                        help=f"how many schedules to generate (at most {MAX_SCHEDULES:,})")
     # the rest of replay's flags (kept here so `specflip` starts without importing Hypothesis)
     replay.add_argument("--schedules-file", help="replay these schedules (JSON) instead of generating")
-    replay.add_argument("--save-schedules", help="write the generated schedules here (exit unless --url/--launch)")
+    replay.add_argument("--save-schedules", metavar="FILE",
+                        help="write the generated schedules here (exit unless --url/--launch); an existing FILE is "
+                             "replaced only if specflip replay wrote it (its written_by field), never a file of yours")
     replay.add_argument("--seed", type=non_negative_int, default=0, help="Hypothesis seed of the generated schedules")
-    replay.add_argument("--t-off", type=positive_int, default=6,
-                        help="the switch's t_off the schedules straddle (more than --t-on)")
+    replay.add_argument("--t-off", type=at_least(1, MAX_T_OFF), default=6,
+                        help=f"the switch's t_off the schedules straddle (more than --t-on, at most {MAX_T_OFF:,}: a "
+                             "schedule sends up to t_off + 8 requests)")
     replay.add_argument("--t-on", type=non_negative_int, default=2, help="the switch's t_on the schedules straddle")
-    replay.add_argument("--max-new-cap", type=positive_int, default=96, help="largest max_new_tokens of a request")
+    replay.add_argument("--max-new-cap", type=at_least(1, MAX_NEW_CAP), default=96,
+                        help=f"largest max_new_tokens of a request (at most {MAX_NEW_CAP:,})")
     replay.add_argument("--design", default="v2_switch_reserve_sync", help="checker design the switch implements")
     replay.add_argument("--trace-dir", help="where the server writes traces (switch-*.jsonl and guard traces)")
     replay.add_argument("--compare-url", type=http_url, help="a server without speculation: outputs must be equal")
     replay.add_argument("--recorded", help="judge a recorded report (JSON from --out) instead of sending")
-    replay.add_argument("--out", help="write the full report (schedules, outcomes, checks) as JSON here")
+    replay.add_argument("--out", metavar="FILE",
+                        help="write the full report (schedules, outcomes, checks) as JSON here (checked before any "
+                             "request is sent; an existing FILE is replaced only if specflip replay wrote it)")
     replay.add_argument("--timeout", type=positive_float, default=120.0, help="seconds to wait for one request")
     replay.add_argument("--port", type=positive_int, default=30000, help="port of the server --launch starts")
     replay.add_argument("--server-arg", action="append", default=[], help="launch_server argument (repeatable)")
@@ -299,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--plain", default="plain", help="cfg of the plain-decoding rows")
     calibrate.add_argument("--spec", default="spec", help="cfg of the always-on speculation rows")
     calibrate.add_argument("--margin", type=float, default=0.05,
-                           help="speculation wins at c when spec tok/s >= plain tok/s x (1 + margin)")
+                           help="speculation wins at c when spec tok/s >= plain tok/s x (1 + margin); from 0 to "
+                                "1 (1: speculation must be twice as fast as plain decoding)")
     calibrate.add_argument("--spec-cap", type=int, default=48,
                            help="SPECFLIP_SPEC_CAP the switch will run with (t_on is capped at it)")
     calibrate.add_argument("--auto", action="store_true",

@@ -25,13 +25,15 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An integer no less than `minimum`."""
+def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer no less than `minimum` (and no more than `maximum`, when given)."""
 
     def parse(text: str) -> int:
         value = integer(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got {text}")
         return value
 
     return parse
@@ -60,6 +62,18 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
     return value
+
+
+def number_between(minimum: float, maximum: float) -> Callable[[str], float]:
+    """A number in [minimum, maximum] (nan and the infinities refused)."""
+
+    def parse(text: str) -> float:
+        value = number(text)
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from {minimum:g} to {maximum:g}, got {text}")
+        return value
+
+    return parse
 
 
 def fraction_below_1(text: str) -> float:

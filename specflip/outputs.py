@@ -1,14 +1,17 @@
-"""Writing into a directory the user named, without losing anything specflip did not write.
+"""Writing into a directory or a file the user named, without losing anything specflip did not write.
 
 `specflip diagram --out DIR` and `specflip check --reports-dir DIR` check the directory before their long work
-(rendering, checking), so an unwritable path or a file of the user's in the way fails in a second with one
-line, and never after minutes. A file counts as specflip's when specflip recorded writing it (a manifest in the
-directory) or carries specflip's "generated" mark; anything else of the same name is the user's and stops the
-command instead of being overwritten.
+(rendering, checking), and `specflip replay --out FILE` / `--save-schedules FILE` check the file before theirs
+(minutes of requests to a server), so an unwritable path or a file of the user's in the way fails in a second
+with one line, and never after minutes. A file counts as specflip's when specflip recorded writing it (a manifest
+in the directory) or carries specflip's "generated" mark (in the file's own format: a Markdown line, an SVG
+comment, a JSON field); anything else of the same name is the user's and stops the command instead of being
+overwritten.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,6 +30,51 @@ def writable_dir(path: Path, what: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write into {what} {path}: permission denied")
     return path
+
+
+def directory_argument(text: str, flag: str) -> Path:
+    """The path a directory flag names; UsageError for an empty one (`Path("")` is the current directory, which
+    the user did not name)."""
+    if not text.strip():
+        raise UsageError(f"{flag} is empty: name a directory")
+    return Path(text)
+
+
+def writable_file(text: str, what: str, is_ours: Callable[[Path], bool], flag: str) -> Path:
+    """The path `flag` names (`text`), checked before the work: not empty, not a directory, its directory created if
+    missing and writable, and no file there that specflip did not write (`is_ours`). UsageError naming it."""
+    if not text.strip():
+        raise UsageError(f"{flag} is empty: name a file")
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory: name a file in it")
+    writable_dir(path.parent, f"directory of the {what}")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise UsageError(f"{what} {path} exists and is not a regular file")
+        if not is_ours(path):
+            raise UsageError(f"{path} already exists and was not written by specflip; {flag} would overwrite it: "
+                             "name another file or move that one")
+    return path
+
+
+def write_file(path: Path, text: str, what: str) -> None:
+    """Write `text` to `path` through a temporary file beside it and a rename, so a failure (the disk full, a
+    permission changed) leaves what was there; UsageError naming the file."""
+    tmp = path.with_name(f".{path.name}.specflip-tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+
+
+def cache_dir(*names: str) -> Path:
+    """specflip's cache directory ($XDG_CACHE_HOME/specflip, else ~/.cache/specflip), joined with `names`."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base, "specflip", *names)
 
 
 def refuse_foreign(directory: Path, names: Iterable[str], is_ours: Callable[[Path], bool], what: str) -> None:

@@ -29,8 +29,18 @@ import attrs
 from shim.guard.trace import TraceFormatError
 from shim.settings import settings
 from specflip.explain import explain_traces
+from specflip.outputs import cache_dir, has_mark, writable_dir, writable_file, write_file
 from specflip.ranks import RankTraceError
-from specflip.schedules import VOCAB, Schedule, ScheduleError, generate, load, save
+from specflip.schedules import (
+    VOCAB,
+    WRITTEN_BY,
+    WRITTEN_BY_MARK,
+    Schedule,
+    ScheduleError,
+    generate,
+    load,
+    schedules_json,
+)
 from statemodel.actions import ACTIONS_BY_NAME
 from statemodel.design import DraftWhileOff
 from statemodel.designs import get_design
@@ -310,12 +320,20 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: floa
     raise ReplayError(f"server at {url} not healthy after {timeout_s:.0f}s")
 
 
+SERVER_LOG_MARK = "# server log of `specflip replay --launch`"
+
+
 def launch_server(server_args: Sequence[str], trace_dir: str, log_path: str, port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, SPECFLIP_MODE=settings.MODE.raw() or "trace",
                SPECFLIP_TRACE=os.path.join(trace_dir, "specflip-trace.rank{rank}.jsonl"),
                SPECFLIP_SWITCH_TRACE=trace_dir)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *server_args]
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
+    try:
+        log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
+        log.write(f"{SERVER_LOG_MARK}: {' '.join(cmd)}\n".encode())  # the mark: the next --launch may replace it
+        log.flush()
+    except OSError as exc:
+        raise ReplayError(f"cannot write the server log {log_path}: {exc.strerror or exc}") from None
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -342,7 +360,7 @@ def read_recorded(path: str) -> tuple[list[Schedule], list[list[Outcome]], list[
     try:
         rec = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"cannot read recorded report {path}: {exc}") from None
+        raise ReplayError(f"cannot read recorded report {path}: {getattr(exc, 'strerror', None) or exc}") from None
     runs = rec.get("runs") if isinstance(rec, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ReplayError(f"{path} is not a replay report (`specflip replay --out`): it needs a list of runs, "
@@ -362,7 +380,9 @@ def read_recorded(path: str) -> tuple[list[Schedule], list[list[Outcome]], list[
 
 
 def _schedules_from(args: argparse.Namespace) -> list[Schedule]:
-    if getattr(args, "schedules_file", None):
+    if getattr(args, "schedules_file", None) is not None:
+        if not args.schedules_file.strip():
+            raise ReplayError("--schedules-file is empty: name a schedules file")
         return load(args.schedules_file)
     if not 0 <= args.t_on < args.t_off:
         raise ReplayError(f"--t-on must be below --t-off (got --t-off {args.t_off} --t-on {args.t_on}): the "
@@ -393,6 +413,10 @@ def judge(schedules: Sequence[Schedule], outcomes: Sequence[Sequence[Outcome]],
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "owns_process", False):
+        # Hypothesis keeps a cache of source constants in its home directory, `.hypothesis/` under the current
+        # directory unless this says otherwise: a replay run leaves nothing in the user's directory
+        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(cache_dir("hypothesis")))
     try:
         return _main(args)
     except (ReplayError, ScheduleError) as exc:
@@ -401,16 +425,33 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    if getattr(args, "recorded", None):
+    trace_dir_given = getattr(args, "trace_dir", None)
+    if trace_dir_given is not None and not (getattr(args, "launch", False) and not Path(trace_dir_given).exists()) \
+            and not Path(trace_dir_given).is_dir():
+        # read after the run (switch-*.jsonl, guard traces): a mistyped one would judge silently without them
+        raise ReplayError(f"--trace-dir {trace_dir_given!r} is not a directory")
+    if getattr(args, "recorded", None) is not None:
+        if not args.recorded.strip():
+            raise ReplayError("--recorded is empty: name a report `specflip replay --out` wrote")
         schedules, outcomes, refs = read_recorded(args.recorded)
         report = judge(schedules, outcomes, refs, args.trace_dir, args.design)
         print(format_summary(report["summary"], report["conformance"]))
         return 0 if report["summary"]["ok"] else 1
 
+    # the files this run writes are checked before the work (generating, minutes of requests): a directory, an
+    # unwritable place or a file specflip did not write stops it with one line; its own earlier files it replaces
+    is_ours = has_mark(WRITTEN_BY_MARK)
+    save_to = getattr(args, "save_schedules", None)
+    if save_to is not None:
+        writable_file(save_to, "schedules file", is_ours, "--save-schedules")
+    if args.out is not None:
+        writable_file(args.out, "report file", is_ours, "--out")
+        if save_to is not None and Path(save_to).resolve() == Path(args.out).resolve():
+            raise ReplayError("--save-schedules and --out name the same file: give each its own")
     schedules = _schedules_from(args)
-    if getattr(args, "save_schedules", None):
-        save(schedules, args.save_schedules)
-        print(f"wrote {len(schedules)} schedules to {args.save_schedules}")
+    if save_to is not None:
+        write_file(Path(save_to), schedules_json(schedules), "the schedules file")
+        print(f"wrote {len(schedules)} schedules to {save_to}")
         if not (args.url or args.launch):
             return 0
     if not (args.url or args.launch):
@@ -419,11 +460,15 @@ def _main(args: argparse.Namespace) -> int:
     url = args.url or f"http://127.0.0.1:{args.port}"
     trace_dir = args.trace_dir
     if args.launch:
-        trace_dir = trace_dir or os.path.abspath("specflip-traces")
-        os.makedirs(trace_dir, exist_ok=True)
         if not args.server_arg:
             raise ReplayError("--launch needs the server's arguments: --server-arg=--model-path --server-arg=PATH ...")
-        proc = launch_server(args.server_arg, trace_dir, os.path.join(trace_dir, "server.log"), args.port)
+        if trace_dir is not None and not trace_dir.strip():
+            raise ReplayError("--trace-dir is empty: name a directory")
+        trace_dir = trace_dir or os.path.abspath("specflip-traces")
+        writable_dir(Path(trace_dir), "trace directory")
+        log_path = writable_file(os.path.join(trace_dir, "server.log"), "server log", has_mark(SERVER_LOG_MARK),
+                                 "--launch")
+        proc = launch_server(args.server_arg, trace_dir, str(log_path), args.port)
     try:
         wait_healthy(url, proc, args.launch_timeout if proc else 10)
         outcomes, refs = [], [] if args.compare_url else None
@@ -440,7 +485,12 @@ def _main(args: argparse.Namespace) -> int:
         if proc is not None:
             stop_server(proc)
     report = judge(schedules, outcomes, refs, trace_dir, args.design)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(format_summary(report["summary"], report["conformance"]))
+    if args.out is not None:
+        write_file(Path(args.out), report_json(report), "the report file")
     return 0 if report["summary"]["ok"] else 1
+
+
+def report_json(report: dict[str, Any]) -> str:
+    """The text `--out` writes: the report under the `written_by` mark (`--recorded` reads it back)."""
+    return json.dumps({WRITTEN_BY: "specflip replay --out", **report}, indent=1) + "\n"

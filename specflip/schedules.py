@@ -85,17 +85,32 @@ def validate(sched: Schedule) -> None:
             raise ScheduleError(f"request {i}: prompt token outside the vocabulary [0, {VOCAB})")
 
 
+# the field that marks a JSON file as written by `specflip replay` (its schedules and its reports): such a file may
+# be replaced by the next run; any other file of the same name is the user's (specflip.outputs.writable_file)
+WRITTEN_BY = "written_by"
+WRITTEN_BY_MARK = f'"{WRITTEN_BY}": "specflip replay'
+
+
+def schedules_json(schedules: Iterable[Schedule]) -> str:
+    """The text `--save-schedules` writes: the schedules under a `written_by` mark (`load` reads it, a bare list of
+    schedules and one schedule object too)."""
+    return json.dumps({WRITTEN_BY: "specflip replay --save-schedules",
+                       "schedules": [s.to_json() for s in schedules]}, indent=1) + "\n"
+
+
 def save(schedules: Iterable[Schedule], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([s.to_json() for s in schedules], indent=1) + "\n")
+    Path(path).write_text(schedules_json(schedules))
 
 
 def load(path: str | Path) -> list[Schedule]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ScheduleError(f"cannot read schedules from {path}: {exc}") from None
+        raise ScheduleError(f"cannot read schedules from {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if isinstance(data, dict):
-        data = [data]
+        data = data["schedules"] if "schedules" in data else [data]
+    if not isinstance(data, list):
+        raise ScheduleError(f"malformed schedules in {path}: a list of schedules expected")
     return [Schedule.from_json(d) for d in data]
 
 

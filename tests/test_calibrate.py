@@ -117,7 +117,9 @@ def test_thresholds_read_back_through_the_switchs_own_rule(tmp_path):
     ('{"cfg": "plain", "conc": "8", "tok_s": 5}\n', (), "needs an integer 'conc'"),
     ('{"cfg": "plain", "conc": 1, "tok_s": 5}\n{"cfg": "spec", "conc": 2, "tok_s": 5}\n', (),
      "no concurrency measured for both 'plain' (c=[1]) and 'spec' (c=[2])"),
-    ('{"cfg": "plain", "conc": 1, "tok_s": 5}\n', ("--margin", "-0.1"), "--margin must be >= 0"),
+    ('{"cfg": "plain", "conc": 1, "tok_s": 5}\n', ("--margin", "-0.1"), "--margin must be from 0 to 1"),
+    ('{"cfg": "plain", "conc": 1, "tok_s": 5}\n', ("--margin", "1e308"), "--margin must be from 0 to 1"),
+    ('{"cfg": "plain", "conc": 1, "tok_s": 5}\n', ("--margin", "nan"), "--margin must be from 0 to 1"),
     ('{"cfg": "plain", "conc": 1, "tok_s": 5}\n', ("--spec-cap", "0"), "--spec-cap must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, extra, message):

@@ -276,6 +276,18 @@ def test_two_ranks_agree_on_every_decision(tmp_path: Path) -> None:
     assert not diverged.agree and "diverged first" in diverged.describe()
     assert cli_main(["ranks", *map(str, split)]) == 1
     assert cli_main(["ranks", *map(str, sorted((tmp_path / "traces-True").glob("*.jsonl")))]) == 0
+    # the pair shipped for `specflip ranks` (specflip/examples/ranks) is this run's, record for record but the wall
+    # clock's `t`
+    shipped = Path(__file__).resolve().parents[1] / "specflip" / "examples" / "ranks"
+    for rank in range(2):
+        fresh = next((tmp_path / "traces-True").glob(f"switch-rank{rank}-*.jsonl"))
+        assert without_t(fresh) == without_t(shipped / f"switch-rank{rank}.jsonl")
+
+
+def without_t(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    return [{k: v for k, v in json.loads(line).items() if k != "t"} for line in path.read_text().splitlines()]
 
 
 def test_ranks_bad_input_is_one_line(tmp_path: Path, capsys: Any) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from shim.releases import UnsupportedRelease, release_line
 from shim.releases.server_args import LintInputError, SGLangRefused
 from shim.switch.config import SwitchConfig, SwitchConfigError, TierLadder
+from specflip.cli_args import OneLineParser, integer
 from specflip.lint.rules import (
     SGLANG_REFUSES,
     STARTUP,
@@ -74,6 +75,11 @@ HELP = """specflip lint's own flags (every other argument goes to SGLang's launc
                             --specflip-auto the step counts only, e.g. 3,1 (the learner picks among them)
   --help, -h                this text
 
+example (an EAGLE-3 pair of Llama-3-8B's shape shipped with specflip, config.json only; {examples}/README.md):
+  specflip lint --model-path {examples}/lint/target --speculative-draft-model-path {examples}/lint/draft \\
+      --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 \\
+      --speculative-num-draft-tokens 4 --specflip-auto
+
 exit codes:
   0  every state fits (one summary line)
   1  a finding: one line per broken rule (docs/lint.md)
@@ -83,15 +89,16 @@ exit codes:
 
 
 def _own_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    # every other specflip command's parser: a bad value is one line naming `specflip lint` and the flag, exit 2
+    p = OneLineParser(prog="specflip lint", add_help=False, allow_abbrev=False)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--help", "-h", action="store_true")
-    p.add_argument("--specflip-t-off", type=int)
-    p.add_argument("--specflip-t-on", type=int)
+    p.add_argument("--specflip-t-off", type=integer)
+    p.add_argument("--specflip-t-on", type=integer)
     p.add_argument("--specflip-auto", action="store_true")
-    p.add_argument("--specflip-spec-cap", type=int, default=48)
+    p.add_argument("--specflip-spec-cap", type=integer, default=48)
     p.add_argument("--specflip-plain-graphs", default="decode")
     p.add_argument("--specflip-draft", default="retract")
     p.add_argument("--specflip-tiers")
@@ -142,6 +149,12 @@ REWRITABLE: tuple[tuple[str, str], ...] = (
 )
 
 
+# the most any of those flags can be: SGLang indexes KV slots with int32 (req_to_token in mem_cache/memory_pool.py,
+# 0.5.23), so draft tokens or requests past it cannot be held; without this bound lint said
+# `--speculative-num-steps 100000000000000000000` fit
+MOST_VALUE = 2**31 - 1
+
+
 def _given_int(argv: Sequence[str], flag: str) -> int | None:
     """The integer given for `flag`, or None (not given, or not an integer: SGLang's parser says so)."""
     raw = _flag_value(argv, flag)
@@ -152,10 +165,16 @@ def _given_int(argv: Sequence[str], flag: str) -> int | None:
 
 
 def check_values(argv: Sequence[str], release: str | None = None) -> None:
-    """LintUsageError (exit 2) for a launch value below what a speculative server can run with. With `release`,
-    the line also says what that SGLang release does with the value (replaces it silently, runs with it, or fails)."""
+    """LintUsageError (exit 2) for a launch value that is not an integer, above MOST_VALUE or below what a speculative
+    server can run with. With `release`, a value below the least also says what that SGLang release does with it
+    (replaces it silently, runs with it, or fails)."""
     for flag, least in LEAST_VALUES:
+        raw = _flag_value(argv, flag)
+        if raw is not None and _given_int(argv, flag) is None:
+            raise LintUsageError(f"{flag} {raw}: not an integer")
         value = _given_int(argv, flag)
+        if value is not None and value > MOST_VALUE:
+            raise LintUsageError(f"{flag} {raw}: must be at most {MOST_VALUE:,} (SGLang indexes KV slots with int32)")
         if value is not None and value < least:
             what = _what_sglang_does(argv, release, flag, value) if release else ""
             raise LintUsageError(f"{flag} {value}: must be at least {least}{what} (docs/lint.md, \"Bad values\")")
@@ -237,7 +256,13 @@ def _read_inputs(argv: Sequence[str]) -> dict[str, str]:
         files["adaptive_config"] = text
     model = _flag_value(argv, "--model-path", "--model")
     if model is not None and (Path(model) / "config.json").is_file():
-        files["model_config"] = (Path(model) / "config.json").read_text()
+        config = Path(model) / "config.json"
+        try:
+            files["model_config"] = config.read_text()
+        except OSError as exc:
+            raise LintUsageError(f"cannot read the model config {config}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise LintUsageError(f"the model config {config} is not text (JSON expected)") from None
     return files
 
 
@@ -405,7 +430,7 @@ def _run(args: argparse.Namespace) -> int:
             print(USAGE)
             print(__doc__.strip().splitlines()[0])
             print()
-            print(HELP)
+            print(HELP.replace("{examples}", str(Path(__file__).resolve().parent.parent / "examples")))
             return 0
         if not rest:
             raise LintUsageError("no launch_server arguments given; " + USAGE)
