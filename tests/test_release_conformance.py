@@ -37,12 +37,14 @@ from typing import Any
 
 import pytest
 
+from shim.settings import settings
+
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "scripts" / "sglang-lines.txt"
 LINES_DIR = REPO / ".cache" / "sglang-lines"
 STAND_INS = REPO / "stand_ins" / "cpu"  # torchvision, imported by SGLang's model configs (import-only stand-in)
-ENV = "SPECFLIP_CONFORMANCE_LINE"
-ACTIVE = os.environ.get(ENV)
+ENV = settings.CONFORMANCE_LINE.name
+ACTIVE = settings.CONFORMANCE_LINE.raw()
 
 
 @dataclass(frozen=True)
