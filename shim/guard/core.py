@@ -55,6 +55,9 @@ from statemodel.state import (
     Status,
 )
 
+# the steps that run the draft over requests' rows (statemodel.actions: `_draft_extend_all`)
+_DRAFT_WRITES = frozenset({"draft_extend", "draft_sync", "draft_catch_up"})
+
 
 @attrs.define
 class _Round:
@@ -475,6 +478,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
             predicted = _draft_covered_as_observed(before, predicted, draft_covered)
         after = self._overlay(predicted, running=running, launched=launched, reqs=reqs, pool=pool, seq_rids=seq_rids,
                               seq_lens=seq_lens)
+        if self._tree_prefix and action.name in _DRAFT_WRITES:
+            self.tree_draft_written(before, after)  # the tree slots its rows point at have draft KV now
         self._record(before, action, after, where, new_rids=new_rids, extra=extra)
 
     def _record(self, before: State, action: Action, after: State, where: str,
