@@ -201,9 +201,11 @@ def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: 
                                                        without: bool) -> None:
     """Design plain_off_catch_up: the catch-up at flip-on covers the requests running at flip-off, not the two
     admitted while off. The guard takes the catch-up's coverage from the batch it ran on, per request, and stops the
-    next draft step naming the two and the positions their draft KV lacks."""
+    catch-up itself, before its forward (issue 51), naming the two and the tokens their draft KV covers. Without the
+    check at the catch-up (`draft_extend_leaves_behind`) the next draft step stops it; without either, nothing."""
     if without:
         take_out_identity_checks(monkeypatch)
+    monkeypatch.setattr(shim.guard.core, "draft_extend_leaves_behind", lambda *a: [])
     gf.configure_guard(runtime, CATCH_UP)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
     first = gf.make_reqs("a", 3, max_new_tokens=60)
@@ -226,6 +228,29 @@ def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: 
     assert exc.invariant == "draft_kv_covers_prefix" and exc.action == "draft"
     assert set(exc.rids) == {str(r.rid) for r in late}
     assert "draft_catch_up" in str(exc).split("last transitions:")[1]
+
+
+def test_partial_catch_up_stopped_before_its_own_forward(runtime: Any, model_dir: Path) -> None:
+    """Issue 51: the same partial catch-up, stopped at the catch-up's hook (`_draft_extend_for_decode` BEFORE): the
+    draft-extend forward never runs, and the two requests it left out are named."""
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    first = gf.make_reqs("a", 3, max_new_tokens=60)
+    drv.admit_all(first)
+    drv.decode()
+    drv.flip_off()
+    drv.decode()
+    late = gf.make_reqs("b", 2, max_new_tokens=30)
+    drv.admit_all(late)
+    drv.decode()
+    extends = gf.STAND_IN_CALLS.get("draft_extend", 0)
+    with pytest.raises(SpecFlipViolation) as caught:
+        catch_up_on(drv, first)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "draft_kv_covers_prefix" and exc.action == "draft_catch_up"
+    assert set(exc.rids) == {str(r.rid) for r in late} and "runs the draft over 3 of 5 running requests" in str(exc)
+    assert gf.STAND_IN_CALLS.get("draft_extend", 0) == extends  # stopped before the catch-up's forward
 
 
 # --- warn mode: every finding reported --------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from shim.guard.trace import (
 from shim.guard.tree_draft import TreeDraftChecks
 from statemodel.actions import Action, apply, prefill_action, result_rows, transitions_in
 from statemodel.design import Design
-from statemodel.invariants import Violation
+from statemodel.invariants import Violation, draft_extend_leaves_behind
 from statemodel.state import (
     EMPTY_BATCH,
     Request,
@@ -331,7 +331,10 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         batch, reqs, pool = observe()
         # the draft KV it writes is the batch's it ran on: a running request outside that batch is not covered
         covered = set(self._indices(batch.rids)[0])
-        self._transition(Action(name), where, reqs=reqs, pool=pool, draft_covered=covered)
+        # a catch-up is one draft-extend over the whole batch: one that leaves a stale request out is named now, before
+        # its forward (issue 51), not at the next draft step
+        extra = draft_extend_leaves_behind(self.state, covered, name) if name == "draft_catch_up" else []
+        self._transition(Action(name), where, reqs=reqs, pool=pool, draft_covered=covered, extra=extra)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
                      *, where: str, seq_observed: bool = True) -> None:
