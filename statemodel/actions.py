@@ -817,6 +817,32 @@ def _draft_extend_all(state: State, rids: tuple[int, ...]) -> dict[int, Request]
     return changed
 
 
+def draft_written_in_tree(before: Request, after: Request, cached_len: int) -> tuple[int, int]:
+    """The radix-tree positions a draft-extend (a round's, a sync, a catch-up) wrote the draft KV of, for one request:
+    `[start, end)`, empty when `end <= start`. The draft runs over the request's row from where its draft KV stopped
+    (`before.draft_kv_len`) to where it now reaches (`after.draft_kv_len`), and the row's first `cached_len` positions
+    are the tree's slots (matched, or repointed by a checkpoint); the draft pool shares the target's slot indices, so
+    those of them in that range now hold draft KV for every request that reaches them through the tree. A request
+    prefilled while speculation was off (draft KV 0) brought up to date by the catch-up at flip-on covers its whole
+    tree prefix. The model's draft-extends and the guard's record of the live tree (shim/guard/tree_draft.py) both
+    take this."""
+    return before.draft_kv_len, min(after.draft_kv_len, cached_len)
+
+
+def _with_draft_extended(state: State, changed: dict[int, Request]) -> tuple[tuple[Request, ...], tuple[bool, ...]]:
+    """The requests after a draft-extend (`_draft_extend_all`'s `changed`) and the tree with the positions it wrote
+    marked (`draft_written_in_tree`)."""
+    tree = state.prefix_cache
+    if tree and False in tree:
+        requests = state.requests
+        for rid, new in changed.items():
+            old = requests[rid]
+            start, end = draft_written_in_tree(old, new, old.cached_len)
+            if end > start and False in tree[start:end]:
+                tree = tree[:start] + (True,) * (end - start) + tree[end:]
+    return state.with_requests(changed), tree
+
+
 def _draft_batch(rids: tuple[int, ...]) -> Batch:
     return Batch(rids=rids, forward_mode=ForwardMode.DRAFT_EXTEND,
                  spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1), spec_algorithm_on=True)
@@ -826,8 +852,8 @@ def _draft_catch_up(state: State, action: Action, design: Design, scope: Scope) 
     rids = state.running.rids
     running = state.running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1),
                            spec_algorithm_on=True)
-    return state.replace(requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
-                        launched=_draft_batch(rids))
+    requests, tree = _with_draft_extended(state, _draft_extend_all(state, rids))
+    return state.replace(requests=requests, running=running, launched=_draft_batch(rids), prefix_cache=tree)
 
 
 def _prepare_for_decode(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -936,8 +962,9 @@ def _draft_extend(state: State, action: Action, design: Design, scope: Scope) ->
     if scope.overlap:
         # it runs on the device over the verify's accepted tokens, which the host learns later
         unprocessed = (*unprocessed[:-1], attrs.evolve(unprocessed[-1], draft_extended=True))
-    return state.replace(requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
-                        launched=_draft_batch(rids), stage=Stage.SCHEDULE, unprocessed=unprocessed)
+    requests, tree = _with_draft_extended(state, _draft_extend_all(state, rids))
+    return state.replace(requests=requests, running=running, launched=_draft_batch(rids), stage=Stage.SCHEDULE,
+                         unprocessed=unprocessed, prefix_cache=tree)
 
 
 def _skip_draft_extend(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -1002,8 +1029,9 @@ def _draft_sync(state: State, action: Action, design: Design, scope: Scope) -> S
     running = state.running
     if running.spec_algorithm_on or design.clear_spec_on is ClearSpecOn.WORKER_COPY:
         running = running.replace(spec_info=SpecInfo(SpecInfoKind.DRAFT_INPUT, len(rids), 1))
-    return state.replace(requests=state.with_requests(_draft_extend_all(state, rids)), running=running,
-                        launched=_draft_batch(rids), stage=Stage.SCHEDULE)
+    requests, tree = _with_draft_extended(state, _draft_extend_all(state, rids))
+    return state.replace(requests=requests, running=running, launched=_draft_batch(rids), stage=Stage.SCHEDULE,
+                         prefix_cache=tree)
 
 
 def _process_result(state: State, action: Action, design: Design, scope: Scope) -> State:
@@ -1054,6 +1082,7 @@ __all__ = [
     "ActionMode",
     "apply",
     "decode_write_slots",
+    "draft_written_in_tree",
     "enabled",
     "initial_states",
     "prefill_action",

@@ -152,11 +152,24 @@ def output_within_bound(rid: int, n: int, bound: int, action: str) -> list[Viola
         f"appended twice?)", (rid,), expected=f"<= {bound} tokens", actual=f"{n} tokens")]
 
 
+def output_not_dropped(rid: int, n: int, committed: int, action: str) -> list[Violation]:
+    """Where the host holds every token the steps committed (SGLang's normal loop processes each result before the
+    next step is prepared), a request's output holds `committed` tokens, the model's count: fewer is a committed token
+    dropped (and the output trimmed by it), also one committed since the guard's last look."""
+    if n >= committed:
+        return []
+    return [Violation(
+        COMMITTED_OUTPUT_KEPT,
+        f"request {rid} holds {n} output tokens at {action}; its steps committed {committed} (dropped)",
+        (rid,), expected=f"{committed} tokens", actual=f"{n} tokens")]
+
+
 def committed_output_kept(rid: int, bound: int, tokens: Sequence[int], seen_len: int, seen_token: int | None,
                           action: str) -> list[Violation]:
     """A request's output is what its steps committed, token for token: never more tokens than the model's
     `committed` allows (`output_bound`: a token appended twice), never fewer than an earlier look saw (a committed
-    token dropped, a retraction included), and the token at the last position seen is still the one seen there."""
+    token dropped, a retraction included), and the token at the last position seen is still the one seen there.
+    (A token committed since the last look and dropped again: `output_not_dropped`.)"""
     n = len(tokens)
     if n > bound:
         return output_within_bound(rid, n, bound, action)

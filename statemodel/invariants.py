@@ -8,7 +8,7 @@ Names are stable: they appear in `SpecFlipViolation` messages, proof reports, tr
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import attrs
 
@@ -342,6 +342,25 @@ def draft_kv_covers_prefix(before: State, action: Action, after: State, scope: S
         f"committed tokens of request {r.rid}, hidden state {hidden}",
         tuple(x.rid for x in stale), expected=f"{r.seq_len} tokens, hidden state present",
         actual=f"{r.draft_kv_len} tokens, hidden state {hidden}",
+    )]
+
+
+def draft_extend_leaves_behind(before: State, covered: Collection[int], action: str) -> list[Violation]:
+    """A catch-up (`draft_catch_up`: one draft-extend over the whole running batch, `statemodel.actions`) that ran
+    over only the requests in `covered`: each running request it left out whose draft is not current
+    (`Request.draft_current`, the rule `draft_kv_covers_prefix` holds every request to at a draft step) would start the
+    next draft step without its draft KV. Named at the catch-up itself, before its forward runs."""
+    requests = before.requests
+    left = [rid for rid in before.running.rids if rid not in covered and not requests[rid].draft_current]
+    if not left:
+        return []
+    r = requests[left[0]]
+    return [Violation(
+        "draft_kv_covers_prefix",
+        f"{action} runs the draft over {before.running.size - len(left)} of {before.running.size} running requests: "
+        f"request {r.rid}'s draft KV stays at {r.draft_kv_len} of {r.seq_len} committed tokens",
+        tuple(left), expected=f"every running request in the {action}'s batch",
+        actual=f"{len(left)} left out",
     )]
 
 

@@ -201,9 +201,11 @@ def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: 
                                                        without: bool) -> None:
     """Design plain_off_catch_up: the catch-up at flip-on covers the requests running at flip-off, not the two
     admitted while off. The guard takes the catch-up's coverage from the batch it ran on, per request, and stops the
-    next draft step naming the two and the positions their draft KV lacks."""
+    catch-up itself, before its forward (issue 51), naming the two and the tokens their draft KV covers. Without the
+    check at the catch-up (`draft_extend_leaves_behind`) the next draft step stops it; without either, nothing."""
     if without:
         take_out_identity_checks(monkeypatch)
+    monkeypatch.setattr(shim.guard.core, "draft_extend_leaves_behind", lambda *a: [])
     gf.configure_guard(runtime, CATCH_UP)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
     first = gf.make_reqs("a", 3, max_new_tokens=60)
@@ -226,6 +228,29 @@ def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: 
     assert exc.invariant == "draft_kv_covers_prefix" and exc.action == "draft"
     assert set(exc.rids) == {str(r.rid) for r in late}
     assert "draft_catch_up" in str(exc).split("last transitions:")[1]
+
+
+def test_partial_catch_up_stopped_before_its_own_forward(runtime: Any, model_dir: Path) -> None:
+    """Issue 51: the same partial catch-up, stopped at the catch-up's hook (`_draft_extend_for_decode` BEFORE): the
+    draft-extend forward never runs, and the two requests it left out are named."""
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    first = gf.make_reqs("a", 3, max_new_tokens=60)
+    drv.admit_all(first)
+    drv.decode()
+    drv.flip_off()
+    drv.decode()
+    late = gf.make_reqs("b", 2, max_new_tokens=30)
+    drv.admit_all(late)
+    drv.decode()
+    extends = gf.STAND_IN_CALLS.get("draft_extend", 0)
+    with pytest.raises(SpecFlipViolation) as caught:
+        catch_up_on(drv, first)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "draft_kv_covers_prefix" and exc.action == "draft_catch_up"
+    assert set(exc.rids) == {str(r.rid) for r in late} and "runs the draft over 3 of 5 running requests" in str(exc)
+    assert gf.STAND_IN_CALLS.get("draft_extend", 0) == extends  # stopped before the catch-up's forward
 
 
 # --- warn mode: every finding reported --------------------------------------------------------------------------------
@@ -315,3 +340,77 @@ def test_tree_frees_during_a_flips_drain_are_not_the_flips(runtime: Any, model_d
     assert sr.events(drv, "flip_off") and sr.events(drv, "flip_off")[0]["drained"]
     drv.run_until_idle()
     assert runtime.guard.found == [] and sr.free_list_exact(drv.pools) and gf.pool_accounted(drv.pools)
+
+
+# --- device seq_lens against their host mirror on the plain path (issue 51) ------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["new_tensor", "in_place"])
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_plain_launch_with_device_seq_lens_moved_alone(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       how: str, without: bool) -> None:
+    """Speculation off (plain_off_catch_up): after the real prepare_for_decode, the device seq_lens advance once more
+    (a new tensor, or in place) and the host mirror seq_lens_cpu does not. The guard reads only the mirror (no sync),
+    which still agrees with the model; it stops the plain DECODE at its launch hook, before the target forward, from
+    the tensors' identity and `_version`. Without the check the forward runs and nothing is found."""
+    if without:
+        monkeypatch.setattr(shim.guard.core, "device_seq_lens_unmirrored", lambda *a: [])
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=40))
+    drv.decode()
+    drv.flip_off()
+    drv.decode()  # a clean plain step first: nothing found
+    assert runtime.guard.found == []
+    batch = drv.batch
+    with h.patch_assign_req_to_token_pool():
+        batch.prepare_for_decode()
+    if how == "in_place":
+        batch.seq_lens.add_(1)
+    else:
+        batch.seq_lens = batch.seq_lens + 1
+    forwards = gf.STAND_IN_CALLS.get("target_forward", 0)
+    if without:
+        drv.worker.target_worker.forward_batch_generation(batch)
+        assert runtime.guard.found == [] and gf.STAND_IN_CALLS.get("target_forward", 0) == forwards + 1
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        drv.worker.target_worker.forward_batch_generation(batch)
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "seq_lens_mirrored" and exc.action == "plain_decode" and len(exc.rids) == 3
+    assert gf.STAND_IN_CALLS.get("target_forward", 0) == forwards  # stopped before the forward
+
+
+# --- a committed token dropped between two looks (issue 51) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_token_committed_since_the_last_look_dropped(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     without: bool) -> None:
+    """A speculative round commits 4 tokens to each request; one of them (not the last) is dropped from a request's
+    output_ids before the next step (the output trimmed by it). The length is still at least what an earlier look saw
+    and the token at that look's last position is unchanged, so the token check alone passes it; the guard compares
+    the output's length with the model's committed count at prepare_for_decode (normal loop: every result processed)
+    and stops the step there, before the draft forward. Without it the run finishes with the token lost."""
+    if without:
+        monkeypatch.setattr(shim.guard.identity, "output_not_dropped", lambda *a, **k: [])
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=40))
+    drv.decode(accepts=[4, 4, 4])
+    drv.decode(accepts=[4, 4, 4])
+    victim = drv.batch.reqs[1]
+    del victim.output_ids[-2]  # the bug: a committed token dropped
+    drafts = gf.STAND_IN_CALLS.get("draft", 0)
+    if without:
+        drv.run_to_completion()
+        assert runtime.guard.found == [] and victim.finished()
+        return
+    with pytest.raises(SpecFlipViolation) as caught:
+        drv.decode(accepts=[4, 4, 4])
+    exc = caught.value
+    print(exc)
+    assert exc.invariant == "committed_output_kept" and exc.action == "prepare_for_decode" and "(dropped)" in str(exc)
+    assert exc.rids == (str(victim.rid),)
+    assert gf.STAND_IN_CALLS.get("draft", 0) == drafts  # stopped before the draft forward

@@ -27,7 +27,7 @@ sr = importlib.import_module("test_switch_retract")
 from shim.guard.core import Guard, Mode, SpecFlipViolation  # noqa: E402
 from shim.switch.v2 import SwitchConfig  # noqa: E402
 from statemodel.design import DesignKind  # noqa: E402
-from statemodel.designs import RADIX_KNOWN_BAD, get_design  # noqa: E402
+from statemodel.designs import CATCH_UP, RADIX_KNOWN_BAD, get_design  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -200,3 +200,47 @@ def test_the_0_5_16_eviction_hook_forgets_what_the_tree_dropped(model_dir: Path)
     guard.drafted_upto = lambda rid: 10**6  # type: ignore[method-assign]
     insert(prompts[0])
     assert record.without_draft == set() and tree.total_size() == len(prompts[0]) - 1
+
+
+# --- plain_off_catch_up with the radix cache on (issue 51): the catch-up at flip-on covers the tree prefix ------------
+
+
+def catch_up_radix_run(runtime: Any, model_dir: Path, *, chunk_size: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """A switch outside this project that follows `plain_off_catch_up` (tests/guard_fixtures.py's DesignDriver: the
+    flip takes spec_info off the batch, no draft work while off, one draft-extend over the whole batch at flip-on) on
+    real 0.5.23 objects with the radix cache on: three requests on gf.SYSTEM_PROMPT speculate, speculation goes off,
+    two requests with prompts new to the tree are prefilled while off (their checkpoint inserts the new positions
+    without draft KV and repoints their rows at the tree's slots), speculation comes back on, and the catch-up runs
+    the draft over every running request's row. Returns the driver and what the guard's tree record held: 'before_on'
+    (positions without draft KV just before flip-on), 'late' (the two requests)."""
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True), CATCH_UP)
+    drv.admit_all(gf.make_reqs("a", 3, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT), chunk_size=chunk_size)
+    for _ in range(2):
+        drv.decode()
+    drv.flip_off()
+    drv.decode()
+    late = [h.make_req(f"late{i}", gf.SYSTEM_PROMPT + [300 + i] * (5 + i), max_new_tokens=12) for i in range(2)]
+    drv.admit_all(late, chunk_size=chunk_size)
+    drv.decode()
+    seen = {"before_on": len(runtime.guard.tree_record.without_draft), "late": late}
+    drv.flip_on()
+    for _ in range(3):
+        drv.decode(accepts=[4, 3, 1, 2, 4])
+    drv.finish_and_filter()
+    drv.run_to_completion()
+    return drv, seen
+
+
+@pytest.mark.parametrize("chunk_size", [None, 16], ids=["whole", "chunked"])
+def test_catch_up_covers_the_tree_prefix_no_false_alarm(runtime: Any, model_dir: Path, chunk_size: int | None) -> None:
+    """Issue 51: the requests prefilled while off hold tree slots without draft KV (the guard's record says so before
+    flip-on); the catch-up at flip-on writes the draft KV over their whole rows, tree slots included (the model's
+    `draft_written_in_tree`), so their first draft step is correct. Assert mode: no finding, every request served,
+    and the record holds nothing without draft KV once the catch-up ran."""
+    drv, seen = catch_up_radix_run(runtime, model_dir, chunk_size=chunk_size)
+    g = runtime.guard
+    assert seen["before_on"] > 0  # the prompts new to the tree went in without draft KV while off
+    assert g.found == [] and g.covered.get("draft_catch_up") == 1 and g.covered.get("draft", 0) > 0
+    assert not g.tree_record.without_draft and not g.tree_missing
+    assert all(r.finished() for r in seen["late"]) and gf.pool_accounted(drv.pools)

@@ -8,10 +8,11 @@ import attrs
 import pytest
 
 from proofs.verdicts import run_design
-from statemodel.actions import Action, evictable, match_len
+from statemodel.actions import Action, draft_written_in_tree, evictable, match_len
 from statemodel.design import Scope, TreeDraft
 from statemodel.designs import (
     ALL_DESIGNS,
+    CATCH_UP,
     KNOWN_BAD,
     RADIX_KNOWN_BAD,
     RETRACT_CATCH_UP,
@@ -188,3 +189,39 @@ def test_the_default_design_with_the_radix_cache_is_refuted_after_a_flip_on() ->
     assert "flip_off" in names and "flip_on" in names and names[-1] == "draft"
     assert len(names) == 19
     assert "from the radix cache" in verdict.result.violations[0].message
+
+
+# plain_off_catch_up with SGLang's radix cache as it is (issue 51): what its catch-up does to the tree
+CATCH_UP_RADIX = attrs.evolve(CATCH_UP, name="plain_off_catch_up_radix", radix_cache=True)
+
+
+def test_the_catch_up_writes_the_draft_kv_of_the_tree_slots_its_requests_point_at() -> None:
+    """Request 0 is prefilled while off: its checkpoint puts its prompt into the tree without draft KV and points its
+    row at the tree's slots. The catch-up at flip-on runs the draft over its whole row (`draft_written_in_tree`: from
+    draft KV 0 to seq_len), so those tree slots hold draft KV now and its first draft step is correct."""
+    model = model_for(CATCH_UP_RADIX)
+    state = walk(model, initial_with(model, 1, 0), ["arrive", "flip_off", "prefill", "prefill", "merge_batch",
+                                                    "prepare_for_decode", "plain_decode"])
+    r0 = state.req(0)
+    assert state.prefix_cache == (False, False, False) and (r0.cached_len, r0.draft_kv_len, r0.seq_len) == (3, 0, 4)
+    assert draft_written_in_tree(r0, r0.replace(draft_kv_len=r0.seq_len), r0.cached_len) == (0, 3)
+    state = walk(model, attrs.evolve(state, thresholds=attrs.evolve(state.thresholds, t_on=2, t_off=3)),
+                 ["flip_on", "draft_catch_up"])
+    assert state.prefix_cache == (True, True, True) and tree_draft_missing(state, 0) == 0
+    before = state
+    state = walk(model, state, ["prepare_for_decode"])
+    draft = next(a for a in model.actions(state) if a.name == "draft" and a.args[0] > 0)
+    assert check_step(state, draft, model.next_state(state, draft), Scope(), CATCH_UP_RADIX) == []
+    # a draft-extend that starts at or past the tree prefix writes none of it
+    assert draft_written_in_tree(before.req(0), before.req(0), 3) == (4, 3)
+
+
+def test_catch_up_with_the_radix_cache_is_refuted_only_through_a_request_that_finished_while_off() -> None:
+    """What the catch-up cannot cover: a request prefilled and finished while off leaves its prompt in the tree
+    without draft KV, and a request admitted after flip-on hits it. The checker's shortest counterexample is that one
+    (a request finished before flip-on), not the catch-up's own requests."""
+    verdict = run_design(CATCH_UP_RADIX)
+    assert verdict.verdict == "fail" and verdict.invariant == "draft_kv_covers_prefix"
+    names = [step.action.name for step in verdict.result.trace]
+    on = names.index("flip_on")
+    assert "finish" in names[:on] and "draft_catch_up" not in names and names[-1] == "draft"

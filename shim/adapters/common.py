@@ -186,6 +186,9 @@ class V2Adapter:
         # between a switch's notify_flip_starting and notify_flip: the rows it may free, and their requests
         self._flip_owners: dict[int, tuple[str, int, int]] | None = None
         self._flip_reqs: list[Any] = []
+        # (seq_lens_cpu, its _version, seq_lens, its _version) as the last prepare_for_decode left them: a plain launch
+        # whose device seq_lens moved alone since is caught (`_device_seq_lens_findings`)
+        self._seq_lens_prepared: tuple[Any, int, Any, int] | None = None
 
     # --- per-release field access (overridden) ------------------------------------------------------
 
@@ -559,6 +562,7 @@ class V2Adapter:
             seq_lens, reqs = self._read_batch(batch)
             pool = self.batch_pool(batch)
             running = self.observe_batch(batch, out_cache_loc_width=0 if spec_path else None, reqs=reqs)
+            self._remember_seq_lens(batch)
             self._read_now = (batch, reqs, pool)  # the round in flight on this batch settles in this call
             try:
                 g.prepare_for_decode(running, reqs, pool)
@@ -731,9 +735,27 @@ class V2Adapter:
             launched = self.observe_batch(batch, graph=graph, reqs=reqs)
             g.plain_decode(launched, reqs, self.batch_pool(batch),
                            where="TpModelWorker.forward_batch_generation (plain DECODE)",
-                           seq_observed=getattr(batch, "seq_lens_cpu", None) is not None)
+                           seq_observed=getattr(batch, "seq_lens_cpu", None) is not None,
+                           device_seq_lens_moved=self._device_seq_lens_moved(batch))
         self._with_guard_in_worker_call(step)
         return None
+
+    def _remember_seq_lens(self, batch: Any) -> None:
+        """The seq_lens tensors `prepare_for_decode` left on `batch`, by identity and `_version` (metadata: no sync)."""
+        mirror, device = getattr(batch, "seq_lens_cpu", None), getattr(batch, "seq_lens", None)
+        self._seq_lens_prepared = None if mirror is None or device is None else (
+            mirror, mirror._version, device, device._version)
+
+    def _device_seq_lens_moved(self, batch: Any) -> bool:
+        """A plain DECODE launch whose host mirror is the one `prepare_for_decode` left, unwritten, while its device
+        seq_lens are another tensor or were written in place since: the device lengths disagree with the host's."""
+        held = self._seq_lens_prepared
+        if held is None:
+            return False
+        mirror, device = getattr(batch, "seq_lens_cpu", None), getattr(batch, "seq_lens", None)
+        if mirror is not held[0] or mirror._version != held[1] or device is None:
+            return False  # the host mirror moved too (a switch's own launch lengths): the model compares its values
+        return device is not held[2] or device._version != held[3]
 
     def _take_prepared_reading(self, batch: Any) -> None:
         """The launch of a batch (plain, or a speculative worker call's first hook) reads what `prepare_for_decode`'s

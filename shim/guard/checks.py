@@ -62,3 +62,16 @@ def step_violations(before: State, action: Action, after: State, scope: Scope, d
 def state_violations(state: State, scope: Scope) -> list[Violation]:
     """Every state invariant (a re-observation of the same step, e.g. the verify batch at launch)."""
     return check_state(state, scope)
+
+
+def device_seq_lens_unmirrored(rids: tuple[int, ...], where: str) -> list[Violation]:
+    """A plain DECODE launches with device `seq_lens` that moved since `prepare_for_decode` set them beside their host
+    mirror (`seq_lens_cpu`), while the mirror did not: the lengths the forward attends over and writes at are not the
+    ones the guard (and SGLang's host side) read. Found from tensor identity and `_version` (an in-place write bumps
+    it), never from values: no sync."""
+    return [Violation(
+        "seq_lens_mirrored",
+        f"the plain DECODE at {where} launches with device seq_lens written after prepare_for_decode without its host "
+        "mirror seq_lens_cpu: the positions the forward attends over and writes are not the ones the host reads",
+        rids, expected="seq_lens as prepare_for_decode left them (or moved with seq_lens_cpu)",
+        actual="seq_lens moved, seq_lens_cpu not")]

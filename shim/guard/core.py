@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from shim.guard.checks import state_violations, step_violations
+from shim.guard.checks import device_seq_lens_unmirrored, state_violations, step_violations
 from shim.guard.config import GuardConfig as GuardConfig  # re-exported, as the names below: shim.guard.core's API
 from shim.guard.config import Mode as Mode
 from shim.guard.identity import IdentityChecks
@@ -45,7 +45,7 @@ from shim.guard.trace import (
 from shim.guard.tree_draft import TreeDraftChecks
 from statemodel.actions import Action, apply, prefill_action, result_rows, transitions_in
 from statemodel.design import Design
-from statemodel.invariants import Violation
+from statemodel.invariants import Violation, draft_extend_leaves_behind
 from statemodel.state import (
     EMPTY_BATCH,
     Request,
@@ -54,6 +54,9 @@ from statemodel.state import (
     State,
     Status,
 )
+
+# the steps that run the draft over requests' rows (statemodel.actions: `_draft_extend_all`)
+_DRAFT_WRITES = frozenset({"draft_extend", "draft_sync", "draft_catch_up"})
 
 
 @attrs.define
@@ -272,6 +275,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self.settle_round()
         self._merge_pending_implicitly(running)
         extra = self.output_violations(outputs, "prepare_for_decode") if outputs else []
+        if not self.config.scope.overlap:  # under overlap a launched step's tokens reach output_ids a look later
+            extra += self.dropped_output_violations(reqs, "prepare_for_decode")
         # every request's output length is compared with committed in the overlay (outputs_over_committed)
         self._transition(Action("prepare_for_decode"), where, running=running, reqs=reqs, pool=pool, extra=extra)
 
@@ -325,13 +330,17 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         batch, reqs, pool = observe()
         # the draft KV it writes is the batch's it ran on: a running request outside that batch is not covered
         covered = set(self._indices(batch.rids)[0])
-        self._transition(Action(name), where, reqs=reqs, pool=pool, draft_covered=covered)
+        # a catch-up is one draft-extend over the whole batch: one that leaves a stale request out is named now, before
+        # its forward (issue 51), not at the next draft step
+        extra = draft_extend_leaves_behind(self.state, covered, name) if name == "draft_catch_up" else []
+        self._transition(Action(name), where, reqs=reqs, pool=pool, draft_covered=covered, extra=extra)
 
     def plain_decode(self, launched: ObservedBatch, reqs: list[ObservedRequest], pool: ObservedPool,
-                     *, where: str, seq_observed: bool = True) -> None:
+                     *, where: str, seq_observed: bool = True, device_seq_lens_moved: bool = False) -> None:
         """A plain target DECODE forward is about to run on `launched`. `seq_observed`: the batch has its CPU
         mirror of seq_lens (without it an observation falls back to kv_committed_len, which under the overlap
-        schedule lags the results not processed yet)."""
+        schedule lags the results not processed yet). `device_seq_lens_moved`: the adapter found the launch's device
+        seq_lens written since prepare_for_decode, their host mirror not (checks.device_seq_lens_unmirrored)."""
         self.settle_round()
         seq_rids = set(launched.rids)
         if self.config.scope.overlap and not seq_observed:
@@ -342,7 +351,9 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
             pending = {self.names[rid] for u in self.state.unprocessed if u.is_spec for rid in u.rids}
             seq_rids -= pending
         self._transition(Action("plain_decode"), where, launched=launched, reqs=reqs, pool=pool,
-                         seq_rids=seq_rids)
+                         seq_rids=seq_rids,
+                         extra=device_seq_lens_unmirrored(self._indices(launched.rids)[0], where)
+                         if device_seq_lens_moved else ())
 
     def process_result(self, rids: list[str], accept_lens: list[int] | None, reqs: list[ObservedRequest],
                        pool: ObservedPool, *, where: str, seq_lens: Mapping[str, int] | None = None) -> None:
@@ -473,6 +484,8 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
             predicted = _draft_covered_as_observed(before, predicted, draft_covered)
         after = self._overlay(predicted, running=running, launched=launched, reqs=reqs, pool=pool, seq_rids=seq_rids,
                               seq_lens=seq_lens)
+        if self._tree_prefix and action.name in _DRAFT_WRITES:
+            self.tree_draft_written(before, after)  # the tree slots its rows point at have draft KV now
         self._record(before, action, after, where, new_rids=new_rids, extra=extra)
 
     def _record(self, before: State, action: Action, after: State, where: str,

@@ -23,6 +23,7 @@ from statemodel.identity import (
     RowRange,
     committed_output_kept,
     output_bound,
+    output_not_dropped,
     output_within_bound,
     slots_freed_owned,
     writes_within_allocation,
@@ -117,6 +118,19 @@ class IdentityChecks:
                         continue  # keep the longer look: the drop stays visible
             if last is None or last[0] != n:
                 seen[rid] = (n, tokens[-1] if n else -1)
+        return found
+
+    def dropped_output_violations(self, reqs: Sequence[ObservedRequest], action: str) -> list[Violation]:
+        """In the normal loop, at `prepare_for_decode` (every result processed, the round settled): each observed
+        request's output length (`len(req.output_ids)`, read with the request anyway) against the model's `committed`
+        (`statemodel.identity.output_not_dropped`): a token committed since the last look and dropped is found before
+        the step runs. One comparison per request."""
+        found: list[Violation] = []
+        requests, index = self.state.requests, self.index
+        for obs in reqs:
+            i = index.get(obs[0])
+            if i is not None and obs[3] < requests[i].committed:  # ObservedRequest.output_len
+                found.extend(output_not_dropped(i, obs[3], requests[i].committed, action))
         return found
 
     def over_committed_violations(self, state: State, action: str) -> list[Violation]:

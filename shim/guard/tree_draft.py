@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from statemodel.actions import draft_written_in_tree
 from statemodel.invariants import Violation, prefix_draft_missing, tree_prefix_violations
 from statemodel.state import State, Status
 
@@ -74,6 +75,12 @@ class TreeDraftRecord:
             else:
                 self.without_draft.add(key)
 
+    def drafted(self, tokens: Sequence[int], namespace: Any, start: int, end: int) -> None:
+        """A draft-extend wrote the draft KV of positions `[start, end)` of the path `tokens` (tree slots a request's
+        row points at: `statemodel.actions.draft_written_in_tree`)."""
+        if self.without_draft and end > start:
+            self.without_draft.difference_update(_prefix_hashes(tokens, namespace, start, end, self.offset))
+
     def forgotten(self, tokens: Sequence[int], namespace: Any, start: int, end: int) -> None:
         """The tree evicted positions `[start, end)` of the path `tokens`."""
         if self.without_draft and end > start:
@@ -100,6 +107,9 @@ class TreeDraftChecks:
         # SGLang rid -> (tree prefix length, positions of it without draft KV), not reported yet
         self.tree_missing: dict[str, tuple[int, int]] = {}
         self._tree_reported: dict[str, int] = {}  # SGLang rid -> the positions missing last reported
+        # SGLang rid -> (tree prefix length, its tokens) of each request whose tree prefix has positions without draft
+        # KV: what a draft-extend over its row covers (`tree_draft_written`)
+        self._tree_prefix: dict[str, tuple[int, TokensOf]] = {}
 
     def tree_prefill_chunk(self, rid: str, start: int, drafted: bool) -> None:
         """A prefill chunk from position `start` ran (with the draft or not): what an insert of it is marked with."""
@@ -131,13 +141,43 @@ class TreeDraftChecks:
             self._undrafted_from.pop(rid, None)
         if not self.tree_record.without_draft or cached_len <= 0:
             self.tree_missing.pop(rid, None)
+            self._tree_prefix.pop(rid, None)
             return
+        self._tree_prefix_missing(rid, cached_len, tokens_of)
+
+    def _tree_prefix_missing(self, rid: str, cached_len: int, tokens_of: TokensOf) -> None:
         tokens, namespace = tokens_of()
         missing = prefix_draft_missing(self.tree_record.marks(tokens, namespace, cached_len), cached_len)
+        if missing:
+            self._tree_prefix[rid] = (cached_len, tokens_of)
+        else:
+            self._tree_prefix.pop(rid, None)
         if missing > self._tree_reported.get(rid, 0):
             self.tree_missing[rid] = (cached_len, missing)
         else:
             self.tree_missing.pop(rid, None)
+
+    def tree_draft_written(self, before: State, after: State) -> None:
+        """A draft-extend step (a round's, a sync, a catch-up) moved the model from `before` to `after`: the tree
+        positions it wrote the draft KV of, per request whose tree prefix lacked some (the model's
+        `draft_written_in_tree`), now have it; every such request's prefix is looked at again. Costs nothing while no
+        running request's tree prefix lacks draft KV."""
+        if not self._tree_prefix:
+            return
+        index, record = self.index, self.tree_record
+        wrote = False
+        for rid, (cached_len, tokens_of) in self._tree_prefix.items():
+            i = index.get(rid)
+            if i is None or i >= len(before.requests) or i >= len(after.requests):
+                continue
+            start, end = draft_written_in_tree(before.requests[i], after.requests[i], cached_len)
+            if end > start:
+                tokens, namespace = tokens_of()
+                record.drafted(tokens, namespace, start, end)
+                wrote = True
+        if wrote:
+            for rid, (cached_len, tokens_of) in list(self._tree_prefix.items()):
+                self._tree_prefix_missing(rid, cached_len, tokens_of)
 
     def _prefill_done(self, rid: str) -> bool:
         i = self.index.get(rid)
@@ -162,3 +202,4 @@ class TreeDraftChecks:
         self.tree_missing.pop(rid, None)
         self._tree_reported.pop(rid, None)
         self._undrafted_from.pop(rid, None)
+        self._tree_prefix.pop(rid, None)
