@@ -8,6 +8,7 @@
 # mutant re-runs checker tests) on two cores. Run it by hand, nice'd, and record the score in docs/mutation.md.
 #
 #   bash scripts/mutation.sh [checks|core|invariants|bfs ...]     (default: all four, one after the other)
+#   MUTATION_TESTS="tests/a.py tests/b.py" bash scripts/mutation.sh checks    (another test selection)
 #
 # Results: mutants/ (git-ignored); `.venv/bin/mutmut results` lists the survivors, `.venv/bin/mutmut show NAME` one.
 set -euo pipefail
@@ -32,7 +33,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(checks core invariants bfs)
 for target in "${targets[@]}"; do
   glob=${GLOB[$target]:?unknown target $target (checks, core, invariants, bfs)}
-  selection=${TESTS[$target]}
+  selection=${MUTATION_TESTS:-${TESTS[$target]}}
   # the selection goes into pyproject's [tool.mutmut] for this run only (mutmut reads it from there)
   cp pyproject.toml .pyproject.toml.mutation-backup
   trap 'mv -f .pyproject.toml.mutation-backup pyproject.toml' EXIT
