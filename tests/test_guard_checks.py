@@ -86,3 +86,43 @@ def test_step_violations_is_the_legal_check_then_the_model_invariants() -> None:
     assert [v.invariant for v in legal] == ["kv_conservation"]
     assert step_violations(IDLE_ON, Action("flip_off"), IDLE_ON, scope, design) == []
     assert state_violations(broken, scope) == check_state(broken, scope) != []
+
+
+def _first_reached(design_name: str, action_name: str, scope: Scope) -> tuple[State, Action]:
+    """A state of `design_name`'s model where `action_name` is enabled, found breadth-first, and that action."""
+    from collections import deque
+
+    from statemodel.model import Model
+
+    model = Model(get_design(design_name), scope)
+    queue, seen = deque(model.init_states()), set()
+    while queue:
+        state = queue.popleft()
+        for action in model.actions(state):
+            if action.name == action_name:
+                return state, action
+            after = model.next_state(state, action)
+            if after not in seen:
+                seen.add(after)
+                queue.append(after)
+    raise AssertionError(f"{action_name} never enabled")
+
+
+def test_step_violations_passes_the_scope_and_the_design_on() -> None:
+    from statemodel.actions import apply
+
+    # the overlap scope: finish also from prepared (and only there)
+    overlap = Scope(overlap=True)
+    prepared = attrs.evolve(IDLE_ON, stage=Stage.PREPARED)
+    assert step_violations(prepared, Action("finish", ()), prepared, overlap, get_design("plain_off_catch_up")) == []
+    assert [v.invariant for v in step_violations(prepared, Action("finish", ()), prepared, Scope(),
+                                                 get_design("plain_off_catch_up"))] == [LEGAL_TRANSITION]
+    # the design: its flips wait for the results in flight
+    waits = get_design("v1_plain_off_retract_catch_up_overlap_plain")
+    in_flight = attrs.evolve(IDLE_ON, unprocessed=(Unprocessed((), None),))
+    assert [v.invariant for v in step_violations(in_flight, Action("flip_off"), in_flight, overlap, waits)] == [
+        LEGAL_TRANSITION]
+    # and the design's worker decides what a verify grows (Design.verify_advances_past_finish)
+    design = get_design("plain_off_catch_up")
+    before, verify = _first_reached(design.name, "verify", Scope())
+    assert step_violations(before, verify, apply(before, verify, design, Scope()), Scope(), design) == []
