@@ -727,19 +727,22 @@ def _shrink(batch: Batch, keep: tuple[int, ...]) -> Batch:
 
 
 def _retract(state: State, action: Action, design: Design, scope: Scope) -> State:
-    return _release_to_waiting(state, (action.args[0],))
+    return _release_to_waiting(state, (action.args[0],), keep_output=design.retract_keeps_output)
 
 
-def _release_to_waiting(state: State, rids: tuple[int, ...], *, rows_kept: bool = False) -> State:
+def _release_to_waiting(state: State, rids: tuple[int, ...], *, rows_kept: bool = False,
+                        keep_output: bool = True) -> State:
     """ScheduleBatch.release_req without tree insertion: each request frees its KV (held and reserved), leaves
     the running (or prefilled, not yet merged) batch and waits; its output is kept and re-prefilled. `rows_kept`:
-    the launched results still apply to it (Unprocessed.applies_to_retracted)."""
+    the launched results still apply to it (Unprocessed.applies_to_retracted). `keep_output` False: the output is
+    dropped and the request starts again from its prompt (Design.retract_keeps_output)."""
     changed: dict[int, Request] = {}
     freed = 0
     for rid in rids:
         r = state.req(rid)
         changed[rid] = r.replace(status=Status.WAITING, prefilled_len=0, seq_len=0, kv_held=0, kv_reserved=0,
-                                 draft_kv_len=0, draft_hidden_ready=False, cached_len=0)
+                                 draft_kv_len=0, draft_hidden_ready=False, cached_len=0,
+                                 committed=r.committed if keep_output else 0)
         freed += r.kv_held + r.kv_reserved
     running = _shrink(state.running, tuple(rid for rid in state.running.rids if rid not in changed))
     pending = state.pending
@@ -787,7 +790,7 @@ def _flip_on(state: State, action: Action, design: Design, scope: Scope) -> Stat
         # no retracted request (Unprocessed.applies_to_retracted)
         state = _release_to_waiting(state, tuple(
             rid for rid in in_batch if state.req(rid).status is Status.RUNNING and not state.req(rid).done),
-            rows_kept=not design.overlap_spec_steps)
+            rows_kept=not design.overlap_spec_steps, keep_output=design.retract_keeps_output)
     if design.tree_draft is TreeDraft.EVICT_AT_FLIP_ON and False in state.prefix_cache:
         # every unlocked tree token from the first one without draft KV on (a radix subtree goes with its root)
         tree = state.prefix_cache

@@ -186,6 +186,9 @@ class Design:
     free_reserved_on_finish: bool = True
     release_reserve_at_flip_off: bool = True
     plain_step_advances_seq_lens_twice: bool = False
+    # a retraction (ScheduleBatch.release_req, and flip-on by retraction) keeps the request's output: Req.output_ids
+    # survives reset_for_retract and the re-prefill runs over prompt + output
+    retract_keeps_output: bool = True
     # the worker's verify, not the flip's choice: the v2 worker (0.5.16+) moves seq_lens and kv_committed_len by
     # the whole accepted run (accepted + 1), past max_new_tokens, and the output is cut at the finish afterwards;
     # the v1 worker (0.5.12) cuts the accepted run at the finish inside the verify

@@ -362,7 +362,24 @@ RADIX_KNOWN_BAD: tuple[Design, ...] = (
     ),
 )
 
-ALL_DESIGNS: tuple[Design, ...] = SHIPPED + CANDIDATES + KNOWN_BAD + RADIX_KNOWN_BAD + TIERS_KNOWN_BAD
+# Known-bad designs that give a model invariant a refutation where no other known-bad design does (issue 51: an
+# invariant made to hold always must fail `specflip check`; tests/test_known_bad_coverage.py holds every invariant to
+# one). Checked by the checker only: not injected into real objects by tests/test_guard_sglang.py.
+INVARIANT_KNOWN_BAD: tuple[Design, ...] = (
+    _known_bad(
+        RETRACT_CATCH_UP, name="retract_drops_output", expected_invariant="committed_never_lost",
+        summary="The catch-up by retraction with the retracted request started again from its prompt: its output "
+        "is dropped (a re-queue that resets output_ids, or an abort and resubmit), so tokens already committed and "
+        "streamed are taken back and generated a second time.",
+        source="issue 51 (committed_never_lost had no known-bad design); sglang 0.5.23 Req.reset_for_retract "
+        "keeps output_ids",
+        retract_keeps_output=False,
+    ),
+)
+INVARIANT_KNOWN_BAD_BASES: dict[str, Design] = {"retract_drops_output": RETRACT_CATCH_UP}
+
+ALL_DESIGNS: tuple[Design, ...] = (SHIPPED + CANDIDATES + KNOWN_BAD + RADIX_KNOWN_BAD + TIERS_KNOWN_BAD
+                                   + INVARIANT_KNOWN_BAD)
 
 
 def _with_v2_reserve(design: Design) -> Design:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 3, the dev extras) of what must never stop checking (issue 51): the guard's checks
+# (shim/guard/checks.py, shim/guard/core.py), the model's invariants (statemodel/invariants.py) and the checker's
+# search (proofs/bfs.py). Each target runs against the tests that exercise it; mutmut runs, per mutant, only the
+# selected tests that reach the mutated function, and stops at the first failure.
+#
+# NOT part of scripts/test.sh / CI: one target takes from minutes (checks.py) to hours (invariants.py, bfs.py: each
+# mutant re-runs checker tests) on two cores. Run it by hand, nice'd, and record the score in docs/mutation.md.
+#
+#   bash scripts/mutation.sh [checks|core|invariants|bfs ...]     (default: all four, one after the other)
+#   MUTATION_TESTS="tests/a.py tests/b.py" bash scripts/mutation.sh checks    (another test selection)
+#
+# Results: mutants/ (git-ignored); `.venv/bin/mutmut results` lists the survivors, `.venv/bin/mutmut show NAME` one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/mutmut ] || .venv/bin/pip install -q "mutmut>=3.8,<4"
+
+# target -> (mutant name glob, test selection)
+declare -A GLOB=(
+  [checks]="shim.guard.checks.*"
+  [core]="shim.guard.core.*"
+  [invariants]="statemodel.invariants.*"
+  [bfs]="proofs.bfs.*"
+)
+declare -A TESTS=(
+  [checks]="tests/test_guard_checks.py tests/test_invariants.py tests/test_guard_hook_rejects.py"
+  [core]="tests/test_guard_hook_rejects.py tests/test_guard_sglang.py"
+  [invariants]="tests/test_invariants.py tests/test_known_bad_coverage.py tests/test_guard_hook_rejects.py"
+  [bfs]="tests/test_checker.py tests/test_known_bad_coverage.py"
+)
+
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(checks core invariants bfs)
+for target in "${targets[@]}"; do
+  glob=${GLOB[$target]:?unknown target $target (checks, core, invariants, bfs)}
+  selection=${MUTATION_TESTS:-${TESTS[$target]}}
+  # the selection goes into pyproject's [tool.mutmut] for this run only (mutmut reads it from there)
+  cp pyproject.toml .pyproject.toml.mutation-backup
+  trap 'mv -f .pyproject.toml.mutation-backup pyproject.toml' EXIT
+  python3 - "$selection" <<'EOF'
+import json, re, sys
+path = "pyproject.toml"
+text = open(path).read()
+args = sys.argv[1].split() + ["-m", "not slow"]
+text = re.sub(r"^pytest_add_cli_args_test_selection = .*$", "pytest_add_cli_args_test_selection = " + json.dumps(args),
+              text, flags=re.M)
+open(path, "w").write(text)
+EOF
+  echo "mutation: $target ($glob) against: $selection"
+  nice .venv/bin/mutmut run "$glob" || true
+  mv -f .pyproject.toml.mutation-backup pyproject.toml
+  trap - EXIT
+done
+.venv/bin/mutmut results || true
