@@ -209,14 +209,15 @@ def trace_out(out, name):
 
 
 def run_traces(a):
-    """--trace: each named trace, --rounds paired rounds (the same prompts on every server, the order rotated)."""
+    """--trace: --rounds paired rounds of every named trace (round-major: a deadline that cuts the last round leaves
+    every trace its earlier rounds; the same prompts on every server, the order rotated each round)."""
     t_start = time.time()
-    for name in a.trace:
-        random.seed(f"trace-{name}")
-        for k in range(a.rounds):
+    for k in range(a.rounds):
+        for name in a.trace:
             if time.time() - t_start > a.deadline:
                 print(f"BURSTY_SKIP trace={name} round={k}: deadline", flush=True)
-                break
+                continue
+            random.seed(f"trace-{name}-{k}")
             phases = trace_phases(name, a.new_tokens, a.vocab)
             for cfg, url in rotated(a.servers, k):
                 total, phase_s, results, lone = run_schedule(url, phases, a.vocab, a.timeout)

@@ -286,11 +286,11 @@ class AutoSwitch:
 
 def batch_context(batch: Any) -> float:
     """The KV tokens per request a decode batch reads: its requests' prompt and output tokens, from the host's lists
-    (no device read), the same on every rank."""
-    reqs = batch.reqs
+    (no device read), the same on every rank; 0 (not known) for a batch whose requests carry no such lists."""
+    reqs = getattr(batch, "reqs", None)
     if not reqs:
         return 0.0
-    return sum(len(r.origin_input_ids) + len(r.output_ids) for r in reqs) / len(reqs)
+    return sum(len(getattr(r, "origin_input_ids", ())) + len(getattr(r, "output_ids", ())) for r in reqs) / len(reqs)
 
 
 def tp_rank(scheduler: Any) -> int:
