@@ -71,6 +71,16 @@ counts only the requests running now, but speculation also serves those still to
 the first hold has finished and the numbers still want speculation, the load is steady, not draining, and the flip-on
 goes through (`turned_over`; without it a steady low load of long prompts would stay plain for good).
 
+Acceptance that shifts and the context (issue 52). No plain step shows the accept length: after requests the draft
+could not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went
+stale. Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by
+`clear_win` below the highest it reached, speculation at that peak would win at this load, and the steps since it
+last drafted cover a recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by
+construction). A step reads every running request's KV: each bucket keeps the context (KV tokens per request) its
+steps ran at, each mode learns what a KV token per request costs its step (`KvCost`), and `decide` values every mode
+at the running requests' context (`context=`), so a phase of long prompts, where speculation pays at larger batches,
+is valued right in the mode not running.
+
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
 the cap) checks every such sequence, probes included. The learner never proposes flip_on above the cap, so its
