@@ -78,6 +78,8 @@ TRACES = {
     # context: long prompts beside short ones, at three loads
     "context": [("c2_short", 2, 8, "p", "s"), ("c2_long", 2, 8, "p", "l"), ("c8_short", 8, 32, "p", "s"),
                 ("c8_long", 8, 16, "p", "l"), ("c24_mixed", 24, 48, "p", "m")],
+    # issue 17's bursty load as a trace (session 25's shape: --cycles 2 --low-requests 12)
+    "bursty": [("quiet", 2, 12, "p", "s"), ("burst", 128, 384, "p", "s")] * 2,
     # all three mixed: quiet phases and bursts of every kind
     "mixed": [("quiet", 2, 8, "p", "s"), ("burst_mixed", 64, 128, "m", "m"),
               ("quiet_long_unpredictable", 2, 6, "u", "l"), ("quiet_mixed", 4, 16, "p", "m"),

@@ -20,7 +20,7 @@
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl
 # TRACES=NAME,... (side by side; issue 52): then TRACE_ROUNDS (default 2) paired rounds of bursty_client.py's named
-#   traces (load, accept_shift, context, mixed: load x acceptance x context), $OUT/trace_NAME.jsonl; no trace's round
+#   traces (load, accept_shift, context, bursty, mixed: load x acceptance x context), $OUT/trace_NAME.jsonl; no trace's round
 #   starts later than TRACE_MARGIN_S (default 90: one trace on three servers, about 50 s, and the shutdown) before the
 #   budget's end; TRACE_ARGS: more bursty_client.py flags
 # OPENLOOP_ROUNDS=N, OPENLOOP_ARGS: then N paired rounds of the open-loop load (open_loop_client.py: Poisson arrivals on
