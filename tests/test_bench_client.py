@@ -692,7 +692,8 @@ def test_named_traces_make_their_prompts_and_summarize_reports_issue_52s_ratios(
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--trace", "nosuch"], "argument --trace: wants names from load, accept_shift, context, bursty, mixed, got 'nosuch'"),
+    (["--trace", "nosuch"],
+     "argument --trace: wants names from load, accept_shift, context, bursty, mixed, got 'nosuch'"),
     (["--trace", "context", "--new-tokens", "1100"],
      "argument --trace: unpredictable prompts need --vocab - --new-tokens > 1024 (the draft's vocabulary), got "
      "2048 - 1100"),
