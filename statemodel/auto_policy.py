@@ -547,10 +547,10 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
                  plain_value: float) -> bool:
     """Whether plain decoding, held on the numbers, should recheck speculative `mode` now: its accept length has
     fallen by `clear_win` or more below the highest the traffic drafted at (the traffic changed, not noise: issue 52,
-    requests the draft cannot predict), so far that plain decoding wins by `clear_win` at this load, while
-    speculation at that highest accept length would beat it by the margin (it may pay again), and the steps since
-    speculation last drafted cover what a recheck loses if the traffic still drafts as now over `recheck_fraction`
-    of the time: the recheck's `recheck_steps` at the current accept length against plain decoding, plus the catch-up
+    requests the draft cannot predict), speculation at that highest accept length would beat plain decoding by the
+    margin at this load (it may pay again), and the steps since speculation last drafted cover what a recheck loses
+    if the traffic still drafts as now over `recheck_fraction` of the time: the recheck's `recheck_steps` at the
+    current accept length against plain decoding (at least a clear win's loss), plus the catch-up
     of the running requests (their re-prefill, the learned `CatchUpCost` at running x context tokens). No plain step
     shows the accept length, so this is how the learner sees requests that draft well again; its cost is bounded by
     construction, and where speculation would lose even at its best (high load) it never rechecks."""
@@ -563,12 +563,13 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     if line is None or not plain_value > 0:
         return False
     seconds = line[0]
-    # far from the crossover at the accept length now (plain ahead by a clear win), past it at the peak: near the
-    # crossover a recheck would cost next to nothing by the numbers and recur at every dwell, a flip pair each time
-    now = accept.mean * batch / seconds
-    if peak * batch / seconds <= plain_value * (1 + p.margin) or now * (1 + p.clear_win) > plain_value:
+    if peak * batch / seconds <= plain_value * (1 + p.margin):
         return False
-    loss = p.recheck_steps * seconds * (1.0 - now / plain_value)
+    # a recheck counts as losing at least what a clear win's loser loses: near the crossover it would cost next to
+    # nothing by the numbers and recur at every dwell, a flip pair each time (the flips' own host work is not in the
+    # numbers)
+    now = accept.mean * batch / seconds
+    loss = p.recheck_steps * seconds * max(1.0 - now / plain_value, p.clear_win / (1 + p.clear_win))
     if running > 0 and context and state.catch_up is not None:
         loss += state.catch_up.seconds_for(running * context)
     plain_step = load / plain_value

@@ -1164,13 +1164,16 @@ def test_a_phase_of_long_prompts_is_valued_at_its_context(demand: int) -> None:
     assert len([d for d in blind.decisions if d.reason == "measured" and d.step >= 1500]) >= 3
 
 
-def test_an_accept_length_that_fell_near_the_crossover_is_not_rechecked() -> None:
+def test_an_accept_length_that_fell_near_the_crossover_is_rechecked_at_a_bounded_rate() -> None:
     """At 16 requests the accept length falls from 2.0 to 1.55: plain decoding now wins by 10 % (beyond the margin,
-    short of a clear win), and speculation at 2.0 would win by 17 %. A recheck would cost next to nothing by the
-    numbers and so come at every dwell, a flip pair each time; rechecks wait for a drop that puts plain a clear win
-    ahead, and here the flips are the stale estimates' probes alone (without that condition, 190 rechecks, 383
-    flips, in these 20,000 steps)."""
+    short of a clear win), and speculation at 2.0 would win by 17 %. By the numbers a recheck costs little there, so
+    it would come at every dwell, a flip pair each time; a recheck counts as losing at least a clear win's loser's
+    share (20 %), which keeps them to one per 200 steps or so: 99 in 20,000 steps, 1.2 % of the time against plain
+    held throughout (without that floor, 190 rechecks, 383 flips)."""
     accept = [2.0] * 1000 + [1.55] * 20_000
-    res = simulate(PLAIN, SPEC, [16] * len(accept), noise=0.04, seed=5, accept=accept)
-    assert not res.modes[-1] and res.state.rechecks == 0
-    assert len(res.decisions) <= 2 * res.state.probes + 2
+    demands = [16] * len(accept)
+    res = simulate(PLAIN, SPEC, demands, noise=0.04, seed=5, accept=accept)
+    held = simulate(PLAIN, SPEC, demands, noise=0.04, seed=5, accept=accept, spec_on=False, fixed=True)
+    assert not res.modes[-1] and 0 < res.state.rechecks <= 110
+    assert len(res.decisions) <= 2 * (res.state.rechecks + res.state.probes) + 2
+    assert phase_seconds(res, slice(1000, None)) / phase_seconds(held, slice(1000, None)) - 1 <= 0.03
