@@ -7,6 +7,14 @@ min(c, spec cap)). The learner decides at every step, as the switch does, and se
 of `window` steps (the switch's rank-agreement window). Used by `specflip calibrate --auto` (what auto would settle
 on for a measurement) and by the tests (no thrash, the budget, the cap); `noise` makes each step's time vary
 (deterministically, from `seed`).
+
+Two properties of the traffic are inputs, per step or fixed (issue 52): its accept length (`accept`: tokens per
+request per verify; the table's were measured at ACCEPT_LENGTH, and a speculative step keeps its time at any accept
+length, its tokens scale: requests the draft cannot predict draft at 1.0), and its context (`context`: KV tokens per
+running request). A step reads every request's KV, so its seconds are the table's plus a KV-read term that grows with
+the context (`StepCost`): the tables were measured at TABLE_CONTEXT tokens per request, and with long prompts every
+step costs more, plain decoding's one token per request as much as speculation's verify, whose accepted tokens share
+it: where speculation pays moves to larger batches.
 """
 
 from __future__ import annotations
@@ -16,9 +24,30 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import attrs
+
 from statemodel import auto_policy as ap
 
-ACCEPT_LENGTH = 2.0  # tokens per request per speculative step; cancels out of the rates the learner compares
+ACCEPT_LENGTH = 2.0  # tokens per request per speculative step the tables were measured at (the counter draft)
+# KV tokens per request the tables were measured at: 32-token prompts, 128 output tokens (about 96 on average)
+TABLE_CONTEXT = 96.0
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A decode step's seconds beyond the table's: per request, each KV token beyond TABLE_CONTEXT costs `plain` (a
+    plain step) or `spec` (a speculative one) seconds. The defaults are the 8B-class pair's KV read at the H100's
+    memory bandwidth: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB per token at about 3 TB/s; a
+    verify reads the target's KV once (its draft tokens share it) and the draft's three steps their own one layer
+    (3/32 more). An estimate, not a measurement: the learner is not told it, it learns each mode's cost from its
+    steps (statemodel.auto_policy.KvCost)."""
+
+    plain: float = 4.4e-8
+    spec: float = 4.4e-8 * (1 + 3 / 32)
+    table_context: float = TABLE_CONTEXT
+
+    def extra(self, spec_on: bool, batch: int, context: float) -> float:
+        return (self.spec if spec_on else self.plain) * batch * (context - self.table_context)
 
 
 def _points(table: Mapping[int, float], spec_cap: int | None) -> list[tuple[int, float]]:
@@ -49,6 +78,8 @@ class SimResult:
     steps: list[int] = field(default_factory=list)  # tiers only: each step's step count (0: plain)
     tokens: float = 0.0
     seconds: float = 0.0
+    step_tokens: list[float] = field(default_factory=list)  # each step's tokens and seconds (0 for an idle step)
+    step_seconds: list[float] = field(default_factory=list)
     cap_breaches: int = 0  # flip_on decided with more requests running than the cap (must stay 0)
 
     @property
@@ -58,14 +89,37 @@ class SimResult:
 
 def simulate(plain: Mapping[int, float], spec: Mapping[int, float], demands: Iterable[int], *, spec_cap: int = 48,
              state: ap.AutoState | None = None, spec_on: bool = True, window: int = 8, noise: float = 0.0,
-             seed: int = 0, traffic: Sequence[float] | None = None) -> SimResult:
+             seed: int = 0, traffic: Sequence[float] | None = None, accept: float | Sequence[float] | None = None,
+             context: float | Sequence[float] | None = None, cost: StepCost = StepCost(),
+             tell_context: bool = True, fixed: bool = False) -> SimResult:
     """One decode step per demand in `demands`; returns the learner's final state, its flips and the throughput.
-    `traffic`, per step: the traffic's accept length relative to the table's (1.0: as measured; 0.5: requests that
-    draft at accept 1.0 where the table's drafted at 2.0); a speculative step keeps the table's time, its tokens
-    scale."""
+    `accept`, fixed or per step: the traffic's accept length (default the table's, ACCEPT_LENGTH; 1.0: requests the
+    draft cannot predict); a speculative step keeps the table's time, its tokens scale. `traffic`, per step: the
+    same relative to the table's (0.5: accept 1.0 where the table's drafted at 2.0; not with `accept`). `context`,
+    fixed or per step: the KV tokens per running request, which the learner is told as the switch tells it, and
+    which moves each step's seconds by `cost` (default: none given, the table's steps, and the learner is told
+    nothing; `tell_context=False`: the steps' seconds move, the learner is told nothing, as before issue 52).
+    `fixed`: the mode `spec_on` is held, a static setting (the learner only observes)."""
+    if accept is not None:
+        if traffic is not None:
+            raise ValueError("give the accept length (accept) or its ratio to the table's (traffic), not both")
+        traffic = _PerStep(accept, 1 / ACCEPT_LENGTH)
     return _simulate(_points(plain, None), {None: (_points(spec, spec_cap), ACCEPT_LENGTH)}, demands,
                      spec_cap=spec_cap, state=state or ap.initial_state(), steps=None if spec_on else PLAIN_STEPS,
-                     window=window, noise=noise, seed=seed, traffic=traffic)
+                     window=window, noise=noise, seed=seed, traffic=traffic,
+                     context=None if context is None else _PerStep(context), cost=cost, tell_context=tell_context,
+                     fixed=fixed)
+
+
+class _PerStep:
+    """A per-step input given fixed or per step, times `scale`: indexable by the step."""
+
+    def __init__(self, values: float | Sequence[float], scale: float = 1.0) -> None:
+        self.values, self.scale = values, scale
+
+    def __getitem__(self, i: int) -> float:
+        v = self.values if isinstance(self.values, int | float) else self.values[i]
+        return v * self.scale
 
 
 PLAIN_STEPS = 0  # the simulation's step count of plain decoding
@@ -91,7 +145,9 @@ def simulate_tiers(plain: Mapping[int, float], tiers: Mapping[int, Mapping[int, 
 
 def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tuple[list[tuple[int, float]], float]],
               demands: Iterable[int], *, spec_cap: int, state: ap.AutoState, steps: int | None, window: int,
-              noise: float, seed: int, traffic: Sequence[float] | None = None) -> SimResult:
+              noise: float, seed: int, traffic: Sequence[float] | _PerStep | None = None,
+              context: _PerStep | None = None, cost: StepCost = StepCost(), tell_context: bool = True,
+              fixed: bool = False) -> SimResult:
     """The loop of both: `spec` maps each step count (None: speculation without tiers) to its points and accept
     length; `steps` is the mode at the start (PLAIN_STEPS: plain)."""
     rng = random.Random(seed)
@@ -101,7 +157,11 @@ def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tupl
     tier = steps if spec_on else next(iter(spec))  # the tier speculation runs at (kept while off)
     for i, demand in enumerate(demands):
         running = min(demand, spec_cap) if spec_on else demand
-        decision = ap.decide(result.state, spec_on, demand, running, spec_cap, steps=tier)
+        ctx = None if context is None else context[i]
+        told = ctx if tell_context else None
+        decision = ap.decide(result.state, spec_on, demand, running, spec_cap, steps=tier, context=told)
+        if fixed:
+            decision = attrs.evolve(decision, action=None, changes_tier=False)
         if decision.action is not None or decision.changes_tier:
             if decision.action == ap.FLIP_ON and running > spec_cap:
                 result.cap_breaches += 1
@@ -116,18 +176,24 @@ def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tupl
         if tier is not None:
             result.steps.append(tier if spec_on else PLAIN_STEPS)
         if batch <= 0:
+            result.step_tokens.append(0.0)
+            result.step_seconds.append(0.0)
             continue
         points, accept = spec[tier] if spec_on else (plain_pts, 1.0)
         tokens = batch * accept
         seconds = tokens / throughput_at(points, batch)
+        if ctx is not None:  # the KV read beyond the table's context (at least half the table's step remains)
+            seconds = max(seconds / 2, seconds + cost.extra(spec_on, batch, ctx))
         if spec_on and traffic is not None:
             tokens *= traffic[i]
         if noise:
             seconds *= 1 + noise * (2 * rng.random() - 1)
         result.tokens += tokens
         result.seconds += seconds
+        result.step_tokens.append(tokens)
+        result.step_seconds.append(seconds)
         pending.append(ap.Observation(spec_on=spec_on, batch=batch, tokens=tokens, seconds=seconds,
-                                      steps=tier if spec_on else None))
+                                      steps=tier if spec_on else None, context=told or 0.0))
         if len(pending) >= window:
             for obs in pending:
                 result.state = ap.observe(result.state, obs)

@@ -71,6 +71,16 @@ counts only the requests running now, but speculation also serves those still to
 the first hold has finished and the numbers still want speculation, the load is steady, not draining, and the flip-on
 goes through (`turned_over`; without it a steady low load of long prompts would stay plain for good).
 
+Acceptance that shifts and the context (issue 52). No plain step shows the accept length: after requests the draft
+could not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went
+stale. Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by
+`clear_win` below the highest it reached, speculation at that peak would win at this load, and the steps since it
+last drafted cover a recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by
+construction). A step reads every running request's KV: each bucket keeps the context (KV tokens per request) its
+steps ran at, each mode learns what a KV token per request costs its step (`KvCost`), and `decide` values every mode
+at the running requests' context (`context=`), so a phase of long prompts, where speculation pays at larger batches,
+is valued right in the mode not running.
+
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
 the cap) checks every such sequence, probes included. The learner never proposes flip_on above the cap, so its
@@ -127,13 +137,19 @@ class AutoParams:
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
     hold_steps: int = 16  # a decision values the most requests seen within the last 16 steps (a wave's turnover)
+    # a recheck of speculation whose accept length fell (the traffic drafts worse: issue 52): at most this share of
+    # the time is spent rechecking, on the learner's own estimate of what a recheck loses if the traffic still drafts
+    # as badly (0: no rechecks)
+    recheck_fraction: float = 0.03
+    recheck_steps: int = 16  # a recheck's length: settle + the agreement window's lag (8) + 6 accept samples
 
     def __attrs_post_init__(self) -> None:
         if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 < self.step_alpha <= 1
-                and 0 <= self.explore_fraction < 1 and self.clear_win >= self.margin):
+                and 0 <= self.explore_fraction < 1 and self.clear_win >= self.margin
+                and 0 <= self.recheck_fraction < 1):
             raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
-               self.stale_after, self.hold_steps) < 0 or self.min_samples < 1:
+               self.stale_after, self.hold_steps, self.recheck_steps) < 0 or self.min_samples < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples >= 1): {self}")
 
 
@@ -147,6 +163,7 @@ class Observation:
     # None: a speculative step whose verify results were not processed yet (its seconds count, no accept length)
     seconds: float
     steps: int | None = None  # tiers: the step count a speculative step ran at; None without tiers
+    context: float = 0.0  # the KV tokens per request the step read (its requests' prompts and outputs); 0: not known
 
 
 @attrs.frozen
@@ -156,6 +173,26 @@ class Estimate:
     updated: int  # the learner's step count at the last sample
     at: float = 0.0  # a bucket's: the batch its samples ran at, averaged with the same weights (0 for the others)
     weighted: int = 0  # the samples the running mean's weight counts (0: all of them); a relearned estimate's since
+    ctx: float = 0.0  # a bucket's: the KV tokens per request its samples ran at, the same weights (0: not known)
+
+
+@attrs.frozen
+class KvCost:
+    """What one more KV token per request costs a mode's step (seconds per request and token), learned as a
+    least-squares slope through the origin: each step's seconds beyond its bucket's line against its batch x its
+    context beyond the line's (weighted sums: a running mean, then the EWMA weight `step_alpha`). A step reads
+    every running request's KV (the target's attention; speculation's verify, and its draft over its own KV), so
+    with long contexts a step costs more, and how much more is the mode's own: on the H200 (session 16) speculation's
+    step grew from 9.5 to 12.7 ms over a wave of 48 requests of 32 to 160 tokens, plain decoding's hardly."""
+
+    samples: int
+    xx: float  # mean of x^2, x = batch x (context - the line's context)
+    xy: float  # mean of x y, y = seconds - the line's seconds
+
+    def per_token(self, min_samples: int) -> float | None:
+        if self.samples < min_samples or self.xx <= 0:
+            return None
+        return max(0.0, self.xy / self.xx)
 
 
 @attrs.frozen
@@ -187,7 +224,7 @@ class Decision:
     still change the tier: `changes_tier`)."""
 
     action: str | None
-    reason: str  # measured | prior | probe | probe_end | probing | dwell | confirming | cap | idle | catch_up
+    reason: str  # measured | prior | probe | recheck | probe_end | probing | dwell | confirming | cap | idle | catch_up
     incumbent: int  # the mode held on the numbers after this decision (PLAIN, or a speculative mode; no tiers: 1)
     demand: int
     running: int
@@ -201,6 +238,7 @@ class Decision:
     saved_s: float | None = None  # gate_catch_up: the seconds speculation would save over the running requests
     catch_up_s: float | None = None  # ... and the seconds their catch-up (re-prefill) would cost
     load: int = 0  # the demand valued: `demand`, or the most seen within the last `hold_steps` steps
+    context: float | None = None  # the KV tokens per running request the values are for (None: as learned)
 
 
 @attrs.frozen
@@ -225,6 +263,20 @@ class AutoState:
     flips: int = 0
     tier_changes: int = 0
     catch_up: CatchUpCost | None = None  # the seconds a flip-on's catch-up (re-prefill) takes, learned
+    # (mode, the highest accept length it has drafted at, once known): what the traffic may draft at again
+    accept_peaks: tuple[tuple[int, float], ...] = ()
+    kv: tuple[tuple[int, KvCost], ...] = ()  # (mode, what a KV token per request costs its step), learned
+    probe_len: int = 0  # the running probe's length (0: probe_steps); a recheck's is recheck_steps
+    rechecks: int = 0  # rechecks of speculation whose accept length fell
+
+    def accept_peak(self, mode: int) -> float | None:
+        return next((v for m, v in self.accept_peaks if m == mode), None)
+
+    def kv_per_token(self, mode: int) -> float | None:
+        """A mode's learned seconds per KV token per request and step; a mode that has not learned its own takes the
+        least any other has (every step reads every request's KV once: the common part), None when none has."""
+        costs = {m: c for m, e in self.kv if (c := e.per_token(self.params.min_samples)) is not None}
+        return costs.get(mode, min(costs.values(), default=None))
 
     def estimate(self, mode: int, bucket: int) -> Estimate | None:
         for key, est in self.estimates:
@@ -295,25 +347,26 @@ def _weight(n: int, alpha: float) -> float:
     return max(1.0 / n, alpha)
 
 
-def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: float = 0.0) -> Estimate:
+def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: float = 0.0, ctx: float = 0.0) -> Estimate:
     """A running mean over the first samples, then an EWMA with weight `alpha`; `at` (a bucket's batch size of this
-    sample) is averaged with the same weights."""
+    sample) and `ctx` (its KV tokens per request) are averaged with the same weights."""
     if old is None:
-        return Estimate(mean=sample, samples=1, updated=step, at=at)
+        return Estimate(mean=sample, samples=1, updated=step, at=at, ctx=ctx)
     n = old.samples + 1
     weighted = old.weighted + 1 if old.weighted else 0
     w = _weight(weighted or n, alpha)
     return Estimate(mean=old.mean + w * (sample - old.mean), samples=n, updated=step, at=old.at + w * (at - old.at),
-                    weighted=weighted)
+                    weighted=weighted, ctx=old.ctx + w * (ctx - old.ctx))
 
 
 def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams, alpha: float,
-                  at: float = 0.0) -> Estimate:
-    """`_ewma` with the sample clipped to [1/2, 2] x the estimate once it has `min_samples`: one stalled step (or
-    catch-up) does not move a known estimate far."""
+                  at: float = 0.0, ctx: float = 0.0, expected: float | None = None) -> Estimate:
+    """`_ewma` with the sample clipped to [1/2, 2] x the estimate (`expected`: the estimate at the sample's context)
+    once it has `min_samples`: one stalled step (or catch-up) does not move a known estimate far."""
     if old is not None and old.samples >= p.min_samples and not 0 < old.weighted < p.min_samples:  # not relearning
-        sample = min(max(sample, old.mean / 2), old.mean * 2)
-    return _ewma(old, sample, step, alpha, at)
+        ref = old.mean if expected is None else expected
+        sample = min(max(sample, ref / 2), ref * 2)
+    return _ewma(old, sample, step, alpha, at, ctx)
 
 
 def observe(state: AutoState, obs: Observation) -> AutoState:
@@ -340,14 +393,36 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     # prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
     # speculation's value; `auto` held speculation at 48 through three rounds, 0.81x)
     old = attrs.evolve(old, weighted=1) if old is not None and step - old.updated > p.stale_after else old
+    # the context (KV tokens per request): a step's seconds beyond its mode's line at this batch, against its batch x
+    # its context beyond the line's, teach the mode's KV cost (KvCost); the clip's reference is the bucket's seconds
+    # moved to this step's context, so a phase of long prompts is learned at its own step time
+    ctx = obs.context if obs.context > 0 else 0.0
+    kv, expected = state.kv, None
+    if ctx > 0:
+        line = _line(state, mode, obs.batch)
+        if line is not None and line[1] > 0:
+            x, y = obs.batch * (ctx - line[1]), min(max(seconds, line[0] / 2), line[0] * 2) - line[0]
+            was = next((e for m, e in kv if m == mode), KvCost(0, 0.0, 0.0))
+            w = _weight(was.samples + 1, p.step_alpha)
+            now = KvCost(was.samples + 1, was.xx + w * (x * x - was.xx), was.xy + w * (x * y - was.xy))
+            kv = tuple(sorted([(m, e) for m, e in kv if m != mode] + [(mode, now)]))
+        per_token = state.kv_per_token(mode)
+        if old is not None and old.ctx > 0 and per_token is not None:
+            expected = max(old.mean / 4, old.mean + per_token * obs.batch * (ctx - old.ctx))
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
-                             + [(key, _clipped_ewma(old, seconds, step, p, p.step_alpha, at=float(obs.batch)))]))
-    accepts = state.accepts
+                             + [(key, _clipped_ewma(old, seconds, step, p, p.step_alpha, at=float(obs.batch), ctx=ctx,
+                                                    expected=expected))]))
+    accepts, peaks = state.accepts, state.accept_peaks
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
         accept = _ewma(state.accept_of(mode), obs.tokens / obs.batch, step, p.alpha)
         accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
-    return attrs.evolve(base, estimates=estimates, accepts=accepts)
+        # the highest accept length the traffic has drafted at (once the estimate is trusted, and not while a
+        # recheck relearns it): a fallen one may come back (`_recheck_due`)
+        if accept.samples >= p.min_samples and not 0 < accept.weighted < p.min_samples \
+                and accept.mean > (state.accept_peak(mode) or 0.0):
+            peaks = tuple(sorted([(m, v) for m, v in peaks if m != mode] + [(mode, accept.mean)]))
+    return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks, kv=kv)
 
 
 def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState:
@@ -399,32 +474,49 @@ def _known(state: AutoState, mode: int, batch: int) -> Estimate | None:
     return est if est is not None and est.samples >= state.params.min_samples else None
 
 
-def _step_seconds(state: AutoState, mode: int, batch: int) -> tuple[float, bool] | None:
-    """A mode's seconds per step at `batch`, and whether its own bucket measured them. Each known bucket is a point
-    (the batch its samples ran at, its seconds); the seconds at `batch` lie on the line between the known points on
-    either side (a decode step costs about a fixed part plus one per request), flat beyond the outermost one. Not
-    the bucket's seconds alone: a bucket spans half an octave, and speculation's step grows across it far more than
-    plain decoding's (the H200, session 17: 9.8 ms at 32, 12.6 ms at 48, plain 5.0 and 5.2), so a demand of 46 valued
-    at bucket 32's seconds overrated speculation by a quarter, and the closed loop's demand, dipping from 48 to 46 as
-    requests turned over, cut every confirmation of the flip off short. A bucket never measured, between two that
-    were, is an inference (False), the same line (session 16: plain at 48, between its known 32 and 128); None
-    outside the known buckets."""
-    points = [(e.at, e.mean) for (m, _), e in state.estimates if m == mode and e.samples >= state.params.min_samples]
+def _line(state: AutoState, mode: int, batch: int, context: float | None = None) -> tuple[float, float, bool] | None:
+    """A mode's seconds per step at `batch`, the context (KV tokens per request) its points ran at there, and whether
+    its own bucket measured them. Each known bucket is a point (the batch its samples ran at, its seconds); the
+    seconds at `batch` lie on the line between the known points on either side (a decode step costs about a fixed
+    part plus one per request), flat beyond the outermost one. Not the bucket's seconds alone: a bucket spans half an
+    octave, and speculation's step grows across it far more than plain decoding's (the H200, session 17: 9.8 ms at
+    32, 12.6 ms at 48, plain 5.0 and 5.2), so a demand of 46 valued at bucket 32's seconds overrated speculation by a
+    quarter, and the closed loop's demand, dipping from 48 to 46 as requests turned over, cut every confirmation of
+    the flip off short. A bucket never measured, between two that were, is an inference (False), the same line
+    (session 16: plain at 48, between its known 32 and 128); None outside the known buckets. `context`: each point's
+    seconds moved to that context first, by the mode's learned KV cost (`AutoState.kv_per_token`; none learned: as
+    measured): a step reads every request's KV, so a phase of long prompts makes every mode's step slower, each by
+    its own cost, and the mode not running now is valued at the context the requests have now (issue 52)."""
+    p = state.params
+    points = [(e.at, e.mean, e.ctx) for (m, _), e in state.estimates if m == mode and e.samples >= p.min_samples]
+    per_token = state.kv_per_token(mode) if context else None
+    if per_token is not None:
+        points = [(at, max(sec / 4, sec + per_token * at * (context - ctx)) if ctx > 0 else sec, ctx)
+                  for at, sec, ctx in points]
     least = math.inf  # a step with more requests takes no less: a point is capped at the least seconds above it
-    points = [(at, least := min(least, sec)) for at, sec in reversed(points)][::-1]
+    points = [(at, least := min(least, sec), ctx) for at, sec, ctx in reversed(points)][::-1]
     below = next((pt for pt in reversed(points) if pt[0] <= batch), None)  # sorted by bucket, and so by batch
     above = next((pt for pt in points if pt[0] >= batch), None)
     measured = _known(state, mode, batch) is not None
     if below is None or above is None:  # beyond the known points: the nearest, when it is the batch's own bucket
-        return ((below or above)[1], True) if measured else None
-    (lo, s_lo), (hi, s_hi) = below, above
-    return (s_lo if hi == lo else s_lo + (batch - lo) / (hi - lo) * (s_hi - s_lo)), measured
+        return ((below or above)[1], (below or above)[2], True) if measured else None
+    (lo, s_lo, c_lo), (hi, s_hi, c_hi) = below, above
+    f = 0.0 if hi == lo else (batch - lo) / (hi - lo)
+    return s_lo + f * (s_hi - s_lo), c_lo + f * (c_hi - c_lo), measured
 
 
-def _value(state: AutoState, mode: int, demand: int, spec_cap: int) -> tuple[float, bool] | None:
+def _step_seconds(state: AutoState, mode: int, batch: int, context: float | None = None) -> tuple[float, bool] | None:
+    """A mode's seconds per step at `batch` (at `context`, KV tokens per request), and whether its own bucket
+    measured them (`_line`)."""
+    line = _line(state, mode, batch, context)
+    return None if line is None else (line[0], line[2])
+
+
+def _value(state: AutoState, mode: int, demand: int, spec_cap: int,
+           context: float | None = None) -> tuple[float, bool] | None:
     """`value`, and whether the mode's own bucket measured it (False: interpolated)."""
     batch = _batch(mode, demand, spec_cap)
-    seconds = _step_seconds(state, mode, batch)
+    seconds = _step_seconds(state, mode, batch, context)
     if seconds is None:
         return None
     if mode != PLAIN:  # the bucket's steps per second times the mode's accept length, at whatever batch it was learned
@@ -433,11 +525,11 @@ def _value(state: AutoState, mode: int, demand: int, spec_cap: int) -> tuple[flo
     return batch / seconds[0], seconds[1]
 
 
-def value(state: AutoState, mode: int, demand: int, spec_cap: int) -> float | None:
+def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> float | None:
     """A mode's estimated throughput (tokens/s) at this demand, None when it is not known yet (neither its bucket
     nor a bucket on each side of it: `_step_seconds`). `mode`: PLAIN (False) or a speculative mode (no tiers: True,
-    i.e. 1)."""
-    known = _value(state, mode, demand, spec_cap)
+    i.e. 1). `context`: the KV tokens per request to value it at (None: as learned)."""
+    known = _value(state, mode, demand, spec_cap, context)
     return None if known is None else known[0]
 
 
@@ -451,16 +543,51 @@ def _best(known: dict[int, float]) -> int:
     return max(known, key=lambda m: (known[m], m))
 
 
+def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap: int, context: float | None,
+                 plain_value: float) -> bool:
+    """Whether plain decoding, held on the numbers, should recheck speculative `mode` now: its accept length has
+    fallen by `clear_win` or more below the highest the traffic drafted at (the traffic changed, not noise: issue 52,
+    requests the draft cannot predict), speculation at that highest accept length would beat plain decoding by the
+    margin at this load (it may pay again), and the steps since speculation last drafted cover what a recheck loses
+    if the traffic still drafts as now over `recheck_fraction` of the time: the recheck's `recheck_steps` at the
+    current accept length against plain decoding (at least a clear win's loss), plus the catch-up
+    of the running requests (their re-prefill, the learned `CatchUpCost` at running x context tokens). No plain step
+    shows the accept length, so this is how the learner sees requests that draft well again; its cost is bounded by
+    construction, and where speculation would lose even at its best (high load) it never rechecks."""
+    p = state.params
+    accept, peak = state.accept_of(mode), state.accept_peak(mode)
+    if p.recheck_fraction <= 0 or accept is None or peak is None or peak < accept.mean * (1 + p.clear_win):
+        return False
+    batch = _batch(mode, load, spec_cap)
+    line = _step_seconds(state, mode, batch, context)
+    if line is None or not plain_value > 0:
+        return False
+    seconds = line[0]
+    if peak * batch / seconds <= plain_value * (1 + p.margin):
+        return False
+    # a recheck counts as losing at least what a clear win's loser loses: near the crossover it would cost next to
+    # nothing by the numbers and recur at every dwell, a flip pair each time (the flips' own host work is not in the
+    # numbers)
+    now = accept.mean * batch / seconds
+    loss = p.recheck_steps * seconds * max(1.0 - now / plain_value, p.clear_win / (1 + p.clear_win))
+    if running > 0 and context and state.catch_up is not None:
+        loss += state.catch_up.seconds_for(running * context)
+    plain_step = load / plain_value
+    return state.step - accept.updated >= max(p.recheck_steps, loss / (p.recheck_fraction * plain_step))
+
+
 def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int,
-           steps: int | None = None) -> Decision:
+           steps: int | None = None, context: float | None = None) -> Decision:
     """The mode change for the scheduling point at hand (or none), from the state alone. `demand`: running + waiting
     requests; `running`: requests in flight (the running batch, prefilled and chunked ones included); `steps`: with
-    tiers, the step count speculation runs at now (one off the ladder counts as the ladder's first)."""
+    tiers, the step count speculation runs at now (one off the ladder counts as the ladder's first); `context`: the
+    KV tokens per running request (prompt and output), the same on every rank (None: values as learned)."""
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
     load = max(demand, state.peak) if state.step - state.peak_step <= p.hold_steps else demand
-    valued = [_value(state, m, load, spec_cap) for m in state.modes]
+    context = context if context and context > 0 else None
+    valued = [_value(state, m, load, spec_cap, context) for m in state.modes]
     values = tuple(None if v is None else v[0] for v in valued)
     measured = {m for m, v in enumerate(valued) if v is not None and v[1]}  # the rest: interpolated, or unknown
     spec_known = [v for v in values[1:] if v is not None]
@@ -470,7 +597,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                to: int = cur) -> Decision:
         return Decision(action, reason, incumbent, demand, running, v_spec, v_plain, state.step, wants,
                         steps=state.steps_of(to), changes_tier=bool(state.tiers) and PLAIN != to != cur != PLAIN,
-                        values=values if state.tiers else (), load=load)
+                        values=values if state.tiers else (), load=load, context=context)
 
     if demand <= 0:
         return answer(None, "idle")
@@ -478,7 +605,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     probing = cur != state.incumbent
     # speculation would hold requests waiting behind its cap (the demand counts the running requests too)
     past_cap = not within_spec_cap(demand, spec_cap)
-    if probing and dwell < p.probe_steps:
+    if probing and dwell < (state.probe_len or p.probe_steps):
         if not (state.incumbent == PLAIN and cur != PLAIN and past_cap):
             return answer(None, "probing")
         # a probe of speculation that a burst overtook: past the cap requests wait behind it, which costs far more
@@ -514,6 +641,14 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                 if other != cur and _stale(state, other, load, spec_cap) \
                         and (other == PLAIN or cur != PLAIN or not past_cap):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
+        # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a
+        # bounded share of the time (`_recheck_due`); a probe's conditions (a settled mode, a steady load, under the
+        # cap), no probe budget: its own bound is the share of time
+        if cur == PLAIN and not probing and reason == "measured" and values[PLAIN] is not None \
+                and dwell >= p.min_dwell and load == demand and not past_cap:
+            for other in state.modes[1:]:
+                if _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN]):
+                    return answer(_flip(cur, other), "recheck", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the
     # batch it splits (the cap's share, the rest a few dozen steps later) leaves a tail that looks like a lull (the
@@ -554,10 +689,16 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
             return state
         return attrs.evolve(state, incumbent=decision.incumbent, want_since=want_since)
     flipped = attrs.evolve(state, incumbent=decision.incumbent, flip_step=state.step, want_since=None,
-                           flips=state.flips + (decision.action is not None),
+                           flips=state.flips + (decision.action is not None), probe_len=0,
                            tier_changes=state.tier_changes + decision.changes_tier)
     if decision.reason == "probe":
-        return attrs.evolve(flipped, probes=state.probes + 1, credit=state.credit - state.params.probe_steps)
+        return attrs.evolve(flipped, probes=state.probes + 1, credit=state.credit - state.params.probe_steps,
+                            probe_len=state.params.probe_steps)
+    if decision.reason == "recheck":  # the accept length is learned afresh: its old mean weighs as one sample
+        mode = state.mode_of(True, decision.steps) or 1
+        accepts = tuple((m, attrs.evolve(e, weighted=1) if m == mode else e) for m, e in state.accepts)
+        return attrs.evolve(flipped, rechecks=state.rechecks + 1, probe_len=state.params.recheck_steps,
+                            accepts=accepts)
     return flipped
 
 

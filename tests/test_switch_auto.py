@@ -393,3 +393,40 @@ def test_accept_lengths_across_the_overlap_schedule() -> None:
     assert [w["accept_mean"] for w in windows] == [None] + [2.0] * 9
     assert auto.state.accept is not None and auto.state.accept.mean == 2.0
     assert ap.value(auto.state, True, 1, 48) == pytest.approx(2 / 0.006)
+
+
+# --- issue 52: acceptance that shifts, the context -----------------------------------------------------------
+
+
+def test_unpredictable_requests_flip_plain_and_predictable_ones_are_rechecked_back(
+        runtime: Any, model_dir: Path) -> None:
+    """Issue 52 through the real hooks: two requests at a time drafting at 2-3 (speculation wins by the stand-in
+    clock), then requests the draft cannot predict (accept 1.0: every verify accepts only its bonus token, and
+    speculation's step yields one token for more time than plain's), then predictable ones again. The switch reads
+    the verify results' `accept_lens` from the real batch results, flips plain on the numbers, and, no plain step
+    showing the accept length, flips speculation back on with a recheck (reason `recheck`) once predictable requests
+    return, and holds it. Each decision is valued at the running requests' context (prompt and output tokens per
+    request, `batch_context`), which the trace records. Outputs greedy-exact, the guard (assert) finds nothing."""
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    auto = drv.switch.policy.auto
+    auto.state = ap.initial_state(attrs.evolve(PARAMS, recheck_steps=6))
+    reqs: list[Any] = []
+    ends: list[int] = []
+    for accepts in ([2, 3, 2, 3], [1], [2, 3, 2, 3]):
+        drv.accepts = gf.accept_cycle(accepts)
+        more, last = drive_phases(drv, [(2, 160)])
+        reqs += more
+        ends += last
+    assert runtime.guard.found == [] and ol_greedy(reqs) == [] and drv.switch.policy.refused == 0
+    assert not spec_on_at(drv, ends[1]) and spec_on_at(drv, ends[2])  # plain for accept 1.0, speculation after
+    flips = flips_of(drv)
+    rechecks = [f for f in flips if f["reason"] == "recheck"]
+    assert rechecks and auto.state.rechecks == len(rechecks)
+    # no thrash while the requests stay unpredictable: the flips there are the drop's and the rechecks' (each a flip
+    # on and its return)
+    assert len([it for it, _ in drv.flips if ends[0] < it <= ends[1]]) <= 2 * auto.state.rechecks + 2
+    # the context: prompt (the system prompt and 3 tokens) and output (at most 12) tokens per request
+    prompt = len(gf.SYSTEM_PROMPT) + 3
+    assert all(f["context"] is not None and prompt <= f["context"] <= prompt + 12 for f in rechecks)
+    assert all(f["context"] is None or prompt <= f["context"] <= prompt + 12 for f in flips)

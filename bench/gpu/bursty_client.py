@@ -32,10 +32,19 @@ entered the tree at finish (unless the switch keeps them out), so a follow-up hi
 server). With equal lengths a burst's requests finish together, the server empties, and a switch flips speculation
 back on only at the next arrival, after an idle spell; staggered, the burst drains gradually and the flip-on comes
 with requests still running, so its first speculative step is measured under load (issue 17's first-step target).
+
+--trace NAME[,NAME...] (issue 52): instead of the quiet/burst cycles, named traces over three dimensions of the
+workload, one after the other, each its own rows (`trace`: the name) in --out with the trace's name before the
+extension (e.g. trace.jsonl -> trace_accept_shift.jsonl): load (concurrency); acceptance (predictable prompts, whose
+counter outputs stay inside the draft's 1,024-token vocabulary, accept about 2; unpredictable ones, whose outputs
+stay above it, accept 1.0); context (short prompts of 32 tokens, long ones of 2,000-3,500). TRACES lists them. Rows
+then carry each phase's label, p99 latency and mean accept length (`phase_labels`, `phase_p99`, `phase_accept`).
 """
+import os
 import random
 import statistics
 import time
+from argparse import ArgumentTypeError
 from concurrent.futures import ThreadPoolExecutor
 
 from bench_client import draft_range_token, emit, gen, rotated, servers_arg  # it puts the repo root on the path
@@ -55,6 +64,57 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs)) - 1))]
 
 
+# issue 52's traces: phases (label, concurrency, requests, acceptance, context). Acceptance: "p" predictable, "u"
+# unpredictable, "m" every other request unpredictable. Context: "s" short (32 tokens), "l" long (LONG_PROMPT tokens),
+# "m" every MIX_LONG-th request long. The long phases fit the H100's three servers at --max-total-tokens 40000 each
+# (8 x 3,628 tokens; the mixed burst's 64 requests about 35,000)
+TRACES = {
+    # load: the sweep's concurrencies as phases, two waves each (short, predictable)
+    "load": [("c1", 1, 4, "p", "s"), ("c4", 4, 8, "p", "s"), ("c16", 16, 32, "p", "s"), ("c32", 32, 64, "p", "s"),
+             ("c64", 64, 128, "p", "s"), ("c128", 128, 256, "p", "s")],
+    # acceptance that shifts at low load (issue 52: auto stayed plain when predictable requests came back)
+    "accept_shift": [("predictable", 2, 16, "p", "s"), ("unpredictable", 2, 16, "u", "s"),
+                     ("predictable_again", 2, 16, "p", "s")],
+    # context: long prompts beside short ones, at three loads
+    "context": [("c2_short", 2, 8, "p", "s"), ("c2_long", 2, 8, "p", "l"), ("c8_short", 8, 32, "p", "s"),
+                ("c8_long", 8, 16, "p", "l"), ("c24_mixed", 24, 48, "p", "m")],
+    # issue 17's bursty load as a trace (session 25's shape: --cycles 2 --low-requests 12)
+    "bursty": [("quiet", 2, 12, "p", "s"), ("burst", 128, 384, "p", "s")] * 2,
+    # all three mixed: quiet phases and bursts of every kind
+    "mixed": [("quiet", 2, 8, "p", "s"), ("burst_mixed", 64, 128, "m", "m"),
+              ("quiet_long_unpredictable", 2, 6, "u", "l"), ("quiet_mixed", 4, 16, "p", "m"),
+              ("burst", 128, 256, "p", "s"), ("quiet", 2, 8, "p", "s")],
+}
+LONG_PROMPT = (2000, 3500)  # a long prompt's tokens, drawn uniformly
+MIX_LONG = 8  # in a mixed-context phase, every 8th request is long
+
+
+def unpredictable_token(new_tokens, vocab, draft_vocab=1024, rng=random):
+    """A prompt's last token from which the counter's outputs all stay at or above the draft's vocabulary
+    (gen_models_sized.py, DV=1024): the draft proposes ids below it only, so every verify accepts its bonus token
+    alone (accept length 1.0)."""
+    if vocab - new_tokens <= draft_vocab:
+        raise ValueError(f"no unpredictable prompt: {new_tokens} new tokens do not fit above the draft's "
+                         f"{draft_vocab} ids in a vocabulary of {vocab}")
+    return rng.randrange(draft_vocab, vocab - new_tokens)
+
+
+def trace_prompt(i, acceptance, context, new_tokens, vocab, rng=random):
+    """The i-th prompt of a phase of this acceptance and context (TRACES)."""
+    long = context == "l" or (context == "m" and i % MIX_LONG == MIX_LONG - 1)
+    length = rng.randint(*LONG_PROMPT) if long else 32
+    q = [rng.randrange(3, vocab) for _ in range(length)]
+    unpredictable = acceptance == "u" or (acceptance == "m" and i % 2 == 1)
+    q[-1] = unpredictable_token(new_tokens, vocab, rng=rng) if unpredictable else draft_range_token(rng)
+    return q
+
+
+def trace_phases(name, new_tokens, vocab, rng=random):
+    """The phases of a named trace: [(label, concurrency, prompts, new tokens of each)]."""
+    return [(label, conc, [trace_prompt(i, acc, ctx, new_tokens, vocab, rng) for i in range(n)], [new_tokens] * n)
+            for label, conc, n, acc, ctx in TRACES[name]]
+
+
 # two requests whose starts are this close reach the server in one scheduler iteration (a decode step of the 8B pair
 # takes 5-6 ms) and share a prefill; a quiet-phase request further than this from every other start is prefilled
 # alone, breaking into the running request's decode (session 20's slow bursty round: docs/archive/gpu-results.md)
@@ -72,6 +132,7 @@ def run_schedule(url, phases, vocab, timeout):
     """Run the phases [(label, concurrency, prompts, new tokens of each)] in order: (total s, per-phase s, results
     tagged by label, (label, lone starts) of each phase: None where one request was in flight)."""
     results, phase_s, lone = [], [], []
+    phase = 0
     t_start = time.time()
     for label, conc, prompts, lengths in phases:
         t0 = time.time()
@@ -85,34 +146,45 @@ def run_schedule(url, phases, vocab, timeout):
             res = list(ex.map(timed, prompts, lengths))
         phase_s.append(round(time.time() - t0, 6))  # microseconds: the phases sum within the total
         lone.append((label, lone_starts(starts) if conc > 1 else None))
-        results += [(label, r) for r in res]
+        results += [((label, phase), r) for r in res]
+        phase += 1
     return time.time() - t_start, phase_s, results, lone
 
 
 def mean_accept(results, label):
-    """Mean spec_accept_length of a phase kind's requests, None when the server reported none."""
-    got = [r[3] for lab, r in results if lab == label and r[3] is not None]
+    """Mean spec_accept_length of a phase kind's requests (`label`: a kind's label, or a (label, index) of one
+    phase), None when the server reported none."""
+    got = [r[3] for lab, r in results if label in (lab, lab[0]) and r[3] is not None]
     return round(statistics.fmean(got), 3) if got else None
 
 
-def row(name, k, total, phase_s, results, lone):
+def row(name, k, total, phase_s, results, lone, trace=None):
+    """One configuration's round: totals, latencies, per phase kind (quiet, burst) and, for a named trace, per
+    phase."""
     lats = [r[0] for _, r in results]
     quiet_lone = [n for label, n in lone if label == "quiet"]
-    quiet = [r[0] for label, r in results if label == "quiet"]
+    quiet = [r[0] for (label, _), r in results if label == "quiet"]
+    opt = lambda xs, f: round(f(xs), 4) if xs else None  # noqa: E731 - a trace may have no quiet phase
+    extra = {}
+    if trace is not None:
+        phases = [(label, i) for i, (label, _) in enumerate(lone)]
+        extra = dict(trace=trace, phase_labels=[label for label, _ in phases],
+                     phase_p99=[round(percentile([r[0] for lab, r in results if lab == ph], 99), 4) for ph in phases],
+                     phase_accept=[mean_accept(results, ph) for ph in phases])
     return dict(cfg=name, round=k, total_s=round(total, 6), tok_s=round(sum(r[1] for _, r in results) / total, 1),
                 lat_p50=round(statistics.median(lats), 4), lat_p99=round(percentile(lats, 99), 4),
-                quiet_lat_p50=round(statistics.median(quiet), 4), quiet_lat_p99=round(percentile(quiet, 99), 4),
+                quiet_lat_p50=opt(quiet, statistics.median), quiet_lat_p99=opt(quiet, lambda x: percentile(x, 99)),
                 phase_s=phase_s, requests=len(results), exact=sum(r[2] for _, r in results),
                 errors=sum(1 for _, r in results if r[4]), quiet_accept=mean_accept(results, "quiet"),
                 burst_accept=mean_accept(results, "burst"), quiet_hit=hit_rate(results, "quiet"),
                 burst_hit=hit_rate(results, "burst"),
                 # the quiet phases' requests that reached the server alone (None: one request in flight there)
-                quiet_lone=None if None in quiet_lone else sum(quiet_lone))
+                quiet_lone=None if None in quiet_lone or not quiet_lone else sum(quiet_lone), **extra)
 
 
 def hit_rate(results, label):
     """The share of a phase kind's prompt tokens that the radix cache served (meta_info cached_tokens)."""
-    got = [(r[5], r[6]) for lab, r in results if lab == label]
+    got = [(r[5], r[6]) for lab, r in results if lab[0] == label]
     prompt = sum(n for _, n in got)
     return round(sum(c for c, _ in got) / prompt, 4) if prompt else None
 
@@ -121,6 +193,39 @@ def follow_up(prompt, new_tokens, vocab):
     """The next turn of a conversation: the prompt, the counter's greedy answer to it, a new 16-token turn."""
     answer = [(prompt[-1] + 1 + k) % vocab for k in range(new_tokens)]
     return prompt + answer + [random.randrange(3, vocab) for _ in range(15)] + [draft_range_token()]
+
+
+def trace_names(text):
+    """--trace NAME[,NAME...], as an argparse type."""
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in TRACES]
+    if bad or not names:
+        raise ArgumentTypeError(f"wants names from {', '.join(TRACES)}, got {text!r}")
+    return names
+
+
+def trace_out(out, name):
+    """--out with the trace's name before the extension: trace.jsonl -> trace_NAME.jsonl."""
+    root, ext = os.path.splitext(out)
+    return f"{root}_{name}{ext or '.jsonl'}"
+
+
+def run_traces(a):
+    """--trace: --rounds paired rounds of every named trace (round-major: a deadline that cuts the last round leaves
+    every trace its earlier rounds; the same prompts on every server, the order rotated each round)."""
+    t_start = time.time()
+    for k in range(a.rounds):
+        for name in a.trace:
+            if time.time() - t_start > a.deadline:
+                print(f"BURSTY_SKIP trace={name} round={k}: deadline", flush=True)
+                continue
+            random.seed(f"trace-{name}-{k}")
+            phases = trace_phases(name, a.new_tokens, a.vocab)
+            for cfg, url in rotated(a.servers, k):
+                total, phase_s, results, lone = run_schedule(url, phases, a.vocab, a.timeout)
+                emit("BURSTY", row(cfg, k, total, phase_s, results, lone, trace=name),
+                     trace_out(a.out, name) if a.out else None)
+    return 0
 
 
 def main():
@@ -146,8 +251,16 @@ def main():
     p.add_argument("--timeout", type=positive_float, default=120, help="seconds a request may take")
     p.add_argument("--deadline", type=number, default=1e9,
                    help="start no new round after this many s (0 or less: none starts)")
+    p.add_argument("--trace", type=trace_names, default=None, metavar="NAME[,NAME...]",
+                   help=f"named traces instead of the quiet/burst cycles ({', '.join(TRACES)}); rows in --out with "
+                        "the name before the extension")
     p.add_argument("--out")
     a = p.parse_args()
+    if a.trace and a.vocab - a.new_tokens <= 1024:
+        p.error(f"argument --trace: unpredictable prompts need --vocab - --new-tokens > 1024 (the draft's vocabulary), "
+                f"got {a.vocab} - {a.new_tokens}")
+    if a.trace:
+        return run_traces(a)
     if a.follow_ups > min(a.low_requests, a.burst_requests):
         p.error("argument --follow-ups: at most the smaller of --low-requests and --burst-requests")
     servers = a.servers

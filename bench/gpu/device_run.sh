@@ -19,6 +19,10 @@
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl
+# TRACES=NAME,... (side by side; issue 52): then TRACE_ROUNDS (default 2) paired rounds of bursty_client.py's named
+#   traces (load, accept_shift, context, bursty, mixed: load x acceptance x context), $OUT/trace_NAME.jsonl; no trace's round
+#   starts later than TRACE_MARGIN_S (default 90: one trace on three servers, about 50 s, and the shutdown) before the
+#   budget's end; TRACE_ARGS: more bursty_client.py flags
 # OPENLOOP_ROUNDS=N, OPENLOOP_ARGS: then N paired rounds of the open-loop load (open_loop_client.py: Poisson arrivals on
 #   a fixed rate profile, e.g. '--rates 2,40,8,120 --phase-s 8'), open_loop.jsonl
 # JIT_PER_SERVER=1: every server its own copy of the triton cache (see start(): the first server to meet a shape no
@@ -149,6 +153,12 @@ if [ -n "${SIDE_BY_SIDE:-}" ]; then
       rem=$(( BUDGET - $(el) - 20 )); echo "== bursty2: $servers (t=$(el)s, ${rem}s) ${BURSTY2_ARGS:-}"
       timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "$BURSTY2_ROUNDS" \
         ${BURSTY2_ARGS:-} --out "$OUT/bursty_2.jsonl" --deadline $(( rem - 30 )) 2>&1 | grep -E 'BURSTY|Error|error|_client: ' | tee "$OUT/tr/bursty_2.log"
+    fi
+    if [ -n "${TRACES:-}" ]; then   # issue 52's named traces (bursty_client.py --trace), $OUT/trace_NAME.jsonl each
+      rem=$(( BUDGET - $(el) - 20 )); echo "== traces $TRACES: $servers (t=$(el)s, ${rem}s)"
+      timeout $rem python3 bench/gpu/bursty_client.py --servers "$servers" --rounds "${TRACE_ROUNDS:-2}" \
+        --trace "$TRACES" ${TRACE_ARGS:-} --out "$OUT/trace.jsonl" --deadline $(( rem - ${TRACE_MARGIN_S:-90} )) 2>&1 \
+        | grep -E 'BURSTY|Error|error|_client: ' | cut -c1-400 | tee "$OUT/tr/traces.log"
     fi
     if [ -n "${OPENLOOP_ROUNDS:-}" ]; then   # the open-loop load (open_loop_client.py): arrivals on a fixed schedule
       rem=$(( BUDGET - $(el) - 20 )); echo "== open loop: $servers (t=$(el)s, ${rem}s) ${OPENLOOP_ARGS:-}"

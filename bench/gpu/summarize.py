@@ -650,6 +650,82 @@ def figure(rows, ratio_cfgs=RATIO_CFGS, title=None):
     return fig
 
 
+def trace_table(paths):
+    """Issue 52's named traces (bursty_client.py --trace: trace_NAME.jsonl): per trace, the whole trace per
+    configuration, then each phase."""
+    return load_sections(paths, "trace_*.jsonl", "## Trace {name} (bursty_client.py --trace; paired rounds)",
+                         trace_lines)
+
+
+# issue 52's targets: auto >= 0.97x the per-phase best on every trace; p99 <= 1.05x the better static's in every
+# phase; the guard within 2 %
+TRACE_TARGETS = {"per_phase_best": 0.97, "p99": 1.05, "guard": 0.98}
+
+
+def trace_lines(rows):
+    """Markdown: the whole trace per configuration (per-phase best / this, better static / this, `auto` / this: for
+    `auto_guard` the guard's cost; paired medians over the rounds), then per phase: each configuration's seconds over
+    the per-phase best (the faster of plain and always on in that phase, same round) and its p99 over the better
+    static p99 of that phase. A ratio needs both rows of its round; "-" where the call ran no such configuration."""
+    by, cfgs = by_cfg_round(rows)
+    statics = [b for b in ("plain", "spec") if b in by]
+    med = statistics.median
+    cell = lambda xs, f="{:.3f}": f.format(med(xs)) if xs else "-"  # noqa: E731
+    labels = next(iter(next(iter(by.values())).values()))["phase_labels"]
+    n = len(labels)
+
+    def best(k, key, j=None):
+        got = [(by[b][k][key] if j is None else by[b][k][key][j]) for b in statics if k in by[b]]
+        return min(got) if len(got) == len(statics) and got else None
+
+    head = ["configuration", "rounds", "total s", "exact", "per-phase best / this", "better static / this",
+            "auto / this", "p99 s (whole trace)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cfgs:
+        rs = by[c]
+        if any(r["errors"] for r in rs.values()):
+            lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | failed: {sum(r['errors'] for r in rs.values())} "
+                         "requests with errors |" + " - |" * (len(head) - 3))
+            continue
+        phase_best = [sum(ph) / r["total_s"] for k, r in rs.items()
+                      if (ph := [best(k, "phase_s", j) for j in range(n)]) and None not in ph]
+        static = [b / r["total_s"] for k, r in rs.items() if (b := best(k, "total_s")) is not None]
+        vs_auto = [by["auto"][k]["total_s"] / r["total_s"] for k, r in rs.items() if k in by.get("auto", {})]
+        lines.append(f"| {CFG_LABEL.get(c, c)} | {len(rs)} | {med(r['total_s'] for r in rs.values()):.2f} | "
+                     f"{sum(r['exact'] for r in rs.values())}/{sum(r['requests'] for r in rs.values())} | "
+                     f"{cell(phase_best)} | {cell(static)} | {cell(vs_auto)} | "
+                     f"{med(r['lat_p99'] for r in rs.values()):.2f} |")
+    lines += ["", "Per phase: seconds (median), per-phase best / this, p99 s, p99 / the better static p99 (paired "
+              "medians), mean accept length:", "",
+              "| phase | " + " | ".join(CFG_LABEL.get(c, c) for c in cfgs) + " |", "|---|" + "---|" * len(cfgs)]
+    misses = []
+    for j, label in enumerate(labels):
+        cells = []
+        for c in cfgs:
+            rs = {k: r for k, r in by[c].items() if not r["errors"]}
+            speed = [b / r["phase_s"][j] for k, r in rs.items() if (b := best(k, "phase_s", j)) is not None]
+            p99 = [r["phase_p99"][j] / b for k, r in rs.items() if (b := best(k, "phase_p99", j)) is not None]
+            acc = [r["phase_accept"][j] for r in rs.values() if r["phase_accept"][j] is not None]
+            secs, tails = [r["phase_s"][j] for r in rs.values()], [r["phase_p99"][j] for r in rs.values()]
+            cells.append(f"{cell(secs, '{:.2f}')} s, {cell(speed)}, p99 {cell(tails, '{:.2f}')} s ({cell(p99)}), "
+                         f"acc {cell(acc, '{:.2f}')}" if secs else "-")
+            if c.startswith("auto") and p99 and med(p99) > TRACE_TARGETS["p99"]:
+                misses.append(f"{c}: p99 {med(p99):.3f}x the better static's in phase {j} ({label})")
+        lines.append(f"| {j} {label} | " + " | ".join(cells) + " |")
+    for c in [c for c in cfgs if c.startswith("auto")]:
+        whole = [sum(ph) / r["total_s"] for k, r in by[c].items()
+                 if (ph := [best(k, "phase_s", j) for j in range(n)]) and None not in ph and not r["errors"]]
+        if whole and med(whole) < TRACE_TARGETS["per_phase_best"]:
+            misses.append(f"{c}: {med(whole):.3f}x the per-phase best over the trace")
+    guard = [by["auto"][k]["total_s"] / r["total_s"] for k, r in by.get("auto_guard", {}).items()
+             if k in by.get("auto", {})]
+    if guard and med(guard) < TRACE_TARGETS["guard"]:
+        misses.append(f"auto_guard: {med(guard):.3f}x auto's speed (the guard's cost over 2 %)")
+    lines += ["", "Issue 52's targets (>= 0.97x the per-phase best, p99 <= 1.05x the better static's per phase, "
+              "the guard within 2 %): " + ("; ".join(misses) + "." if misses else "met where measured.")]
+    return lines
+
+
 def bursty_table(paths):
     """The bursty load (bursty_client.py rows): per configuration the median schedule time, tok/s and p99 latency
     over its rounds, and its paired-round time against the better static setting (plain, always on), against the
@@ -863,8 +939,8 @@ def main():
     # a run folder holds every kind of file; a file given is one kind, by its name (bench_*, bursty_*, open_loop*)
     dirs = [s for s in a.sources if os.path.isdir(s)]
     named = {kind: [s for s in a.sources if not os.path.isdir(s) and os.path.basename(s).startswith(kind)]
-             for kind in ("bursty", "open_loop")}
-    rows = load_rows([s for s in a.sources if s not in named["bursty"] + named["open_loop"]])
+             for kind in ("bursty", "open_loop", "trace")}
+    rows = load_rows([s for s in a.sources if s not in named["bursty"] + named["open_loop"] + named["trace"]])
     traces = a.traces if a.traces is not None else dirs
     md = ["## Throughput / mean latency", "", table(rows, a.ratio) if rows else "(no bench rows)", ""]
     if a.over and rows:
@@ -877,6 +953,7 @@ def main():
     if rows:
         md += learner_values_lines(events, rows)
     md += [""] + bursty_table(dirs + named["bursty"])
+    md += trace_table(dirs + named["trace"])
     md += open_loop_table(dirs + named["open_loop"])
     text = "\n".join(md)
     print(text)

@@ -7,11 +7,18 @@ What it observes, on the host, with no host-device sync:
   result before it launches step N+1, so at steady state this interval is the GPU's step time); attributed to the
   first. A prefill launched between them stays in: serving new requests is part of what a mode costs at that load
   (and at high concurrency a prefill runs between most decode steps, so leaving those out would leave little);
-- the batch size of that step;
+- the batch size of that step, and its context: the KV tokens per request it read (the requests' prompts and outputs,
+  `len(origin_input_ids) + len(output_ids)`, host lists; the same on every rank, so not agreed), which the learner
+  takes into its estimates and every decision is valued at (the last decode batch's; issue 52: with long prompts a
+  step reads much more KV, and where speculation pays moves);
 - the tokens it committed: plain, one per request; speculative, the batch size times the mean accept length of the
   verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host and
-  checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU). A window that processed
-  no verify result gives its speculative steps their seconds only (the learner keeps the accept length apart).
+  checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU: SGLang 0.5.16's and
+  0.5.23's `scheduler_components/batch_result_processor.py` assert `result.accept_lens.is_cpu` in the speculative
+  decode's result processing and read `.tolist()` there, the EAGLE worker v2's verify having filled
+  `GenerationBatchResult.accept_lens` and `copy_to_cpu` moved it). A window that processed no verify result gives
+  its speculative steps their seconds only (the learner keeps the accept length apart). The learner tracks it per
+  window and rechecks speculation when it fell and may pay again (statemodel.auto_policy `_recheck_due`).
 - with tiers (SPECFLIP_TIERS beside SPECFLIP_SWITCH=auto): each step's step count, and each verify result's accept
   lengths summed per step count (the switch tells which result ran at which: `on_launched`), so the learner learns
   the accept length per tier.
@@ -54,6 +61,7 @@ class AutoSwitch:
     # seconds (per rank until agreed)
     pending: list[tuple[bool, int]] = field(default_factory=list)
     pending_steps: list[int | None] = field(default_factory=list)
+    pending_context: list[float] = field(default_factory=list)  # their KV tokens per request
     seconds: list[float] = field(default_factory=list)
     accept_tokens: int = 0  # verify results processed in this window: accept lengths summed, and rows
     accept_rows: int = 0
@@ -61,8 +69,9 @@ class AutoSwitch:
     accept_by_steps: dict[int, list[int]] = field(default_factory=dict)
     accept_mean: float = 1.0  # the last agreed mean accept length (tokens per request per speculative step)
     decode_steps: int = 0  # decode run_batch calls seen (the same count on every rank)
-    # (time, spec_on, batch, flips, steps) of the last decode launch
-    prev: tuple[float, bool, int, int, int | None] | None = None
+    # (time, spec_on, batch, flips, steps, KV tokens per request) of the last decode launch
+    prev: tuple[float, bool, int, int, int | None, float] | None = None
+    context: float | None = None  # the KV tokens per request of the last decode batch (None before one)
     # tiers: id() of each launched speculative decode's result -> its step count, until the result is processed
     result_steps: dict[int, int] = field(default_factory=dict)
     last: ap.Decision | None = None
@@ -87,7 +96,8 @@ class AutoSwitch:
         `steps`: with tiers, the step count speculation runs at now; `batch_work`: (output tokens the running requests
         may still ask for, tokens their re-prefill would run, their rids), read only for a flip-on with requests
         running."""
-        d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps)
+        d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps,
+                      context=self.context)
         if d.action == ap.FLIP_ON and d.reason == "measured" and running + chunked > 0 and batch_work is not None:
             remaining, catch_up, rids = batch_work()
             # held before, and every request held then has finished: the batch turned over (a steady load)
@@ -117,6 +127,8 @@ class AutoSwitch:
                 "spec_value": None if d.spec_value is None else round(d.spec_value, 3),
                 "plain_value": None if d.plain_value is None else round(d.plain_value, 3),
                 "incumbent": self.mode_name(d.incumbent), "probes": self.state.probes,
+                "rechecks": self.state.rechecks,
+                "context": None if d.context is None else round(d.context, 1),
                 "digest": self.state.digest(),
                 **({} if d.catch_up_s is None else {"saved_s": round(d.saved_s or 0.0, 4),
                                                      "catch_up_s": round(d.catch_up_s, 4)}),
@@ -170,12 +182,14 @@ class AutoSwitch:
             self.catch_up_seen = (tokens, now - started) if spec_on else self.catch_up_seen
             self.catch_up_started = None
         bs = batch.batch_size()
+        self.context = batch_context(batch)
         prev = self.prev
         if prev is not None and prev[1] == spec_on and prev[3] == flips:
             self.pending.append((prev[1], prev[2]))
             self.pending_steps.append(prev[4])
+            self.pending_context.append(prev[5])
             self.seconds.append(now - prev[0])
-        self.prev = (now, spec_on, bs, flips, steps if spec_on else None)
+        self.prev = (now, spec_on, bs, flips, steps if spec_on else None, self.context)
         self.decode_steps += 1
         if self.decode_steps % self.window == 0:
             self.agree(scheduler, trace)
@@ -245,11 +259,12 @@ class AutoSwitch:
         tier_sums = values[n + 2:]
         tier_means = {s: (tier_sums[2 * i] / tier_sums[2 * i + 1] if tier_sums[2 * i + 1] > 0 else None)
                       for i, s in enumerate(tiers)}
-        for (spec_on, bs), steps, sec in zip(self.pending, self.pending_steps, seconds, strict=True):
+        for (spec_on, bs), steps, sec, ctx in zip(self.pending, self.pending_steps, seconds, self.pending_context,
+                                                  strict=True):
             step_mean = tier_means.get(steps) if tiers else mean
             tok = (None if step_mean is None else bs * step_mean) if spec_on else float(bs)
             self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec,
-                                                               steps=steps))
+                                                               steps=steps, context=ctx))
         if catch_up_tokens > 0:
             self.state = ap.observe_catch_up(self.state, catch_up_tokens, catch_up_s)
         self.catch_up_seen = None
@@ -258,14 +273,24 @@ class AutoSwitch:
             trace.event("auto_observe", rank=self.rank, decode_step=self.decode_steps, n=len(self.pending),
                         spec=sum(1 for s, _ in self.pending if s), seconds=round(sum(seconds), 6),
                         accept_mean=None if mean is None else round(mean, 4), learner_step=self.state.step,
+                        context=round(sum(self.pending_context) / n, 1) if n else None,
                         digest=self.state.digest(),
                         **({} if not catch_up_tokens else {"catch_up_tokens": catch_up_tokens,
                                                            "catch_up_s": round(catch_up_s, 6)}),
                         **({} if not tiers else {"accept_by_steps": {
                             str(s): None if m is None else round(m, 4) for s, m in tier_means.items()}}))
-        self.pending, self.pending_steps, self.seconds = [], [], []
+        self.pending, self.pending_steps, self.pending_context, self.seconds = [], [], [], []
         self.accept_tokens = self.accept_rows = 0
         self.accept_by_steps = {}
+
+
+def batch_context(batch: Any) -> float:
+    """The KV tokens per request a decode batch reads: its requests' prompt and output tokens, from the host's lists
+    (no device read), the same on every rank; 0 (not known) for a batch whose requests carry no such lists."""
+    reqs = getattr(batch, "reqs", None)
+    if not reqs:
+        return 0.0
+    return sum(len(getattr(r, "origin_input_ids", ())) + len(getattr(r, "output_ids", ())) for r in reqs) / len(reqs)
 
 
 def tp_rank(scheduler: Any) -> int:
