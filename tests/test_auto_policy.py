@@ -132,7 +132,7 @@ QUIET, WAVE, LULL, BURST = 400, 60, 4, 300
 
 
 def lulled_bursts(seed: int) -> list[int]:
-    """The H200's bursty load as the auto server saw it (session 9, 2026-12-01_25a6220/traces_callA.tar.xz): each
+    """The H200's bursty load as the auto server saw it (2026-12-01_25a6220/traces_callA.tar.xz): each
     burst arrives in two
     waves with a lull between them in which the server holds a single request."""
     rng = random.Random(seed)
@@ -188,7 +188,7 @@ def test_stale_estimates_are_probed_again_rarely() -> None:
 
 
 def test_traffic_that_drafts_better_while_plain_runs_is_found_again() -> None:
-    """The H200 8B run of session 11 (bench/gpu/results/2026-12-02_eedb8cd/traces_call2.tar.xz, tr/auto/): the
+    """The H200 8B run of 2026-12-02 (bench/gpu/results/2026-12-02_eedb8cd/traces_call2.tar.xz, tr/auto/): the
     warm-up's requests
     drafted at accept 1.0-1.5 (prompts outside the counter draft's vocabulary), so at demand 1-2 plain won on the
     numbers and held; the measured traffic drafted at 2.0, which a plain step cannot show, and with `stale_after`
@@ -206,7 +206,7 @@ def test_traffic_that_drafts_better_while_plain_runs_is_found_again() -> None:
         assert sum(after[back:]) / len(after[back:]) > 0.95 and sum(after) / measured > 0.7, demand  # bar probes
         old = simulate(PLAIN, SPEC, [demand] * (warm + measured), noise=0.04, seed=3, traffic=traffic,
                        state=ap.initial_state(ap.AutoParams(stale_after=8192)))
-        assert not any(old.modes[warm:])  # the test can fail: the session-11 learner never came back
+        assert not any(old.modes[warm:])  # the test can fail: the 2026-12-02 (eedb8cd) learner never came back
 
 
 def test_never_flips_on_above_the_cap() -> None:
@@ -283,7 +283,7 @@ def test_params_are_checked() -> None:
         ap.AutoParams(min_samples=0)
 
 
-RECORDED = Path(__file__).parent / "regressions" / "recorded" / "auto_s7_call2_windows.json"
+RECORDED = Path(__file__).parent / "regressions" / "recorded" / "auto_2026-12-01_9b58d3b_call2_windows.json"
 
 
 def replay_windows(windows: list[dict[str, Any]]) -> ap.AutoState:
@@ -297,15 +297,15 @@ def replay_windows(windows: list[dict[str, Any]]) -> ap.AutoState:
     return state
 
 
-def test_recorded_session7_windows_value_speculation_at_its_rate() -> None:
-    """The H200 8B run of session 7 (call 2, bursty; tests/regressions/recorded/auto_s7_call2_windows.json, from
-    2026-12-01_9b58d3b/traces_call2.tar.xz): at batch 1 speculation was seen only in warm-up windows whose requests
-    drafted at
-    accept 1.0 (SGLang's own log there: accept len 1.4-1.7), at 5.3-5.8 ms a step; the quiet phase later ran at
-    batch 2 with accept 2.0. Learned per bucket (before the fix), batch 1 kept accept 1.0 and valued speculation at
-    about 181 tok/s against plain's 223 here (the trace's flips: 181 against 183), half its rate (call 1: 327 tok/s
-    end to end at concurrency 1). With the accept length learned over every bucket, batch 1 is valued at its step
-    rate times 2.0, and the learner at demand 1 takes speculation, on the numbers and by a clear win."""
+def test_recorded_bursty_windows_value_speculation_at_its_rate() -> None:
+    """The H200 8B run of 2026-12-01, 9b58d3b (call 2, bursty; tests/regressions/recorded/
+    auto_2026-12-01_9b58d3b_call2_windows.json, from 2026-12-01_9b58d3b/traces_call2.tar.xz): at batch 1 speculation
+    was seen only in warm-up windows whose requests drafted at accept 1.0 (SGLang's own log there: accept len 1.4-1.7),
+    at 5.3-5.8 ms a step; the quiet phase later ran at batch 2 with accept 2.0. Learned per bucket (before the fix),
+    batch 1 kept accept 1.0 and valued speculation at about 181 tok/s against plain's 223 here (the trace's flips: 181
+    against 183), half its rate (call 1: 327 tok/s end to end at concurrency 1). With the accept length learned over
+    every bucket, batch 1 is valued at its step rate times 2.0, and the learner at demand 1 takes speculation, on the
+    numbers and by a clear win."""
     windows = json.loads(RECORDED.read_text())["windows"]
     batch1_spec = [w for w in windows if w["spec"] and w["batch"] == 1]
     # what a per-bucket tokens rate holds for batch 1: the warm-up's accept 1.0 over its step time
@@ -345,8 +345,9 @@ def test_the_accept_length_is_shared_by_every_bucket() -> None:
 
 def test_a_mode_whose_steps_vary_is_valued_at_its_mean_step_time() -> None:
     """Throughput is tokens over seconds summed: steps alternating 8 and 16 ms make 1 / 12 ms, not the 1 / 10.7 ms a
-    mean of their rates gives (session 16: speculation at 48, where most decode intervals hold a prefill). Such a
-    mode against a steady one of 11 ms: the steady one wins, by 7 %, beyond the margin (a mean of rates: the other)."""
+    mean of their rates gives (2026-12-02, 50a6e62: speculation at 48, where most decode intervals hold a prefill). Such
+    a mode against a steady one of 11 ms: the steady one wins, by 7 %, beyond the margin (a mean of rates: the
+    other)."""
     state = ap.initial_state()
     for i in range(64):
         state = ap.observe(state, ap.Observation(True, 32, 32.0, 0.008 if i % 2 else 0.016))
@@ -372,7 +373,7 @@ def wave(state: ap.AutoState, spec_on: bool, batch: int, first_ms: float, last_m
 
 
 def test_a_mode_whose_steps_grow_over_a_wave_is_valued_over_the_wave() -> None:
-    """The H200, session 16, concurrency 48 (2026-12-02_50a6e62/traces_call3.tar.xz, the learner's windows):
+    """The H200, 2026-12-02 (50a6e62), concurrency 48 (2026-12-02_50a6e62/traces_call3.tar.xz, the learner's windows):
     speculation's steps
     grew from 9.5 to 12.7 ms over each wave of 128-token requests, plain's stayed at 5.1-5.3 ms. An 8-step memory
     valued speculation by the part of the wave it saw last: its flips at the wave's start read 9.5 ms (10,100 tok/s,
@@ -389,7 +390,7 @@ def test_a_mode_whose_steps_grow_over_a_wave_is_valued_over_the_wave() -> None:
         v_spec, v_plain = ap.value(at, True, 48, 48), ap.value(at, False, 48, 48)
         assert v_spec is not None and v_plain is not None
         assert v_spec == pytest.approx(wave_mean, rel=0.06) and v_plain > 1.03 * v_spec
-    # the 8-step memory of session 16 rates speculation by the phase of the wave: 8 % apart early and late
+    # the 8-step memory of 2026-12-02 (50a6e62) rates speculation by the phase of the wave: 8 % apart early and late
     short = attrs.evolve(state, params=attrs.evolve(state.params, step_alpha=1 / 8))
     for _ in range(2):
         short = wave(short, True, 48, 9.5, 12.7, 64)
@@ -398,12 +399,12 @@ def test_a_mode_whose_steps_grow_over_a_wave_is_valued_over_the_wave() -> None:
 
 
 def test_a_bucket_between_two_known_ones_is_interpolated() -> None:
-    """Plain never ran at 48 (session 16: the sweep reached it with no probe budget left, and 48 is speculation's
-    cap, where the prior keeps speculation), but it ran at 32 and at 128: its step time at 48 is interpolated in the
-    batch between them (the learner's windows there: about 5.1 and 6.1 ms; at 48, 5.27 ms, 9,100 tok/s) and the
-    numbers decide. Speculation at 48 (11.3 ms a step over a wave, 8,500 tok/s) loses by 7 %: the learner wants
-    plain, after its dwell and confirmation only (an interpolated value never makes a clear win). Outside the known
-    buckets nothing is interpolated."""
+    """Plain never ran at 48 (2026-12-02, 50a6e62: the sweep reached it with no probe budget left, and 48 is
+    speculation's cap, where the prior keeps speculation), but it ran at 32 and at 128: its step time at 48 is
+    interpolated in the batch between them (the learner's windows there: about 5.1 and 6.1 ms; at 48, 5.27 ms, 9,100
+    tok/s) and the numbers decide. Speculation at 48 (11.3 ms a step over a wave, 8,500 tok/s) loses by 7 %: the learner
+    wants plain, after its dwell and confirmation only (an interpolated value never makes a clear win). Outside the
+    known buckets nothing is interpolated."""
     state = ap.initial_state()
     for batch, ms in [(32, 5.1), (128, 6.1)]:
         state = wave(state, False, batch, ms, ms, 24)
@@ -425,7 +426,7 @@ def test_a_bucket_between_two_known_ones_is_interpolated() -> None:
 
 
 def test_a_demand_inside_a_bucket_is_valued_on_the_line_between_its_points() -> None:
-    """The H200, session 17, concurrency 48 (2026-12-02_eeb8707/traces_call1.tar.xz, the learner's windows):
+    """The H200, 2026-12-02 (eeb8707), concurrency 48 (2026-12-02_eeb8707/traces_call1.tar.xz, the learner's windows):
     speculation's step
     took 9.8 ms at 32 and 12.6 ms at 48, plain's 5.0 and 5.2 ms. Under the closed loop the demand dipped from 48 to
     46 as requests turned over; valued at bucket 32's seconds, 46 requests made speculation 2 % better than plain,
@@ -461,8 +462,8 @@ def test_a_demand_inside_a_bucket_is_valued_on_the_line_between_its_points() -> 
 
 
 def test_a_waves_turnover_flips_nothing() -> None:
-    """The H200, session 18, call 1 (auto_decide records): at concurrency 48 the closed loop's requests, all 128
-    tokens long, finish together; the server idles, then their clients' next requests arrive one by one. At the
+    """The H200, 2026-12-03 (eeb8707), call 1 (auto_decide records): at concurrency 48 the closed loop's requests, all
+    128 tokens long, finish together; the server idles, then their clients' next requests arrive one by one. At the
     first of them the demand read 1, speculation won there by 1.55x (a clear win: no dwell, no confirmation) and
     came on; the wave then ran 48-55 steps at 48 requests in speculation before its dwell let plain back. A decision
     values the most requests seen within the last `hold_steps` steps: the turnover (no decode step in it) is valued
@@ -483,8 +484,8 @@ def test_a_waves_turnover_flips_nothing() -> None:
 
 
 def test_a_bucket_is_capped_at_the_least_seconds_above_it() -> None:
-    """The H200, session 18, call 1 (auto_tiers31): a 24-step probe of plain at 48 fell on a wave's turnover, its
-    intervals full of the next wave's prefills: 8.9 ms a step, where plain took 5.2 ms at 48 and 6.1 ms at 128. The
+    """The H200, 2026-12-03 (eeb8707), call 1 (auto_tiers31): a 24-step probe of plain at 48 fell on a wave's turnover,
+    its intervals full of the next wave's prefills: 8.9 ms a step, where plain took 5.2 ms at 48 and 6.1 ms at 128. The
     line through that point valued plain at 64 below steps 1 (8,297 against 8,391 tok/s), and the tiers switch ran
     steps 1 through concurrency 64, 0.68x plain. A decode step with more requests takes no less time: a bucket's
     point is capped at the least seconds of any point above it."""
@@ -499,24 +500,25 @@ def test_a_bucket_is_capped_at_the_least_seconds_above_it() -> None:
 # --- the two-mode learner unchanged (issue 23 generalised it to tiers) -------------------------------------------
 
 # the two-mode learner at 99b4dff, before tiers, on these loads with 5 % step noise: a649fb4b...; the learner before
-# session 16 (tiers, no tiers given) reproduced it. Session 16's learner averages seconds, not rates, which moves
-# decisions where step times vary; where they do not (noise 0) it took that learner's decisions, fingerprint for
-# fingerprint (b2b41cf3..., the learner of 87fe0b2). Session 17's interpolates a bucket between two known ones
-# (two more decisions on load 1, noise-free: a824f4d1...) and keeps 64 steps of step times, not 8 (with 5 % noise,
-# 8 fewer decisions on load 2 and 4 fewer on load 3, at 0.6-0.8 % more tok/s: ce805815...). Session 18's values a
-# demand on the line between its buckets' points, not at its bucket's seconds: at the default parameters the same
-# flips on all three loads at 0-2 % more tok/s; at the small ones (dwell 6, confirmation 2) a demand jittering
-# across the crossover (18-40) now moves the value within a bucket, and loads 2 and 3 flip 17-20 % more often at
-# 0.7-2 % less tok/s (49 / 168 / 134 decisions noise-free). With it, session 18's decision values the most
-# requests seen in the last `hold_steps` steps (a lull after a burst, a wave's turnover flip nothing) and caps a
-# bucket's seconds at the least of any bucket above it: 29 / 87 / 77 decisions, 31-43 % fewer than session 17's
-# 51 / 144 / 112, at 4-11 % more tok/s (8,478 / 11,336 / 10,506 against 7,658 / 10,744 / 10,070), the same
-# decisions with 5 % noise as without (6abb694c...). Session 19's starts no probe while the demand is below the
-# hold's peak (a wave's tail): 25 / 51 / 51 decisions with 2 / 18 / 17 probes (against 7 / 40 / 31), 0.2-0.4 % more
-# tok/s (8,496 / 11,378 / 10,547), the same with noise as without (e2f281b3...); and ends a probe of speculation
-# that a burst overtakes past the cap: the same counts, a few probes shorter (11,381 on load 2; 3f2cc340...). Session
-# 20's flips speculation off without a dwell where requests wait beyond its cap: the same counts, 1 / 18 / 16 probes,
-# 8,503 / 11,391 / 10,555 tok/s (ef466f57...)
+# 2026-12-02, 50a6e62 (tiers, no tiers given) reproduced it. The learner of 2026-12-02 (50a6e62) averages seconds,
+# not rates, which moves decisions where step times vary; where they do not (noise 0) it took that learner's decisions,
+# fingerprint for fingerprint (b2b41cf3..., the learner of 87fe0b2). The learner of 2026-12-02 (eeb8707) interpolates
+# a bucket between two known ones (two more decisions on load 1, noise-free: a824f4d1...) and keeps 64 steps of step
+# times, not 8 (with 5 % noise, 8 fewer decisions on load 2 and 4 fewer on load 3, at 0.6-0.8 % more tok/s:
+# ce805815...). That of 2026-12-03 (eeb8707) values a demand on the line between its buckets' points, not at its
+# bucket's seconds: at the default parameters the same flips on all three loads at 0-2 % more tok/s; at the small ones
+# (dwell 6, confirmation 2) a demand jittering across the crossover (18-40) now moves the value within a bucket, and
+# loads 2 and 3 flip 17-20 % more often at 0.7-2 % less tok/s (49 / 168 / 134 decisions noise-free). With it, the
+# decision of 2026-12-03 (eeb8707) values the most requests seen in the last `hold_steps` steps (a lull after a
+# burst, a wave's turnover flip nothing) and caps a bucket's seconds at the least of any bucket above it: 29 / 87 / 77
+# decisions, 31-43 % fewer than the 2026-12-02 (eeb8707) learner's 51 / 144 / 112, at 4-11 % more tok/s (8,478 /
+# 11,336 / 10,506 against 7,658 / 10,744 / 10,070), the same decisions with 5 % noise as without (6abb694c...). That
+# of 2026-12-03 (dff2822) starts no probe while the demand is below the hold's peak (a wave's tail): 25 / 51 / 51
+# decisions with 2 / 18 / 17 probes (against 7 / 40 / 31), 0.2-0.4 % more tok/s (8,496 / 11,378 / 10,547), the same
+# with noise as without (e2f281b3...); and ends a probe of speculation that a burst overtakes past the cap: the same
+# counts, a few probes shorter (11,381 on load 2; 3f2cc340...). That of 2026-12-03 (9d1af93) flips speculation off
+# without a dwell where requests wait beyond its cap: the same counts, 1 / 18 / 16 probes, 8,503 / 11,391 / 10,555
+# tok/s (ef466f57...)
 TWO_MODE_FINGERPRINT_NOISE_FREE = "ef466f57cd5946ee51bc90754e93f32a7888a26c"
 TWO_MODE_FINGERPRINT = "ef466f57cd5946ee51bc90754e93f32a7888a26c"  # 5 % noise
 
@@ -539,8 +541,8 @@ def varied_load(seed: int) -> list[int]:
 def test_without_tiers_the_decisions_are_the_two_mode_learners() -> None:
     """The learner generalised to tiers took, with no tiers, the decisions the two-mode learner took before it
     (commit 99b4dff): the same flips, reasons, steps and counts, and the same mode at every step, on 13,000-step
-    loads with that commit's default parameters (stale_after 8192; 1024 since session 11) and with small ones. The
-    fingerprints pin the decisions, noise-free and with 5 % noise; each change of the learner that moved them since
+    loads with that commit's default parameters (stale_after 8192; 1024 since 2026-12-02, eedb8cd) and with small ones.
+    The fingerprints pin the decisions, noise-free and with 5 % noise; each change of the learner that moved them since
     is named above them."""
     import hashlib
 
@@ -560,8 +562,8 @@ def test_without_tiers_the_decisions_are_the_two_mode_learners() -> None:
 
 # --- tiers: plain and every step count of the ladder (issue 23) ---------------------------------------------------
 
-# H200, the 8B-class pair, session 7 call 3 (bench/gpu/results/2026-12-01_9b58d3b/bench_call3.jsonl): always on at
-# steps 3 and at
+# H200, the 8B-class pair, 2026-12-01 (9b58d3b) call 3 (bench/gpu/results/2026-12-01_9b58d3b/bench_call3.jsonl): always
+# on at steps 3 and at
 # steps 1 (accept length 2.0 at both: the counter draft), plain decoding
 T_PLAIN = dict(zip(CONCS, [220, 855, 3170, 4580, 5908, 10340, 21686], strict=True))
 T_STEPS3 = dict(zip(CONCS, [330, 1223, 3771, 4889, 5814, 6444, 6864], strict=True))
@@ -625,9 +627,9 @@ def test_tiers_prior_probes_and_tier_changes() -> None:
 
 def test_tiers_above_the_cap_with_plain_never_measured_there_follow_the_prior() -> None:
     """Both step counts known at the cap's batch (48) and plain never measured at 256: a demand of 256 runs
-    speculation at 48 requests, and comparing the two tiers alone would hold it there (on this session 16 table
-    0.39-0.44x plain at 256). The prior says plain above the cap, and the learner flips off at once (requests wait
-    beyond the cap: no dwell; before session 20, after its dwell and confirmation). Found
+    speculation at 48 requests, and comparing the two tiers alone would hold it there (on this 2026-12-02 (50a6e62)
+    table 0.39-0.44x plain at 256). The prior says plain above the cap, and the learner flips off at once (requests wait
+    beyond the cap: no dwell; before 2026-12-03 (9d1af93), after its dwell and confirmation). Found
     by the simulation of a sweep that jumps from 64 to 256 (bench/gpu/results/2026-12-02_50a6e62/bench_call3.jsonl's
     rows)."""
     state = ap.initial_state(tiers=(3, 1))
@@ -709,8 +711,8 @@ def threshold_tiers_tok_s(demands: list[int], plain: dict[int, float] | None = N
                           bounds: tuple[tuple[int, int], ...] = ((8, 4),), t_off: int = 40, t_on: int = 30,
                           spec_cap: int = 48) -> float:
     """A threshold switch with tiers on the same simulated steps, by statemodel.policy's decide_flip and
-    decide_tier; by default session 8's (SPECFLIP_SWITCH=40:30 SPECFLIP_TIERS=3,8:4,1) on session 7's per-tier rows
-    (`plain` / `tiers`: the tok/s tables, per step count)."""
+    decide_tier; by default the 2026-12-01 (17aacf4) run's (SPECFLIP_SWITCH=40:30 SPECFLIP_TIERS=3,8:4,1) on the
+    2026-12-01 (9b58d3b) run's per-tier rows (`plain` / `tiers`: the tok/s tables, per step count)."""
     from specflip.auto_sim import ACCEPT_LENGTH, _points, throughput_at
     from statemodel.policy import decide_flip, decide_tier
 
@@ -732,10 +734,10 @@ def threshold_tiers_tok_s(demands: list[int], plain: dict[int, float] | None = N
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tiers_on_bursts_against_the_threshold_tiers(seed: int) -> None:
-    """Issue 17's bursts (quiet phases of 1-8 requests, bursts of 100-200) on session 7's per-tier rows: the tiered
-    learner, probes included, is at least the threshold tiers switch of session 8 (it learns that steps 1 beats
-    steps 3 at low load on this pair, which the ladder 3,8:4,1 does not use below demand 8), and above the two-mode
-    learner at steps 3. Simulated steps: flip costs are not in them."""
+    """Issue 17's bursts (quiet phases of 1-8 requests, bursts of 100-200) on the 2026-12-01 (9b58d3b) run's per-tier
+    rows: the tiered learner, probes included, is at least the threshold tiers switch of 2026-12-01 (17aacf4) (it learns
+    that steps 1 beats steps 3 at low load on this pair, which the ladder 3,8:4,1 does not use below demand 8), and
+    above the two-mode learner at steps 3. Simulated steps: flip costs are not in them."""
     demands = bursty_demands(seed)
     res = simulate_tiers(T_PLAIN, T_TIERS, demands, noise=0.03, seed=seed)
     assert res.cap_breaches == 0
@@ -771,7 +773,7 @@ def learned_plain_state() -> ap.AutoState:
 
 
 def test_the_catch_up_is_learned_as_a_fixed_part_plus_one_per_token() -> None:
-    """One catch-up seen: its rate per token. Two sizes: the line through them. The H200's (session 19, call 2,
+    """One catch-up seen: its rate per token. Two sizes: the line through them. The H200's (2026-12-03, dff2822, call 2,
     the `auto` server's trace): 85 to 4,768 tokens in 21-47 ms, mostly a fixed cost, where the rate per token of
     their mean (0.1 ms) valued the catch-up of 24 requests (1,920 tokens) at 0.2 s and held every wave's flip on."""
     state = ap.initial_state()
@@ -790,7 +792,7 @@ def test_the_catch_up_is_learned_as_a_fixed_part_plus_one_per_token() -> None:
     assert h200.catch_up is not None and 0.025 < h200.catch_up.seconds_for(1920) < 0.045
     rate = sum(s / t for t, s in [(85, 0.0251), (340, 0.0228), (3232, 0.0452), (4768, 0.0330), (2544, 0.0310),
                                   (140, 0.0314), (3569, 0.0468), (108, 0.0206), (86, 0.0226), (110, 0.0234)]) / 10
-    assert rate * 1920 > 0.15  # the control: one rate per token (the learner until session 19) held at 24
+    assert rate * 1920 > 0.15  # the control: one rate per token (the learner until 2026-12-03, dff2822) held at 24
 
 
 def test_a_flip_on_with_requests_running_waits_until_speculation_saves_more_than_the_catch_up() -> None:
@@ -880,10 +882,10 @@ def test_a_hold_ends_once_the_batch_has_turned_over() -> None:
 
 
 def test_no_probe_starts_on_a_waves_tail() -> None:
-    """The H200, session 18, call 2 (auto_tiers31 at 64): a probe that begins as a wave drains measures a batch that
-    shrinks step by step, its intervals full of the next wave's prefills (session 18's poisoned probe of plain at
-    48), and at a round's tail it holds the last requests in the slower mode. A stale mode is probed at a steady
-    demand, not while the demand is below the most requests of the last `hold_steps` steps."""
+    """The H200, 2026-12-03 (eeb8707), call 2 (auto_tiers31 at 64): a probe that begins as a wave drains measures a
+    batch that shrinks step by step, its intervals full of the next wave's prefills (the 2026-12-03 (eeb8707) run's
+    poisoned probe of plain at 48), and at a round's tail it holds the last requests in the slower mode. A stale mode is
+    probed at a steady demand, not while the demand is below the most requests of the last `hold_steps` steps."""
     params = ap.AutoParams()
     state = wave(ap.initial_state(params), True, 40, 11.5, 11.5, 24)
     state = wave(state, False, 40, 5.1, 5.1, params.stale_after + 50)  # speculation's estimate goes stale
@@ -898,9 +900,9 @@ def test_no_probe_starts_on_a_waves_tail() -> None:
 
 
 def test_a_stale_estimate_is_learned_afresh() -> None:
-    """The H200, session 19, call 1 (auto at 48, 0.81x): plain's estimate at 48 came from the first steps of a ramp,
-    their intervals full of the other requests' prefills (about 9 ms a step); 5,000 steps later a probe ran plain at
-    48 for 24 steps at 5.0 ms, and the running mean of both put plain at 6.2 ms, below speculation's value, which
+    """The H200, 2026-12-03 (dff2822), call 1 (auto at 48, 0.81x): plain's estimate at 48 came from the first steps of a
+    ramp, their intervals full of the other requests' prefills (about 9 ms a step); 5,000 steps later a probe ran plain
+    at 48 for 24 steps at 5.0 ms, and the running mean of both put plain at 6.2 ms, below speculation's value, which
     then held through three rounds. An estimate probed because it is stale keeps its old mean as one sample: the
     probe's steps decide."""
     params = ap.AutoParams()
@@ -914,7 +916,7 @@ def test_a_stale_estimate_is_learned_afresh() -> None:
 
 
 def test_a_waves_turnover_keeps_the_want_and_the_hold() -> None:
-    """The H200, session 19, call 2 (auto at 24, 0.95x): plain ran at 24, where speculation led by 11 % on the
+    """The H200, 2026-12-03 (dff2822), call 2 (auto at 24, 0.95x): plain ran at 24, where speculation led by 11 % on the
     learner's numbers, not a clear win. Each wave's flip on was held by its catch-up (24 requests to re-prefill for
     the gain of one wave), and then the wave's turnover, an idle moment, dropped the want and the hold: the next
     wave's first request met a fresh confirmation, the rest a fresh hold, wave after wave. An idle decision weighs
@@ -948,8 +950,8 @@ def test_a_waves_turnover_keeps_the_want_and_the_hold() -> None:
 
 
 def test_a_probe_of_speculation_ends_when_a_burst_overtakes_it() -> None:
-    """The H200, session 19, call 2 (the bursty load, `auto`): a probe of speculation began at demand 43 on a burst's
-    ramp, and the burst reached 128 a few steps later; for the rest of the probe 80 requests waited behind
+    """The H200, 2026-12-03 (dff2822), call 2 (the bursty load, `auto`): a probe of speculation began at demand 43 on a
+    burst's ramp, and the burst reached 128 a few steps later; for the rest of the probe 80 requests waited behind
     speculation's cap of 48. A probe that demand past the cap overtakes ends at once, back to plain; below the cap
     it runs its course."""
     params = ap.AutoParams()
@@ -965,8 +967,8 @@ def test_a_probe_of_speculation_ends_when_a_burst_overtakes_it() -> None:
 
 
 def test_speculation_holding_requests_beyond_its_cap_flips_off_without_a_dwell() -> None:
-    """The H200, session 20, call 3 (`auto` with tiers 3,1, concurrency 64, 2026-12-03_9d1af93/traces_call3.tar.xz):
-    each wave
+    """The H200, 2026-12-03 (9d1af93), call 3 (`auto` with tiers 3,1, concurrency 64,
+    2026-12-03_9d1af93/traces_call3.tar.xz): each wave
     arrived with speculation on, so its cap (48) split the wave: 48 ran, 16 waited until the flip off, and finished
     some 25 steps after the rest, a tail of 16 in which steps 1 won on the numbers (4,447 against plain's 3,456
     tok/s) and came on. The next wave then waited through the flip-on's dwell: 40 steps at 48 running and 16 waiting
@@ -1011,12 +1013,13 @@ def test_a_closed_loop_at_64_meets_its_waves_in_plain_after_a_tail_flipped_specu
 
 
 def test_no_probe_of_speculation_starts_with_the_demand_past_its_cap() -> None:
-    """A closed loop of 64 clients in plain (tests/closed_loop.py, on session 20 call 1's `auto` learner values; one
-    tier, the two-mode learner's decisions): at each wave's turnover the running batch reads 0 while the next 64
-    requests arrive, and a probe of speculation that started there ended at once (the demand past the cap: session
-    19's rule), learning nothing, its wave split at the cap (48 ran, 16 waited). No probe of speculation starts with
-    the demand past the cap: the loop runs 640 requests in plain with no flip and no split wave (1832a1f: 2 probes, 4
-    flips, 0.966x; 376e528: 1 probe, 2 flips, 0.991x). Under the cap the same state wants speculation."""
+    """A closed loop of 64 clients in plain (tests/closed_loop.py, on the `auto` learner values of the 2026-12-03
+    (9d1af93) run's call 1; one tier, the two-mode learner's decisions): at each wave's turnover the running batch reads
+    0 while the next 64 requests arrive, and a probe of speculation that started there ended at once (the demand past
+    the cap: the rule of 2026-12-03, dff2822), learning nothing, its wave split at the cap (48 ran, 16 waited). No probe
+    of speculation starts with the demand past the cap: the loop runs 640 requests in plain with no flip and no split
+    wave (1832a1f: 2 probes, 4 flips, 0.966x; 376e528: 1 probe, 2 flips, 0.991x). Under the cap the same state wants
+    speculation."""
     import closed_loop
 
     plain = {1: 227, 4: 905, 16: 3_482, 24: 5_109, 32: 6_470, 48: 9_392, 64: 12_209, 128: 21_119, 256: 28_576}
@@ -1031,7 +1034,7 @@ def test_no_probe_of_speculation_starts_with_the_demand_past_its_cap() -> None:
     assert ap.decide(attrs.evolve(run.state, peak=0), False, 40, 0, 48, steps=3).wants_flip
 
 
-# the learner's values on the H200, session 20, call 3 (`auto` with tiers 3,1; tok/s by concurrency)
+# the learner's values on the H200, 2026-12-03 (9d1af93), call 3 (`auto` with tiers 3,1; tok/s by concurrency)
 S20_PLAIN = {1: 227, 16: 3_467, 24: 4_999, 64: 11_887, 128: 21_117, 256: 28_615}
 S20_TIERS = {3: {1: 363, 4: 1_332, 16: 4_251, 24: 5_419, 64: 8_535}, 1: {1: 377, 4: 1_483, 16: 4_447, 24: 6_030,
                                                                           64: 9_275}}
@@ -1039,10 +1042,10 @@ S20_TIERS = {3: {1: 363, 4: 1_332, 16: 4_251, 24: 5_419, 64: 8_535}, 1: {1: 377,
 
 @pytest.mark.parametrize("clients", [1, 4, 24, 48, 64, 256])
 def test_tiers_in_a_closed_loop_make_the_best_static_setting(clients: int) -> None:
-    """Per request (tests/closed_loop.py: waves of equal requests, the cap, prefills, the catch-up gate) on session
-    20's learner values: after a warm-up at the same concurrency, the tiers learner makes >= 0.97x the best of plain,
-    steps 3 and steps 1 held fixed (0.98-1.00x from 1 to 256; 376e528: 0.994-0.998x from 56 up, one split wave
-    per 10)."""
+    """Per request (tests/closed_loop.py: waves of equal requests, the cap, prefills, the catch-up gate) on the
+    learner values of 2026-12-03 (9d1af93): after a warm-up at the same concurrency, the tiers learner makes >= 0.97x
+    the best of plain, steps 3 and steps 1 held fixed (0.98-1.00x from 1 to 256; 376e528: 0.994-0.998x from 56 up, one
+    split wave per 10)."""
     import closed_loop
 
     n = max(10 * clients, 80)
@@ -1055,11 +1058,11 @@ def test_tiers_in_a_closed_loop_make_the_best_static_setting(clients: int) -> No
 
 
 def test_a_bursty_closed_loop_comes_within_2_percent_of_the_per_phase_best() -> None:
-    """Issue 17's bursty load per request (tests/closed_loop.py; session 20 call 1's `auto` values, one tier): quiet
-    phases of 2 clients (60 requests) alternate with bursts of 128 (384 requests), each phase drained before the next
-    as bursty_client.py runs them, the learner and the mode carried across. `auto` takes at most 1.02x the per-phase
-    best (each phase at the faster of plain and speculation held fixed, summed: what a free choice per phase makes);
-    1.007x here, 1.015x at 376e528 (39 flips against 25)."""
+    """Issue 17's bursty load per request (tests/closed_loop.py; the `auto` values of the 2026-12-03 (9d1af93) run's
+    call 1, one tier): quiet phases of 2 clients (60 requests) alternate with bursts of 128 (384 requests), each phase
+    drained before the next as bursty_client.py runs them, the learner and the mode carried across. `auto` takes at most
+    1.02x the per-phase best (each phase at the faster of plain and speculation held fixed, summed: what a free choice
+    per phase makes); 1.007x here, 1.015x at 376e528 (39 flips against 25)."""
     import closed_loop
 
     plain = {1: 227, 4: 905, 16: 3_482, 24: 5_109, 32: 6_470, 48: 9_392, 64: 12_209, 128: 21_119, 256: 28_576}
