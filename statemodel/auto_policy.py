@@ -10,30 +10,30 @@ those steps ran at (the bucket's point: a batch, its seconds; the same weights):
 over the first 64 steps, an EWMA after (weight `step_alpha`, 1/64), each step's seconds clipped to [1/2, 2] x the
 estimate once it has `min_samples`, so one stalled step does not move it far. 64 steps, not 8: a step's seconds grow
 with its requests' contexts, and an 8-step memory rated a mode by the part of its requests' lives it saw last (the
-H200, session 17's look at session 16: speculation at 48 from 9.5 to 12.7 ms a step over each wave of 128-token
-requests, plain flat; at a wave's start speculation was valued 30 % above its mean). Seconds and not their inverse,
-since a throughput is a ratio of sums: a mean of rates overrates a mode whose steps vary (speculation's near its cap
-under a closed loop, where a prefill falls into most decode intervals but not all: session 16). Speculation's tokens per
-step, the mean accept length, is learned apart, over every speculative step at any batch (the same running mean,
-then EWMA): it is a property of the traffic, not of the batch, and a bucket visited only when the traffic drafted
-badly (session 7: warm-up requests at accept 1.0) would otherwise keep that accept length until the bucket is probed
-again, thousands of steps later. The first `settle` steps after each mode change are not used (the flip-on's
-re-prefill and the first steps of a mode are not its steady state).
+H200, the 2026-12-02 (eeb8707) run's look at the 2026-12-02 (50a6e62) traces: speculation at 48 from 9.5 to 12.7 ms a
+step over each wave of 128-token requests, plain flat; at a wave's start speculation was valued 30 % above its mean).
+Seconds and not their inverse, since a throughput is a ratio of sums: a mean of rates overrates a mode whose steps vary
+(speculation's near its cap under a closed loop, where a prefill falls into most decode intervals but not all:
+2026-12-02, 50a6e62). Speculation's tokens per step, the mean accept length, is learned apart, over every speculative
+step at any batch (the same running mean, then EWMA): it is a property of the traffic, not of the batch, and a bucket
+visited only when the traffic drafted badly (2026-12-01, 9b58d3b: warm-up requests at accept 1.0) would otherwise keep
+that accept length until the bucket is probed again, thousands of steps later. The first `settle` steps after each mode
+change are not used (the flip-on's re-prefill and the first steps of a mode are not its steady state).
 
 What it decides. The demand d a decision values is the most requests (running + waiting) any decision saw within the
 last `hold_steps` steps, or now's when more: a closed loop's requests of equal length finish together and their
-clients' next ones arrive one by one, so at a wave's turnover the demand reads 1 for a moment (the H200, session 18:
-speculation, a clear win at 1, came on at every wave at 48). At demand d a mode's throughput is the batch it would run
-over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec cap)
-requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side of
-it (a decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
+clients' next ones arrive one by one, so at a wave's turnover the demand reads 1 for a moment (the H200, 2026-12-03
+(eeb8707): speculation, a clear win at 1, came on at every wave at 48). At demand d a mode's throughput is the batch it
+would run over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec
+cap) requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side
+of it (a decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
 bucket, each point capped at the least seconds of any point above it (more requests take no less: a probe that fell on
-a turnover had made plain at 48 slower than at 128, session 18). Not a bucket's seconds alone: it spans half an
-octave, and speculation's step grows across it far more than plain decoding's (the H200, session 17: 46 requests
-valued at bucket 32's seconds made speculation 2 % ahead where it was 15 % behind). A bucket a mode never ran at,
-between two it ran at, gets the same line: a sweep reaches buckets the probe budget has not covered (session 16: plain
-at 48, between its known 32 and 128). Such a value is an inference: it counts as known for the numbers below, never
-for a clear win, and the bucket is still probed. Then:
+a turnover had made plain at 48 slower than at 128, 2026-12-03, eeb8707). Not a bucket's seconds alone: it spans half an
+octave, and speculation's step grows across it far more than plain decoding's (the H200, 2026-12-02 (eeb8707): 46
+requests valued at bucket 32's seconds made speculation 2 % ahead where it was 15 % behind). A bucket a mode never ran
+at, between two it ran at, gets the same line: a sweep reaches buckets the probe budget has not covered (2026-12-02,
+50a6e62: plain at 48, between its known 32 and 128). Such a value is an inference: it counts as known for the numbers
+below, never for a clear win, and the bucket is still probed. Then:
 - both modes known at d: the *incumbent* (the mode last chosen on the numbers) stays unless the other beats it by
   `margin`: a hysteresis band of 2 x margin around the break-even, so noise within it flips nothing;
 - otherwise the prior: speculation on while d fits under its running cap, off above. Where the prior keeps the
@@ -41,8 +41,8 @@ for a clear win, and the bucket is still probed. Then:
   steps, then back unless it won by the margin. Probes spend an exploration budget: `explore_fraction` of the steps
   observed (2 %), with `probe_credit` probes' worth at start; an estimate older than `stale_after` steps is probed
   again (when the budget allows), so a drifting host is followed, and so is a traffic that drafts better than the
-  accept length learned last, which no plain step shows (the H200, session 11: the warm-up's traffic drafted at
-  1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). No probe starts while the demand is
+  accept length learned last, which no plain step shows (the H200, 2026-12-02 (eedb8cd): the warm-up's traffic drafted
+  at 1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). No probe starts while the demand is
   below the hold's peak (a wave's tail: its batch shrinks step by step), nor one of speculation with the demand past
   its cap (it would end at once). A flip on the prior into an unknown mode
   happens at most once per bucket and mode (after it the mode is known);
@@ -54,22 +54,22 @@ for a clear win, and the bucket is still probed. Then:
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
-The catch-up's cost (the draining burst of session 13 on the H200). Under the switch's default design a flip-on retracts
-the running requests, and their re-prefill (target and draft over prompt and output) is the draft's catch-up: every
-running request waits through it (there, for 21-24 requests of about 170 tokens, 31 ms median from the flip to the first
-speculative step's launch, 28-247 ms). Closed-loop loads flip on at an emptied server, where it costs nothing; a batch
-that drains gradually, or traffic that never stops, flips on with requests running. So a flip-on on the numbers with
-requests running must also pay for its catch-up: the learner fits the catch-up's seconds as a fixed part plus one per
-re-prefilled token (`observe_catch_up`: the flip to the first speculative decode launch, agreed across ranks like the
-steps; `CatchUpCost`), and `gate_catch_up` lets such a flip-on through only when the time speculation saves over the
-running requests' remaining tokens, at the two modes' throughputs at this demand, exceeds the catch-up those requests
-cost: R x (1/plain - 1/spec) > c(T) (R: output tokens the running requests may still ask for, T: tokens their re-prefill
-runs). Until a catch-up has been observed, nothing is gated; probes and the prior are not gated (they learn what the
-numbers do not know yet). A held flip-on waits like a dwell (`reason` "catch_up"); as the batch drains, R and T shrink
-together but speculation's gain at the lower demand grows, so it flips on later, with fewer requests to retract. R
-counts only the requests running now, but speculation also serves those still to come: once every request that ran at
-the first hold has finished and the numbers still want speculation, the load is steady, not draining, and the flip-on
-goes through (`turned_over`; without it a steady low load of long prompts would stay plain for good).
+The catch-up's cost (the draining burst of 2026-12-02 (92327c6) on the H200). Under the switch's default design a
+flip-on retracts the running requests, and their re-prefill (target and draft over prompt and output) is the draft's
+catch-up: every running request waits through it (there, for 21-24 requests of about 170 tokens, 31 ms median from the
+flip to the first speculative step's launch, 28-247 ms). Closed-loop loads flip on at an emptied server, where it costs
+nothing; a batch that drains gradually, or traffic that never stops, flips on with requests running. So a flip-on on the
+numbers with requests running must also pay for its catch-up: the learner fits the catch-up's seconds as a fixed part
+plus one per re-prefilled token (`observe_catch_up`: the flip to the first speculative decode launch, agreed across
+ranks like the steps; `CatchUpCost`), and `gate_catch_up` lets such a flip-on through only when the time speculation
+saves over the running requests' remaining tokens, at the two modes' throughputs at this demand, exceeds the catch-up
+those requests cost: R x (1/plain - 1/spec) > c(T) (R: output tokens the running requests may still ask for, T: tokens
+their re-prefill runs). Until a catch-up has been observed, nothing is gated; probes and the prior are not gated (they
+learn what the numbers do not know yet). A held flip-on waits like a dwell (`reason` "catch_up"); as the batch drains, R
+and T shrink together but speculation's gain at the lower demand grows, so it flips on later, with fewer requests to
+retract. R counts only the requests running now, but speculation also serves those still to come: once every request
+that ran at the first hold has finished and the numbers still want speculation, the load is steady, not draining, and
+the flip-on goes through (`turned_over`; without it a steady low load of long prompts would stay plain for good).
 
 Acceptance that shifts and the context (issue 52). No plain step shows the accept length: after requests the draft
 could not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went
@@ -182,8 +182,9 @@ class KvCost:
     least-squares slope through the origin: each step's seconds beyond its bucket's line against its batch x its
     context beyond the line's (weighted sums: a running mean, then the EWMA weight `step_alpha`). A step reads
     every running request's KV (the target's attention; speculation's verify, and its draft over its own KV), so
-    with long contexts a step costs more, and how much more is the mode's own: on the H200 (session 16) speculation's
-    step grew from 9.5 to 12.7 ms over a wave of 48 requests of 32 to 160 tokens, plain decoding's hardly."""
+    with long contexts a step costs more, and how much more is the mode's own: on the H200 (2026-12-02, 50a6e62)
+    speculation's step grew from 9.5 to 12.7 ms over a wave of 48 requests of 32 to 160 tokens, plain decoding's
+    hardly."""
 
     samples: int
     xx: float  # mean of x^2, x = batch x (context - the line's context)
@@ -199,8 +200,8 @@ class KvCost:
 class CatchUpCost:
     """A flip-on's catch-up, learned as a line: seconds = fixed + per token x tokens re-prefilled, a least-squares fit
     over the catch-ups observed (weighted means of tokens, seconds and their products: a running mean, then the EWMA
-    weight `alpha`). Mostly a fixed cost on the H200 (session 19: 85 to 4,768 tokens in 21-47 ms), so one rate per
-    token overrated a large catch-up several times; with one size seen so far, that rate is all there is."""
+    weight `alpha`). Mostly a fixed cost on the H200 (2026-12-03, dff2822: 85 to 4,768 tokens in 21-47 ms), so one rate
+    per token overrated a large catch-up several times; with one size seen so far, that rate is all there is."""
 
     samples: int
     updated: int
@@ -389,8 +390,8 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     key = (mode, bucket_of(obs.batch))
     old = state.estimate(*key)
     # a stale estimate is learned afresh, its old mean weighing as one sample (it stays a point: its count stands): it
-    # is probed again because it may be wrong (the H200, session 19: plain at 48 kept the running mean of a ramp's
-    # prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
+    # is probed again because it may be wrong (the H200, 2026-12-03 (dff2822): plain at 48 kept the running mean of a
+    # ramp's prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
     # speculation's value; `auto` held speculation at 48 through three rounds, 0.81x)
     old = attrs.evolve(old, weighted=1) if old is not None and step - old.updated > p.stale_after else old
     # the context (KV tokens per request): a step's seconds beyond its mode's line at this batch, against its batch x
@@ -479,13 +480,13 @@ def _line(state: AutoState, mode: int, batch: int, context: float | None = None)
     its own bucket measured them. Each known bucket is a point (the batch its samples ran at, its seconds); the
     seconds at `batch` lie on the line between the known points on either side (a decode step costs about a fixed
     part plus one per request), flat beyond the outermost one. Not the bucket's seconds alone: a bucket spans half an
-    octave, and speculation's step grows across it far more than plain decoding's (the H200, session 17: 9.8 ms at
-    32, 12.6 ms at 48, plain 5.0 and 5.2), so a demand of 46 valued at bucket 32's seconds overrated speculation by a
-    quarter, and the closed loop's demand, dipping from 48 to 46 as requests turned over, cut every confirmation of
+    octave, and speculation's step grows across it far more than plain decoding's (the H200, 2026-12-02 (eeb8707): 9.8
+    ms at 32, 12.6 ms at 48, plain 5.0 and 5.2), so a demand of 46 valued at bucket 32's seconds overrated speculation
+    by a quarter, and the closed loop's demand, dipping from 48 to 46 as requests turned over, cut every confirmation of
     the flip off short. A bucket never measured, between two that were, is an inference (False), the same line
-    (session 16: plain at 48, between its known 32 and 128); None outside the known buckets. `context`: each point's
-    seconds moved to that context first, by the mode's learned KV cost (`AutoState.kv_per_token`; none learned: as
-    measured): a step reads every request's KV, so a phase of long prompts makes every mode's step slower, each by
+    (2026-12-02, 50a6e62: plain at 48, between its known 32 and 128); None outside the known buckets. `context`: each
+    point's seconds moved to that context first, by the mode's learned KV cost (`AutoState.kv_per_token`; none learned:
+    as measured): a step reads every request's KV, so a phase of long prompts makes every mode's step slower, each by
     its own cost, and the mode not running now is valued at the context the requests have now (issue 52)."""
     p = state.params
     points = [(e.at, e.mean, e.ctx) for (m, _), e in state.estimates if m == mode and e.samples >= p.min_samples]
@@ -609,7 +610,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         if not (state.incumbent == PLAIN and cur != PLAIN and past_cap):
             return answer(None, "probing")
         # a probe of speculation that a burst overtook: past the cap requests wait behind it, which costs far more
-        # than the probe learns (the H200, session 19: a probe begun at 43 on a burst's ramp held 80 of 128 waiting)
+        # than the probe learns (the H200, 2026-12-03 (dff2822): a probe begun at 43 on a burst's ramp held 80 of 128
+        # waiting)
         return answer(_flip(cur, PLAIN), "probe_end", to=PLAIN)
     known = {m: v for m, v in enumerate(values) if v is not None}
     clear = False
@@ -631,7 +633,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     settled = want if reason in ("measured", "prior") else state.incumbent
     if want == cur:
         # a probe measures a steady batch: none while the demand is below the hold's peak (a wave's tail or turnover,
-        # where the batch shrinks and the intervals fill with the next wave's prefills; the H200, session 18)
+        # where the batch shrinks and the intervals fill with the next wave's prefills; the H200, 2026-12-03, eeb8707)
         if not probing and values[cur] is not None and state.credit >= p.probe_steps and dwell >= p.min_dwell \
                 and load == demand:
             # a probe of speculation from plain needs the demand under the cap, not only the running batch: past it
@@ -652,11 +654,12 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         return answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the
     # batch it splits (the cap's share, the rest a few dozen steps later) leaves a tail that looks like a lull (the
-    # H200, session 20: tiers at 64 flipped on at every wave's tail of 16 and dwelt 40 steps at 48 of 64, 0.78x)
+    # H200, 2026-12-03 (9d1af93): tiers at 64 flipped on at every wave's tail of 16 and dwelt 40 steps at 48 of 64,
+    # 0.78x)
     overflowing = cur != PLAIN and want == PLAIN and past_cap
     if not probing and not (reason == "measured" and clear) and not overflowing:
         # a clear win on the numbers is far from the crossover (a burst starts or ends): no dwell, no confirmation.
-        # The H200 (session 9): a lull of one request at a burst's start flipped speculation on, and the dwell
+        # The H200 (2026-12-01, 25a6220): a lull of one request at a burst's start flipped speculation on, and the dwell
         # then held 80 requests waiting behind 48 speculative steps
         if dwell < p.min_dwell:
             return answer(None, "dwell", wants=True)

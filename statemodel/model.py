@@ -177,7 +177,8 @@ class Model:
     design: Design
     scope: Scope
     # built on the first call and kept: every strategy asks for them (a walk per run, the shrinker per
-    # counterexample), they cost about 50 us to build on the 2-core machine (session 33), and a State is immutable
+    # counterexample), they cost about 50 us to build on the 2-core machine (2026-12-05, b4a32a6), and a State is
+    # immutable
     _inits: tuple[State, ...] | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def init_states(self) -> list[State]:

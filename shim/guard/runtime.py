@@ -146,7 +146,8 @@ class GuardRuntime:
         if self.mode is not Mode.ASSERT and self.reporter is None:
             self.reporter = FindingsReporter(self, every_s=self.guard.config.warn_interval_s)
         # the line an operator looks for: "guard on" at registration can come before the scheduler process sets up
-        # its logging (none of sessions 26-27's GPU-line server logs has it); this one comes at the first hooked step
+        # its logging (none of the GPU-line server logs of 2026-12-03 (80ec134) and 2026-12-04 (913095b) has it); this
+        # one comes at the first hooked step
         logger.info("specflip guard checking: design %s%s, mode %s, TP rank %d, sglang %s", design.name,
                     " (overlap schedule)" if scope.overlap else "", self.mode.value, rank, release)
         return self.guard

@@ -123,8 +123,9 @@ class SwitchConfig:
     # SPECFLIP_SWITCH_RADIX: "keep_out" (the default, issue 24: SGLang's skip_radix_cache_insert on every request run
     # while off, so the tree never caches a token without draft KV; design plain_off_retract_catch_up_radix) or
     # "insert" (SGLang's own tree: a later hit drafts over positions whose draft KV was never written; outputs stay
-    # exact, acceptance drops). keep_out leaked KV slots on the GPU line in session 8 (a kept-out chunked prefill,
-    # fixed by radix_keep_out.resume_chunk_kept_out); session 9's H200 rerun at concurrency 256 served 512/512, no leak
+    # exact, acceptance drops). keep_out leaked KV slots on the GPU line on 2026-12-01 (17aacf4) (a kept-out chunked
+    # prefill, fixed by radix_keep_out.resume_chunk_kept_out); the 2026-12-01 (25a6220) run's H200 rerun at concurrency
+    # 256 served 512/512, no leak
     radix: str = "keep_out"
     # SPECFLIP_SWITCH_WARMUP=on|off: run every path a flip takes before the server listens (shim/switch/warmup.py)
     warmup: bool = True

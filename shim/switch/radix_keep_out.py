@@ -2,9 +2,9 @@
 speculation is off, SGLang's own `req.skip_radix_cache_insert` keeps tokens computed without the draft (no draft KV
 at their slots) out of the radix tree; the flip-on retraction gives each request its own flag back.
 
-Opt-in: on the GPU line (H200, session 8) the flag leaked KV slots through chunked prefill, whose stash returns early
-for a flagged request on the lines that keep a prefix's slots on the Req (`resume_chunk_kept_out` fixes that on the
-CPU; not yet rerun on the GPU).
+Opt-in: on the GPU line (H200, 2026-12-01, 17aacf4) the flag leaked KV slots through chunked prefill, whose stash
+returns early for a flagged request on the lines that keep a prefix's slots on the Req (`resume_chunk_kept_out` fixes
+that on the CPU; not yet rerun on the GPU).
 """
 
 from __future__ import annotations

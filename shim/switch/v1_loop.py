@@ -3,7 +3,7 @@
 A v1 EAGLE server runs SGLang's normal loop for every iteration: the v1 EAGLEWorker cannot overlap (its verify
 changes the ScheduleBatch in place, and the next step is prepared from it), so SGLang turns the overlap schedule off
 for the whole server. Above the threshold the switch's plain path is then a plain server in the normal loop, 0.81-0.87x
-the same server in the overlap loop on the H200 (docs/v1.md, session 12). This loop, installed in place of
+the same server in the overlap loop on the H200 (docs/v1.md, 2026-12-02, 8aaf33a). This loop, installed in place of
 Scheduler.event_loop_normal, runs each iteration in the loop its side needs:
 
 * speculation on (scheduler.enable_overlap False, as SGLang set it): the normal loop's iteration, the step's result

@@ -1,9 +1,9 @@
 """The switch's start-up warm-up: every path a flip takes runs once before the server takes requests (issue 17).
 
 On a cold triton cache the first flips of a fresh server paid kernel builds at shapes its start-up never ran: first
-speculative steps of 96-133 ms after a flip on the H200 (session 14), and a first flip of 10.4 s on the v1 line.
-SGLang's start-up runs one request at batch 1 and captures the CUDA graphs; the switch captures and warms its plain
-decode graphs. Neither runs what lies outside the graphs at other batch sizes (triton builds a kernel per
+speculative steps of 96-133 ms after a flip on the H200 (2026-12-02, 297d221), and a first flip of 10.4 s on the v1
+line. SGLang's start-up runs one request at batch 1 and captures the CUDA graphs; the switch captures and warms its
+plain decode graphs. Neither runs what lies outside the graphs at other batch sizes (triton builds a kernel per
 specialisation: an integer argument equal to 1 or a multiple of 16, a block size rounded to a power of two), nor a
 flip off, nor a flip on with requests running (their retraction and re-prefill).
 
@@ -19,7 +19,7 @@ one request at a time:
    decode down to 1 again.
 
 On the H200 (8B-class pair, `32:24`, `--max-running-requests 256`, an empty triton cache;
-docs/archive/gpu-results.md, session 15) it took 4.2 + 11.1 s of start-up and paid there the builds the server
+docs/archive/gpu-results.md, 2026-12-02, dc0c141) it took 4.2 + 11.1 s of start-up and paid there the builds the server
 beside it, without it, met on traffic.
 `SPECFLIP_SWITCH_WARMUP=off` leaves it out. Requests the server refuses (its admission limits, e.g.
 `--max-queued-requests`) make one warning line, and the server starts: whether it serves at all is SGLang's own

@@ -1,8 +1,8 @@
 """A per-step timer for any SGLang server (plain, speculative, with or without specflip's switch), as a plugin hook.
 
 Issue 5's open question is where the switch's plain path loses 12-29 % against a plain server
-(docs/archive/gpu-results.md, "Session 4"): GPU time per step, or host time between steps. The switch's own trace
-times its steps; a plain server had nothing to compare with. This hook records, for decode batches:
+(docs/archive/gpu-results.md, "2026-11-29, 51b4fd4"): GPU time per step, or host time between steps. The switch's own
+trace times its steps; a plain server had nothing to compare with. This hook records, for decode batches:
 
 * `host_ms`: the time from the previous `Scheduler.run_batch` entry to this one, i.e. one loop iteration
   (a host-bound loop's step time), for every decode step that follows a decode step;
