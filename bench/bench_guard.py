@@ -32,10 +32,11 @@ requests arrive in one prefill and finish in one iteration (each request is a mo
 arrival, a release), and the in-guard time of those two iterations is reported per request (kinds "arrive" and
 "finish"). On the H200 a round of the sweep at 256 runs two such waves.
 
-`--ramp 1,31,34,39,23` measures a wave as a server's closed loop runs it (session 27): its requests reach the scheduler
-over several prefills, three iterations apart, and those that came first finish first; the in-guard time of the whole
-ramp and of the whole end is reported (kinds "ramp" and "end"). On the H200 that is where the guard's cost showed: the
-steady decode step hides the guard's host time behind the GPU, a wave's ramp and end do not (docs/guard.md, "Cost").
+`--ramp 1,31,34,39,23` measures a wave as a server's closed loop runs it (2026-12-04, 913095b): its requests reach the
+scheduler over several prefills, three iterations apart, and those that came first finish first; the in-guard time of
+the whole ramp and of the whole end is reported (kinds "ramp" and "end"). On the H200 that is where the guard's cost
+showed: the steady decode step hides the guard's host time behind the GPU, a wave's ramp and end do not (docs/guard.md,
+"Cost").
 
 `--against REF` measures the guard of git revision REF (exported with `git archive` into a temporary folder) and
 of this checkout side by side: rounds alternate between the two (each a fresh process), so that a change in the
@@ -299,15 +300,16 @@ def _wave_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], f
     return rows
 
 
-RAMP_ITERATIONS = 3  # per prefill of --ramp, its own included: session 26's H200 traces, prefills 20-30 ms apart
+# per prefill of --ramp, its own included: the 2026-12-03 (80ec134) run's H200 traces, prefills 20-30 ms apart
+RAMP_ITERATIONS = 3
 
 
 def _ramp_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h: Any) -> list[Any]:
-    """A wave as a server's closed loop runs it (session 27, docs/guard.md "Cost"): its requests reach the scheduler
-    over several prefills with decode steps between (`--ramp`, RAMP_ITERATIONS iterations per prefill), and those that
-    came first finish first. Kinds: "ramp" (the prefills' iterations) and "end" (from the iteration of the first
-    release to the last), each the in-guard time of the whole phase (`assert in`) and the phase's time, guarded and
-    not. The wave runs in plain (the switch's retract design, off at any demand), as `auto` runs a wave of 128."""
+    """A wave as a server's closed loop runs it (2026-12-04, 913095b, docs/guard.md "Cost"): its requests reach the
+    scheduler over several prefills with decode steps between (`--ramp`, RAMP_ITERATIONS iterations per prefill), and
+    those that came first finish first. Kinds: "ramp" (the prefills' iterations) and "end" (from the iteration of the
+    first release to the last), each the in-guard time of the whole phase (`assert in`) and the phase's time, guarded
+    and not. The wave runs in plain (the switch's retract design, off at any demand), as `auto` runs a wave of 128."""
     from shim.switch.config import SwitchConfig
     from statemodel.designs import RETRACT_CATCH_UP
 

@@ -121,9 +121,9 @@ def test_side_by_side_rounds_are_interleaved_and_paired(servers: Any, tmp_path: 
 
 def test_no_round_starts_after_the_deadline_and_a_cut_concurrency_keeps_its_rounds(
         servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """The deadline is checked before every round, not only before a concurrency's first (session 22: the 256 rounds
-    started before the deadline and the call's timeout killed them, nothing recorded). The slow stand-in's round takes
-    at least 135 ms (a warm-up request and 8 measured ones, 15 ms each, one at a time), past a 0.1 s deadline: one
+    """The deadline is checked before every round, not only before a concurrency's first (2026-12-03, b86d557: the 256
+    rounds started before the deadline and the call's timeout killed them, nothing recorded). The slow stand-in's round
+    takes at least 135 ms (a warm-up request and 8 measured ones, 15 ms each, one at a time), past a 0.1 s deadline: one
     round each, then no more."""
     (fast, slow, _), _ = servers
     out = tmp_path / "bench.jsonl"
@@ -304,8 +304,9 @@ def test_bursty_load_pairs_rounds_and_summarize_compares_with_the_best_static_se
 
 def test_lone_starts_count_the_requests_no_other_start_came_near(servers: Any, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A quiet-phase request more than LONE_START_S from every other start reached the server alone (session 20's
-    slow bursty round); the bursty rows count them per round, and summarize lists them round by round."""
+    """A quiet-phase request more than LONE_START_S from every other start reached the server alone (the 2026-12-03
+    (9d1af93) run's slow bursty round); the bursty rows count them per round, and summarize lists them round by
+    round."""
     import bursty_client
     assert bursty_client.lone_starts([0.0, 0.001, 0.1, 0.2, 0.2049]) == 1  # 0.1 alone; two pairs within 5 ms
     assert bursty_client.lone_starts([0.0, 0.006, 0.012]) == 3 and bursty_client.lone_starts([]) == 0
@@ -390,7 +391,7 @@ def test_target_window_is_where_both_bursty_targets_hold() -> None:
     assert "- per-phase best (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in lines
     assert "- specflip switch, calibrated thresholds (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in lines
     assert summarize.window_lines({"plain": {0: rounds[0]}}, ["plain"]) == []  # no adaptive server: no window
-    # one static setting ran (session 25's call 2): no per-phase best, the switch against that setting
+    # one static setting ran (the 2026-12-03 (fea0197) run's call 2): no per-phase best, the switch against that setting
     one = summarize.window_lines({r["cfg"]: {0: r} for r in rounds.values() if r["cfg"] != "spec"}, ["plain"])
     assert not any("per-phase best" in line for line in one)
     assert "- specflip switch, calibrated thresholds (quiet 4.00 s, bursts 2.00 s): k in 1.00-3.00" in one
@@ -471,9 +472,9 @@ def test_first_steps_after_flips_that_followed_idle_are_pooled_against_first_ste
 
 
 def test_the_warmups_steps_and_flips_are_left_out_of_the_first_step_figures(tmp_path: Path) -> None:
-    """The switch's start-up warm-up pays the kernel builds (the H200, session 16: a first plain step of 8.95 s): its
-    records are reported apart. Tagged by the switch, or, for a trace written before the tag, everything before the
-    server log's warm-up line."""
+    """The switch's start-up warm-up pays the kernel builds (the H200, 2026-12-02 (50a6e62): a first plain step of 8.95
+    s): its records are reported apart. Tagged by the switch, or, for a trace written before the tag, everything before
+    the server log's warm-up line."""
     def timing(t: float, ms: float, first: bool = False, **tag: bool) -> dict:
         return {"t": t, "action": "timing", "kind": "plain", "bs": 256, "ms": ms, "first_after_flip": first,
                 "gap_ms": 5.0, **tag}
@@ -499,8 +500,8 @@ def test_the_warmups_steps_and_flips_are_left_out_of_the_first_step_figures(tmp_
 
 
 def test_the_auto_learners_values_are_set_beside_what_the_servers_made() -> None:
-    """Session 16: `auto` held steps 1 at 48 valuing it 1.33x what always-on steps 1 made there. The report sets each
-    mode's learned value (median over the decisions at a demand) beside the server of that mode at that
+    """2026-12-02 (50a6e62): `auto` held steps 1 at 48 valuing it 1.33x what always-on steps 1 made there. The report
+    sets each mode's learned value (median over the decisions at a demand) beside the server of that mode at that
     concurrency; the warm-up's decisions and demands no concurrency matches give no ratio."""
     rows = [{"cfg": "plain", "conc": 48, "tok_s": 8000.0}, {"cfg": "spec_steps1", "conc": 48, "tok_s": 7500.0}]
 

@@ -14,10 +14,10 @@ from specflip.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "gpu" / "results"
-# session 3, all servers side by side: plain wins everywhere
+# 2026-11-29 (44eaff4), all servers side by side: plain wins everywhere
 S3_CALL3 = RESULTS / "2026-11-29_44eaff4/bench_call3.jsonl"
 FINAL = RESULTS / "2026-11-29_4233485/bench_final.jsonl"
-# the same plain/spec rows as bench_final (call 1 of that session)
+# the same plain/spec rows as bench_final (call 1 of that run)
 CALL1 = RESULTS / "2026-11-29_4233485/bench_call1.jsonl"
 
 # The issue's table (tok/s at concurrency 1/8/32/128): speculation wins at low concurrency, which no file
@@ -174,13 +174,14 @@ def test_auto_on_a_host_where_plain_wins_everywhere(capsys):
     assert rc == 0 and "SPECFLIP_SWITCH=auto would settle on: speculation at c=none;" in out
 
 
-# session 7 call 3: plain, steps 3 (spec) and steps 1 always on, 8B pair
+# 2026-12-01 (9b58d3b), call 3: plain, steps 3 (spec) and steps 1 always on, 8B pair
 S7_CALL3 = RESULTS / "2026-12-01_9b58d3b/bench_call3.jsonl"
 
 
 def test_tiers_simulates_the_tiered_auto_learner_on_the_h200_rows(capsys):
-    """`--tiers spec=3,spec_steps1=1`: the tiered learner on session 7's per-tier rows settles on the best static
-    mode at every concurrency (steps 1 up to 32, plain from 64), within 3 % of it (the docs/tiers.md table)."""
+    """`--tiers spec=3,spec_steps1=1`: the tiered learner on the 2026-12-01 (9b58d3b) run's per-tier rows settles on the
+    best static mode at every concurrency (steps 1 up to 32, plain from 64), within 3 % of it (the docs/tiers.md
+    table)."""
     rc, out, _ = run_cli(capsys, S7_CALL3, "--tiers", "spec=3,spec_steps1=1")
     assert rc == 0 and "SPECFLIP_SWITCH=auto with tiers, simulated" in out
     rc, out, _ = run_cli(capsys, S7_CALL3, "--tiers", "spec=3,spec_steps1=1", "--json")

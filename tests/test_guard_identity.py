@@ -317,7 +317,7 @@ def test_verify_launched_with_stale_seq_lens(runtime: Any, model_dir: Path, monk
     assert gf.STAND_IN_CALLS.get("verify", 0) == verifies  # stopped before the verify forward
 
 
-# --- no false positive: the tree's own frees inside a flip (seen live on the H200, session 8) -------------------------
+# --- no false positive: the tree's own frees inside a flip (seen live on the H200, 2026-12-01, 17aacf4) ------------
 
 
 def test_tree_frees_during_a_flips_drain_are_not_the_flips(runtime: Any, model_dir: Path) -> None:

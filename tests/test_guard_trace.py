@@ -198,8 +198,8 @@ def _unpack_h200_overlap_trace() -> list[str]:
 
 
 def test_guard_trace_recorded_on_the_h200_under_overlap_conforms(tmp_path: Path) -> None:
-    # the first 1,287 steps of the guard's trace in session 3's replay on a live 0.5.16 server with the overlap
-    # schedule and the specflip switch (docs/archive/gpu-results.md, "Session 3", call 2)
+    # the first 1,287 steps of the guard's trace in the 2026-11-29 (44eaff4) run's replay on a live 0.5.16 server with
+    # the overlap schedule and the specflip switch (docs/archive/gpu-results.md, "2026-11-29, 44eaff4", call 2)
     path = tmp_path / "h200.jsonl"
     path.write_text("\n".join(_unpack_h200_overlap_trace()) + "\n")
     report = explain_traces([path])

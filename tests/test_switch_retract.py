@@ -199,8 +199,8 @@ def test_the_radix_tree_caches_only_tokens_computed_with_the_draft(runtime: Any,
         monkeypatch.setattr(Req, "skip_radix_cache_insert", property(lambda self: False, lambda self, value: None),
                             raising=False)
     # without the flag the guard (warn mode: serving goes on) flags the drafts over those hits (issue 24)
-    # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (keep_out since session 9); "insert":
-    # SGLang's own tree behaviour, asked for
+    # "default": SPECFLIP_SWITCH_RADIX unset, read as the plugin reads it (keep_out since 2026-12-01, 25a6220);
+    # "insert": SGLang's own tree behaviour, asked for
     default_mode = SwitchConfig.from_env({"SPECFLIP_SWITCH": "4:1"}).radix  # type: ignore[union-attr]
     mode = {"default": default_mode, "insert": "insert"}.get(keep_out, "keep_out")  # type: ignore[call-overload]
     clean = mode == "keep_out" and keep_out is not False

@@ -24,7 +24,8 @@ def timing(t: float, kind: str, bs: int, ms: float, first: bool = False, **tag: 
             "graph": True, **tag}
 
 
-# the shape of the H200's v1 trace (session 22, `bare`): the warm-up's first flip paid 442 ms in its first plain step
+# the shape of the H200's v1 trace (2026-12-03, b86d557, `bare`): the warm-up's first flip paid 442 ms in its first
+# plain step
 TRACE = [{"t": 1.0, "action": "config"},
          {"t": 2.0, "action": "flip_off", "ms": 0.1, "warmup": True},
          timing(2.1, "plain", 48, 442.36, first=True, warmup=True),
@@ -45,8 +46,9 @@ def pack(out: Path, name: str, records: list[dict]) -> None:
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_the_step_timer_leaves_the_warmup_out_and_reports_it_apart(tmp_path: Path, packed: bool) -> None:
-    """Session 22's summary called the warm-up's 442 ms step "the first after the first flip": a start-up cost,
-    reported as if the first flip in service had paid it. Read from the packed traces as from loose ones."""
+    """The 2026-12-03 (b86d557) run's summary called the warm-up's 442 ms step "the first after the first flip": a
+    start-up cost, reported as if the first flip in service had paid it. Read from the packed traces as from loose
+    ones."""
     if packed:
         pack(tmp_path, "bare", TRACE)
     else:
@@ -61,7 +63,8 @@ def test_the_step_timer_leaves_the_warmup_out_and_reports_it_apart(tmp_path: Pat
 
 
 def test_a_committed_run_summarizes_its_sweep_and_probe(tmp_path: Path) -> None:
-    """The H200 run of session 22 (its sweep and probes as the device wrote them): the tables come out of them."""
+    """The H200 run of 2026-12-03, b86d557 (its sweep and probes as the device wrote them): the tables come out of
+    them."""
     for name in ("sweep.json", "probe_fresh.json", "probe_steady.json"):
         shutil.copy(CALL_S22 / name, tmp_path / name)
     table = v1_summarize.sweep_table(v1_summarize.load(str(tmp_path / "sweep.json")))

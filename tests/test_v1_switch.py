@@ -622,8 +622,8 @@ def test_the_start_up_warmup_runs_every_path_a_flip_takes_on_the_v1_loop(loop: A
     """The switch's start-up warm-up (shim/switch/warmup.py), its two waves through 0.5.12's non-overlap loop with the
     v1 switch (retract) and the guard in assert mode: speculation at every batch size below t_off, one flip off,
     plain decode, one flip on that retracts t_on running requests, speculation down to 1 again; outputs greedy-exact,
-    every slot back, no finding. Session 14's first-flip stall on the H200 was kernels first built after a flip:
-    these are the paths the warm-up makes the server build before it listens."""
+    every slot back, no finding. The 2026-12-02 (297d221) run's first-flip stall on the H200 was kernels first built
+    after a flip: these are the paths the warm-up makes the server build before it listens."""
     from shim.switch import warmup
 
     config = SwitchConfig(t_off=8, t_on=4, draft_while_off="retract")
@@ -786,8 +786,8 @@ def test_overlap_loop_config_errors() -> None:
 
 def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None:
     """SPECFLIP_V1_LOOP unset: the overlap loop (the speed of a plain server above the threshold), with the guard or
-    without (it followed that loop live, session 25); an explicit value is kept; the seeds' sync mode stays in the
-    normal loop. The design announced follows the loop, and the hook list gains the loop's."""
+    without (it followed that loop live, 2026-12-03, fea0197); an explicit value is kept; the seeds' sync mode stays in
+    the normal loop. The design announced follows the loop, and the hook list gains the loop's."""
     import shim.switch.v1 as sw
 
     loop = {}

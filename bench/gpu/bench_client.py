@@ -137,9 +137,9 @@ def main():
                    help="concurrencies of one unmeasured round per server before the sweep (a fresh server's first "
                    "requests pay one-off costs: graph and kernel first use)")
     p.add_argument("--round-warmup", choices=("min4", "full"), default="min4",
-                   help="each round's unmeasured warm-up: min(c, 4) requests (every figure until session 18), or c "
-                   "requests at concurrency c (full: a switch settles at c before the round; at c >= 32 min4 makes "
-                   "every round a small burst, 4 requests then c)")
+                   help="each round's unmeasured warm-up: min(c, 4) requests (every figure until 2026-12-03, "
+                   "eeb8707), or c requests at concurrency c (full: a switch settles at c before the round; at c >= 32 "
+                   "min4 makes every round a small burst, 4 requests then c)")
     p.add_argument("--freeze-gc", action="store_true", help="after the warm-up, ask every server to freeze its Python "
                    "GC (SGLang's /freeze_gc): a full collection stops a scheduler for 350-490 ms on the H200 host")
     a = p.parse_args()
@@ -152,7 +152,7 @@ def main():
     random.seed(1)
     for c in a.warmup:
         # the measured rounds' traffic (below): a warm-up over the whole vocabulary drafts at accept 1.0-1.5 with the
-        # counter draft, and SPECFLIP_SWITCH=auto learned that traffic instead of the measured one (session 11)
+        # counter draft, and SPECFLIP_SWITCH=auto learned that traffic instead of the measured one (2026-12-02, eedb8cd)
         prompts = [draft_range_prompt(a.vocab) for _ in range(max(8, 2 * c))]
         for name, url in servers:
             tok_s, _, res = run_round(url, c, prompts, a.new_tokens, a.vocab)
@@ -166,7 +166,8 @@ def main():
         rounds = {name: [] for name, _ in servers}
         for k in range(a.rounds):
             # every round starts before the deadline, not only a concurrency's first: a device call's `timeout`
-            # otherwise kills the rounds the deadline let start (session 22: 256 started, killed, nothing recorded)
+            # otherwise kills the rounds the deadline let start (2026-12-03, b86d557: 256 started, killed, nothing
+            # recorded)
             if time.time() - t_start > a.deadline:
                 print(f"BENCH_SKIP conc={c}: deadline" + (f" after {k} of {a.rounds} rounds" if k else ""), flush=True)
                 break

@@ -4,13 +4,13 @@ Each cycle runs a quiet phase (closed loop: --low-conc requests in flight, --low
 (--burst-conc in flight, --burst-requests in all); --cycles cycles make one schedule. Every server gets the same
 schedule with the same prompts, one server after the other, the order rotated each round (as bench_client.py
 --servers), so round k of each configuration is a matched pair. The phase lengths are chosen so that both phases
-matter: on the 8B-class pair (the H200, session 22) the quiet phases are about 60 % of a plain server's schedule time,
-where speculation wins 1.5x, and the bursts the rest, where always on loses 2x and SGLang's adaptive switch 2.9x.
-Issue 17's two bursty targets pull the burst length apart (>= 1.2x the better static setting wants short bursts,
->= 2x SGLang's adaptive switch long ones): summarize.py reports the burst lengths at which both can hold. With the
-defaults no policy reaches 2x (the per-phase best is 1.90-1.98x adaptive); `--low-requests 12` (bursts 4/3 as long
-against the quiet phases) lies inside that range, and session 25's figures use it. The defaults stay, so that every
-earlier session's command reproduces.
+matter: on the 8B-class pair (the H200, 2026-12-03, b86d557) the quiet phases are about 60 % of a plain server's
+schedule time, where speculation wins 1.5x, and the bursts the rest, where always on loses 2x and SGLang's adaptive
+switch 2.9x. Issue 17's two bursty targets pull the burst length apart (>= 1.2x the better static setting wants short
+bursts, >= 2x SGLang's adaptive switch long ones): summarize.py reports the burst lengths at which both can hold. With
+the defaults no policy reaches 2x (the per-phase best is 1.90-1.98x adaptive); `--low-requests 12` (bursts 4/3 as long
+against the quiet phases) lies inside that range, and the 2026-12-03 (fea0197) run's figures use it. The defaults stay,
+so that every earlier run's command reproduces.
 
 One JSON row per configuration and round on stdout (prefix BURSTY) and in --out: total seconds, output tok/s,
 p50 / p99 request latency (all requests, and the quiet phases' alone), each phase's seconds, exact outputs (the
@@ -23,10 +23,10 @@ and the quiet phase hits it with speculation on: without the switch's fix its dr
 there, and quiet_accept falls. Without the flag the prompts are the same as before it existed.
 
 --follow-ups N (multi-turn, issue 24): the first N prompts of each quiet phase after a burst are follow-up turns of
-the burst's last N requests (the last to finish: the least likely to have been evicted; session 9 continued the first
-N, which a 30,000-token pool had evicted by then): that request's prompt, its answer (the counter's greedy output,
-known in advance) and a new 16-token turn. Their answers were decoded while the switch had speculation off and
-entered the tree at finish (unless the switch keeps them out), so a follow-up hits tokens that have no draft KV.
+the burst's last N requests (the last to finish: the least likely to have been evicted; the 2026-12-01 (25a6220) run
+continued the first N, which a 30,000-token pool had evicted by then): that request's prompt, its answer (the counter's
+greedy output, known in advance) and a new 16-token turn. Their answers were decoded while the switch had speculation
+off and entered the tree at finish (unless the switch keeps them out), so a follow-up hits tokens that have no draft KV.
 
 --stagger F: burst requests ask for --new-tokens times a factor drawn in [1-F, 1+F] (seeded, the same for every
 server). With equal lengths a burst's requests finish together, the server empties, and a switch flips speculation
@@ -78,7 +78,7 @@ TRACES = {
     # context: long prompts beside short ones, at three loads
     "context": [("c2_short", 2, 8, "p", "s"), ("c2_long", 2, 8, "p", "l"), ("c8_short", 8, 32, "p", "s"),
                 ("c8_long", 8, 16, "p", "l"), ("c24_mixed", 24, 48, "p", "m")],
-    # issue 17's bursty load as a trace (session 25's shape: --cycles 2 --low-requests 12)
+    # issue 17's bursty load as a trace (the 2026-12-03 (fea0197) run's shape: --cycles 2 --low-requests 12)
     "bursty": [("quiet", 2, 12, "p", "s"), ("burst", 128, 384, "p", "s")] * 2,
     # all three mixed: quiet phases and bursts of every kind
     "mixed": [("quiet", 2, 8, "p", "s"), ("burst_mixed", 64, 128, "m", "m"),
@@ -117,7 +117,8 @@ def trace_phases(name, new_tokens, vocab, rng=random):
 
 # two requests whose starts are this close reach the server in one scheduler iteration (a decode step of the 8B pair
 # takes 5-6 ms) and share a prefill; a quiet-phase request further than this from every other start is prefilled
-# alone, breaking into the running request's decode (session 20's slow bursty round: docs/archive/gpu-results.md)
+# alone, breaking into the running request's decode (the 2026-12-03 (9d1af93) run's slow bursty round:
+# docs/archive/gpu-results.md)
 LONE_START_S = 0.005
 
 

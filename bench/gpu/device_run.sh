@@ -2,7 +2,8 @@
 # Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/archive/gpu-results.md).
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
 #   MODELS: 8b (H=4096 L=32 I=14336: Llama-3-8B's shape, the pair every deciding figure uses), small
-#           (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632: the host-bound 0.8B pair of sessions 1-6)
+#           (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632: the host-bound 0.8B pair of
+#           2026-11-29 to 2026-11-30)
 #   ENV:    space-separated VAR=value for the server (e.g. SPECFLIP_SWITCH=16:8; SPECFLIP_MODE=assert adds the guard;
 #           @TR stands for this phase's trace folder; SPECFLIP_STEP_PROFILE=@TR/profile.flag adds a profiled round at
 #           PROFILE_CONCS (default 1) after the sweep: bench/gpu/profile_diff.py compares two servers' profiles)
@@ -14,8 +15,9 @@
 #   NAME starting with 'replay' runs the kit client + `specflip replay`; any other NAME runs the bench sweep.
 # ROUNDS (default 1) and SCALE (default 1): rounds per concurrency and requests per round (max(8, 2c) x SCALE);
 # WARMUP=1,8,64: one unmeasured round per server at each of these concurrencies first; FREEZE_GC=1: then SGLang's
-# /freeze_gc on every server (side by side only; its scheduler and tokenizer manager). Use it for sweeps too: session
-# 22's unfrozen sweep had requests reach the scheduler 0.43-0.49 s late in three rounds, a full collection's size.
+# /freeze_gc on every server (side by side only; its scheduler and tokenizer manager). Use it for sweeps too: the
+# unfrozen sweep of 2026-12-03 (b86d557) had requests reach the scheduler 0.43-0.49 s late in three rounds, a full
+# collection's size.
 # BURSTY_ROUNDS=N (side by side): after the sweep, N paired rounds of the bursty load (bursty_client.py); BURSTY_S:
 #   seconds the sweep leaves for it (its deadline); BURSTY_ARGS: more bursty_client.py flags (e.g. --cycles 2). CONCS=0 skips the sweep (no concurrency 0 is measured).
 # BURSTY2_ROUNDS=N, BURSTY2_ARGS: then N rounds of a second bursty variant (e.g. '--shared-prefix 1000'), bursty_2.jsonl

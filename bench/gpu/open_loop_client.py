@@ -6,7 +6,7 @@ slower server is sent fewer, and the batch empties between rounds and phases. He
 (Poisson arrivals at a rate that steps through --rates, each for --phase-s seconds, --cycles times; seeded, the same
 for every server), so a server that falls behind queues them and its latency shows it. Arrivals never stop, so the
 running batch seldom empties: a switch flips speculation back on with requests running, which the closed loops
-rarely make it do (the flip-on's re-prefill, docs/archive/gpu-results.md, session 13). Each request asks for
+rarely make it do (the flip-on's re-prefill, docs/archive/gpu-results.md, 2026-12-02, 92327c6). Each request asks for
 --new-tokens times a factor in [1-S, 1+S] (--spread S).
 
 One JSON row per configuration and round on stdout (prefix OPENLOOP) and in --out: the schedule's seconds (the first

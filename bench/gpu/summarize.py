@@ -164,7 +164,7 @@ def learner_values_lines(events, rows):
     tok_s = {(r["cfg"], r["conc"]): r["tok_s"] for r in rows}
     per = {}
     for cfg, ev in events:
-        demand = ev.get("load") or ev.get("demand")  # the demand the values are for (`load` since session 18)
+        demand = ev.get("load") or ev.get("demand")  # the demand the values are for (`load` since 2026-12-03, eeb8707)
         if ev.get("policy") != "auto" or ev.get("warmup") or not demand:
             continue
         values = ev.get("values") or {"plain": ev.get("plain_value"), "spec": ev.get("spec_value")}

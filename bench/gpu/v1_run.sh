@@ -13,7 +13,7 @@
 #   FREEZE_GC=1: after the fresh probe, SGLang's /freeze_gc on every server (0.5.12 has it), as device_run.sh does:
 #   the guard's objects per step bring the collector round more often, and a full one walks the server's whole heap
 #   DRAFT_RANGE=1: the sweep's prompts keep the counter inside the draft's vocabulary (accept 2.0; without it about half
-#   the requests draft at 1.0, as the seeds' client did: session 11's table, docs/v1.md)
+#   the requests draft at 1.0, as the seeds' client did: the 2026-12-02 (eedb8cd) run's table, docs/v1.md)
 #   SWITCH_T: the switches' thresholds, 5:2 by default (issue 22 measured 5:4). At concurrency 5 with 5:4, demand
 #   is 4 after each finish until the client's next request arrives: a flip-on when it arrives late, and at the
 #   arrival a flip-off. A flip-on of this design retracts the running requests
@@ -24,10 +24,11 @@
 #   on:     EAGLE-3, speculation always on, guard assert (ON_GUARD=warn: warn mode)
 #   switch: EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T, the new design (SPECFLIP_SWITCH_DRAFT=retract:
 #           v1_plain_off_retract_catch_up) + guard assert, in SGLang's normal loop (SPECFLIP_V1_LOOP=normal, as
-#           sessions 11-23 ran it; unset is the overlap loop since session 25, guard or not: switch_overlap)
+#           the runs of 2026-12-02 (eedb8cd) to 2026-12-03 (08aac0f) ran it; unset is the overlap loop since
+#           2026-12-03 (fea0197), guard or not: switch_overlap)
 #   bare:   the switch without the guard, in the normal loop as `switch` (SPECFLIP_V1_LOOP=normal: unset, the switch
-#           runs the overlap loop, since session 23 without the guard, since 25 with it; bare / off is the switch
-#           against a plain server)
+#           runs the overlap loop, since 2026-12-03 (08aac0f) without the guard, since 2026-12-03 (fea0197) with
+#           it; bare / off is the switch against a plain server)
 #   sync:   EAGLE-3 + SPECFLIP_SWITCH=$SWITCH_T SPECFLIP_SWITCH_DRAFT=sync: the old design (seeds_final) + guard assert
 #   switch_syncs (not in the default set): the switch with SPECFLIP_COUNT_SYNCS=1, the guard's own host-device syncs
 #           counted by call site (torch's sync debug mode; catching its warnings costs time: not a speed figure)
@@ -43,7 +44,8 @@
 #           of the loop's design): switch_overlap / bare_overlap is the guard's cost there
 #   off_nonoverlap (not in the default set): the plain server in SGLang's non-overlap loop, the loop the v1 worker
 #           forces on every EAGLE server (`off` runs the overlap loop, SGLang's default without speculation), so
-#           bare / off_nonoverlap is the plain path against a plain step in the same loop (session 11, docs/v1.md)
+#           bare / off_nonoverlap is the plain path against a plain step in the same loop (2026-12-02, eedb8cd,
+#           docs/v1.md)
 # Sequence: start all, wait until every one is up; the first-flip probe on the fresh servers (v1_client.py probe:
 # 1 long request, then 5 short ones: demand 6 flips a 5:2 or 5:4 switch off, the long one alone flips it on); the sweep (v1_client.py sweep: for each
 # round and concurrency every server in turn, the order rotating, the same prompts for all, until the budget
@@ -161,6 +163,7 @@ done
 [ -s "$OUT/guard_clock.txt" ] || rm -f "$OUT/guard_clock.txt"
 python3 -c "import tarfile,sys; t=tarfile.open(sys.argv[1], 'w:xz', preset=3); t.add(sys.argv[2], arcname='.'); t.close()" "$OUT/jitcache12.tar.xz" /tmp/jitcache 2>/dev/null
 python3 bench/gpu/v1_summarize.py "$OUT" | tee "$OUT/v1_summary.md"
-# the traces and server logs in one file: the device gives back at most 8 files (session 22 lost six of them loose)
+# the traces and server logs in one file: the device gives back at most 8 files (the 2026-12-03 (b86d557) run lost
+# six of them loose)
 tar czf "$OUT/traces.tar.gz" -C "$OUT" tr && rm -rf "$OUT/tr"
 echo "== done (t=$(el)s) FAILED=$FAILED"
