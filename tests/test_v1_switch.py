@@ -601,7 +601,7 @@ def test_every_hook_of_a_v1_worker_call_reads_the_requests_afresh(server: Any, p
     call, so a later hook of the same call must read them anew. The v2 adapter's shared worker-call reading (its
     worker writes nothing a reading takes) would hand that hook the call's first reading: the check below fails
     on it."""
-    from shim.adapters.common import V2Adapter
+    from shim.releases.guard_hooks import V2Adapter
 
     adapter = plugin.adapter
     server.admit(h.make_reqs("fresh", 2, max_new_tokens=8))
@@ -786,8 +786,8 @@ def test_overlap_loop_config_errors() -> None:
 
 def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None:
     """SPECFLIP_V1_LOOP unset: the overlap loop (the speed of a plain server above the threshold), with the guard or
-    without (it followed that loop live, session 25); an explicit value is kept; the seeds' sync mode stays in the
-    normal loop. The design announced follows the loop, and the hook list gains the loop's."""
+    without (it followed that loop live on the H200, 2026-12-03, d3f54dc); an explicit value is kept; the seeds' sync
+    mode stays in the normal loop. The design announced follows the loop, and the hook list gains the loop's."""
     import shim.switch.v1 as sw
 
     loop = {}

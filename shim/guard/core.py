@@ -1,7 +1,7 @@
 """The runtime guard: the model State of one scheduler (TP rank), moved by the hooked SGLang steps.
 
-SGLang-free: adapters (`shim.adapters`) read live objects into `shim.guard.observe` facts and call the
-methods here, one per model action. Each call
+SGLang-free: the release layer's guard adapter (`shim.releases.guard_hooks`, `guard_reading`) reads live objects
+into `shim.guard.observe` facts and calls the methods here, one per model action. Each call
 
 1. takes the model's own next state, `statemodel.actions.apply(before, action, design, scope)`: that
    keeps the ghost fields SGLang does not carry (draft_kv_len, draft_hidden_ready, the stage, the
@@ -443,7 +443,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
     def _arrive(self, arriving: list[ObservedRequest], where: str) -> None:
         """The requests a prefill shows first arrive, as one model step: a wave's requests reach the scheduler
         together, and an arrival each (the whole state checked after every one) cost a prefill of k new requests k
-        checks of the state (session 27: 70 % of the prefill hook's time at 31-39 new requests of 128)."""
+        checks of the state (70 % of the prefill hook's time at 31-39 new requests of 128; 2026-12-04, a7dc6f5)."""
         first = len(self.names)
         names = [obs.rid for obs in arriving]
         self.names.extend(names)
