@@ -12,7 +12,7 @@ def pytest_configure(config: Any) -> None:
     name = os.environ.get("H51_DISABLE_HOOK")
     if not name:
         return
-    from shim.adapters.sglang_0_5_23 import Adapter
+    from shim.releases.v0_5_23 import Adapter
 
     how = {method: kind for _, kind, method in Adapter.TARGETS}.get(name)
     if how is None and not hasattr(Adapter, name):

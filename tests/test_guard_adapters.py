@@ -184,7 +184,7 @@ def test_tree_draft_fields_exist(adapter: type, root_of: object) -> None:
         assert "cache_salt" in req and "cache_salt" in key
 
 
-# What one reading of a request takes (shim/adapters/common.py `_observe_reqs`, `req_kv_lens`) and what frees or
+# What one reading of a request takes (shim/releases/guard_reading.py `_observe_reqs`, `req_kv_lens`) and what frees or
 # allocates pool slots: nothing a speculative worker call runs may write these, or the readings its first hook took
 # could not serve its later hooks (`V2Adapter.observe_requests_in_worker_call`).
 _READ_FIELDS = {"kv_committed_len", "kv_allocated_len", "cache_protected_len", "req_pool_idx", "kv", "output_ids",
@@ -249,7 +249,7 @@ def _unparsed(srt: Path, rel: str, cls: str, name: str) -> str:
 
 
 # What the overlap loop runs between prepare_for_decode of step N+1 (its hook's reading) and the hook after step
-# N's `_normalize_decode_outputs` (shim/adapters/common.py `V2Adapter._result_reading`), the worker call aside (the
+# N's `_normalize_decode_outputs` (shim/releases/guard_reading.py `_result_reading`), the worker call aside (the
 # scan above): (file, class, method; 0.5.16 lacks the last three but one), and of process_batch_result_decode only what
 # precedes that call
 _BEFORE_A_PLAIN_RESULT = (

@@ -1,4 +1,4 @@
-"""A batch's launch reads what `prepare_for_decode`'s hook read (shim/adapters/common.py `_take_prepared_reading`),
+"""A batch's launch reads what `prepare_for_decode`'s hook read (guard_reading.py `_take_prepared_reading`),
 and so does the plain result processed in the same iteration (`_result_reading`), on SGLang 0.5.23's real objects under
 the overlap loop with the switch's plain path (tests/overlap_loop.py), the guard in assert mode: one reading of the
 batch per plain iteration, and none saved when a request's output grew in between (a result processed there with no

@@ -553,7 +553,7 @@ def test_adapter_reads_no_device_tensor_values(runtime: Any, model_dir: Path) ->
     .item()/.tolist()/.cpu() on them raises); the adapter's observations must not change."""
     import torch
 
-    from shim.adapters.common import HostReadError, host_ints
+    from shim.releases.guard_reading import HostReadError, host_ints
 
     configure(runtime, CATCH_UP)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)

@@ -190,7 +190,7 @@ def own_slots(reqs: list[Any]) -> int:
 
 
 def accounted(pools: h.CpuPools, reqs: list[Any]) -> int:
-    from shim.adapters.common import pending_free_slots
+    from shim.releases.guard_reading import pending_free_slots
 
     return pools.available_size() + pending_free_slots(pools.allocator) + h.tree_held(pools) + own_slots(reqs)
 
@@ -235,7 +235,7 @@ def test_radix_cache_prefix_hits_and_the_tree_takes_the_prompt(model_dir: Path) 
 def test_a_release_inside_a_free_group_is_queued(model_dir: Path, radix: bool) -> None:
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from shim.adapters.common import pending_free_slots
+    from shim.releases.guard_reading import pending_free_slots
 
     pools = eagle_pools(model_dir, radix_cache=radix)
     reqs = [h.make_req(f"g{i}", SHARED + [i, i + 1], max_new_tokens=8) for i in range(2)]
@@ -260,7 +260,7 @@ def test_the_queued_count_follows_a_group_of_releases(model_dir: Path) -> None:
     group it is the queue summed afresh, and the next group (a new list) starts from nothing."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from shim.adapters.common import pending_free_slots
+    from shim.releases.guard_reading import pending_free_slots
 
     pools = eagle_pools(model_dir, radix_cache=False)
     reqs = [h.make_req(f"q{i}", SHARED + [i, i + 1], max_new_tokens=8) for i in range(4)]

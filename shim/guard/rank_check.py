@@ -14,7 +14,7 @@ rank, whatever that rank decided (a rank with no batch to run contributes a fing
 exchange of every rank pairs with the k-th of every other. What can still hang it is a rank that never reaches the
 next iteration (a crash, a deadlock elsewhere): SGLang's scheduler watchdog handles that (docs/tp.md).
 
-SGLang-free: the adapter (`shim.adapters.common.V2Adapter.after_get_next_batch_to_run`) reads the live batch into
+SGLang-free: the adapter (`shim.releases.guard_ranks`, `after_get_next_batch_to_run`) reads the live batch into
 a fingerprint and passes the exchange; the exchange over a torch.distributed group is `group_exchange`.
 """
 

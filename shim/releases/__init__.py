@@ -6,10 +6,14 @@ One module per release line (`v0_5_12.py`, `v0_5_16.py`, `v0_5_23.py`) and one r
 this package. A `.postN` release uses its base line (`registry.base_line`).
 
 A line module holds `LINE`, an instance of its `Line` class (a `base.ReleaseLine`, satisfying `base.Release`), and
-the guard's `Adapter` for the line (a `shim.adapters.common.V2Adapter` subclass: hook targets, reading requests and
+the guard's `Adapter` for the line (a `shim.releases.guard_hooks.V2Adapter` subclass: hook targets, reading requests and
 KV rows). A line states only how it differs from the line it derives from: `ReleaseLine`'s defaults are the newest
 line's behaviour for the switches, and `v0_5_23.Line` holds the newest line's lint reading. Where a line was
 verified (`verified`) is never inherited: a new line starts unverified.
+
+The guard's adapter that every line's `Adapter` derives from lives here too, split by concern: `guard_reading.py`
+(reading live objects: requests, the pool, batches, graphs; `host_ints`), `guard_hooks.py` (`V2Adapter`: the hook
+bodies and installing them) and `guard_ranks.py` (the TP rank-check glue).
 
 To add a line (say 0.5.17):
 1. Write `shim/releases/v0_5_17.py`: subclass the nearest line's `Adapter` and `Line` (e.g. `v0_5_16`), override what

@@ -81,7 +81,7 @@ class ReleaseLine:
     step_timer_targets: ClassVar[tuple[str, str]] = (
         "sglang.srt.managers.scheduler.Scheduler.run_batch",
         "sglang.srt.managers.scheduler.Scheduler.handle_generate_request")
-    # the guard's adapter class for this line (a subclass of shim.adapters.common.V2Adapter)
+    # the guard's adapter class for this line (a subclass of shim.releases.guard_hooks.V2Adapter)
     adapter_class: ClassVar[type] = object
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -176,7 +176,7 @@ class ReleaseLine:
 
     def features(self) -> dict[str, str]:
         """feature (FEATURES) -> how it works on this line, one line each."""
-        return {"guard": "yes, on the v2 EAGLE worker (shim/adapters/common.py)",
+        return {"guard": "yes, on the v2 EAGLE worker (shim/releases/guard_hooks.py)",
                 "switch": "v2 (shim/switch/v2.py; SPECFLIP_SWITCH=t_off:t_on or auto)",
                 "step_timer": "yes (shim/timing/step_timer.py)",
                 "lint": "yes (specflip lint)"}

@@ -55,12 +55,13 @@ from typing import Any
 
 import attrs
 
-from shim.adapters.common import V2Adapter, host_ints, sorted_capture_sizes, tensor_width
 from shim.guard.api import announced_switch
 from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.releases import v0_5_16
 from shim.releases.base import ReleaseLine, prefix_slots_chunk
+from shim.releases.guard_hooks import V2Adapter
+from shim.releases.guard_reading import host_ints, sorted_capture_sizes, tensor_width
 from shim.releases.server_args import LintInputError
 from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
 from statemodel.design import Design, Scope

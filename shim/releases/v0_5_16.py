@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shim.adapters.common import V2Adapter
 from shim.releases import v0_5_23
 from shim.releases.base import ReleaseLine, prefix_slots_chunk
+from shim.releases.guard_hooks import V2Adapter
 from shim.releases.server_args import LintInputError, given_flag
 from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shim.adapters.common import V2Adapter
 from shim.releases import v0_5_17
+from shim.releases.guard_hooks import V2Adapter
 from shim.releases.v0_5_22 import CPU_VERIFIED
 
 

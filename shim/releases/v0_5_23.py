@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shim.adapters.common import V2Adapter
 from shim.releases.base import ReleaseLine
+from shim.releases.guard_hooks import V2Adapter
 from shim.releases.server_args import LintInputError, quiet, silence_again
 from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
 

@@ -13,12 +13,13 @@ What it observes, on the host, with no host-device sync:
   step reads much more KV, and where speculation pays moves);
 - the tokens it committed: plain, one per request; speculative, the batch size times the mean accept length of the
   verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host and
-  checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU: SGLang 0.5.16's and
-  0.5.23's `scheduler_components/batch_result_processor.py` assert `result.accept_lens.is_cpu` in the speculative
-  decode's result processing and read `.tolist()` there, the EAGLE worker v2's verify having filled
-  `GenerationBatchResult.accept_lens` and `copy_to_cpu` moved it). A window that processed no verify result gives
-  its speculative steps their seconds only (the learner keeps the accept length apart). The learner tracks it per
-  window and rechecks speculation when it fell and may pay again (statemodel.auto_policy `_recheck_due`).
+  checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU: SGLang's
+  `scheduler_components/batch_result_processor.py`, as read in the lines of shim/releases/v0_5_16.py and v0_5_23.py,
+  asserts `result.accept_lens.is_cpu` in the speculative decode's result processing and reads `.tolist()` there, the
+  EAGLE worker v2's verify having filled `GenerationBatchResult.accept_lens` and `copy_to_cpu` moved it). A window
+  that processed no verify result gives its speculative steps their seconds only (the learner keeps the accept length
+  apart). The learner tracks it per window and rechecks speculation when it fell and may pay again
+  (statemodel.auto_policy `_recheck_due`).
 - with tiers (SPECFLIP_TIERS beside SPECFLIP_SWITCH=auto): each step's step count, and each verify result's accept
   lengths summed per step count (the switch tells which result ran at which: `on_launched`), so the learner learns
   the accept length per tier.

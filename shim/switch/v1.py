@@ -34,7 +34,7 @@ Configuration (same parsing as the v2 switch, shim.switch.config.SwitchConfig): 
 and `SPECFLIP_V1_LOOP=normal|overlap` (retract only): overlap runs the plain iterations in the overlap loop's order
 (shim/switch/v1_loop.py, design v1_plain_off_retract_catch_up_overlap_plain). Unset, it is overlap (config_from_env),
 with the guard or without: the guard follows both loops (the overlap one through the adapter's overlap scope), live
-on the H200 since session 25.
+on the H200 since 2026-12-03 (d3f54dc).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
 which also loads the guard (a no-op unless SPECFLIP_MODE is set).
@@ -47,13 +47,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shim.guard import api as guard_api
 from shim.settings import settings
-from shim.switch import v1_loop, v1_plain_path, warmup
+from shim.switch import core, v1_loop, v1_plain_path, warmup
 from shim.switch.config import SwitchConfig, SwitchConfigError
+from shim.switch.core import SwitchCore
 from shim.switch.policy import SwitchPolicy
 from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
 from shim.switch.swap import AttributeSwap, plain_runner_side
@@ -106,29 +107,15 @@ def design_for(config: SwitchConfig) -> str:
 
 
 @dataclass
-class SwitchRuntime:
-    """What the hooks share inside one scheduler process."""
+class SwitchRuntime(SwitchCore):
+    """What the hooks share inside one scheduler process (the policy decides under seeds_final; in draft mode
+    retract `spec_side` holds what v1_plain_path.enter_plain_path swapped out)."""
 
-    config: SwitchConfig
-    policy: SwitchPolicy  # deciding under seeds_final
-    trace: JsonlTrace
-    plain_runner: Any = None  # the decode CUDA graph runner for plain steps (None: eager)
-    plain_attn_backend: Any = None
     demand: tuple[int, int] | None = None  # (waiting, chunked) of the scheduler iteration in progress
     recorded: list[str] | None = None  # the model actions performed, in order (tests set a list)
-    counters: dict[str, int] = field(default_factory=dict)
-    # draft mode retract: what the plain path swapped out (v1_plain_path.enter_plain_path), put back at flip-on
-    spec_side: AttributeSwap = field(default_factory=AttributeSwap)
-    flips: int = 0
-    steps_since_flip: int = 0
-
-    @property
-    def plain_path(self) -> bool:
-        """Whether speculation off runs SGLang's own plain scheduler path (draft mode retract)."""
-        return self.config.draft_while_off == "retract"
 
     def record(self, action: str, **info: Any) -> None:
-        self.counters[action] = self.counters.get(action, 0) + 1
+        self.count(action)
         if self.recorded is not None:
             self.recorded.append(action)
         self.trace.event(action, **info)
@@ -201,8 +188,7 @@ def _update_running_batch_around(orig: Any, scheduler: Any, batch: Any, *args: A
     if rt is None or rt.plain_path:
         return orig(scheduler, batch, *args, **kwargs)
     # demand for the policy: requests waiting (and one being chunk-prefilled) besides the running batch
-    rt.demand = (len(getattr(scheduler, "waiting_queue", ()) or ()),
-                 1 if getattr(scheduler, "chunked_req", None) is not None else 0)
+    rt.demand = core.demand(scheduler)
     try:
         return orig(scheduler, batch, *args, **kwargs)
     finally:
@@ -398,14 +384,11 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
         rt.counters[f"{kind}_step"] = rt.counters.get(f"{kind}_step", 0) + 1
         rt.steps_since_flip += 1
         return orig(scheduler, batch, *args, **kwargs)
-    import torch
-
     bs = batch.batch_size()
     first = rt.steps_since_flip == 0 and rt.flips > 0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     # an overlapped plain step runs on the scheduler's forward stream (v1_loop.py), the normal loop's on this one
     stream = scheduler.forward_stream if getattr(scheduler, "enable_overlap", False) else None
-    start.record(stream)
+    start, end = core.start_step_timer(stream)
     tic = time.perf_counter()
     out = orig(scheduler, batch, *args, **kwargs)
     end.record(stream)
@@ -429,31 +412,24 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
     Call before `HookRegistry.apply_hooks()` (load_plugins calls it after every plugin ran)."""
     if config is None:
         return False
-    from sglang.srt.plugins.hook_registry import HookType
-
     rt = set_runtime(config)
     assert rt is not None
-    design = design_for(config)
-    rt.trace.event("config", design=design, worker="v1", t_off=config.t_off, t_on=config.t_on,
-                   spec_cap=config.spec_cap, plain_graphs=config.plain_graphs, draft_while_off=config.draft_while_off,
-                   loop=config.v1_loop)
-    guard_api.announce_switch(design, config.spec_cap)  # the guard's reference design and scope
-    hooks = {T_UPDATE_RUNNING: (_update_running_batch_around, HookType.AROUND),
-             T_ALLOCATABLE: (_allocatable_around, HookType.AROUND),
-             T_PREPARE: (_prepare_for_decode_around, HookType.AROUND),
-             T_INIT_GRAPHS: (_init_cuda_graphs_after, HookType.AFTER),
-             T_FORWARD: (_forward_around, HookType.AROUND),
-             T_NEXT_BATCH: (_next_batch_around, HookType.AROUND),
-             T_RUN_BATCH: (_run_batch_around, HookType.AROUND),
-             T_STREAM: (_stream_output_around, HookType.AROUND),
-             T_LOOP: (_event_loop_around, HookType.AROUND)}
+    core.announce(rt.trace, design_for(config), worker="v1", t_off=config.t_off, t_on=config.t_on,
+                  spec_cap=config.spec_cap, plain_graphs=config.plain_graphs, draft_while_off=config.draft_while_off,
+                  loop=config.v1_loop)
+    hooks = {T_UPDATE_RUNNING: (_update_running_batch_around, "AROUND"),
+             T_ALLOCATABLE: (_allocatable_around, "AROUND"),
+             T_PREPARE: (_prepare_for_decode_around, "AROUND"),
+             T_INIT_GRAPHS: (_init_cuda_graphs_after, "AFTER"),
+             T_FORWARD: (_forward_around, "AROUND"),
+             T_NEXT_BATCH: (_next_batch_around, "AROUND"),
+             T_RUN_BATCH: (_run_batch_around, "AROUND"),
+             T_STREAM: (_stream_output_around, "AROUND"),
+             T_LOOP: (_event_loop_around, "AROUND")}
     targets = HOOKS_FOR_DRAFT_MODE[config.draft_while_off] + ((T_LOOP,) if config.v1_loop == "overlap" else ())
-    for target in targets:
-        if target == T_RUN_BATCH and not rt.trace.enabled:
-            continue  # only the trace reads it: one wrapper less per step
-        hook, kind = hooks[target]
-        registry.register(target, hook, kind)
-    warmup.install(registry, config)  # every path a flip takes, before the server listens
+    # T_RUN_BATCH only with the trace, which alone reads it: one wrapper less per step
+    core.install_hooks(registry, config, [(target, *hooks[target]) for target in targets
+                                          if target != T_RUN_BATCH or rt.trace.enabled])
     return True
 
 
@@ -470,7 +446,7 @@ def set_runtime(config: SwitchConfig | None) -> SwitchRuntime | None:
 def config_from_env(env: Mapping[str, str] | None = None) -> SwitchConfig | None:
     """The v1 switch's configuration: SwitchConfig.from_env with SPECFLIP_SWITCH_DRAFT retract by default, and, when
     SPECFLIP_V1_LOOP is unset in draft mode retract, the overlap loop (plain iterations overlapped, v1_loop.py), with
-    the guard or without: the guard followed it live on the H200 with no finding (docs/v1.md, "Session 25")."""
+    the guard or without: the guard followed it live on the H200 with no finding (docs/v1.md; 2026-12-03, d3f54dc)."""
     config = SwitchConfig.from_env(env, default_draft="retract")
     if config is None or settings.V1_LOOP.is_set(env) or config.draft_while_off != "retract":
         return config

@@ -34,8 +34,8 @@ speculation stops paying from its own step times, shim/switch/auto.py, docs/auto
                           takes, so a cold cache's kernel builds fall at start-up; shim/switch/warmup.py) | off
   SPECFLIP_SWITCH_TRACE   a directory: one JSONL trace of switch actions per process (switch-<pid>.jsonl)
   SPECFLIP_SWITCH_RADIX   keep_out (default; issue 24's fix through SGLang's skip_radix_cache_insert: tokens
-                          computed while off stay out of the radix tree; its session-8 leak through chunked prefill
-                          is fixed by resume_chunk_kept_out, rerun on the H200 in session 9) | insert (SGLang's own
+                          computed while off stay out of the radix tree; its leak through chunked prefill is fixed
+                          by resume_chunk_kept_out, a1e2254; H200 rerun 2026-12-01, 25a6220) | insert (SGLang's own
                           tree: a later hit drafts over stale draft KV, outputs exact; docs/prefix-cache.md)
   SPECFLIP_FAULT_LATE_FLIP  FAULT INJECTION, tests only: a TP rank that performs the first flip one scheduler step
                           late (shim/switch/faults.py; docs/tp.md)
@@ -59,7 +59,7 @@ from typing import Any
 
 from shim import releases
 from shim.guard import api as guard_api
-from shim.switch import faults, warmup
+from shim.switch import core, faults, warmup
 from shim.switch.auto import AutoSwitch
 from shim.switch.config import (
     SwitchConfig,
@@ -127,8 +127,7 @@ def runtime() -> SwitchRuntime | None:
 def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
     """Decide the mode for the decode step `update_running_batch` is about to prepare."""
     running = batch.batch_size() if batch is not None else 0
-    waiting = len(getattr(scheduler, "waiting_queue", ()) or ())
-    chunked = 1 if getattr(scheduler, "chunked_req", None) is not None else 0
+    waiting, chunked = core.demand(scheduler)
     action = rt.policy.decide(running, waiting, chunked)
     if action is not None:
         rt.flips += 1
@@ -319,12 +318,9 @@ def _run_batch_traced(orig: Any, rt: SwitchRuntime | None, self: Any, batch: Any
         rt.count("plain_step")
         rt.steps_since_flip += 1
         return out
-    import torch
-
     bs = batch.batch_size()
     stream = getattr(self, "forward_stream", None) if getattr(self, "enable_overlap", False) else None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
+    start, end = core.start_step_timer(stream)
     first = rt.steps_since_flip == 0 and rt.flips > 0
     out = orig(self, batch, *args, **kwargs)
     end.record(stream)
@@ -385,10 +381,7 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
     gap = rt.decode_gap_ms() if rt.trace.enabled else None
     timing = rt.trace_this_step(gap)
     if timing:
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start, end = core.start_step_timer()
     first = rt.steps_since_flip == 0 and rt.flips > 0
     if rt.policy.spec_on:
         out = orig(self, batch, *args, on_publish=on_publish, **kwargs)
@@ -424,36 +417,35 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
     global _RUNTIME
     if config is None:
         return False
-    from sglang.srt.plugins.hook_registry import HookType
-
     auto = AutoSwitch(spec_cap=config.spec_cap,
                       state=ap.initial_state(tiers=() if config.tiers is None else config.tiers.steps)) \
         if config.auto else None
     _RUNTIME = SwitchRuntime(config=config, policy=SwitchPolicy(config, auto=auto), trace=JsonlTrace(config.trace_dir),
                              late_flip=late_flip)
-    _RUNTIME.trace.event("config", design=config.design_name, policy="auto" if config.auto else "thresholds",
-                         auto_params=None if auto is None else repr(auto.state.params), t_off=config.t_off,
-                         t_on=config.t_on,
-                         spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
-                         plain_graphs=config.plain_graphs, plain_prefill=config.plain_prefill,
-                         trace_every=config.trace_every,
-                         tiers=None if config.tiers is None else config.tiers.describe())
-    guard_api.announce_switch(config.design_name, config.spec_cap)  # the guard's reference design and scope
+    core.announce(_RUNTIME.trace, config.design_name,
+                  policy="auto" if config.auto else "thresholds",
+                  auto_params=None if auto is None else repr(auto.state.params), t_off=config.t_off,
+                  t_on=config.t_on,
+                  spec_cap=config.spec_cap, draft_while_off=config.draft_while_off,
+                  plain_graphs=config.plain_graphs, plain_prefill=config.plain_prefill,
+                  trace_every=config.trace_every,
+                  tiers=None if config.tiers is None else config.tiers.describe())
+    hooks: list[core.Hook] = []
     if not _RUNTIME.plain_path:  # the plain path flips in get_next_batch_to_run: one wrapper less per step
-        registry.register(T_UPDATE_RUNNING, _update_running_batch_around, HookType.AROUND)
-    registry.register(T_ALLOCATABLE, _allocatable_around, HookType.AROUND)
-    registry.register(T_INIT_GRAPHS, _init_cuda_graphs_after, HookType.AFTER)
-    registry.register(T_FORWARD, _forward_around, HookType.AROUND)
+        hooks.append((T_UPDATE_RUNNING, _update_running_batch_around, "AROUND"))
+    hooks += [(T_ALLOCATABLE, _allocatable_around, "AROUND"),
+              (T_INIT_GRAPHS, _init_cuda_graphs_after, "AFTER"),
+              (T_FORWARD, _forward_around, "AROUND")]
     if _RUNTIME.plain_path:
-        registry.register(T_NEXT_BATCH, _next_batch_around, HookType.AROUND)
+        hooks.append((T_NEXT_BATCH, _next_batch_around, "AROUND"))
         if _RUNTIME.trace.enabled or auto is not None:
-            registry.register(T_RUN_BATCH, _run_batch_around, HookType.AROUND)
+            hooks.append((T_RUN_BATCH, _run_batch_around, "AROUND"))
         if auto is not None:
-            registry.register(T_PROCESS_RESULT, _process_result_around, HookType.AROUND)
+            hooks.append((T_PROCESS_RESULT, _process_result_around, "AROUND"))
     if config.tiers is not None:
-        registry.register(T_ACTIVATE_STEPS, _activate_steps_around, HookType.AROUND)
-        registry.register(T_VERIFY_DONE, _verify_done_around, HookType.AROUND)
-    warmup.install(registry, config)  # every path a flip takes, before the server listens
+        hooks += [(T_ACTIVATE_STEPS, _activate_steps_around, "AROUND"),
+                  (T_VERIFY_DONE, _verify_done_around, "AROUND")]
+    core.install_hooks(registry, config, hooks)
     return True
 
 

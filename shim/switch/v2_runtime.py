@@ -3,43 +3,24 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from shim.switch.config import SwitchConfig
+from shim.switch.core import SwitchCore
 from shim.switch.faults import LateFlipFault
-from shim.switch.policy import SwitchPolicy
-from shim.switch.swap import AttributeSwap
-from shim.timing.jsonl import IDLE_GAP_MS, JsonlTrace
+from shim.timing.jsonl import IDLE_GAP_MS
 
 
 @dataclass
-class SwitchRuntime:
-    """What the hooks share inside one scheduler process."""
+class SwitchRuntime(SwitchCore):
+    """What the hooks share inside one scheduler process (in draft mode "retract" `spec_side` holds what
+    enter_plain_path swapped out, put back by enter_spec_path)."""
 
-    config: SwitchConfig
-    policy: SwitchPolicy
-    trace: JsonlTrace
-    steps_since_flip: int = 0
-    flips: int = 0
-    plain_runner: Any = None
-    plain_attn_backend: Any = None
     plain_prefill_runner: Any = None  # PlainPrefillOnTargetGraphs, or None: the plain path keeps the target's
-    counters: dict[str, int] = field(default_factory=dict)
-    # draft mode "retract": what enter_plain_path swapped out, put back by enter_spec_path
-    spec_side: AttributeSwap = field(default_factory=AttributeSwap)
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
     last_decode_launch: float = 0.0  # perf_counter at the last decode step's launch (kept while the trace is on)
     late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
     tiers_off: bool = False  # SPECFLIP_TIERS set but the server has no runtime state for a tier (v2_tiers.py)
-
-    @property
-    def plain_path(self) -> bool:
-        """Whether speculation off runs SGLang's own plain scheduler path (draft mode "retract")."""
-        return self.config.draft_while_off == "retract"
-
-    def count(self, key: str) -> None:
-        self.counters[key] = self.counters.get(key, 0) + 1
 
     def trace_this_step(self, gap_ms: float | None = None) -> bool:
         """Whether the decode step about to run goes into the trace (SPECFLIP_SWITCH_TRACE_EVERY): every Nth, the
