@@ -377,6 +377,8 @@ class Settings:
     REQUIRE_SGLANG_V1 = Flag(
         False, "The same for SGLang 0.5.12's tests (scripts/test.sh sets it for that run).",
         features=(FEATURE_DEVELOPMENT,))
+    LONG_RUN_STEPS = Int(
+        2000, "Steps of each long clean guard run (tests/test_guard_long_run.py).", features=(FEATURE_DEVELOPMENT,))
     CONFORMANCE_LINE = Text(
         None, "Set by tests/test_release_conformance.py in the subprocess it runs for one SGLang line: that line's "
         "checks run there (its sglang first on the path).", features=(FEATURE_DEVELOPMENT,), kind="release line")

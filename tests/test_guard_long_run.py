@@ -27,7 +27,6 @@ at 41 % of a core (`/usr/bin/time -v .venv/bin/python -m pytest tests/test_guard
 from __future__ import annotations
 
 import importlib
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 
+from shim.settings import settings  # noqa: E402
 from shim.switch.v2 import SwitchConfig  # noqa: E402
 from statemodel.design import ClearSpecOn, DraftWhileOff  # noqa: E402
 from statemodel.designs import (  # noqa: E402
@@ -57,7 +57,7 @@ from statemodel.designs import (  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.long_run]
 
-STEPS = int(os.environ.get("SPECFLIP_LONG_RUN_STEPS", "2000"))  # per run; a longer run: set it
+STEPS = settings.LONG_RUN_STEPS.get()  # per run; a longer run: set SPECFLIP_LONG_RUN_STEPS
 CHUNK = 16  # prefill rounds of at most 16 tokens (the prompts are 27-37 tokens) in every other phase of a run
 PHASE = 250  # steps: chunked prefill on in the odd phases, off in the even ones
 

@@ -1,5 +1,5 @@
 """The violations each known-bad design's shortest counterexample ends with, to the field: invariant, message, requests,
-expected and actual, against tests/regressions/known_bad_violations.json. The guard's messages are built from these
+expected and actual, against tests/golden/known_bad_violations.json. The guard's messages are built from these
 fields ("expected 1024, actual 1021"); the proof reports hold the messages only, so mutants of `expected` / `actual` in
 statemodel/invariants.py survived every test (scripts/mutation.sh, docs/mutation.md).
 
@@ -20,7 +20,7 @@ from proofs.verdicts import run_design  # noqa: E402
 from statemodel.design import DesignKind  # noqa: E402
 from statemodel.designs import ALL_DESIGNS  # noqa: E402
 
-GOLDEN = Path(__file__).resolve().parent / "regressions" / "known_bad_violations.json"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "known_bad_violations.json"
 KNOWN_BAD = [d for d in ALL_DESIGNS if d.kind is DesignKind.KNOWN_BAD]
 
 

@@ -202,7 +202,7 @@ class FindingsReporter:
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
             guard = self.runtime.guard
-            if guard is not None and self.runtime.mode is not Mode.OFF:
+            if guard is not None and self.runtime.mode in (Mode.WARN, Mode.TRACE):
                 guard.report_held_back()
 
     def stop(self) -> None:
