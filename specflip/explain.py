@@ -189,6 +189,10 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
                 raise problem from None
             breaks.append(problem)
             break
+        if not found and record.get("violations"):
+            # what the guard found with checks a trace cannot redo (slot identity, token content, the tree's draft
+            # coverage: they read positions and tokens the trace does not hold), as it recorded it
+            found = _recorded_violations(record["violations"], names)
         if found and first is None:
             rids = tuple(dict.fromkeys(rid_name(names, r) for v in found for r in v.rids))
             first = IllegalStep(path=name, line=line, rank=int(record["rank"]), step=int(record["step"]),
@@ -198,6 +202,13 @@ def explain_file(path: str | Path) -> tuple[TraceSummary, IllegalStep | None, di
     summary = TraceSummary(path=name, ranks=tuple(sorted(ranks)), steps=steps, releases=tuple(dict.fromkeys(releases)),
                            designs=tuple(dict.fromkeys(designs)), broken=str(breaks[0]) if breaks else None)
     return summary, first, covered
+
+
+def _recorded_violations(recorded: list[dict[str, Any]], names: list[str]) -> list[Violation]:
+    index = {name: i for i, name in enumerate(names)}
+    return [Violation(str(v["invariant"]), f"{v.get('message', '')} (recorded by the guard)",
+                      tuple(index[r] for r in v.get("rids", ()) if r in index), str(v.get("expected", "")),
+                      str(v.get("actual", ""))) for v in recorded]
 
 
 def _with_arrivals(state: State, delta: dict[str, Any]) -> State:

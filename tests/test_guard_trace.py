@@ -118,6 +118,24 @@ def test_tampered_step_is_the_first_illegal_step(tmp_path: Path) -> None:
     assert (first.line, first.action, first.violations[0].invariant) == (target + 1, "prefill", "kv_conservation")
 
 
+def test_a_finding_the_guard_recorded_is_reported_though_the_states_conform(tmp_path: Path) -> None:
+    """Slot identity and token checks read what a trace does not hold: explain reports what the guard recorded (as a
+    warn-mode server's trace of a freed live slot has it) instead of calling the trace conforming."""
+    path = tmp_path / "t.jsonl"
+    lines = write_trace(path)
+    target = next(i for i, line in enumerate(lines) if json.loads(line).get("action") == "prefill")
+    record = json.loads(lines[target])
+    record["violations"] = [{"invariant": "slots_freed_owned", "message": "flip_off freed [44, 45), which it still "
+                             "holds", "rids": ["r0"], "expected": "freed [40, 44)", "actual": "freed [41, 45)"}]
+    lines[target] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    report = explain_traces([path])
+    assert not report.conforms
+    first = report.first_illegal[0]
+    assert (first.line, first.action, first.rids) == (target + 1, "prefill", ("r0",))
+    assert first.violations[0].invariant == "slots_freed_owned" and "recorded by the guard" in report.render()
+
+
 def test_action_from_the_wrong_stage_is_illegal(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     lines = write_trace(path)
