@@ -1,5 +1,6 @@
 #!/bin/bash
-# Device-side driver for issue 5 (run from the repo root on the GPU host, .whl/ carried; see docs/archive/gpu-results.md).
+# Device-side driver (run from the repo root on the GPU host with .whl/, the SGLang bundle, and .gpu/, specflip's wheel,
+# carried; figures and commands in docs/results.md, earlier ones in docs/archive/gpu-results.md).
 # usage: BUDGET_S=560 bash bench/gpu/device_run.sh 'NAME|MODELS|ENV|FLAGS' ...
 #   MODELS: 8b (H=4096 L=32 I=14336: Llama-3-8B's shape, the pair every deciding figure uses), small
 #           (gen_models.py: 8 layers, hidden 256) or big (H=2048 L=16 I=5632: the host-bound 0.8B pair of
@@ -49,11 +50,13 @@ echo "== unpack (t=$(el)s)"
 rm -rf /tmp/site; mkdir -p /tmp/site /tmp/jitcache
 python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site')" || exit 3
 [ -f "$K/jitcache.tar.xz" ] && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$K/jitcache.tar.xz" /tmp/jitcache && echo "jit cache restored"
-D=/tmp/site/specflip_switch-0.1.dist-info; mkdir -p $D
-printf 'Metadata-Version: 2.1\nName: specflip-switch\nVersion: 0.1\n' > $D/METADATA
-# shim.plugin:register (the project's own entry point): the v2 switch when SPECFLIP_SWITCH is set, then the guard when
-# SPECFLIP_MODE is set
-printf '[sglang.srt.plugins]\nspecflip = shim.plugin:register\n' > $D/entry_points.txt
+# specflip installed as an operator installs it: its built wheel (.gpu/dist, carried; built here with
+# `.venv/bin/python -m pip wheel . --no-deps --no-build-isolation -w .gpu/dist`), whose `sglang.srt.plugins` entry
+# point (shim.plugin:register: the v2 switch when SPECFLIP_SWITCH is set, then the guard when SPECFLIP_MODE is set)
+# SGLang's load_plugins() finds. The repository stays on the path after it for the clients (bench/gpu/*.py).
+WHL=$(ls "$REPO"/.gpu/dist/specflip-*.whl 2>/dev/null | head -n 1)
+[ -n "$WHL" ] || { echo "no .gpu/dist/specflip-*.whl: build it and carry .gpu (header)"; exit 2; }
+python3 -m pip install -q --no-deps --no-index --target /tmp/site "$WHL" 2>&1 | grep -v 'already exists' | tail -n 2
 export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm TRITON_CACHE_DIR=/tmp/jitcache/triton
 [ -z "${CUDA_HOME:-}" ] && [ -n "$(which nvcc)" ] && export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(which nvcc)")")")
 # only the model pairs the phases name (8b: about 14 GB, written in about 30 s; never carried)
