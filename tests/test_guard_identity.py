@@ -196,16 +196,9 @@ def catch_up_on(drv: Any, covered: list[Any]) -> None:
     drv.batch.spec_info = full
 
 
-@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
-def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       without: bool) -> None:
-    """Design plain_off_catch_up: the catch-up at flip-on covers the requests running at flip-off, not the two
-    admitted while off. The guard takes the catch-up's coverage from the batch it ran on, per request, and stops the
-    catch-up itself, before its forward (issue 51), naming the two and the tokens their draft KV covers. Without the
-    check at the catch-up (`draft_extend_leaves_behind`) the next draft step stops it; without either, nothing."""
-    if without:
-        take_out_identity_checks(monkeypatch)
-    monkeypatch.setattr(shim.guard.core, "draft_extend_leaves_behind", lambda *a: [])
+def admitted_while_off(runtime: Any, model_dir: Path) -> tuple[Any, list[Any], list[Any]]:
+    """Design plain_off_catch_up: three requests running at a flip off, two more admitted while off (each decoded
+    once); returns the driver, the three and the two."""
     gf.configure_guard(runtime, CATCH_UP)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
     first = gf.make_reqs("a", 3, max_new_tokens=60)
@@ -216,6 +209,20 @@ def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: 
     late = gf.make_reqs("b", 2, max_new_tokens=30)
     drv.admit_all(late)
     drv.decode()
+    return drv, first, late
+
+
+@pytest.mark.parametrize("without", [False, True], ids=["guard", "without_the_check"])
+def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       without: bool) -> None:
+    """Design plain_off_catch_up: the catch-up at flip-on covers the requests running at flip-off, not the two
+    admitted while off. The guard takes the catch-up's coverage from the batch it ran on, per request, and stops the
+    catch-up itself, before its forward (issue 51), naming the two and the tokens their draft KV covers. Without the
+    check at the catch-up (`draft_extend_leaves_behind`) the next draft step stops it; without either, nothing."""
+    if without:
+        take_out_identity_checks(monkeypatch)
+    monkeypatch.setattr(shim.guard.core, "draft_extend_leaves_behind", lambda *a: [])
+    drv, first, late = admitted_while_off(runtime, model_dir)
     catch_up_on(drv, first)
     if without:
         drv.decode()
@@ -233,16 +240,7 @@ def test_catch_up_skipping_requests_admitted_while_off(runtime: Any, model_dir: 
 def test_partial_catch_up_stopped_before_its_own_forward(runtime: Any, model_dir: Path) -> None:
     """Issue 51: the same partial catch-up, stopped at the catch-up's hook (`_draft_extend_for_decode` BEFORE): the
     draft-extend forward never runs, and the two requests it left out are named."""
-    gf.configure_guard(runtime, CATCH_UP)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
-    first = gf.make_reqs("a", 3, max_new_tokens=60)
-    drv.admit_all(first)
-    drv.decode()
-    drv.flip_off()
-    drv.decode()
-    late = gf.make_reqs("b", 2, max_new_tokens=30)
-    drv.admit_all(late)
-    drv.decode()
+    drv, first, late = admitted_while_off(runtime, model_dir)
     extends = gf.STAND_IN_CALLS.get("draft_extend", 0)
     with pytest.raises(SpecFlipViolation) as caught:
         catch_up_on(drv, first)

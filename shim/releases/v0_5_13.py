@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shim.releases import v0_5_14
-from shim.releases.server_args import LintInputError
+from shim.releases import v0_5_14, v0_5_16
 from shim.releases.sizing import Sizing, SpecflipPolicy
 from shim.releases.v0_5_22 import CPU_VERIFIED
 
@@ -49,21 +48,12 @@ class Line(v0_5_14.Line):
                     republish: bool = True) -> Sizing:
         """0.5.16's reading (shim/releases/v0_5_16.read_sizing) with the graphs of `cuda_graph_bs` and no zero-step
         skip."""
-        from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config, adaptive_unsupported_reason
-
         sa = server_args
-        if sa.speculative_algorithm is None:
-            raise LintInputError("no --speculative-algorithm: nothing switches, nothing to lint")
-        refusals = []
-        if getattr(sa, "_specflip_given_adaptive", False) and not sa.speculative_adaptive:
-            reason = adaptive_unsupported_reason(sa)
-            refusals.append(f"SGLang drops --speculative-adaptive: {reason or 'disabled during resolution'}; "
-                            "the server runs the static launch parameters")
-        _, entries = _load_adaptive_config(sa.speculative_adaptive_config or None)
+        refusals, tiers = v0_5_16.adaptive_reading(sa)
         return self.sizing_from_values(
             algorithm=sa.speculative_algorithm, topk=sa.speculative_eagle_topk or 1, steps=sa.speculative_num_steps,
             draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive),
-            tiers=[(bs, entry["candidate_steps"]) for bs, entry in entries.items()],
+            tiers=tiers,
             max_running_requests=sa.max_running_requests,
             capture_bs=[] if sa.disable_cuda_graph else list(sa.cuda_graph_bs or []),
             overlap=not sa.disable_overlap_schedule, refusals=refusals, skip_zero_step_draft_extend=False,

@@ -147,11 +147,11 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE", topk: int
                   specflip=specflip)
 
 
-def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | None = None, *,
-                republish: bool = True) -> Sizing:  # pragma: no cover - needs this line installed
+def adaptive_reading(sa: Any) -> tuple[list[str], list[tuple[int, Any]]]:
+    """(refusals, tiers) of a resolved launch on the lines up to this one: SGLang dropping --speculative-adaptive,
+    and the adaptive config's candidate steps per batch size."""
     from sglang.srt.speculative.adaptive_spec_params import _load_adaptive_config, adaptive_unsupported_reason
 
-    sa = server_args
     if sa.speculative_algorithm is None:
         raise LintInputError("no --speculative-algorithm: nothing switches, nothing to lint")
     refusals = []
@@ -160,7 +160,13 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         refusals.append(f"SGLang drops --speculative-adaptive: {reason or 'disabled during resolution'}; "
                         "the server runs the static launch parameters")
     _, entries = _load_adaptive_config(sa.speculative_adaptive_config or None)
-    tiers = [(bs, entry["candidate_steps"]) for bs, entry in entries.items()]
+    return refusals, [(bs, entry["candidate_steps"]) for bs, entry in entries.items()]
+
+
+def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | None = None, *,
+                republish: bool = True) -> Sizing:  # pragma: no cover - needs this line installed
+    sa = server_args
+    refusals, tiers = adaptive_reading(sa)
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
