@@ -601,7 +601,7 @@ def test_every_hook_of_a_v1_worker_call_reads_the_requests_afresh(server: Any, p
     call, so a later hook of the same call must read them anew. The v2 adapter's shared worker-call reading (its
     worker writes nothing a reading takes) would hand that hook the call's first reading: the check below fails
     on it."""
-    from shim.adapters.common import V2Adapter
+    from shim.releases.guard_hooks import V2Adapter
 
     adapter = plugin.adapter
     server.admit(h.make_reqs("fresh", 2, max_new_tokens=8))

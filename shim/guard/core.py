@@ -1,7 +1,7 @@
 """The runtime guard: the model State of one scheduler (TP rank), moved by the hooked SGLang steps.
 
-SGLang-free: adapters (`shim.adapters`) read live objects into `shim.guard.observe` facts and call the
-methods here, one per model action. Each call
+SGLang-free: the release lines' adapters (`shim.releases`) read live objects into `shim.guard.observe` facts and call
+the methods here, one per model action. Each call
 
 1. takes the model's own next state, `statemodel.actions.apply(before, action, design, scope)`: that
    keeps the ghost fields SGLang does not carry (draft_kv_len, draft_hidden_ready, the stage, the
