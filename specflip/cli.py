@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"written). N at most {MAX_WALKS:,} (about 1 ms of CPU a walk)")
     check.add_argument("--seed", type=non_negative_int, help="--simulate: the walks' seed (default 0)")
     check.add_argument("--depth", type=at_least(1, MAX_DEPTH),
-                       help=f"--simulate: steps per walk at most (default 200, at most {MAX_DEPTH:,})")
+                       help=f"--simulate: steps per walk at most, up to {MAX_DEPTH:,} (default 200)")
     check.add_argument("--no-shrink", dest="shrink", action="store_false",
                        help="--simulate: report a counterexample as the walk found it, without shrinking it")
     check.add_argument("--scope", choices=("default", "large"), default="default",

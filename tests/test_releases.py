@@ -103,9 +103,10 @@ def unsupported_sglang(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(importlib.metadata, "version", lambda name: bad if name == "sglang" else "0")
     for name in ("SPECFLIP_MODE", "SPECFLIP_SWITCH", "SPECFLIP_ON_BAD_CONFIG", "SPECFLIP_STEP_TIMER"):
         monkeypatch.delenv(name, raising=False)
+    installed = runtime.current()  # another module's guard, installed once per process through load_plugins()
     runtime.install(None)
     yield bad
-    runtime.install(None)
+    runtime.install(installed)
 
 
 @pytest.mark.parametrize(("variable", "value", "register"), [

@@ -36,19 +36,20 @@ def read(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in files[0].read_text().splitlines()]
 
 
-def test_config_from_env() -> None:
+def test_config_from_env(tmp_path: Path) -> None:
+    d = str(tmp_path / "timer")  # a directory that does not exist yet (created when the timer starts)
     assert StepTimerConfig.from_env({}) is None
-    assert StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x"}) == StepTimerConfig("/tmp/x", 16)
-    assert StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_TIMER_EVERY": "4"}).every == 4
+    assert StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": d}) == StepTimerConfig(d, 16)
+    assert StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": d, "SPECFLIP_STEP_TIMER_EVERY": "4"}).every == 4
     with pytest.raises(StepTimerConfigError, match="SPECFLIP_STEP_TIMER_EVERY=.often.: expected an integer"):
-        StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_TIMER_EVERY": "often"})
+        StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": d, "SPECFLIP_STEP_TIMER_EVERY": "often"})
     with pytest.raises(StepTimerConfigError, match=">= 1"):
-        StepTimerConfig("/tmp/x", 0)
-    profiled = StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_PROFILE": "/tmp/x/flag",
+        StepTimerConfig(d, 0)
+    profiled = StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": d, "SPECFLIP_STEP_PROFILE": d + "/flag",
                                          "SPECFLIP_STEP_PROFILE_STEPS": "64"})
-    assert (profiled.profile_flag, profiled.profile_steps) == ("/tmp/x/flag", 64)
+    assert (profiled.profile_flag, profiled.profile_steps) == (d + "/flag", 64)
     with pytest.raises(StepTimerConfigError, match="SPECFLIP_STEP_PROFILE_STEPS=.lots.: expected an integer"):
-        StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": "/tmp/x", "SPECFLIP_STEP_PROFILE_STEPS": "lots"})
+        StepTimerConfig.from_env({"SPECFLIP_STEP_TIMER": d, "SPECFLIP_STEP_PROFILE_STEPS": "lots"})
 
 
 def test_loop_iterations_and_device_time_of_decode_steps(tmp_path: Path) -> None:
