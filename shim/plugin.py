@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from shim import settings as table
 from shim.guard.core import Mode
 from shim.guard.runtime import ConfigError, GuardRuntime, current, install, on_bad_config
-from shim.releases import UnsupportedRelease, release_line
+from shim.releases import Release, UnsupportedRelease, release_line
 from shim.settings import FEATURE_FAULTS as FAULTS
 from shim.settings import FEATURE_GUARD as GUARD
 from shim.settings import FEATURE_START_UP as START_UP
@@ -96,25 +96,24 @@ def settings_gate(features: tuple[str, ...]) -> set[str]:
     return off
 
 
-def supported_or_stop(asked_by: str, feature: str) -> bool:
-    """Whether the installed SGLang is a release line specflip supports (shim/releases/). When it is not and
+def supported_or_stop(asked_by: str, feature: str) -> Release | None:
+    """The installed SGLang's release line (shim/releases/), or None where specflip supports none. When it is not and
     `asked_by` (SPECFLIP_SWITCH, SPECFLIP_MODE) asked for specflip, start-up stops with one line naming the supported
     range, as for any bad setting (SPECFLIP_ON_BAD_CONFIG=warn: one error line, and the server runs without it)."""
     try:
-        release_line()
+        return release_line()
     except UnsupportedRelease as exc:
         asked = table.settings.by_name()[asked_by].raw()
         on_bad_config(ConfigError(f"{asked_by}={asked} asks for specflip, but {exc}"), feature=feature)
-        return False
-    return True
+        return None
 
 
 def register_switch() -> None:
     """specflip's v2 switch: a no-op unless SPECFLIP_SWITCH is set (idempotent)."""
     if table.settings.SWITCH.is_set():
-        if not supported_or_stop(table.settings.SWITCH.name, "switch"):
+        line = supported_or_stop(table.settings.SWITCH.name, "switch")
+        if line is None:
             return
-        line = release_line()
         if not line.offers_v2_switch and line.worker_kind(os.environ) == "v2":
             switch = table.settings.SWITCH
             on_bad_config(ConfigError(f"{switch.name}={switch.raw()} asks for the switch, which sglang {line.version} "
@@ -126,7 +125,7 @@ def register_switch() -> None:
 def register_switch_v1() -> None:
     """The v1 switch on SGLang's v1 EAGLEWorker (design v1_plain_off_retract_catch_up; with
     SPECFLIP_SWITCH_DRAFT=sync, seeds_final): a no-op unless SPECFLIP_SWITCH is set."""
-    if table.settings.SWITCH.is_set() and not supported_or_stop(table.settings.SWITCH.name, "switch"):
+    if table.settings.SWITCH.is_set() and supported_or_stop(table.settings.SWITCH.name, "switch") is None:
         return
     switch_v1.install_from_env()
 
@@ -147,9 +146,10 @@ def register_guard() -> None:
         return
     if runtime.mode is Mode.OFF:
         return
-    if not supported_or_stop(table.settings.MODE.name, "guard"):
+    line = supported_or_stop(table.settings.MODE.name, "guard")
+    if line is None:
         return
-    adapter = release_line().adapter()
+    adapter = line.adapter()
     problem = adapter.install(runtime)
     if problem:
         logger.warning("specflip guard off: %s", problem)
