@@ -708,3 +708,15 @@ def test_bad_trace_arguments_are_one_clear_line(argv: list[str], message: str, m
     with pytest.raises(SystemExit) as exc:
         bursty_client.main()
     assert exc.value.code == 2 and capsys.readouterr().err == f"bursty_client: {message} (see `bursty_client --help`)\n"
+
+
+def test_accept_length_counts_speculative_steps_only() -> None:
+    """A request the switch decoded partly plain: SGLang's spec_accept_length (completion tokens / verifies) read 128
+    for one verify among 128 tokens (the 2026-12-06 (b3a9830) `auto` rows); over its speculative steps it is 2.0."""
+    partly_plain = {"spec_accept_length": 128.0, "spec_verify_ct": 1, "spec_num_correct_drafts": 1}
+    assert bench_client.accept_length(partly_plain) == 2.0
+    always_on = {"spec_accept_length": 2.0, "spec_verify_ct": 64, "spec_num_correct_drafts": 64}
+    assert bench_client.accept_length(always_on) == 2.0
+    assert bench_client.accept_length({"spec_verify_ct": 16, "spec_num_correct_drafts": 0}) == 1.0
+    assert bench_client.accept_length({}) is None  # plain server: no verify
+    assert bench_client.accept_length({"spec_verify_ct": 0}) is None

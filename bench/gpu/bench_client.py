@@ -38,7 +38,19 @@ def gen(url, ids, n, v, timeout):
     meta = j.get("meta_info") or {}
     # (latency, tokens, exact, accept length, error, prompt tokens the prefix cache served, prompt tokens)
     cached = meta.get("cached_tokens") or 0
-    return time.time() - t, len(out), out == exp, meta.get("spec_accept_length"), None, cached, len(ids)
+    return time.time() - t, len(out), out == exp, accept_length(meta), None, cached, len(ids)
+
+
+def accept_length(meta):
+    """A request's mean accept length over its speculative steps (tokens per verify, the bonus token included), from
+    SGLang's meta_info: 1 + accepted drafts / verifies. Not meta_info's spec_accept_length, which is completion
+    tokens / verifies (SGLang 0.5.12-0.5.23's tokenizer_manager): for a request that a switch decoded partly plain it
+    counts the plain steps' tokens as accepted (the 2026-12-06 (b3a9830) traces: `auto` at "128.00", one verify for
+    128 tokens). None where the server reports no verify."""
+    verifies, correct = meta.get("spec_verify_ct"), meta.get("spec_num_correct_drafts")
+    if not verifies:
+        return None
+    return 1 + correct / verifies if correct is not None else meta.get("spec_accept_length")
 
 
 def freeze_gc(servers):

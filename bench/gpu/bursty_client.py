@@ -14,8 +14,8 @@ so that every earlier run's command reproduces.
 
 One JSON row per configuration and round on stdout (prefix BURSTY) and in --out: total seconds, output tok/s,
 p50 / p99 request latency (all requests, and the quiet phases' alone), each phase's seconds, exact outputs (the
-counter check), errors, and the mean speculative accept length per phase kind (meta_info spec_accept_length; None
-where the server reports none).
+counter check), errors, and the mean speculative accept length per phase kind (bench_client.accept_length: over each
+request's speculative steps; None where the server reports none).
 
 --shared-prefix N (issue 24, docs/prefix-cache.md): each burst draws a new N-token prefix that all its prompts and
 those of the quiet phase after it start with. The radix cache caches it during the burst, with speculation off,
@@ -153,7 +153,7 @@ def run_schedule(url, phases, vocab, timeout):
 
 
 def mean_accept(results, label):
-    """Mean spec_accept_length of a phase kind's requests (`label`: a kind's label, or a (label, index) of one
+    """Mean accept length (bench_client.accept_length) of a phase kind's requests (`label`: a kind's label, or a (label, index) of one
     phase), None when the server reported none."""
     got = [r[3] for lab, r in results if label in (lab, lab[0]) and r[3] is not None]
     return round(statistics.fmean(got), 3) if got else None
