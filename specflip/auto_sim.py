@@ -45,9 +45,28 @@ class StepCost:
     plain: float = 4.4e-8
     spec: float = 4.4e-8 * (1 + 3 / 32)
     table_context: float = TABLE_CONTEXT
+    # seconds per KV token per request beyond TABLE_CONTEXT that a step pays whatever its batch (a small batch's
+    # attention does not fill the GPU: its time grows with the context, hardly with the batch)
+    plain_flat: float = 0.0
+    spec_flat: float = 0.0
 
     def extra(self, spec_on: bool, batch: int, context: float) -> float:
-        return (self.spec if spec_on else self.plain) * batch * (context - self.table_context)
+        per_request, flat = (self.spec, self.spec_flat) if spec_on else (self.plain, self.plain_flat)
+        return (per_request * batch + flat) * (context - self.table_context)
+
+
+# The H100 and the 8B-class pair as the 2026-12-06 (b3a9830) traces of `auto` measured them (bench/gpu/results/
+# 2026-12-06_b3a9830/workload_a/traces.tar.gz, switch-3452.jsonl, the `auto_observe` windows; TP 1, SGLang 0.5.16):
+# a step's seconds at short contexts (32-token prompts, 128 outputs): plain 5.75 ms at 1 request, 5.8 at 2, 5.87 at 8,
+# 7.35 at 128; speculation (accept 2.0) 7.2 ms at 1, 7.29 at 2, 7.95 at 8, about 12.5 at its cap of 48 (the warm-up's
+# 7,658 tok/s at 128); 32 requests interpolated (plain 6.3, speculation 11 ms), as tok/s tables. With 2,000-3,500-token
+# prompts (about 2,750 tokens per request): speculation at 8 requests 19.4-22.4 ms (+12.3 ms) and at 2 about 13 ms
+# (+5.8 ms: the phase times of always on and plain there were equal), so (1.37e-6 + 4.1e-7 x batch) s per KV token;
+# plain at 2 requests 7.6-8.0 ms (+2 ms, taken as the same at any batch: 7.5e-7 s per KV token; the plain server's
+# phase times give less, about +0.75 ms at 2 and +0.5 ms at 8, so this is the switch's plain runner's own cost).
+H100_PLAIN = {1: 174, 2: 345, 8: 1363, 32: 5080, 128: 17415}
+H100_SPEC = {1: 278, 2: 550, 8: 2013, 32: 5818, 48: 7680, 128: 7680}
+H100_COST = StepCost(plain=0.0, spec=4.1e-7, plain_flat=7.5e-7, spec_flat=1.37e-6)
 
 
 def _points(table: Mapping[int, float], spec_cap: int | None) -> list[tuple[int, float]]:

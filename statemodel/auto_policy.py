@@ -116,6 +116,10 @@ from statemodel.policy import within_spec_cap
 
 FLIP_OFF = "flip_off"
 FLIP_ON = "flip_on"
+# KV tokens per request within which a bucket's seconds count as measured at any context (`Estimate.at_context`): a
+# request's whole life at short prompts (32-token prompts and 128 outputs: 32 to 160 tokens); on the
+# H100 (2026-12-06, b3a9830) speculation's step at 2 requests took 7.27 ms from 37 to 150 tokens
+SHORT_CONTEXT = 128.0
 PLAIN = 0  # the mode of plain decoding; speculation's modes are 1.. (the ladder's tiers in order; no tiers: 1 only)
 
 
@@ -174,26 +178,27 @@ class Estimate:
     at: float = 0.0  # a bucket's: the batch its samples ran at, averaged with the same weights (0 for the others)
     weighted: int = 0  # the samples the running mean's weight counts (0: all of them); a relearned estimate's since
     ctx: float = 0.0  # a bucket's: the KV tokens per request its samples ran at, the same weights (0: not known)
+    ctx_sq: float = 0.0  # ... the mean of their squares, and of context x seconds, the same weights: the bucket's own
+    ctx_s: float = 0.0  # line of seconds against context (`at_context`)
 
-
-@attrs.frozen
-class KvCost:
-    """What one more KV token per request costs a mode's step (seconds per request and token), learned as a
-    least-squares slope through the origin: each step's seconds beyond its bucket's line against its batch x its
-    context beyond the line's (weighted sums: a running mean, then the EWMA weight `step_alpha`). A step reads
-    every running request's KV (the target's attention; speculation's verify, and its draft over its own KV), so
-    with long contexts a step costs more, and how much more is the mode's own: on the H200 (2026-12-02, 50a6e62)
-    speculation's step grew from 9.5 to 12.7 ms over a wave of 48 requests of 32 to 160 tokens, plain decoding's
-    hardly."""
-
-    samples: int
-    xx: float  # mean of x^2, x = batch x (context - the line's context)
-    xy: float  # mean of x y, y = seconds - the line's seconds
-
-    def per_token(self, min_samples: int) -> float | None:
-        if self.samples < min_samples or self.xx <= 0:
+    def at_context(self, context: float) -> float | None:
+        """A bucket's seconds per step at `context` (KV tokens per request), None where its samples did not run near
+        that context. A step reads every request's KV, so its seconds grow with the context, by how much each mode's
+        own and each batch's own: on the H100 (2026-12-06, b3a9830) speculation's step at 8 requests from 8 ms at
+        about 100 tokens to 20-22 ms at 2,700, plain decoding's from 5.9 to about 6.6 ms, and at 2 requests plain's
+        from 5.8 to 7-8 ms, the long prompts' prefills in its intervals. One slope per mode, learned at one batch and
+        carried to others, made plain at 8 requests 17.7 ms there and speculation at 2 requests 4.2 ms at short
+        contexts (issue 52). So each bucket keeps its own line: its seconds against its samples' contexts, weighted as
+        its mean (a least-squares fit; flat where the contexts hardly varied, never falling with the context), and
+        answers only within two standard deviations of its contexts plus half their mean (at least SHORT_CONTEXT):
+        elsewhere the mode is not known at this context, and is probed like an unknown bucket."""
+        if self.ctx <= 0:  # contexts not known: the bucket as measured
+            return self.mean
+        var = max(0.0, self.ctx_sq - self.ctx * self.ctx)
+        if abs(context - self.ctx) > 2 * math.sqrt(var) + max(self.ctx / 2, SHORT_CONTEXT):
             return None
-        return max(0.0, self.xy / self.xx)
+        slope = max(0.0, (self.ctx_s - self.ctx * self.mean) / var) if var > (0.1 * self.ctx) ** 2 else 0.0
+        return max(self.mean / 2, self.mean + slope * (context - self.ctx))
 
 
 @attrs.frozen
@@ -266,18 +271,11 @@ class AutoState:
     catch_up: CatchUpCost | None = None  # the seconds a flip-on's catch-up (re-prefill) takes, learned
     # (mode, the highest accept length it has drafted at, once known): what the traffic may draft at again
     accept_peaks: tuple[tuple[int, float], ...] = ()
-    kv: tuple[tuple[int, KvCost], ...] = ()  # (mode, what a KV token per request costs its step), learned
     probe_len: int = 0  # the running probe's length (0: probe_steps); a recheck's is recheck_steps
     rechecks: int = 0  # rechecks of speculation whose accept length fell
 
     def accept_peak(self, mode: int) -> float | None:
         return next((v for m, v in self.accept_peaks if m == mode), None)
-
-    def kv_per_token(self, mode: int) -> float | None:
-        """A mode's learned seconds per KV token per request and step; a mode that has not learned its own takes the
-        least any other has (every step reads every request's KV once: the common part), None when none has."""
-        costs = {m: c for m, e in self.kv if (c := e.per_token(self.params.min_samples)) is not None}
-        return costs.get(mode, min(costs.values(), default=None))
 
     def estimate(self, mode: int, bucket: int) -> Estimate | None:
         for key, est in self.estimates:
@@ -352,19 +350,21 @@ def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: floa
     """A running mean over the first samples, then an EWMA with weight `alpha`; `at` (a bucket's batch size of this
     sample) and `ctx` (its KV tokens per request) are averaged with the same weights."""
     if old is None:
-        return Estimate(mean=sample, samples=1, updated=step, at=at, ctx=ctx)
+        return Estimate(mean=sample, samples=1, updated=step, at=at, ctx=ctx, ctx_sq=ctx * ctx, ctx_s=ctx * sample)
     n = old.samples + 1
     weighted = old.weighted + 1 if old.weighted else 0
     w = _weight(weighted or n, alpha)
-    return Estimate(mean=old.mean + w * (sample - old.mean), samples=n, updated=step, at=old.at + w * (at - old.at),
-                    weighted=weighted, ctx=old.ctx + w * (ctx - old.ctx))
+    mix = lambda a, b: a + w * (b - a)  # noqa: E731
+    return Estimate(mean=mix(old.mean, sample), samples=n, updated=step, at=mix(old.at, at), weighted=weighted,
+                    ctx=mix(old.ctx, ctx), ctx_sq=mix(old.ctx_sq, ctx * ctx), ctx_s=mix(old.ctx_s, ctx * sample))
 
 
 def _clipped_ewma(old: Estimate | None, sample: float, step: int, p: AutoParams, alpha: float,
-                  at: float = 0.0, ctx: float = 0.0, expected: float | None = None) -> Estimate:
+                  at: float = 0.0, ctx: float = 0.0, expected: float | None = None, clip: bool = True) -> Estimate:
     """`_ewma` with the sample clipped to [1/2, 2] x the estimate (`expected`: the estimate at the sample's context)
-    once it has `min_samples`: one stalled step (or catch-up) does not move a known estimate far."""
-    if old is not None and old.samples >= p.min_samples and not 0 < old.weighted < p.min_samples:  # not relearning
+    once it has `min_samples`: one stalled step (or catch-up) does not move a known estimate far. `clip=False`: a
+    sample the estimate cannot judge (a context it has not run near)."""
+    if clip and old is not None and old.samples >= p.min_samples and not 0 < old.weighted < p.min_samples:
         ref = old.mean if expected is None else expected
         sample = min(max(sample, ref / 2), ref * 2)
     return _ewma(old, sample, step, alpha, at, ctx)
@@ -394,36 +394,34 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     # ramp's prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
     # speculation's value; `auto` held speculation at 48 through three rounds, 0.81x)
     old = attrs.evolve(old, weighted=1) if old is not None and step - old.updated > p.stale_after else old
-    # the context (KV tokens per request): a step's seconds beyond its mode's line at this batch, against its batch x
-    # its context beyond the line's, teach the mode's KV cost (KvCost); the clip's reference is the bucket's seconds
-    # moved to this step's context, so a phase of long prompts is learned at its own step time
+    # the context (KV tokens per request): the bucket keeps its seconds against its steps' contexts
+    # (`Estimate.at_context`); the clip's reference is the bucket's seconds at this step's context, and a step at a
+    # context the bucket has not run near is not clipped (a phase of long prompts is learned at its own step time)
     ctx = obs.context if obs.context > 0 else 0.0
-    kv, expected = state.kv, None
-    if ctx > 0:
-        line = _line(state, mode, obs.batch)
-        if line is not None and line[1] > 0:
-            x, y = obs.batch * (ctx - line[1]), min(max(seconds, line[0] / 2), line[0] * 2) - line[0]
-            was = next((e for m, e in kv if m == mode), KvCost(0, 0.0, 0.0))
-            w = _weight(was.samples + 1, p.step_alpha)
-            now = KvCost(was.samples + 1, was.xx + w * (x * x - was.xx), was.xy + w * (x * y - was.xy))
-            kv = tuple(sorted([(m, e) for m, e in kv if m != mode] + [(mode, now)]))
-        per_token = state.kv_per_token(mode)
-        if old is not None and old.ctx > 0 and per_token is not None:
-            expected = max(old.mean / 4, old.mean + per_token * obs.batch * (ctx - old.ctx))
+    expected = None if old is None or not (ctx > 0 and old.ctx > 0) else old.at_context(ctx)
+    clip = expected is not None or not (ctx > 0 and old is not None and old.ctx > 0)
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
                              + [(key, _clipped_ewma(old, seconds, step, p, p.step_alpha, at=float(obs.batch), ctx=ctx,
-                                                    expected=expected))]))
+                                                    expected=expected, clip=clip))]))
     accepts, peaks = state.accepts, state.accept_peaks
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
-        accept = _ewma(state.accept_of(mode), obs.tokens / obs.batch, step, p.alpha)
+        sample, was = obs.tokens / obs.batch, state.accept_of(mode)
+        if was is not None and was.samples >= p.min_samples \
+                and max(sample, was.mean) >= min(sample, was.mean) * (1 + p.clear_win):
+            # the traffic drafts otherwise (a window's accept length, every verify of its steps averaged, a clear win
+            # from the estimate: not noise): learned afresh from this window, not averaged in over a dozen windows
+            # while speculation runs at accept 1.0 (the H100, 2026-12-06 (b3a9830): 32 steps from the drop to the flip
+            # off)
+            was = attrs.evolve(was, mean=sample, weighted=1)
+        accept = _ewma(was, sample, step, p.alpha)
         accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
         # the highest accept length the traffic has drafted at (once the estimate is trusted, and not while a
         # recheck relearns it): a fallen one may come back (`_recheck_due`)
         if accept.samples >= p.min_samples and not 0 < accept.weighted < p.min_samples \
                 and accept.mean > (state.accept_peak(mode) or 0.0):
             peaks = tuple(sorted([(m, v) for m, v in peaks if m != mode] + [(mode, accept.mean)]))
-    return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks, kv=kv)
+    return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks)
 
 
 def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState:
@@ -485,20 +483,20 @@ def _line(state: AutoState, mode: int, batch: int, context: float | None = None)
     by a quarter, and the closed loop's demand, dipping from 48 to 46 as requests turned over, cut every confirmation of
     the flip off short. A bucket never measured, between two that were, is an inference (False), the same line
     (2026-12-02, 50a6e62: plain at 48, between its known 32 and 128); None outside the known buckets. `context`: each
-    point's seconds moved to that context first, by the mode's learned KV cost (`AutoState.kv_per_token`; none learned:
-    as measured): a step reads every request's KV, so a phase of long prompts makes every mode's step slower, each by
-    its own cost, and the mode not running now is valued at the context the requests have now (issue 52)."""
+    point is its bucket's seconds at that context (`Estimate.at_context`), and a bucket that has not run near it is
+    no point there (its own batch then not measured): a step reads every request's KV, so a phase of long prompts
+    makes every mode's step slower, each mode and batch by its own cost, and the mode not running now is valued at
+    the context the requests have now, or probed there (issue 52)."""
     p = state.params
-    points = [(e.at, e.mean, e.ctx) for (m, _), e in state.estimates if m == mode and e.samples >= p.min_samples]
-    per_token = state.kv_per_token(mode) if context else None
-    if per_token is not None:
-        points = [(at, max(sec / 4, sec + per_token * at * (context - ctx)) if ctx > 0 else sec, ctx)
-                  for at, sec, ctx in points]
+    points = [(e.at, e.mean if context is None else e.at_context(context), e.ctx)
+              for (m, _), e in state.estimates if m == mode and e.samples >= p.min_samples]
+    points = [pt for pt in points if pt[1] is not None]
     least = math.inf  # a step with more requests takes no less: a point is capped at the least seconds above it
     points = [(at, least := min(least, sec), ctx) for at, sec, ctx in reversed(points)][::-1]
     below = next((pt for pt in reversed(points) if pt[0] <= batch), None)  # sorted by bucket, and so by batch
     above = next((pt for pt in points if pt[0] >= batch), None)
-    measured = _known(state, mode, batch) is not None
+    own = _known(state, mode, batch)
+    measured = own is not None and (context is None or own.at_context(context) is not None)
     if below is None or above is None:  # beyond the known points: the nearest, when it is the batch's own bucket
         return ((below or above)[1], (below or above)[2], True) if measured else None
     (lo, s_lo, c_lo), (hi, s_hi, c_hi) = below, above
@@ -534,9 +532,12 @@ def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: floa
     return None if known is None else known[0]
 
 
-def _stale(state: AutoState, mode: int, demand: int, spec_cap: int) -> bool:
+def _stale(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> bool:
+    """Whether a mode's bucket at this demand wants a probe: unknown, older than `stale_after`, or not run near this
+    context (`Estimate.at_context`)."""
     est = _known(state, mode, _batch(mode, demand, spec_cap))
-    return est is None or state.step - est.updated > state.params.stale_after
+    return est is None or state.step - est.updated > state.params.stale_after \
+        or (context is not None and est.at_context(context) is None)
 
 
 def _best(known: dict[int, float]) -> int:
@@ -626,8 +627,12 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win
         clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win)
         reason = "measured"
-    elif probing:
+    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (load <= spec_cap)):
         want, reason = state.incumbent, "probe_end"
+    elif probing:  # the incumbent, chosen at another load, is not known here: the prior, not a flip back to it (the
+        # H100, 2026-12-06 (b3a9830): a probe of plain begun at a burst's start ended at its first wave's turnover,
+        # and speculation came back on with 121 requests coming, for one flip pair)
+        want, reason = (1 if load <= spec_cap else PLAIN), "prior"
     else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above
         want, reason = (1 if load <= spec_cap else PLAIN), "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
@@ -640,7 +645,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
             # the probe would end at once (above), learning nothing, its wave split at the cap (tests/closed_loop.py:
             # at a wave's turnover running reads 0 while 64 wait)
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
-                if other != cur and _stale(state, other, load, spec_cap) \
+                if other != cur and _stale(state, other, load, spec_cap, context) \
                         and (other == PLAIN or cur != PLAIN or not past_cap):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a

@@ -214,9 +214,11 @@ def test_never_flips_on_above_the_cap() -> None:
     running batch fits (the model's within_spec_cap); the prior keeps speculation off above the cap, and turns it off
     at once where requests wait beyond the cap (no dwell: each step held is their wait)."""
     state = ap.initial_state()
-    for _ in range(40):  # speculation known far better at 48 and 64 (an invented host)
-        state = ap.observe(state, ap.Observation(True, 48, 480.0, 0.01))
+    for _ in range(40):  # speculation known far better at 48 and 64 (an invented host; each mode run in a row: the
+        state = ap.observe(state, ap.Observation(True, 48, 480.0, 0.01))  # first `settle` steps of a mode teach
+    for _ in range(40):  # nothing)
         state = ap.observe(state, ap.Observation(False, 64, 64.0, 0.05))
+    assert ap.value(state, 1, 64, 48) and ap.value(state, ap.PLAIN, 64, 48)
     d = ap.decide(state, False, demand=64, running=64, spec_cap=48)
     assert d.action is None and d.reason in ("cap", "dwell", "confirming") and d.wants_flip
     state = ap.commit(state, d)
@@ -1101,15 +1103,16 @@ def test_predictable_requests_back_after_unpredictable_ones_bring_speculation_ba
     they should; when predictable requests came back at low load it stayed plain (3.1 s against always-on's 2.05 s):
     no plain step shows the accept length, and speculation's estimate went stale only after `stale_after` steps.
     Simulated over unpredictable phases of 600 to 3,000 steps: plain within 24 steps of the drop, and speculation
-    back within 330 steps of the predictable requests' return (a recheck, `_recheck_due`: at demand 1 every 180
-    steps or so, as its loss at accept 1.0 over 3 % of the time allows). Without rechecks it came back only with
+    back within 360 steps of the predictable requests' return (a recheck, `_recheck_due`: at demand 8 every 350
+    steps or so, as its loss at accept 1.0 over 3 % of the time allows; the accept length relearned from the first
+    window after the drop is 1.0 itself, so the loss counted is that of 1.0). Without rechecks it came back only with
     the stale estimate's probe, up to 912 steps later."""
     slow = 0
     for unpredictable in range(600, 3001, 600):
         res, _ = accept_shift(demand, unpredictable)
         assert not any(res.modes[1000 + 30:1000 + 100]), unpredictable  # plain soon after the drop
         back = back_on_after(res.modes, 1000 + unpredictable)
-        assert back is not None and back <= 330, (unpredictable, back)
+        assert back is not None and back <= 360, (unpredictable, back)
         old, _ = accept_shift(demand, unpredictable, ap.AutoParams(recheck_fraction=0))
         slow = max(slow, back_on_after(old.modes, 1000 + unpredictable) or 10**6)
     assert slow > 600  # the test can fail: without rechecks the learner waited for a stale estimate
@@ -1161,16 +1164,17 @@ def test_where_speculation_pays_moves_to_larger_batches_with_long_contexts() -> 
 
 @pytest.mark.parametrize("demand", [32, 40])
 def test_a_phase_of_long_prompts_is_valued_at_its_context(demand: int) -> None:
-    """Both modes learned at short contexts, then a phase of 3,000-token contexts with plain running: plain's steps
-    grow, and teach the learner what a KV token costs (KvCost), so speculation, not run at that context yet, is
-    valued there too. It flips on once and holds (bar its probes). Told nothing (the learner before issue 52),
-    speculation's short-context seconds overrate it, then plain's do: a flip back and forth on the numbers."""
+    """Both modes learned at short contexts, then a phase of 3,000-token contexts with plain running: plain's bucket
+    learns its steps there, speculation's has not run near that context (`Estimate.at_context`), so it is probed
+    there, and then valued at what it measured. It flips on once and holds (bar its probes). Told nothing (the
+    learner before issue 52), speculation's short-context seconds overrate it, then plain's do: a flip back and
+    forth on the numbers."""
     context = [TABLE_CONTEXT] * 1500 + [3000.0] * 4000
     res = simulate(PLAIN, SPEC, [demand] * 5500, noise=0.04, seed=demand, context=context)
     on_numbers = [d for d in res.decisions if d.reason not in ("probe", "probe_end", "recheck") and d.step >= 1500]
     assert [d.action for d in on_numbers] == [ap.FLIP_ON]
     assert sum(res.modes[1600:]) / len(res.modes[1600:]) > 0.95
-    assert res.state.kv_per_token(ap.PLAIN) is not None
+    assert ap.value(res.state, 1, demand, 48, 3000.0) is not None and ap.value(res.state, 1, demand, 48) is not None
     blind = simulate(PLAIN, SPEC, [demand] * 5500, noise=0.04, seed=demand, context=context, tell_context=False)
     assert len([d for d in blind.decisions if d.reason == "measured" and d.step >= 1500]) >= 3
 
