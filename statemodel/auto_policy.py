@@ -273,6 +273,9 @@ class AutoState:
     accept_peaks: tuple[tuple[int, float], ...] = ()
     probe_len: int = 0  # the running probe's length (0: probe_steps); a recheck's is recheck_steps
     rechecks: int = 0  # rechecks of speculation whose accept length fell
+    # (mode, samples in a row a clear win above (> 0) or below (< 0) its accept length's estimate, the mean square
+    # of the samples' deviations from the estimate: EWMA, weight `alpha`)
+    accept_runs: tuple[tuple[int, int, float], ...] = ()
 
     def accept_peak(self, mode: int) -> float | None:
         return next((v for m, v in self.accept_peaks if m == mode), None)
@@ -403,17 +406,25 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
                              + [(key, _clipped_ewma(old, seconds, step, p, p.step_alpha, at=float(obs.batch), ctx=ctx,
                                                     expected=expected, clip=clip))]))
-    accepts, peaks = state.accepts, state.accept_peaks
+    accepts, peaks, runs = state.accepts, state.accept_peaks, state.accept_runs
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
         sample, was = obs.tokens / obs.batch, state.accept_of(mode)
-        if was is not None and was.samples >= p.min_samples \
-                and max(sample, was.mean) >= min(sample, was.mean) * (1 + p.clear_win):
-            # the traffic drafts otherwise (a window's accept length, every verify of its steps averaged, a clear win
-            # from the estimate: not noise): learned afresh from this window, not averaged in over a dozen windows
-            # while speculation runs at accept 1.0 (the H100, 2026-12-06 (b3a9830): 32 steps from the drop to the flip
-            # off)
-            was = attrs.evolve(was, mean=sample, weighted=1)
+        # the traffic drafts otherwise: `confirm_steps` samples in a row (two agreement windows) a clear win above or
+        # below the estimate, on the same side, and beyond three times the samples' own spread about it, are learned
+        # afresh, not averaged in over a dozen windows while speculation runs at accept 1.0 (the H100, 2026-12-06
+        # (b3a9830): 32 steps from the drop to the flip off); where the windows' accept lengths vary by themselves
+        # (a few requests, their last verifies cut short by their length) the spread keeps it to the EWMA
+        run, noise = next(((r, v) for m, r, v in state.accept_runs if m == mode), (0, 0.0))
+        side = 0
+        if was is not None and was.samples >= p.min_samples and (sample - was.mean) ** 2 > 9 * noise:
+            side = (sample >= was.mean * (1 + p.clear_win)) - (sample * (1 + p.clear_win) <= was.mean)
+        run = run + side if side and (run > 0) == (side > 0) else side
+        if was is not None:
+            noise += _weight(was.samples + 1, p.alpha) * ((sample - was.mean) ** 2 - noise)
+        if was is not None and abs(run) >= max(1, p.confirm_steps):
+            was, run = attrs.evolve(was, mean=sample, weighted=1), 0
+        runs = tuple(sorted([r for r in state.accept_runs if r[0] != mode] + [(mode, run, noise)]))
         accept = _ewma(was, sample, step, p.alpha)
         accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
         # the highest accept length the traffic has drafted at (once the estimate is trusted, and not while a
@@ -421,7 +432,7 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         if accept.samples >= p.min_samples and not 0 < accept.weighted < p.min_samples \
                 and accept.mean > (state.accept_peak(mode) or 0.0):
             peaks = tuple(sorted([(m, v) for m, v in peaks if m != mode] + [(mode, accept.mean)]))
-    return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks)
+    return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks, accept_runs=runs)
 
 
 def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState:
