@@ -165,8 +165,8 @@ def run_schedule(url, phases, vocab, timeout):
 
 
 def mean_accept(results, label):
-    """Mean accept length (bench_client.accept_length) of a phase kind's requests (`label`: a kind's label, or a (label, index) of one
-    phase), None when the server reported none."""
+    """Mean accept length (bench_client.accept_length) of a phase kind's requests (`label`: a kind's label, or a
+    (label, index) of one phase), None when the server reported none."""
     got = [r[3] for lab, r in results if label in (lab, lab[0]) and r[3] is not None]
     return round(statistics.fmean(got), 3) if got else None
 
