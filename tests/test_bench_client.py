@@ -64,7 +64,11 @@ class CounterServerCpuStandIn:
                 # the slow stand-in plays a speculative server: it reports an accept length; both report the prompt
                 # tokens a prefix cache holding every earlier prompt would serve
                 cached = max((common_prefix(ids, p) for p in outer.prompts[:-1]), default=0)
-                meta = {"spec_accept_length": 2.0 if outer.name == "slow" else None, "cached_tokens": cached}
+                meta: dict[str, Any] = {"cached_tokens": cached}
+                if outer.name == "slow":  # as SGLang reports it: verifies and accepted drafts, at accept 2.0
+                    verifies = max(1, len(out) // 2)
+                    meta.update(spec_accept_length=len(out) / verifies, spec_verify_ct=verifies,
+                                spec_num_correct_drafts=verifies)
                 self._reply(json.dumps({"output_ids": out, "meta_info": meta}).encode())
 
             def _reply(self, data: bytes) -> None:
@@ -695,7 +699,7 @@ def test_named_traces_make_their_prompts_and_summarize_reports_issue_52s_ratios(
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--trace", "nosuch"],
-     "argument --trace: wants names from load, accept_shift, context, bursty, mixed, got 'nosuch'"),
+     "argument --trace: wants names from load, accept_shift, context, bursty, bursty_contrast, mixed, got 'nosuch'"),
     (["--trace", "context", "--new-tokens", "1100"],
      "argument --trace: unpredictable prompts need --vocab - --new-tokens > 1024 (the draft's vocabulary), got "
      "2048 - 1100"),
