@@ -39,8 +39,8 @@ class StepCost:
     plain step) or `spec` (a speculative one) seconds. The defaults are the 8B-class pair's KV read at the H100's
     memory bandwidth: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB per token at about 3 TB/s; a
     verify reads the target's KV once (its draft tokens share it) and the draft's three steps their own one layer
-    (3/32 more). An estimate, not a measurement: the learner is not told it, it learns each mode's cost from its
-    steps (statemodel.auto_policy.KvCost)."""
+    (3/32 more). An estimate, not a measurement: the learner is not told it, it learns each bucket's line of seconds
+    against context from its steps (statemodel.auto_policy.Estimate.at_context). H100_COST below is measured."""
 
     plain: float = 4.4e-8
     spec: float = 4.4e-8 * (1 + 3 / 32)

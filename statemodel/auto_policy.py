@@ -76,10 +76,11 @@ could not predict flipped plain on, predictable ones that came back were not see
 stale. Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by
 `clear_win` below the highest it reached, speculation at that peak would win at this load, and the steps since it
 last drafted cover a recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by
-construction). A step reads every running request's KV: each bucket keeps the context (KV tokens per request) its
-steps ran at, each mode learns what a KV token per request costs its step (`KvCost`), and `decide` values every mode
-at the running requests' context (`context=`), so a phase of long prompts, where speculation pays at larger batches,
-is valued right in the mode not running.
+construction). A window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread,
+starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps its own line
+of seconds against context (`Estimate.at_context`), and `decide` values every mode at the running requests' context
+(`context=`) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of long
+prompts, where speculation pays at other batches, is valued from what each mode measured there.
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
