@@ -52,7 +52,7 @@ from typing import Any
 
 from shim.guard import api as guard_api
 from shim.settings import settings
-from shim.switch import core, v1_loop, v1_plain_path, warmup
+from shim.switch import core, v1_loop, v1_plain_path
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.core import SwitchCore
 from shim.switch.policy import SwitchPolicy
@@ -195,10 +195,8 @@ def _update_running_batch_around(orig: Any, scheduler: Any, batch: Any, *args: A
         rt.demand = None
 
 
-def _allocatable_around(orig: Any, scheduler: Any, running_bs: int, *args: Any, **kwargs: Any) -> int:
-    res = orig(scheduler, running_bs, *args, **kwargs)
-    rt = _RUNTIME
-    return res if rt is None else rt.policy.admission_cap(running_bs, res)
+# the admission cap (both draft modes): the core's hook on this switch's runtime
+_allocatable_around = core.allocatable_hook(runtime)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,8 +372,7 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
     time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
     rt = _RUNTIME
-    if rt is not None and rt.trace.enabled:
-        warmup.mark_trace(rt.trace, batch)  # the warm-up's records say so (bench/gpu/summarize.py leaves them out)
+    core.mark_warmup(rt, batch)
     if rt is None or not rt.plain_path or not rt.trace.enabled or not batch.forward_mode.is_decode():
         return orig(scheduler, batch, *args, **kwargs)
     kind = "plain" if batch.spec_algorithm.is_none() else "spec"
@@ -385,9 +382,9 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
         rt.steps_since_flip += 1
         return orig(scheduler, batch, *args, **kwargs)
     bs = batch.batch_size()
-    first = rt.steps_since_flip == 0 and rt.flips > 0
+    first = rt.first_after_flip
     # an overlapped plain step runs on the scheduler's forward stream (v1_loop.py), the normal loop's on this one
-    stream = scheduler.forward_stream if getattr(scheduler, "enable_overlap", False) else None
+    stream = core.step_stream(scheduler)
     start, end = core.start_step_timer(stream)
     tic = time.perf_counter()
     out = orig(scheduler, batch, *args, **kwargs)
