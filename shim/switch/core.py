@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from shim.guard import api as guard_api
 from shim.releases.registry import installed_line
@@ -72,6 +72,7 @@ class SwitchCore:
         self.counters[key] = self.counters.get(key, 0) + 1
 
 
+@runtime_checkable
 class WorkerSide(Protocol):
     """What one EAGLE worker's switch does its own way at a flip of the plain path; `plain_path_flip` does the rest.
     Implementations: `shim.switch.v1_plain_path.V1Side`, `shim.switch.v2.V2Side`."""
@@ -202,12 +203,21 @@ def plain_path_flip(rt: SwitchCore, side: WorkerSide, scheduler: Any, running_ba
         rt.policy.follow_tier(len(in_batch) + waiting)
     faults.flip_performed(action)
     running_batch.batch_is_full = False  # admission was held at speculation's cap, which marks the batch full
+    # running_batch is empty after flip-on: the guard still reads its pool
+    flip_done(rt, side, action, running_batch,
+              {"running": len(in_batch), "waiting": waiting, **record, "retracted": retracted,
+               "ms": round((time.perf_counter() - tic) * 1e3, 3), **rt.policy.trace_fields()})
+    return action
+
+
+def flip_done(rt: SwitchCore, side: WorkerSide, action: str, running_batch: Any, record: dict[str, Any]) -> None:
+    """Every flip's bookkeeping once it changed the batches (the plain path's, and the in-step flips of draft mode
+    "sync"): the flip counters the step trace reads, the worker's record of it, and the guard's notification (when
+    loaded; without it the guard would judge the next plain step as a speculative one)."""
     rt.flips += 1
     rt.steps_since_flip = 0
-    side.record_flip(rt, action, {"running": len(in_batch), "waiting": waiting, **record, "retracted": retracted,
-                                  "ms": round((time.perf_counter() - tic) * 1e3, 3), **rt.policy.trace_fields()})
-    guard_api.notify_flip(action == "flip_on", running_batch)  # empty after flip-on: the guard still reads its pool
-    return action
+    side.record_flip(rt, action, record)
+    guard_api.notify_flip(action == "flip_on", running_batch)
 
 
 def reseat_seq_lens(batch: Any) -> None:

@@ -2,10 +2,11 @@
 SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
 
 Two designs (statemodel/designs.py), chosen by SPECFLIP_SWITCH_DRAFT (below). The default since issue 22,
-`v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py: speculation off is SGLang's own plain
-scheduler path, as a plain server runs it. The seeds' design `seeds_final` (`sync`) is the rest of this module:
-every function below that changes SGLang state is named after the model action it performs
-(statemodel.actions.ACTION_CATALOGUE):
+`v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py (the v1 worker's side, `V1Side`, of the switch
+core's `plain_path_flip`, shim/switch/core.py, which the v2 switch runs too): speculation off is SGLang's own plain
+scheduler path, as a plain server runs it. The admission cap's hook and every flip's bookkeeping are the core's
+too. The seeds' design `seeds_final` (`sync`) is the rest of this module: every function below that changes
+SGLang state is named after the model action it performs (statemodel.actions.ACTION_CATALOGUE):
 
 * `flip_off` / `flip_on`: the threshold policy with hysteresis, decided by the model's own
   `statemodel.policy.decide_flip`, as the model's `policy_wants_off` / `policy_wants_on` (clamped to
@@ -50,7 +51,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shim.guard import api as guard_api
 from shim.settings import settings
 from shim.switch import core, v1_loop, v1_plain_path
 from shim.switch.config import SwitchConfig, SwitchConfigError
@@ -135,15 +135,13 @@ def runtime() -> SwitchRuntime | None:
 def flip_off(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_off. seeds_final clears spec state on the worker's copy only, and v1 holds no KV
     reserve between steps (verify sets kv_allocated_len = kv_committed_len): nothing on the batch changes."""
-    rt.record("flip_off", running=len(batch.reqs))
-    guard_api.notify_flip(False, batch)
+    core.flip_done(rt, v1_plain_path.SIDE, "flip_off", batch, {"running": len(batch.reqs)})
 
 
 def flip_on(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_on. The draft was synced after every plain step, so the batch's EagleDraftInput is
     current and the next speculative round starts from it as it is."""
-    rt.record("flip_on", running=len(batch.reqs))
-    guard_api.notify_flip(True, batch)
+    core.flip_done(rt, v1_plain_path.SIDE, "flip_on", batch, {"running": len(batch.reqs)})
 
 
 def decide_flip(rt: SwitchRuntime, batch: Any) -> str | None:

@@ -7,9 +7,12 @@ the scheduler's counts (shim/switch/policy.py).
 A spec-off step is a real plain DECODE of the target: one token per request, on a decode CUDA graph runner
 captured at start-up beside the verify graphs, no drafting. Each function below is named after the model
 action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, plain_decode, draft_sync).
-This module holds the hooks, the flip decisions and installation; the units they call are beside it (and
-re-exported here): `v2_runtime` (SwitchRuntime), `v2_flip` (the plain path's flip actions), `v2_capture` (the
-plain runner made at start-up), `v2_plain_step` (the spec-off step inside the speculative worker).
+This module holds the hooks, the in-step flip of draft modes "sync" and "none" (`flip`), the v2 worker's side of a
+plain-path flip (`V2Side`) and installation. What the v1 switch shares is the switch core's (shim/switch/core.py):
+the plain path's flip (`plain_path_flip`: decision, order, record), every flip's bookkeeping, the admission cap's
+hook and the runtime's common state. The units this module calls are beside it (and re-exported here):
+`v2_runtime` (SwitchRuntime), `v2_flip` (the v2 worker's flip actions), `v2_capture` (the plain runner made at
+start-up), `v2_plain_step` (the spec-off step inside the speculative worker).
 
 Enable with `SPECFLIP_SWITCH=t_off:t_on`, or `SPECFLIP_SWITCH=auto` (no thresholds: the switch learns where
 speculation stops paying from its own step times, shim/switch/auto.py, docs/auto-switch.md), and install with
@@ -130,9 +133,6 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
     waiting, chunked = core.demand(scheduler)
     action = rt.policy.decide(running, waiting, chunked)
     if action is not None:
-        rt.flips += 1
-        rt.steps_since_flip = 0
-        rt.trace.event(action, running=running, waiting=waiting, chunked=chunked)
         if action == "flip_off" and batch is not None:
             # admission was held at the speculative cap, which marks the batch full; without this reset the
             # waiting requests are admitted only after a running one finishes
@@ -140,8 +140,7 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
             running_batch = getattr(scheduler, "running_batch", None)
             if running_batch is not None:
                 running_batch.batch_is_full = False
-        # the guard (when loaded) must see the flip, or it judges the next plain step as a speculative one
-        guard_api.notify_flip(action == "flip_on", batch)
+        core.flip_done(rt, SIDE, action, batch, {"running": running, "waiting": waiting, "chunked": chunked})
     return action
 
 
