@@ -15,17 +15,12 @@ from real_sglang_cpu import require_sglang_cpu
 
 require_sglang_cpu()
 
-gf = importlib.import_module("guard_fixtures")
-h = importlib.import_module("sglang_cpu")
-ol = importlib.import_module("overlap_loop")
+retract = importlib.import_module("test_switch_retract")  # its driver and workload (t_off 4, t_on 1, three waves)
 
 from shim.switch import core, v1_plain_path  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
-from shim.switch.config import SwitchConfig  # noqa: E402
-from statemodel.designs import get_design  # noqa: E402
 
-RETRACT = get_design("plain_off_retract_catch_up")
-WAVES = {0: [6, 9, 14, 20, 50], 30: [5, 8, 12, 17]}  # each wave crosses t_off; its long request outlives it
+pytestmark = pytest.mark.sglang
 
 # what the core asks of the worker's side at each flip, in order (flip_on_waits answered False first at a flip-on)
 FLIP_OFF_CALLS = ["flip_starting", "leave_spec", "enter_plain", "record_flip"]
@@ -101,34 +96,24 @@ def flips_of(calls: list[tuple[str, Any]]) -> list[tuple[str, list[str]]]:
 
 def test_the_core_sequences_every_flip_through_the_worker_side(runtime: Any, model_dir: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two waves across t_off = 4, back to t_on = 1: every flip-off calls the side to leave speculation then enter
+    """Three waves across t_off = 4, back to t_on = 1: every flip-off calls the side to leave speculation then enter
     the plain side, every flip-on to retract then enter speculation, the record last; the record the side writes is
     the trace's flip record; the flip counters and the guard (assert mode) follow; outputs stay greedy."""
-    gf.configure_guard(runtime, RETRACT)
+    retract.configure(runtime)
     side = RecordingV2Side()
     monkeypatch.setattr(switch_v2, "SIDE", side)
-    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), RETRACT,
-                           switch_config=SwitchConfig(t_off=4, t_on=1, draft_while_off="retract"))
-    drv.accepts = gf.accept_cycle([4, 1, 3, 2])
-    reqs: list[Any] = []
-    for it in range(70):
-        if it in WAVES:
-            wave = [h.make_req(f"w{it}_{i}", gf.SYSTEM_PROMPT + [200 + len(reqs) + i] * (3 + i), max_new_tokens=m)
-                    for i, m in enumerate(WAVES[it])]
-            reqs += wave
-            drv.add(wave)
-        drv.iteration()
-    drv.run_until_idle()
+    drv = retract.driver(model_dir)
+    reqs = retract.run_waves(drv)
     flips = flips_of(side.calls)
-    assert [action for action, _ in flips] == ["flip_off", "flip_on"] * 2, flips
+    assert [action for action, _ in flips] == ["flip_off", "flip_on"] * 3, flips
     for action, calls in flips:
         assert calls == (FLIP_OFF_CALLS if action == "flip_off" else FLIP_ON_CALLS), (action, calls)
     # the plain side is entered with nothing swapped out, speculation's with the plain side's swaps to undo
-    assert [v for n, v in side.calls if n == "enter_plain"] == [False, False]
-    assert [v for n, v in side.calls if n == "enter_spec"] == [True, True]
+    assert [v for n, v in side.calls if n == "enter_plain"] == [False] * 3
+    assert [v for n, v in side.calls if n == "enter_spec"] == [True] * 3
     traced = [e for e in drv.switch.trace.events if e["action"] in ("flip_off", "flip_on")]
     assert [(e["action"], {k: v for k, v in e.items() if k != "action"}) for e in traced] == side.records
     assert list(side.records[0][1]) == ["running", "waiting", "chunked", "drained", "reserve_freed", "retracted",
                                         "ms"]
-    assert drv.switch.flips == 4 and runtime.guard.found == []
-    assert all(r.finished() and list(r.output_ids) == ol.expected_output(r) for r in reqs)
+    assert drv.switch.flips == 6 and runtime.guard.found == []
+    assert retract.not_greedy(reqs) == []

@@ -2,23 +2,33 @@
 shim/switch/v2.py) share, written once.
 
 * the runtime's common state (`SwitchCore`; each switch's `SwitchRuntime` adds its own fields);
-* the flip of the plain path (draft mode "retract", the default on both workers): `plain_path_flip` decides
-  (the demand the policy reads, the chunked-prefill and flip-on waits, the late-flip fault), sequences
-  (leave speculation, reseat seq_lens, enter plain; or retract for the catch-up, give the radix flags back, enter
-  speculation) and records (the mode, the flip counters, the trace record, the guard's notification) every flip;
-* the admission cap (`allocatable_hook`: speculation's running cap on new admissions while it is on);
+* the flip of the plain path (draft mode "retract", the default on both workers): `plain_path_flip` decides (the
+  demand the policy reads, no flip during a chunked prefill, flip-on's wait, the late-flip fault), sequences (leave
+  speculation, reseat seq_lens, enter the plain side; or retract for the catch-up, give the radix flags back, enter
+  speculation) and records every flip; `flip_done`, every flip's bookkeeping (the counters the step trace reads,
+  the record, the guard's notification), also for the in-step flips of draft mode "sync";
+* what a flip-off points at the plain side on either worker (`enter_plain_side`), and the target's plain forward of
+  a spec-off step inside the speculative worker (`plain_forward`);
+* the admission cap's hook (`allocatable_hook`: speculation's running cap on new admissions while it is on);
 * the demand the policy reads off the scheduler, the trace's config record and the guard's announcement, the
-  warm-up's trace tag and a decode step's CUDA-event timer;
+  warm-up's trace tag, a decode step's stream and CUDA-event timer;
 * the hook table's installation (`install_hooks`, with the warm-up).
 
-What a worker does its own way is behind `WorkerSide` (one implementation per worker: `V1Side` in
-shim/switch/v1_plain_path.py, `V2Side` in shim/switch/v2.py): how a flip-off makes the batches plain and points the
-scheduler at the plain side (v1: the batch's output ids and the overlap loop's flag; v2: the KV reserve, the future
-map, the prefill graphs), which requests a flip-on retracts and how (v1: ScheduleBatch.retract_all; v2:
-schedule_batch.retract_all after the in-flight result is drained), how speculation is entered again, and how a flip
-is recorded (v1 also counts it as a model action). Each switch keeps its own hook targets and hook bodies (where it
-flips: v1 at prepare_for_decode or get_next_batch_to_run, v2 at update_running_batch or get_next_batch_to_run),
-its plain step inside the speculative worker (draft mode "sync"), and its plain-runner capture.
+What a worker does its own way is behind `WorkerSide`, one implementation per worker (`V1Side` in
+shim/switch/v1_plain_path.py, `V2Side` in shim/switch/v2.py): what its flip does first (v2: the guard's
+notification and the in-flight result drained; v1: nothing, its loops process every result before the flip), how a
+flip-off makes the batches plain (v1: finished requests filtered, the output ids; v2: the KV reserve released) and
+what it points at the plain side besides the core's (v1: the overlap loop's flag; v2: the future map, the prefill
+graphs), which requests a flip-on retracts and how (v1: ScheduleBatch.retract_all; v2: schedule_batch.retract_all,
+finished ones filtered after a drain), how speculation is entered again, and how a flip is recorded (v1 also counts
+it as a model action; v2 leaves its counters to the steps, whose sum paces SPECFLIP_SWITCH_TRACE_EVERY).
+
+Each switch keeps what differs beyond that: its hook targets and hook bodies, i.e. where it flips (v1: at
+prepare_for_decode with the demand read at update_running_batch, or at get_next_batch_to_run; v2: at
+update_running_batch and, idle, at the admission cap's hook, or at get_next_batch_to_run); its plain step inside the
+speculative worker (v1: a worker copy and v1's per-token bookkeeping, then forward_draft_extend_after_decode; v2: a
+verify-shaped result inside _forward_isolation, then _draft_extend_for_decode); its step trace (v1 samples per step
+kind, v2 on the sum of its counters and after an idle gap); and its plain-runner capture.
 """
 
 from __future__ import annotations
@@ -247,6 +257,19 @@ def enter_plain_side(rt: SwitchCore, scheduler: Any, runner_attr: str) -> None:
     side.set(scheduler, "model_worker", scheduler.tp_worker)
     for obj, name, value in plain_runner_side(rt, scheduler.tp_worker.model_runner, runner_attr, none):
         side.set(obj, name, value)
+
+
+def plain_forward(rt: SwitchCore, target_worker: Any, runner_attr: str, batch: Any, **kwargs: Any) -> Any:
+    """The target's plain DECODE forward of a spec-off step run inside the speculative worker (draft mode "sync"):
+    the target's model runner on the plain side for the call (`runner_attr`: where the worker's target keeps its
+    decode graph runner), the step counted by how it ran (plain_graph / plain_eager)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    with AttributeSwap.around(*plain_runner_side(rt, target_worker.model_runner, runner_attr,
+                                                 SpeculativeAlgorithm.NONE)):
+        res = target_worker.forward_batch_generation(batch, **kwargs)
+    rt.count("plain_graph" if res.can_run_cuda_graph else "plain_eager")
+    return res
 
 
 def allocatable_hook(runtime: Callable[[], SwitchCore | None],

@@ -57,7 +57,7 @@ from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.core import SwitchCore
 from shim.switch.policy import SwitchPolicy
 from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
-from shim.switch.swap import AttributeSwap, plain_runner_side
+from shim.switch.swap import AttributeSwap
 from shim.timing.jsonl import JsonlTrace
 
 DESIGN = "seeds_final"  # SPECFLIP_SWITCH_DRAFT=sync
@@ -257,16 +257,10 @@ def plain_decode(rt: SwitchRuntime, worker: Any, batch: Any) -> tuple[Any, Any]:
     """Model action plain_decode: the target's DECODE forward on the worker copy, on the plain runner, then
     v1's per-token bookkeeping (EagleVerifyInput.verify does it for speculative steps; the scheduler skips
     it for spec v1). Returns (target result, sampled tokens)."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
     rt.record("plain_decode", bs=len(batch.reqs))
     mwb = worker_copy_for_plain_step(batch)
-    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner, "graph_runner",
-                                                 SpeculativeAlgorithm.NONE)):
-        res = worker.target_worker.forward_batch_generation(mwb)
-    kind = "plain_graph" if res.can_run_cuda_graph else "plain_eager"
-    rt.counters[kind] = rt.counters.get(kind, 0) + 1
-    rt.trace.event(kind, bs=len(batch.reqs))
+    res = core.plain_forward(rt, worker.target_worker, "graph_runner", mwb)
+    rt.trace.event("plain_graph" if res.can_run_cuda_graph else "plain_eager", bs=len(batch.reqs))
     tokens = res.next_token_ids
     think_end_id = getattr(batch.model_config, "think_end_id", None)
     for req, token in zip(batch.reqs, tokens.tolist(), strict=True):
@@ -389,8 +383,7 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     end.record(stream)
     rt.counters[f"{kind}_step"] = rt.counters.get(f"{kind}_step", 0) + 1
     if kind == "plain":
-        rt.counters["plain_graph" if out.can_run_cuda_graph else "plain_eager"] = \
-            rt.counters.get("plain_graph" if out.can_run_cuda_graph else "plain_eager", 0) + 1
+        rt.count("plain_graph" if out.can_run_cuda_graph else "plain_eager")
     rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first,
                                 "graph": bool(getattr(out, "can_run_cuda_graph", False)),
                                 "host_ms": round((time.perf_counter() - tic) * 1e3, 3)})
