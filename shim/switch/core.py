@@ -91,7 +91,8 @@ class WorkerSide(Protocol):
     follows_tiers: bool
 
     def flip_on_waits(self, running_batch: Any, pending: Any) -> bool:
-        """Whether flip-on must wait an iteration (the rule: `flip_on_waits`)."""
+        """Whether flip-on must wait an iteration: the core's rule `flip_on_waits`, through the name the worker's
+        module holds, so that a test can take the wait out for one worker (tests/test_switch_retract.py)."""
         ...
 
     def flip_starting(self, scheduler: Any, reqs: list[Any]) -> dict[str, Any]:
