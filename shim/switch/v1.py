@@ -2,10 +2,11 @@
 SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule): the seeds' own system, done right, through plugin hooks only.
 
 Two designs (statemodel/designs.py), chosen by SPECFLIP_SWITCH_DRAFT (below). The default since issue 22,
-`v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py: speculation off is SGLang's own plain
-scheduler path, as a plain server runs it. The seeds' design `seeds_final` (`sync`) is the rest of this module:
-every function below that changes SGLang state is named after the model action it performs
-(statemodel.actions.ACTION_CATALOGUE):
+`v1_plain_off_retract_catch_up`, is in shim/switch/v1_plain_path.py (the v1 worker's side, `V1Side`, of the switch
+core's `plain_path_flip`, shim/switch/core.py, which the v2 switch runs too): speculation off is SGLang's own plain
+scheduler path, as a plain server runs it. The admission cap's hook and every flip's bookkeeping are the core's
+too. The seeds' design `seeds_final` (`sync`) is the rest of this module: every function below that changes
+SGLang state is named after the model action it performs (statemodel.actions.ACTION_CATALOGUE):
 
 * `flip_off` / `flip_on`: the threshold policy with hysteresis, decided by the model's own
   `statemodel.policy.decide_flip`, as the model's `policy_wants_off` / `policy_wants_on` (clamped to
@@ -50,14 +51,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shim.guard import api as guard_api
 from shim.settings import settings
-from shim.switch import core, v1_loop, v1_plain_path, warmup
+from shim.switch import core, v1_loop, v1_plain_path
 from shim.switch.config import SwitchConfig, SwitchConfigError
 from shim.switch.core import SwitchCore
 from shim.switch.policy import SwitchPolicy
 from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
-from shim.switch.swap import AttributeSwap, plain_runner_side
+from shim.switch.swap import AttributeSwap
 from shim.timing.jsonl import JsonlTrace
 
 DESIGN = "seeds_final"  # SPECFLIP_SWITCH_DRAFT=sync
@@ -135,15 +135,13 @@ def runtime() -> SwitchRuntime | None:
 def flip_off(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_off. seeds_final clears spec state on the worker's copy only, and v1 holds no KV
     reserve between steps (verify sets kv_allocated_len = kv_committed_len): nothing on the batch changes."""
-    rt.record("flip_off", running=len(batch.reqs))
-    guard_api.notify_flip(False, batch)
+    core.flip_done(rt, v1_plain_path.SIDE, "flip_off", batch, {"running": len(batch.reqs)})
 
 
 def flip_on(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_on. The draft was synced after every plain step, so the batch's EagleDraftInput is
     current and the next speculative round starts from it as it is."""
-    rt.record("flip_on", running=len(batch.reqs))
-    guard_api.notify_flip(True, batch)
+    core.flip_done(rt, v1_plain_path.SIDE, "flip_on", batch, {"running": len(batch.reqs)})
 
 
 def decide_flip(rt: SwitchRuntime, batch: Any) -> str | None:
@@ -195,10 +193,8 @@ def _update_running_batch_around(orig: Any, scheduler: Any, batch: Any, *args: A
         rt.demand = None
 
 
-def _allocatable_around(orig: Any, scheduler: Any, running_bs: int, *args: Any, **kwargs: Any) -> int:
-    res = orig(scheduler, running_bs, *args, **kwargs)
-    rt = _RUNTIME
-    return res if rt is None else rt.policy.admission_cap(running_bs, res)
+# the admission cap (both draft modes): the core's hook on this switch's runtime
+_allocatable_around = core.allocatable_hook(runtime)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -261,16 +257,10 @@ def plain_decode(rt: SwitchRuntime, worker: Any, batch: Any) -> tuple[Any, Any]:
     """Model action plain_decode: the target's DECODE forward on the worker copy, on the plain runner, then
     v1's per-token bookkeeping (EagleVerifyInput.verify does it for speculative steps; the scheduler skips
     it for spec v1). Returns (target result, sampled tokens)."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
     rt.record("plain_decode", bs=len(batch.reqs))
     mwb = worker_copy_for_plain_step(batch)
-    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner, "graph_runner",
-                                                 SpeculativeAlgorithm.NONE)):
-        res = worker.target_worker.forward_batch_generation(mwb)
-    kind = "plain_graph" if res.can_run_cuda_graph else "plain_eager"
-    rt.counters[kind] = rt.counters.get(kind, 0) + 1
-    rt.trace.event(kind, bs=len(batch.reqs))
+    res = core.plain_forward(rt, worker.target_worker, "graph_runner", mwb)
+    rt.trace.event("plain_graph" if res.can_run_cuda_graph else "plain_eager", bs=len(batch.reqs))
     tokens = res.next_token_ids
     think_end_id = getattr(batch.model_config, "think_end_id", None)
     for req, token in zip(batch.reqs, tokens.tolist(), strict=True):
@@ -374,8 +364,7 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     """The step timer of the switch trace (installed only with SPECFLIP_SWITCH_TRACE): every decode step's device
     time (CUDA events, read back when done: no host sync), its kind, and whether it is the first after a flip."""
     rt = _RUNTIME
-    if rt is not None and rt.trace.enabled:
-        warmup.mark_trace(rt.trace, batch)  # the warm-up's records say so (bench/gpu/summarize.py leaves them out)
+    core.mark_warmup(rt, batch)
     if rt is None or not rt.plain_path or not rt.trace.enabled or not batch.forward_mode.is_decode():
         return orig(scheduler, batch, *args, **kwargs)
     kind = "plain" if batch.spec_algorithm.is_none() else "spec"
@@ -385,17 +374,16 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
         rt.steps_since_flip += 1
         return orig(scheduler, batch, *args, **kwargs)
     bs = batch.batch_size()
-    first = rt.steps_since_flip == 0 and rt.flips > 0
+    first = rt.first_after_flip
     # an overlapped plain step runs on the scheduler's forward stream (v1_loop.py), the normal loop's on this one
-    stream = scheduler.forward_stream if getattr(scheduler, "enable_overlap", False) else None
+    stream = core.step_stream(scheduler)
     start, end = core.start_step_timer(stream)
     tic = time.perf_counter()
     out = orig(scheduler, batch, *args, **kwargs)
     end.record(stream)
     rt.counters[f"{kind}_step"] = rt.counters.get(f"{kind}_step", 0) + 1
     if kind == "plain":
-        rt.counters["plain_graph" if out.can_run_cuda_graph else "plain_eager"] = \
-            rt.counters.get("plain_graph" if out.can_run_cuda_graph else "plain_eager", 0) + 1
+        rt.count("plain_graph" if out.can_run_cuda_graph else "plain_eager")
     rt.trace.timed(start, end, {"kind": kind, "bs": bs, "first_after_flip": first,
                                 "graph": bool(getattr(out, "can_run_cuda_graph", False)),
                                 "host_ms": round((time.perf_counter() - tic) * 1e3, 3)})

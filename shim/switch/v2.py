@@ -7,9 +7,12 @@ the scheduler's counts (shim/switch/policy.py).
 A spec-off step is a real plain DECODE of the target: one token per request, on a decode CUDA graph runner
 captured at start-up beside the verify graphs, no drafting. Each function below is named after the model
 action it performs (statemodel.actions: flip_off, flip_on, prepare_for_decode, plain_decode, draft_sync).
-This module holds the hooks, the flip decisions and installation; the units they call are beside it (and
-re-exported here): `v2_runtime` (SwitchRuntime), `v2_flip` (the plain path's flip actions), `v2_capture` (the
-plain runner made at start-up), `v2_plain_step` (the spec-off step inside the speculative worker).
+This module holds the hooks, the in-step flip of draft modes "sync" and "none" (`flip`), the v2 worker's side of a
+plain-path flip (`V2Side`) and installation. What the v1 switch shares is the switch core's (shim/switch/core.py):
+the plain path's flip (`plain_path_flip`: decision, order, record), every flip's bookkeeping, the admission cap's
+hook and the runtime's common state. The units this module calls are beside it (and re-exported here):
+`v2_runtime` (SwitchRuntime), `v2_flip` (the v2 worker's flip actions), `v2_capture` (the plain runner made at
+start-up), `v2_plain_step` (the spec-off step inside the speculative worker).
 
 Enable with `SPECFLIP_SWITCH=t_off:t_on`, or `SPECFLIP_SWITCH=auto` (no thresholds: the switch learns where
 speculation stops paying from its own step times, shim/switch/auto.py, docs/auto-switch.md), and install with
@@ -53,21 +56,24 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from shim import releases
 from shim.guard import api as guard_api
-from shim.switch import core, faults, warmup
+from shim.switch import core, faults
 from shim.switch.auto import AutoSwitch
 from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
 )
+from shim.switch.core import _pending_prefill as _pending_prefill
+from shim.switch.core import catch_up_work as catch_up_work
+from shim.switch.core import flip_on_waits, plain_path_flip
+from shim.switch.core import reseat_seq_lens as reseat_seq_lens
 from shim.switch.faults import LateFlipFault
 from shim.switch.policy import SwitchPolicy
-from shim.switch.radix_keep_out import give_back_flags, keep_out_of_tree, resume_chunk_kept_out
+from shim.switch.radix_keep_out import keep_out_of_tree, resume_chunk_kept_out
 
 # re-exported (`X as X`): the names this module held before the split into v2_*.py stay importable from it
 from shim.switch.swap import AttributeSwap as AttributeSwap
@@ -76,14 +82,11 @@ from shim.switch.v2_capture import PlainPrefillOnTargetGraphs as PlainPrefillOnT
 from shim.switch.v2_capture import capture_plain_decode_runner
 from shim.switch.v2_capture import plain_prefill_view as plain_prefill_view
 from shim.switch.v2_flip import (
-    _pending_prefill,
     _set_batch_algorithm,
     drain_in_flight,
     enter_plain_path,
     enter_spec_path,
-    flip_on_waits,
     release_reserve,
-    reseat_seq_lens,
     retract_all_running,
 )
 from shim.switch.v2_plain_step import draft_sync as draft_sync
@@ -130,9 +133,6 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
     waiting, chunked = core.demand(scheduler)
     action = rt.policy.decide(running, waiting, chunked)
     if action is not None:
-        rt.flips += 1
-        rt.steps_since_flip = 0
-        rt.trace.event(action, running=running, waiting=waiting, chunked=chunked)
         if action == "flip_off" and batch is not None:
             # admission was held at the speculative cap, which marks the batch full; without this reset the
             # waiting requests are admitted only after a running one finishes
@@ -140,8 +140,7 @@ def flip(rt: SwitchRuntime, scheduler: Any, batch: Any) -> str | None:
             running_batch = getattr(scheduler, "running_batch", None)
             if running_batch is not None:
                 running_batch.batch_is_full = False
-        # the guard (when loaded) must see the flip, or it judges the next plain step as a speculative one
-        guard_api.notify_flip(action == "flip_on", batch)
+        core.flip_done(rt, SIDE, action, batch, {"running": running, "waiting": waiting, "chunked": chunked})
     return action
 
 
@@ -152,16 +151,15 @@ def _update_running_batch_around(orig: Any, self: Any, batch: Any, *args: Any, *
     return orig(self, batch, *args, **kwargs)
 
 
-def _allocatable_around(orig: Any, self: Any, running_bs: int, *args: Any, **kwargs: Any) -> int:
-    res = orig(self, running_bs, *args, **kwargs)
-    rt = _RUNTIME
-    if rt is None:
-        return res
-    if running_bs == 0 and not rt.policy.spec_on and not rt.plain_path:
-        # update_running_batch is not called while nothing runs: an idle server flips on here, before the
-        # next prefill is formed (t_on = 0 re-enables only when idle)
-        flip(rt, self, None)
-    return rt.policy.admission_cap(running_bs, res)
+def _flip_when_idle(rt: SwitchRuntime, scheduler: Any) -> None:
+    """update_running_batch is not called while nothing runs: an idle server flips on here (in the admission cap's
+    hook), before the next prefill is formed (t_on = 0 re-enables only when idle). The plain path flips at
+    get_next_batch_to_run, idle or not."""
+    if not rt.policy.spec_on and not rt.plain_path:
+        flip(rt, scheduler, None)
+
+
+_allocatable_around = core.allocatable_hook(runtime, _flip_when_idle)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,89 +171,53 @@ def _allocatable_around(orig: Any, self: Any, running_bs: int, *args: Any, **kwa
 # reserve that result's verify writes into, flip_on retracts requests that result still extends.
 
 
-def plain_path_flip(rt: SwitchRuntime, scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
-    """Decide and perform a flip for the iteration get_next_batch_to_run is about to plan; returns the
-    `last_batch` to hand it.
+class V2Side:
+    """The v2 worker's side of a plain-path flip (core.WorkerSide; core.plain_path_flip decides and sequences). Its
+    steps are this module's names (v2_flip.py's, re-exported), looked up at each flip: tests replace them here."""
 
-    flip_on waits while the running batch still holds requests that finished (update_running_batch filters
-    them next) or a prefilled batch waits to be merged: the model lets the flip come later, and so the
-    running batch it retracts is exactly the model's."""
-    if scheduler.chunked_req is not None:
-        return last_batch  # a chunked prefill never straddles a flip: its earlier chunks' draft KV
-    pending = _pending_prefill(scheduler, running_batch, last_batch)
-    in_batch = [r for r in running_batch.reqs if not r.finished()]
-    if pending is not None:
-        in_batch += [r for r in pending.reqs if not r.finished()]
-    waiting = len(scheduler.waiting_queue)
-    action = rt.policy.wants(len(in_batch), waiting, 0, batch_work=lambda: catch_up_work(in_batch))
-    if rt.policy.auto is not None and rt.trace.enabled:
-        rt.policy.auto.trace_decision(rt.trace, len(in_batch), waiting)
-    if action is None:
-        steps = rt.policy.follow_tier(len(in_batch) + waiting)
-        if steps is not None:
-            rt.trace.event("tier", **{**rt.policy.trace_fields(), "steps": steps, "running": len(in_batch),
-                                      "waiting": waiting})
-        return last_batch
-    if action == "flip_on" and flip_on_waits(running_batch, pending):
-        return last_batch
-    if rt.late_flip is not None and rt.late_flip.delays(scheduler):
-        return last_batch  # fault injection only (shim/switch/faults.py): this rank flips a step late
-    tic = time.perf_counter()
-    guard_api.notify_flip_starting(in_batch)  # the guard settles what ran before and watches what the flip frees
-    drained = drain_in_flight(scheduler)
-    freed = retracted = 0
-    if action == "flip_off":
+    follows_tiers = True  # SPECFLIP_TIERS: the worker applies the tier (activate_step_by_batch, v2_tiers.py)
+
+    def flip_on_waits(self, running_batch: Any, pending: Any) -> bool:
+        return flip_on_waits(running_batch, pending)
+
+    def flip_starting(self, scheduler: Any, reqs: list[Any]) -> dict[str, Any]:
+        """The guard settles what ran before and watches what the flip frees; then the launched step's result is
+        processed (the model's flip_waits_for_results): flip_off frees the reserve that result's verify writes
+        into, flip_on retracts requests that result still extends."""
+        guard_api.notify_flip_starting(reqs)
+        return {"chunked": 0, "drained": drain_in_flight(scheduler), "reserve_freed": 0}
+
+    def leave_spec(self, rt: SwitchRuntime, scheduler: Any, running_batch: Any, pending: Any,
+                   reqs: list[Any]) -> dict[str, Any]:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        freed = release_reserve(scheduler, in_batch)
-        if not running_batch.is_empty():
-            reseat_seq_lens(running_batch)
+        freed = release_reserve(scheduler, reqs)
         for batch in (running_batch, pending):
             if batch is not None:
                 _set_batch_algorithm(batch, SpeculativeAlgorithm.NONE)
+        return {"reserve_freed": freed}
+
+    def enter_plain(self, rt: SwitchRuntime, scheduler: Any) -> None:
         enter_plain_path(rt, scheduler)
-    else:
-        if drained and any(r.finished() for r in running_batch.reqs):
+
+    def to_retract(self, scheduler: Any, running_batch: Any, record: dict[str, Any]) -> list[Any]:
+        if record["drained"] and any(r.finished() for r in running_batch.reqs):
             running_batch.filter_batch()  # what update_running_batch would do first (the guard sees it)
-        in_batch = list(running_batch.reqs)
-        if in_batch:
-            if rt.policy.auto is not None:  # the catch-up the learner times (to the first speculative decode)
-                _, tokens, rids = catch_up_work(in_batch)
-                rt.policy.auto.on_flip_on(tokens, rids)
-            retract_all_running(scheduler, in_batch)
-            retracted = len(in_batch)
+        return list(running_batch.reqs)
+
+    def retract(self, scheduler: Any, running_batch: Any, reqs: list[Any]) -> None:
+        retract_all_running(scheduler, reqs)
+
+    def enter_spec(self, rt: SwitchRuntime, scheduler: Any, running_batch: Any) -> None:
         running_batch.reqs = []  # each one left through retract_all (the guard saw each release)
-        give_back_flags(scheduler.waiting_queue)  # re-prefilled with the draft: the tree may cache them again
         enter_spec_path(rt, scheduler)
         _set_batch_algorithm(running_batch, scheduler.spec_algorithm)
-    rt.policy.performed(action)
-    if action == "flip_on":  # the tier for the demand flip-on found (the re-prefilled requests decode with it)
-        rt.policy.follow_tier(len(in_batch) + waiting)
-    faults.flip_performed(action)
-    running_batch.batch_is_full = False
-    rt.flips += 1
-    rt.steps_since_flip = 0
-    rt.trace.event(action, running=len(in_batch), waiting=waiting, chunked=0, drained=drained,
-                   reserve_freed=freed, retracted=retracted, ms=round((time.perf_counter() - tic) * 1e3, 3),
-                   **rt.policy.trace_fields())
-    guard_api.notify_flip(action == "flip_on", running_batch)  # empty: the guard still reads its pool
-    return last_batch
+
+    def record_flip(self, rt: SwitchRuntime, action: str, record: dict[str, Any]) -> None:
+        rt.trace.event(action, **record)
 
 
-def catch_up_work(reqs: list[Any]) -> tuple[int, int, frozenset[str]]:
-    """(output tokens `reqs` may still ask for, tokens their re-prefill runs: prompt and output, their rids): what a
-    flip-on's retraction of `reqs` would save and cost (statemodel.auto_policy.gate_catch_up); remaining -1 when a
-    request sets no max_new_tokens (no bound: nothing is gated). Python ints, lists and strings only."""
-    remaining = catch_up = 0
-    for req in reqs:
-        out = len(req.output_ids)
-        limit = req.sampling_params.max_new_tokens
-        if limit is None:
-            remaining = -1
-        elif remaining >= 0:
-            remaining += max(0, int(limit) - out)
-        catch_up += len(req.origin_input_ids) + out
-    return remaining, catch_up, frozenset(str(req.rid) for req in reqs)
+SIDE = V2Side()
 
 
 def _process_result_around(orig: Any, self: Any, batch: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
@@ -276,7 +238,7 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     faults.before_next_batch(running_batch, rt.policy.spec_on)  # SPECFLIP_FAULT only (tests); else a no-op
     if rt.config.radix == "keep_out":
         resume_chunk_kept_out(self)  # before SGLang's stash: on some lines it would not advance a kept-out chunk
-    last_batch = plain_path_flip(rt, self, running_batch, last_batch)
+    plain_path_flip(rt, SIDE, self, running_batch, last_batch)
     plan = orig(self, running_batch=running_batch, last_batch=last_batch)
     batch = plan.batch_to_run  # a NextBatchPlan: the batch to launch and the running batch
     if batch is None and rt.policy.auto is not None:
@@ -303,8 +265,7 @@ def _run_batch_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: An
 
 def _run_batch_traced(orig: Any, rt: SwitchRuntime | None, self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     """`Scheduler.run_batch`, with its plain decode steps (and plain prefills) traced when the trace is on."""
-    if rt is not None and rt.trace.enabled:
-        warmup.mark_trace(rt.trace, batch)  # every record of the warm-up's steps (speculative ones too) says so
+    core.mark_warmup(rt, batch)
     if rt is None or not rt.trace.enabled or not batch.spec_algorithm.is_none():
         return orig(self, batch, *args, **kwargs)
     if not batch.forward_mode.is_decode():
@@ -319,9 +280,9 @@ def _run_batch_traced(orig: Any, rt: SwitchRuntime | None, self: Any, batch: Any
         rt.steps_since_flip += 1
         return out
     bs = batch.batch_size()
-    stream = getattr(self, "forward_stream", None) if getattr(self, "enable_overlap", False) else None
+    stream = core.step_stream(self)
     start, end = core.start_step_timer(stream)
-    first = rt.steps_since_flip == 0 and rt.flips > 0
+    first = rt.first_after_flip
     out = orig(self, batch, *args, **kwargs)
     end.record(stream)
     rt.count("plain_step")
@@ -382,7 +343,7 @@ def _forward_around(orig: Any, self: Any, batch: Any, *args: Any, **kwargs: Any)
     timing = rt.trace_this_step(gap)
     if timing:
         start, end = core.start_step_timer()
-    first = rt.steps_since_flip == 0 and rt.flips > 0
+    first = rt.first_after_flip
     if rt.policy.spec_on:
         out = orig(self, batch, *args, on_publish=on_publish, **kwargs)
         rt.count("spec_step")

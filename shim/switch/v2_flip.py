@@ -1,15 +1,15 @@
-"""The v2 switch's flip actions on the scheduler, draft mode "retract" (design plain_off_retract_catch_up):
+"""The v2 worker's own flip actions on the scheduler, draft mode "retract" (design plain_off_retract_catch_up):
 speculation off is SGLang's own plain scheduler path. flip_off frees the speculative reserve and points the
 scheduler, its future map and the target's model runner at the plain side; flip_on retracts the running requests
-(their re-prefill with speculation is the draft's catch-up) and points everything back. shim/switch/v2.py's
-`plain_path_flip` decides and sequences them."""
+(their re-prefill with speculation is the draft's catch-up) and points everything back. The core's
+`plain_path_flip` (shim/switch/core.py) decides, sequences and records them through `V2Side` (shim/switch/v2.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from shim.releases.registry import installed_line
-from shim.switch import faults
+from shim.switch import core, faults
 from shim.switch.v2_runtime import SwitchRuntime
 
 
@@ -51,20 +51,6 @@ def release_reserve(scheduler: Any, reqs: list[Any]) -> int:
     return freed
 
 
-def reseat_seq_lens(batch: Any) -> None:
-    """A plain decode reads seq_lens on the batch; the speculative loop leaves them to the future map (the
-    verify's accepts). After the result is processed each request's committed length is the truth."""
-    import torch
-
-    lens = [_kv_row(req)[1] for req in batch.reqs]
-    device = batch.seq_lens.device
-    batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
-    batch.seq_lens = batch.seq_lens_cpu.to(device)
-    orig_dtype = batch.orig_seq_lens.dtype if batch.orig_seq_lens is not None else torch.int32
-    batch.orig_seq_lens = torch.tensor(lens, dtype=orig_dtype).to(device)
-    batch.seq_lens_sum = sum(lens)
-
-
 def _set_batch_algorithm(batch: Any, algorithm: Any) -> None:
     batch.spec_algorithm = algorithm
     batch.spec_info = None  # flip_off: no draft input on a plain batch; flip_on: its requests re-prefill
@@ -72,26 +58,20 @@ def _set_batch_algorithm(batch: Any, algorithm: Any) -> None:
 
 
 def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
-    """Point the scheduler, its future map and the target's model runner at the plain side."""
+    """Point the scheduler, its future map and the target's model runner at the plain side (what both workers
+    point: core.enter_plain_side; the future map and the prefill graphs are v2's)."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    none = SpeculativeAlgorithm.NONE
     fm = scheduler.future_map
-    mr = scheduler.tp_worker.model_runner
     side = rt.spec_side
     rt.fm_was_initialized = installed_line().future_map_sizes_lazily and fm._forward_buf_initialized
-    side.set(scheduler, "spec_algorithm", none)  # the prefill batches formed while off (ScheduleBatch.init_new)
-    side.set(scheduler, "model_worker", scheduler.tp_worker)
+    core.enter_plain_side(rt, scheduler, "decode_cuda_graph_runner")
     # the plain relay: input ids gathered from output_tokens_buf, a stash carries the bonus token only
-    side.set(fm, "spec_algo", none)
+    side.set(fm, "spec_algo", SpeculativeAlgorithm.NONE)
     side.set(fm, "need_topk", False)
     side.set(fm, "need_hidden_states", False)
-    side.set(mr, "decode_cuda_graph_runner", rt.plain_runner)  # None: eager
-    if rt.plain_attn_backend is not None:
-        side.set(mr, "attn_backend", rt.plain_attn_backend)
-    side.set(mr, "spec_algorithm", none)
     if rt.plain_prefill_runner is not None:
-        side.set(mr, "prefill_cuda_graph_runner", rt.plain_prefill_runner)
+        side.set(scheduler.tp_worker.model_runner, "prefill_cuda_graph_runner", rt.plain_prefill_runner)
 
 
 def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
@@ -106,16 +86,9 @@ def enter_spec_path(rt: SwitchRuntime, scheduler: Any) -> None:
         fm._forward_buf_initialized = False
 
 
-def _pending_prefill(scheduler: Any, running_batch: Any, last_batch: Any) -> Any:
-    """The prefilled batch get_next_batch_to_run will merge (SGLang's `last_batch`), or None."""
-    if last_batch is None or last_batch is running_batch or not last_batch.forward_mode.is_extend():
-        return None
-    return last_batch
-
-
 def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
     """ScheduleBatch.release_req for each request without tree insertion (SGLang's retract_all, as its
-    pause_generation(mode="retract") calls it), then back to the waiting queue with its output kept."""
+    pause_generation(mode="retract") calls it); the core queues them again with their output kept."""
     from sglang.srt.managers import schedule_batch
 
     kwargs = dict(reqs=reqs, req_to_token_pool=scheduler.req_to_token_pool,
@@ -123,11 +96,4 @@ def retract_all_running(scheduler: Any, reqs: list[Any]) -> None:
                   hisparse_coordinator=getattr(scheduler, "hisparse_coordinator", None))
     kwargs.update(installed_line().retract_all_kwargs(scheduler))  # offload_kv False: re-prefilled, never restored
     schedule_batch.retract_all(**kwargs)
-    for req in reqs:
-        scheduler._add_request_to_queue(req, is_retracted=True)
 
-
-def flip_on_waits(running_batch: Any, pending: Any) -> bool:
-    """Whether flip-on must wait an iteration: a prefilled batch is not merged yet, or the running batch still
-    holds finished requests (update_running_batch filters them, merge_batch merges it, the guard sees both)."""
-    return pending is not None or any(r.finished() for r in running_batch.reqs)

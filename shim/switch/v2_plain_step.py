@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from shim.releases.registry import installed_line
-from shim.switch.swap import AttributeSwap, plain_runner_side
+from shim.switch import core
 from shim.switch.v2_runtime import SwitchRuntime
 
 
@@ -49,11 +49,8 @@ def plain_decode(worker: Any, batch: Any, on_publish: Any, rt: SwitchRuntime) ->
     batch.spec_info = None
     batch.spec_algorithm = SpeculativeAlgorithm.NONE
 
-    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner, "decode_cuda_graph_runner",
-                                                 SpeculativeAlgorithm.NONE)):
-        res = worker.target_worker.forward_batch_generation(
-            batch, capture_hidden_mode=CaptureHiddenMode.FULL if sync else CaptureHiddenMode.NULL)
-    rt.count("plain_graph" if res.can_run_cuda_graph else "plain_eager")
+    res = core.plain_forward(rt, worker.target_worker, "decode_cuda_graph_runner", batch,
+                             capture_hidden_mode=CaptureHiddenMode.FULL if sync else CaptureHiddenMode.NULL)
 
     tokens = res.next_token_ids.to(torch.int64)
     if on_publish is not None:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.switch.core import SwitchCore
-from shim.switch.faults import LateFlipFault
 from shim.timing.jsonl import IDLE_GAP_MS
 
 
@@ -19,7 +18,6 @@ class SwitchRuntime(SwitchCore):
     plain_prefill_runner: Any = None  # PlainPrefillOnTargetGraphs, or None: the plain path keeps the target's
     fm_was_initialized: bool = False  # the future map had sized its buffers when the plain path was entered
     last_decode_launch: float = 0.0  # perf_counter at the last decode step's launch (kept while the trace is on)
-    late_flip: LateFlipFault | None = None  # FAULT INJECTION for tests only (SPECFLIP_FAULT_LATE_FLIP); None: off
     tiers_off: bool = False  # SPECFLIP_TIERS set but the server has no runtime state for a tier (v2_tiers.py)
 
     def trace_this_step(self, gap_ms: float | None = None) -> bool:
