@@ -37,11 +37,11 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from shim.switch.config import SwitchConfig
 from specflip.auto_sim import TierRow, settled_modes, settled_tiers
+from specflip.jsonl import json_objects
 
 # what speculation must gain to be worth a flip, at most. Past 1 it asks speculation for more than twice plain
 # decoding's throughput at the same load; with 1e308 every measurement answered "off as soon as anything runs" (1:0)
@@ -138,22 +138,8 @@ def read_rows(paths: Sequence[str], cfgs: Sequence[str]) -> tuple[dict[str, dict
     seen: dict[tuple[str, int], list[str]] = {}
     found: set[str] = set()
     for path in paths:
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError as exc:
-            raise CalibrateError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise CalibrateError(f"cannot read {path}: not a text file") from None
-        for number, line in enumerate(lines, 1):
+        for number, row in json_objects(path, CalibrateError, what="a row"):
             where = f"{path}:{number}"
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CalibrateError(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise CalibrateError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
             cfg = row.get("cfg")
             found.add(str(cfg))
             if cfg not in table:

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from specflip.jsonl import json_objects
 from specflip.trace_reader import read_records
 
 # Fields of a step record that every rank must agree on; `where` (the hooked function) and the
@@ -285,19 +286,7 @@ def _switch_records(path: Path) -> tuple[int | None, list[tuple[int, dict[str, A
     ranks: set[int] = set()
     records: list[tuple[int, dict[str, Any]]] = []
     switch_trace = False
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RankTraceError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RankTraceError(f"{path}:{number}: not JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise RankTraceError(f"{path}:{number}: not a JSON object")
+    for number, record in json_objects(path, RankTraceError, what="a record"):
         action = record.get("action")
         switch_trace = switch_trace or action == "config"
         if action not in SWITCH_RECORDS:

@@ -186,7 +186,7 @@ def test_switch_traces_bad_input_is_one_line_exit_2(tmp_path: Path, capsys) -> N
     (tmp_path / "switch-2.jsonl").write_text('["a list"]\n')
     assert main(["ranks", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "switch-2.jsonl:1: not a JSON object" in err
+    assert err.count("\n") == 1 and "switch-2.jsonl:1: a record must be a JSON object, got list" in err
     assert main(["ranks", str(tmp_path), str(tmp_path / "switch-1.jsonl")]) == 2
     assert "given twice" in capsys.readouterr().err
     (tmp_path / "switch-2.jsonl").write_text('{"action": "auto_observe", "rank": 0}\n{"action": "step", "rank": 1}\n')
