@@ -86,7 +86,7 @@ def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
     side.set(fm, "spec_algo", none)
     side.set(fm, "need_topk", False)
     side.set(fm, "need_hidden_states", False)
-    side.set(mr, "decode_cuda_graph_runner", rt.plain_runner)  # None: eager
+    side.set(mr, installed_line().decode_graph_runner_attr, rt.plain_runner)  # None: eager
     if rt.plain_attn_backend is not None:
         side.set(mr, "attn_backend", rt.plain_attn_backend)
     side.set(mr, "spec_algorithm", none)

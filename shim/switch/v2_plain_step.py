@@ -49,8 +49,8 @@ def plain_decode(worker: Any, batch: Any, on_publish: Any, rt: SwitchRuntime) ->
     batch.spec_info = None
     batch.spec_algorithm = SpeculativeAlgorithm.NONE
 
-    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner, "decode_cuda_graph_runner",
-                                                 SpeculativeAlgorithm.NONE)):
+    with AttributeSwap.around(*plain_runner_side(rt, worker.target_worker.model_runner,
+                                                 installed_line().decode_graph_runner_attr, SpeculativeAlgorithm.NONE)):
         res = worker.target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL if sync else CaptureHiddenMode.NULL)
     rt.count("plain_graph" if res.can_run_cuda_graph else "plain_eager")
