@@ -35,6 +35,7 @@ class Release(Protocol):
     decode_graph_runner_attr: str  # the target model runner's attribute holding its decode graph runner
     decode_graph_runner_class: str  # that runner's class (the plain runner derives from it)
     prefill_graph_runner_attr: str | None  # the prefill graph runner the plain path's prefills may replay; None: none
+    stubs_skipped_draft_extend: bool  # EAGLEWorkerV2._stub_skipped_draft_extend (the v2 switch's draft mode none)
     future_map_sizes_lazily: bool
     result_keeps_refs: bool
     step_timer_targets: tuple[str, str]
@@ -80,6 +81,9 @@ class ReleaseLine:
     decode_graph_runner_class: ClassVar[str] = (
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner")
     prefill_graph_runner_attr: ClassVar[str | None] = "prefill_cuda_graph_runner"
+    # EAGLEWorkerV2._stub_skipped_draft_extend exists: the v2 switch's draft mode "none" (plain_decode) stubs the
+    # draft-extend it skips with it
+    stubs_skipped_draft_extend: ClassVar[bool] = True
     # the future map sizes its buffers at the first stash (`_forward_buf_initialized`): a flip back to speculation
     # must let the next speculative stash size them again
     future_map_sizes_lazily: ClassVar[bool] = False

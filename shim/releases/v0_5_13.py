@@ -54,6 +54,7 @@ class Line(v0_5_14.Line):
     decode_graph_runner_attr = "graph_runner"
     decode_graph_runner_class = "sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner"
     prefill_graph_runner_attr = None
+    stubs_skipped_draft_extend = False  # no zero-step path: SPECFLIP_SWITCH_DRAFT=none is refused at start-up
     verified = (*((feature, CPU_VERIFIED) for feature in ("guard", "step_timer", "lint")),
                 ("switch", "CPU only, real 0.5.13 objects in CI (tests/test_release_conformance.py: the plain capture "
                            "hook on the real EAGLEWorkerV2.__init__ and ModelRunner; stand-ins for the draft model's "
