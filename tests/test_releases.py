@@ -75,6 +75,10 @@ def test_specflip_releases_lists_every_line_with_its_features(capsys: pytest.Cap
     assert all(any(w.startswith("GPU H200, 2026-") for w in gpu[f]["verified"]) for f in ("guard", "switch", "lint"))
     assert by_release["0.5.12"]["workers"] == ["v1", "v2"] and by_release["0.5.12"]["features"]["switch"]["works"]\
         .startswith("v1")
+    # the switch on all twelve, each verified somewhere; 0.5.13's on the CPU only (its sglang-kernel is not carried)
+    assert all(line["features"]["switch"]["works"].startswith(("v1 ", "v2 ")) and line["features"]["switch"]["verified"]
+               for line in data["lines"])
+    assert [w[:8] for w in by_release["0.5.13"]["features"]["switch"]["verified"]] == ["CPU only"]
     assert data["installed_line"] == release_line().version  # CI's installed sglang is a supported line
 
     assert main(["releases"]) == 0

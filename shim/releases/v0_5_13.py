@@ -56,9 +56,11 @@ class Line(v0_5_14.Line):
     prefill_graph_runner_attr = None
     stubs_skipped_draft_extend = False  # no zero-step path: SPECFLIP_SWITCH_DRAFT=none is refused at start-up
     verified = (*((feature, CPU_VERIFIED) for feature in ("guard", "step_timer", "lint")),
-                ("switch", "CPU only, real 0.5.13 objects in CI (tests/test_release_conformance.py: the plain capture "
-                           "hook on the real EAGLEWorkerV2.__init__ and ModelRunner; stand-ins for the draft model's "
-                           "load and the CUDA graph capture). Not on a GPU: 0.5.13 pins sglang-kernel 0.4.3, which "
+                ("switch", "CPU only, real 0.5.13 objects in CI (tests/test_release_conformance.py, 2026-12-06: "
+                           "SGLang's real start-up reaches the plain capture hook on EAGLEWorkerV2.__init__ once, "
+                           "after it built both workers; the real ModelRunner forward replays the plain runner the "
+                           "plain path installs; stand-ins for the target's and the draft's model load and CUDA graph "
+                           "capture and for the graph runners). Not on a GPU: 0.5.13 pins sglang-kernel 0.4.3, which "
                            "the GPU bundle (0.5.16's, sglang-kernel 0.4.5) does not carry"))
 
     def read_sizing(self, server_args: Any, specflip: SpecflipPolicy | None = None, *,
