@@ -22,6 +22,7 @@ No stand-in: nothing here needs a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -31,6 +32,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -244,7 +246,8 @@ if ACTIVE is not None:
         mr = _model_runner_class().__new__(_model_runner_class())  # the real class; its __init__ loads a model
         verify, plain = VerifyGraphRunnerCpuStandIn(), VerifyGraphRunnerCpuStandIn()
         mr.__dict__.update(device="cuda", attn_backend=object(), hisparse_coordinator=None,
-                           spec_algorithm=SpeculativeAlgorithm.EAGLE3, init_new_workspace=False)
+                           spec_algorithm=SpeculativeAlgorithm.EAGLE3, init_new_workspace=False,
+                           model=SimpleNamespace(shared_experts_config=None))  # the loaded model: a stand-in
         setattr(mr, line.decode_graph_runner_attr, verify)
         if line.prefill_graph_runner_attr is not None:
             setattr(mr, line.prefill_graph_runner_attr, None)
@@ -255,7 +258,9 @@ if ACTIVE is not None:
         config = SwitchConfig(t_off=4, t_on=1, draft_while_off="retract", plain_graphs="decode")
         rt = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=JsonlTrace(None))
         rt.plain_runner = plain
-        decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2)
+        # a decode step's ForwardBatch, as far as the forward reads it before replaying a graph (a stand-in: a real one
+        # holds the model runner's device buffers)
+        decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2, moe_num_token_non_padded=None)
 
         def replayed() -> Any:
             return mr._forward_raw(decode, None).logits_output
@@ -324,20 +329,24 @@ def _model_runner_class() -> type:
     return ModelRunner
 
 
-def _one_pipeline_stage() -> Any:
-    """A single pipeline stage for the lines whose workers read the pipeline group from runtime_context (0.5.23's
-    EAGLEWorkerV2 asks whether it is the last stage): a stand-in for the process group, which needs
-    torch.distributed."""
-    import contextlib
+@contextmanager
+def _one_pipeline_stage() -> Iterator[None]:
+    """A single pipeline stage, for the lines whose EAGLEWorkerV2 asks whether it is the last stage: a stand-in for
+    the pipeline's process group (which needs torch.distributed), where the line reads it (parallel_state's group
+    from 0.5.19, runtime_context's get_parallel() on 0.5.23)."""
+    from sglang.srt.distributed import parallel_state
 
-    try:
-        from sglang.srt.runtime_context import get_parallel
-    except ImportError:
-        return contextlib.nullcontext()
-    if not hasattr(get_parallel(), "override"):
-        return contextlib.nullcontext()
-    return get_parallel().override(pp_group=SimpleNamespace(is_last_rank=True, is_first_rank=True, world_size=1,
-                                                            rank_in_group=0))
+    group = SimpleNamespace(is_last_rank=True, is_first_rank=True, world_size=1, rank_in_group=0)
+    with contextlib.ExitStack() as stack:
+        if getattr(parallel_state, "_PP", False) is None:
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(parallel_state, "_PP", group)
+        try:
+            from sglang.srt.runtime_context import get_parallel
+        except ImportError:
+            get_parallel = None
+        if get_parallel is not None and hasattr(get_parallel(), "override"):
+            stack.enter_context(get_parallel().override(pp_group=group))
+        yield
 
 
 def _recorded(events: list[tuple[Any, ...]], name: str) -> Any:
