@@ -119,6 +119,12 @@ def register_switch() -> None:
             on_bad_config(ConfigError(f"{switch.name}={switch.raw()} asks for the switch, which sglang {line.version} "
                                       f"does not offer: {line.features()['switch']}"), feature="switch")
             return
+        draft = table.settings.SWITCH_DRAFT
+        if draft.get() == "none" and not line.stubs_skipped_draft_extend and line.worker_kind(os.environ) == "v2":
+            on_bad_config(ConfigError(f"{draft.name}=none asks for plain steps that stub the skipped draft-extend, "
+                                      f"which sglang {line.version} cannot (no "
+                                      f"EAGLEWorkerV2._stub_skipped_draft_extend)"), feature="switch")
+            return
     switch_v2.install_from_env()
 
 

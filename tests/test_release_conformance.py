@@ -22,6 +22,7 @@ No stand-in: nothing here needs a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -31,8 +32,10 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -197,7 +200,7 @@ if ACTIVE is not None:
                                              (step_timer.T_ARRIVAL, "AROUND", step_timer.StepTimer.around_arrival)]
         switch = line.features()["switch"].split()[0]  # "v2", "v1" or "no:"
         if switch == "v2":  # the v2 switch, where the line's switch is it
-            table += [(t, "AROUND", None) for t in (v2.T_FORWARD, v2.T_INIT_GRAPHS, v2.T_UPDATE_RUNNING,
+            table += [(t, "AROUND", None) for t in (v2.T_FORWARD, line.plain_capture_target, v2.T_UPDATE_RUNNING,
                                                     v2.T_ALLOCATABLE, v2.T_NEXT_BATCH, v2.T_RUN_BATCH,
                                                     v2.T_PROCESS_RESULT,
                                                     v2.T_ACTIVATE_STEPS, v2.T_VERIFY_DONE)]
@@ -205,6 +208,71 @@ if ACTIVE is not None:
         if line.ships_v1_worker:
             table += [(t, "AROUND", None) for t in v1.TARGETS]
         assert _check_targets(table) == []
+
+    def test_the_plain_capture_hooks_after_sglang_built_and_captured_its_worker(line: Any, tmp_path: Path) -> None:
+        """The v2 switch captures its plain decode graph runner AFTER the release's `plain_capture_target`. SGLang's
+        own start-up (the real Scheduler.init_model_worker, the real EAGLEWorkerV2, SGLang's real HookRegistry) must
+        reach that target exactly once, with the worker it built, whose target model runner holds its decode graph
+        runner where the release says, and after every graph capture SGLang asked of its workers. Stand-ins: the
+        target's and the draft's model load and graph capture (a GPU's work), named as such."""
+        if line.features()["switch"].split()[0] != "v2":
+            pytest.skip(f"SGLang {line.version}'s switch is not the v2 one")
+        events = _start_up_with_the_capture_hook(line, tmp_path)
+        hooked = [e for e in events if e[0] == "plain capture hook"]
+        assert len(hooked) == 1, events
+        _, worker, scheduler = hooked[0]
+        assert worker is scheduler.draft_worker and type(worker).__name__ == "EAGLEWorkerV2"
+        mr = worker.target_worker.model_runner
+        assert mr is scheduler.tp_worker.model_runner and isinstance(mr, _model_runner_class())
+        assert isinstance(getattr(mr, line.decode_graph_runner_attr), VerifyGraphRunnerCpuStandIn)
+        at = events.index(hooked[0])
+        # both workers were built (on lines that capture inside the constructors, 0.5.13, that is their capture), and
+        # every capture SGLang asked of them afterwards (the scheduler's init_all_cuda_graphs from 0.5.14) came first
+        assert {e[1] for e in events[:at] if e[0] == "built"} == {"target", "draft"}, events
+        assert all(i < at for i, e in enumerate(events) if e[0] == "capture"), events
+
+    def test_the_plain_path_decodes_on_the_runner_the_real_forward_replays(line: Any) -> None:
+        """The switch's plain path (enter_plain_path) puts its plain decode runner where the release says; the line's
+        real ModelRunner forward then replays it, not the target's verify graphs, and enter_spec_path puts those
+        back. Stand-ins: the two graph runners (a CUDA graph's replay)."""
+        if line.features()["switch"].split()[0] != "v2":
+            pytest.skip(f"SGLang {line.version}'s switch is not the v2 one")
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        from shim.switch.v2 import JsonlTrace, SwitchConfig, SwitchPolicy, SwitchRuntime
+        from shim.switch.v2_flip import enter_plain_path, enter_spec_path
+
+        mr = _model_runner_class().__new__(_model_runner_class())  # the real class; its __init__ loads a model
+        verify, plain = VerifyGraphRunnerCpuStandIn(), VerifyGraphRunnerCpuStandIn()
+        mr.__dict__.update(device="cuda", attn_backend=object(), hisparse_coordinator=None,
+                           spec_algorithm=SpeculativeAlgorithm.EAGLE3, init_new_workspace=False,
+                           model=SimpleNamespace(shared_experts_config=None))  # the loaded model: a stand-in
+        setattr(mr, line.decode_graph_runner_attr, verify)
+        if line.prefill_graph_runner_attr is not None:
+            setattr(mr, line.prefill_graph_runner_attr, None)
+        fm = SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE3, need_topk=True, need_hidden_states=True,
+                             _forward_buf_initialized=True)
+        scheduler = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, model_worker=None, future_map=fm,
+                                    tp_worker=SimpleNamespace(model_runner=mr))
+        config = SwitchConfig(t_off=4, t_on=1, draft_while_off="retract", plain_graphs="decode")
+        rt = SwitchRuntime(config=config, policy=SwitchPolicy(config), trace=JsonlTrace(None))
+        rt.plain_runner = plain
+        # a decode step's ForwardBatch, as far as the forward reads it before replaying a graph (a stand-in: a real one
+        # holds the model runner's device buffers)
+        decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2, moe_num_token_non_padded=None)
+
+        def replayed() -> Any:
+            return mr._forward_raw(decode, None).logits_output
+
+        assert replayed() is verify.output  # speculation on: SGLang's own runner
+        enter_plain_path(rt, scheduler)
+        assert replayed() is plain.output
+        enter_spec_path(rt, scheduler)
+        assert replayed() is verify.output and getattr(mr, line.decode_graph_runner_attr) is verify
+        runner_class = pkgutil.resolve_name(line.decode_graph_runner_class)  # what the plain runner derives from
+        assert isinstance(runner_class, type)
+        inspect.signature(runner_class).bind(mr, attn_backend=object())
 
     def test_the_line_reads_a_real_batch(line: Any, tmp_path: Path) -> None:
         objs = _CpuObjects(tmp_path)
@@ -234,6 +302,162 @@ if ACTIVE is not None:
                                                     "max_running_requests")] == ["EAGLE", 3, 24]
         sizing = line.read_sizing(sa)
         assert (sizing.release, sizing.launch_steps, sizing.launch_draft_tokens) == (ACTIVE, 3, 4)
+
+
+class VerifyGraphRunnerCpuStandIn:
+    """Stand-in for a captured CUDA graph runner (its replay runs CUDA graphs): every batch can run; a replay returns
+    this runner's own output object (SGLang's runners answer `can_run`/`replay` up to 0.5.13, then
+    `can_run_graph`/`execute`)."""
+
+    def __init__(self) -> None:
+        self.output = object()
+
+    def can_run(self, forward_batch: Any) -> bool:
+        return True
+
+    can_run_graph = can_run
+
+    def replay(self, forward_batch: Any, **kwargs: Any) -> Any:
+        return self.output
+
+    execute = replay
+
+
+def _model_runner_class() -> type:
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    return ModelRunner
+
+
+@contextmanager
+def _one_pipeline_stage() -> Iterator[None]:
+    """A single pipeline stage, for the lines whose EAGLEWorkerV2 asks whether it is the last stage: a stand-in for
+    the pipeline's process group (which needs torch.distributed), where the line reads it (parallel_state's group
+    from 0.5.19, runtime_context's get_parallel() on 0.5.23)."""
+    from sglang.srt.distributed import parallel_state
+
+    group = SimpleNamespace(is_last_rank=True, is_first_rank=True, world_size=1, rank_in_group=0)
+    with contextlib.ExitStack() as stack:
+        if getattr(parallel_state, "_PP", False) is None:
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(parallel_state, "_PP", group)
+        try:
+            from sglang.srt.runtime_context import get_parallel
+        except ImportError:
+            get_parallel = None
+        if get_parallel is not None and hasattr(get_parallel(), "override"):
+            stack.enter_context(get_parallel().override(pp_group=group))
+        yield
+
+
+def _recorded(events: list[tuple[Any, ...]], name: str) -> Any:
+    """A stand-in's method: records its call (a graph capture when its name says so) and does nothing."""
+    def call(*args: Any, **kwargs: Any) -> None:
+        events.append(("capture" if "graph" in name else "called", name))
+    return call
+
+
+def _start_up_with_the_capture_hook(line: Any, tmp_path: Path) -> list[tuple[Any, ...]]:
+    """SGLang's scheduler start-up, real from `Scheduler.init_model_worker` on, with a recording AFTER hook at the
+    release's plain capture target applied by SGLang's own HookRegistry. Stand-ins (named *CpuStandIn) for what loads
+    a model and captures CUDA graphs: the target's TpModelWorker and the EagleDraftWorker. Stops where the start-up
+    goes on to read the built worker's sizes, or, once the hook has run, at the first thing the stand-ins do not hold
+    (0.5.23 goes on to prewarm the sampling on the device). Returns the events in order."""
+    import sglang.srt.managers.tp_worker as tp_worker_mod
+    import sglang.srt.speculative.eagle_worker_v2 as worker_mod
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    events: list[tuple[Any, ...]] = []
+    objs = _CpuObjects(tmp_path)
+
+    class StartUpReadsSizes(Exception):
+        """The start-up has built its model worker and goes on to read its sizes: the stand-ins end here."""
+
+    class TargetTpWorkerCpuStandIn:
+        """Stand-in for the target's TpModelWorker (loads the model; its ModelRunner captures the verify graphs). Its
+        model runner is the real class, built without its __init__, holding a decode graph runner where the release
+        says."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            self.model_runner = _model_runner_class().__new__(_model_runner_class())
+            self.model_runner.__dict__.update(  # its pools exist (lines that allocate them later see it so)
+                model_config=objs.model_config, memory_pool_config=SimpleNamespace(),
+                req_to_token_pool=objs.req_to_token_pool, token_to_kv_pool_allocator=objs.allocator,
+                token_to_kv_pool=SimpleNamespace(post_capture_active=False), device="cpu",
+                spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"), mtp_draft_device_pools=None)
+            self.preloaded_weights_bytes = 0
+            self.is_hybrid_swa = False
+            setattr(self.model_runner, line.decode_graph_runner_attr, VerifyGraphRunnerCpuStandIn())
+            self.model_config = objs.model_config
+            events.append(("built", "target"))
+
+        def get_memory_pool(self) -> tuple[Any, Any]:
+            return objs.req_to_token_pool, objs.allocator
+
+        def get_worker_info(self) -> Any:
+            raise StartUpReadsSizes
+
+        def __getattr__(self, name: str) -> Any:  # what a line's scheduler calls beyond these: recorded, a no-op
+            return _recorded(events, f"target.{name}")
+
+    class EagleDraftWorkerCpuStandIn:
+        """Stand-in for SGLang's EagleDraftWorker (loads the draft model, captures its CUDA graphs)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.draft_runner = SimpleNamespace(tp_group=None)
+            self.draft_attn_backend = self.draft_extend_attn_backend = None
+            self.cuda_graph_runner = self.cuda_graph_runner_for_draft_extend = None
+            self.preloaded_weights_bytes = 0
+            self.draft_parallel_layout = self.hicache_draft_plan = None
+            events.append(("built", "draft"))
+
+        def __getattr__(self, name: str) -> Any:  # what a line's worker calls beyond these: recorded, a no-op
+            return _recorded(events, f"draft.{name}")
+
+    def probe(result: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append(("plain capture hook", worker, scheduler))
+        return result
+
+    sa = ServerArgs(model_path=str(_CpuObjects.write_model(tmp_path)), device="cpu", dtype="float32",
+                    skip_tokenizer_init=True, speculative_algorithm="EAGLE3",
+                    speculative_draft_model_path=str(tmp_path), speculative_num_steps=3,
+                    speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    _publish(sa)  # the scheduler's process-wide server args: this EAGLE launch's
+    scheduler = Scheduler.__new__(Scheduler)
+    scheduler.__dict__.update(server_args=sa, spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"),
+                              nccl_port=0, gpu_id=0, tp_rank=0, moe_ep_rank=0, pp_rank=0, dp_rank=None,
+                              attn_cp_rank=0, moe_dp_rank=0, enable_unified_memory=False)
+    scheduler.ps = SimpleNamespace(**{k: scheduler.__dict__[k] for k in (
+        "gpu_id", "tp_rank", "moe_ep_rank", "pp_rank", "dp_rank", "attn_cp_rank", "moe_dp_rank")})
+    saved = (dict(HookRegistry._hooks), set(HookRegistry._patched))
+    owner_name, attr = line.plain_capture_target.rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_name)
+    original = owner.__dict__[attr]
+    try:
+        HookRegistry.reset()
+        HookRegistry.register(line.plain_capture_target, probe, HookType.AFTER)
+        HookRegistry.apply_hooks()
+        assert line.plain_capture_target in HookRegistry._patched, "SGLang's HookRegistry did not apply the hook"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tp_worker_mod, "TpModelWorker", TargetTpWorkerCpuStandIn)
+            mp.setattr(worker_mod, "EagleDraftWorker", EagleDraftWorkerCpuStandIn)
+            try:
+                with _one_pipeline_stage():
+                    scheduler.init_model_worker()
+            except StartUpReadsSizes:
+                pass
+            except Exception as exc:  # past the hook, the start-up reads what the stand-ins do not hold: stop there
+                if not any(e[0] == "plain capture hook" for e in events):
+                    raise
+                events.append(("stopped past the hook", f"{type(exc).__name__}: {exc}"))
+    finally:
+        setattr(owner, attr, original)
+        HookRegistry.reset()
+        HookRegistry._hooks.update(saved[0])
+        HookRegistry._patched.update(saved[1])
+    return events
 
 
 def _assert_readings(line: Any, adapter: Any, batch: Any, *, committed: list[int] | None,

@@ -75,6 +75,10 @@ def test_specflip_releases_lists_every_line_with_its_features(capsys: pytest.Cap
     assert all(any(w.startswith("GPU H200, 2026-") for w in gpu[f]["verified"]) for f in ("guard", "switch", "lint"))
     assert by_release["0.5.12"]["workers"] == ["v1", "v2"] and by_release["0.5.12"]["features"]["switch"]["works"]\
         .startswith("v1")
+    # the switch on all twelve, each verified somewhere; 0.5.13's on the CPU only (its sglang-kernel is not carried)
+    assert all(line["features"]["switch"]["works"].startswith(("v1 ", "v2 ")) and line["features"]["switch"]["verified"]
+               for line in data["lines"])
+    assert [w[:8] for w in by_release["0.5.13"]["features"]["switch"]["verified"]] == ["CPU only"]
     assert data["installed_line"] == release_line().version  # CI's installed sglang is a supported line
 
     assert main(["releases"]) == 0
@@ -153,8 +157,32 @@ def test_an_unsupported_release_without_specflip_asked_for_is_silent(unsupported
 
 def test_a_line_without_the_v2_switch_stops_start_up_when_the_switch_was_asked_for(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """0.5.13's v2 worker has no init_cuda_graphs for the switch to hook: SPECFLIP_SWITCH there stops start-up (warn:
-    one line, no switch), never a switch installed half-working."""
+    """A line whose v2 worker lacks the switch's hook points (`offers_v2_switch` False; no line since 0.5.13 has its
+    own capture target): SPECFLIP_SWITCH there stops start-up (warn: one line, no switch), never a switch installed
+    half-working."""
+    import importlib.metadata
+
+    from shim import plugin
+    from shim.releases import release_line
+    from shim.switch import v2
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.14" if name == "sglang" else "0")
+    monkeypatch.setattr(type(release_line("0.5.14")), "offers_v2_switch", False)
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
+    monkeypatch.setenv("SPECFLIP_SWITCH", "auto")
+    with pytest.raises(SystemExit) as stopped:
+        plugin.register_switch()
+    assert "SPECFLIP_SWITCH=auto asks for the switch, which sglang 0.5.14 does not offer" in str(stopped.value.code)
+    monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
+    with caplog.at_level("ERROR"):
+        plugin.register_switch()
+    assert v2._RUNTIME is None and any("does not offer" in r.getMessage() for r in caplog.records)
+
+
+def test_draft_mode_none_stops_start_up_on_0_5_13(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """0.5.13's EAGLEWorkerV2 has no _stub_skipped_draft_extend, which SPECFLIP_SWITCH_DRAFT=none's plain step calls:
+    asked for there, start-up stops (warn: one line, no switch); the other draft modes install."""
     import importlib.metadata
 
     from shim import plugin
@@ -163,13 +191,15 @@ def test_a_line_without_the_v2_switch_stops_start_up_when_the_switch_was_asked_f
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.13" if name == "sglang" else "0")
     monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
     monkeypatch.setenv("SPECFLIP_SWITCH", "auto")
+    monkeypatch.setenv("SPECFLIP_SWITCH_DRAFT", "none")
     with pytest.raises(SystemExit) as stopped:
         plugin.register_switch()
-    assert "SPECFLIP_SWITCH=auto asks for the switch, which sglang 0.5.13 does not offer" in str(stopped.value.code)
+    assert "SPECFLIP_SWITCH_DRAFT=none asks for plain steps" in str(stopped.value.code)
+    assert "sglang 0.5.13 cannot" in str(stopped.value.code)
     monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
     with caplog.at_level("ERROR"):
         plugin.register_switch()
-    assert v2._RUNTIME is None and any("does not offer" in r.getMessage() for r in caplog.records)
+    assert v2._RUNTIME is None and any("_stub_skipped_draft_extend" in r.getMessage() for r in caplog.records)
 
 
 def _req_of(line: str, *, row: int | None, committed: int, allocated: int) -> object:

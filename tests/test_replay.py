@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shim.guard import api as guard_api
+from shim.releases.registry import installed_line
 from shim.switch.v2 import (
     PLAIN_STEP_ACTIONS,
     SPEC_STEP_ACTIONS,
@@ -264,7 +265,7 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
         assert switch_v2.install_switch(registry, SwitchConfig(6, 2, spec_cap=8, draft_while_off="sync",
                                                                trace_dir=str(tmp_path)))
         targets = set(registry._hooks)
-        assert {switch_v2.T_FORWARD, switch_v2.T_INIT_GRAPHS, switch_v2.T_UPDATE_RUNNING,
+        assert {switch_v2.T_FORWARD, installed_line().plain_capture_target, switch_v2.T_UPDATE_RUNNING,
                 switch_v2.T_ALLOCATABLE} <= targets
         assert switch_v2.T_NEXT_BATCH not in targets
         # the plain path (draft mode retract) flips in get_next_batch_to_run and leaves update_running_batch alone
@@ -272,7 +273,7 @@ def test_install_switch_registers_on_the_real_hook_registry(tmp_path):
         switch_v2._RUNTIME = None
         assert switch_v2.install_switch(registry, SwitchConfig(6, 2, spec_cap=8, draft_while_off="retract"))
         targets = set(registry._hooks)
-        assert {switch_v2.T_FORWARD, switch_v2.T_INIT_GRAPHS, switch_v2.T_NEXT_BATCH,
+        assert {switch_v2.T_FORWARD, installed_line().plain_capture_target, switch_v2.T_NEXT_BATCH,
                 switch_v2.T_ALLOCATABLE} <= targets
         assert switch_v2.T_UPDATE_RUNNING not in targets and switch_v2.T_RUN_BATCH not in targets  # no trace: no hook
     finally:

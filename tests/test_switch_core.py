@@ -16,6 +16,7 @@ from real_sglang_cpu import require_sglang_cpu
 require_sglang_cpu()
 
 from shim.guard import api as guard_api  # noqa: E402
+from shim.releases.registry import installed_line  # noqa: E402
 from shim.switch import core  # noqa: E402
 from shim.switch import v2 as switch_v2  # noqa: E402
 from shim.switch.config import SwitchConfig  # noqa: E402
@@ -44,7 +45,8 @@ def test_the_v2_hook_table_is_registered_whole(registry: Any, tmp_path: Path, dr
     config = SwitchConfig(6, 2, spec_cap=8, draft_while_off=draft, trace_dir=str(tmp_path))
     assert switch_v2.install_switch(registry, config)
     s = switch_v2
-    table = [(s.T_ALLOCATABLE, s._allocatable_around, "AROUND"), (s.T_INIT_GRAPHS, s._init_cuda_graphs_after, "AFTER"),
+    table = [(s.T_ALLOCATABLE, s._allocatable_around, "AROUND"),
+             (installed_line().plain_capture_target, s._init_cuda_graphs_after, "AFTER"),
              (s.T_FORWARD, s._forward_around, "AROUND")]
     if draft == "retract":
         table += [(s.T_NEXT_BATCH, s._next_batch_around, "AROUND"), (s.T_RUN_BATCH, s._run_batch_around, "AROUND")]

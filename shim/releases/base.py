@@ -3,7 +3,9 @@ every line module's `Line` derives from (a line states only how it differs from 
 
 What a line answers, by consumer:
 * the guard: `adapter()` (the hook targets and the hook bodies that read this line's live objects);
-* the switches: `worker_kind` (SGLang's v1 EAGLEWorker or the v2 one), `kv_row` (a request's row and KV lengths),
+* the switches: `worker_kind` (SGLang's v1 EAGLEWorker or the v2 one), the v2 switch's plain side
+  (`plain_capture_target`, `decode_graph_runner_attr`, `decode_graph_runner_class`, `prefill_graph_runner_attr`),
+  `kv_row` (a request's row and KV lengths),
   `future_map_sizes_lazily`, `retract_all_kwargs`, `advance_kept_out_chunk`, `draft_worker_contexts`,
   `result_keeps_refs`, `model_runner_has_workspace_flag`;
 * the step timer: `step_timer_targets`;
@@ -29,6 +31,11 @@ class Release(Protocol):
     version: str  # the base line, "0.5.16" (a ".postN" release uses it)
     ships_v1_worker: bool  # SGLang's v1 EAGLEWorker is still there (SGLANG_ENABLE_SPEC_V2=0 selects it)
     offers_v2_switch: bool  # the v2 worker has the hook points shim/switch/v2.py needs
+    plain_capture_target: str  # the v2 switch captures its plain decode graph runner AFTER this (v2_capture.py)
+    decode_graph_runner_attr: str  # the target model runner's attribute holding its decode graph runner
+    decode_graph_runner_class: str  # that runner's class (the plain runner derives from it)
+    prefill_graph_runner_attr: str | None  # the prefill graph runner the plain path's prefills may replay; None: none
+    stubs_skipped_draft_extend: bool  # EAGLEWorkerV2._stub_skipped_draft_extend (the v2 switch's draft mode none)
     future_map_sizes_lazily: bool
     result_keeps_refs: bool
     step_timer_targets: tuple[str, str]
@@ -61,9 +68,22 @@ class ReleaseLine:
 
     version: ClassVar[str] = ""
     ships_v1_worker: ClassVar[bool] = False
-    # the v2 worker has the hook points the v2 switch needs (EAGLEWorkerV2.init_cuda_graphs, where it captures its
-    # plain path's graphs); a line without them is not offered the v2 switch
+    # the v2 worker has the hook points the v2 switch needs; a line without them is not offered the v2 switch
     offers_v2_switch: ClassVar[bool] = True
+    # The v2 switch's plain side (shim/switch/v2_capture.py). It captures its plain decode graph runner AFTER
+    # `plain_capture_target`: there the target's model runner and its graph runners exist and SGLang has captured the
+    # target's and the draft's graphs (the scheduler's init_all_cuda_graphs calls EAGLEWorkerV2.init_cuda_graphs after
+    # the target's). The runner lives in the model runner's `decode_graph_runner_attr`, an instance of
+    # `decode_graph_runner_class`; the plain path's prefills replay the target's prefill graphs through
+    # `prefill_graph_runner_attr` (PlainPrefillOnTargetGraphs: a runner with can_run_graph and capture_hidden_mode).
+    plain_capture_target: ClassVar[str] = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs"
+    decode_graph_runner_attr: ClassVar[str] = "decode_cuda_graph_runner"
+    decode_graph_runner_class: ClassVar[str] = (
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner")
+    prefill_graph_runner_attr: ClassVar[str | None] = "prefill_cuda_graph_runner"
+    # EAGLEWorkerV2._stub_skipped_draft_extend exists: the v2 switch's draft mode "none" (plain_decode) stubs the
+    # draft-extend it skips with it
+    stubs_skipped_draft_extend: ClassVar[bool] = True
     # the future map sizes its buffers at the first stash (`_forward_buf_initialized`): a flip back to speculation
     # must let the next speculative stash size them again
     future_map_sizes_lazily: ClassVar[bool] = False

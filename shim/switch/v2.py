@@ -61,6 +61,7 @@ from typing import Any
 
 from shim import releases
 from shim.guard import api as guard_api
+from shim.releases.registry import installed_line
 from shim.switch import core, faults
 from shim.switch.auto import AutoSwitch
 from shim.switch.config import (
@@ -96,9 +97,9 @@ from shim.switch.v2_tiers import activate_tier, check_tier_states, launch_tier
 from shim.timing.jsonl import JsonlTrace
 from statemodel import auto_policy as ap
 
-# Hook targets (the same on every v2 line, docs/correspondence-research.md section 6).
+# Hook targets (the same on every v2 line, docs/correspondence-research.md section 6; the plain capture's is the
+# release's `plain_capture_target`, shim/releases/).
 T_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
-T_INIT_GRAPHS = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.init_cuda_graphs"
 T_UPDATE_RUNNING = "sglang.srt.managers.scheduler.Scheduler.update_running_batch"
 T_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
 # draft mode "retract" flips here, where nothing is prepared yet and the in-flight result can be processed first
@@ -395,7 +396,7 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
     if not _RUNTIME.plain_path:  # the plain path flips in get_next_batch_to_run: one wrapper less per step
         hooks.append((T_UPDATE_RUNNING, _update_running_batch_around, "AROUND"))
     hooks += [(T_ALLOCATABLE, _allocatable_around, "AROUND"),
-              (T_INIT_GRAPHS, _init_cuda_graphs_after, "AFTER"),
+              (installed_line().plain_capture_target, _init_cuda_graphs_after, "AFTER"),
               (T_FORWARD, _forward_around, "AROUND")]
     if _RUNTIME.plain_path:
         hooks.append((T_NEXT_BATCH, _next_batch_around, "AROUND"))

@@ -65,7 +65,7 @@ def enter_plain_path(rt: SwitchRuntime, scheduler: Any) -> None:
     fm = scheduler.future_map
     side = rt.spec_side
     rt.fm_was_initialized = installed_line().future_map_sizes_lazily and fm._forward_buf_initialized
-    core.enter_plain_side(rt, scheduler, "decode_cuda_graph_runner")
+    core.enter_plain_side(rt, scheduler, installed_line().decode_graph_runner_attr)
     # the plain relay: input ids gathered from output_tokens_buf, a stash carries the bonus token only
     side.set(fm, "spec_algo", SpeculativeAlgorithm.NONE)
     side.set(fm, "need_topk", False)

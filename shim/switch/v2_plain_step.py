@@ -49,7 +49,7 @@ def plain_decode(worker: Any, batch: Any, on_publish: Any, rt: SwitchRuntime) ->
     batch.spec_info = None
     batch.spec_algorithm = SpeculativeAlgorithm.NONE
 
-    res = core.plain_forward(rt, worker.target_worker, "decode_cuda_graph_runner", batch,
+    res = core.plain_forward(rt, worker.target_worker, installed_line().decode_graph_runner_attr, batch,
                              capture_hidden_mode=CaptureHiddenMode.FULL if sync else CaptureHiddenMode.NULL)
 
     tokens = res.next_token_ids.to(torch.int64)
