@@ -22,7 +22,9 @@ from statemodel.state import Request
 SLOTS_FREED_OWNED = "slots_freed_owned"
 COMMITTED_OUTPUT_KEPT = "committed_output_kept"
 WRITES_WITHIN_ALLOCATION = "writes_within_allocation"
-IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT, WRITES_WITHIN_ALLOCATION)
+SLOTS_ALLOCATED_FREE = "slots_allocated_free"
+IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT, WRITES_WITHIN_ALLOCATION,
+                                             SLOTS_ALLOCATED_FREE)
 
 
 @attrs.frozen
@@ -100,6 +102,50 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
             expected=f"freed [{o.allocated_after}, {o.allocated_before})",
             actual=f"freed {_spans(sorted(got)) or 'nothing'}"))
     return problems
+
+
+@attrs.frozen
+class SlotHeld:
+    """A KV slot (an index into the KV pool, a value of `req_to_token`) that a live request's row holds at `position`,
+    inside its allocation [0, kv_allocated_len): its own KV, or the radix tree's prefix it reads."""
+
+    slot: int
+    rid: int  # the model's request index (-1: a request the guard does not track)
+    row: int
+    position: int
+
+
+def freed_slots_unowned(held: Sequence[SlotHeld], action: str) -> list[Violation]:
+    """Slot identity by value: a free hands the allocator only slots no other live request holds. `held`: the freed
+    slots some other request's row still holds inside its allocation (a copy of its row's values freed, a gather, a
+    computed index): after the free the allocator may hand them to a new request while that one still reads and
+    writes them. Part of `slots_freed_owned`, which judges a free of a row view by its positions."""
+    if not held:
+        return []
+    return [Violation(
+        SLOTS_FREED_OWNED,
+        f"{action} freed {len(held)} slots that other live requests' rows still hold (first: slot {held[0].slot} at "
+        f"position {held[0].position} of row {held[0].row})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        expected="freed slots held by no other live request",
+        actual=_slots(held))]
+
+
+def allocated_slots_free(held: Sequence[SlotHeld], action: str) -> list[Violation]:
+    """The allocator hands out only free slots: a slot it returns that a live request's row holds inside its
+    allocation was put back on the free list while in use (a free of the wrong values, or a free list edited by hand),
+    and the new owner's KV would overwrite the live one's."""
+    if not held:
+        return []
+    return [Violation(
+        SLOTS_ALLOCATED_FREE,
+        f"{action} allocated {len(held)} slots that live requests' rows still hold (first: slot {held[0].slot} at "
+        f"position {held[0].position} of row {held[0].row})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        expected="slots held by no live request", actual=_slots(held))]
+
+
+def _slots(held: Sequence[SlotHeld], shown: int = 4) -> str:
+    text = ", ".join(f"slot {h.slot} (row {h.row} position {h.position})" for h in held[:shown])
+    return text + (f" and {len(held) - shown} more" if len(held) > shown else "")
 
 
 def _all_within(ranges: Sequence[RowRange], start: int, end: int) -> bool:

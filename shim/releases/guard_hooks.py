@@ -17,6 +17,7 @@ from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.guard.rank_check import RankChecker
 from shim.guard.runtime import GuardRuntime
+from shim.guard.slot_values import ALLOC, FREE, LiveRow
 from shim.releases.guard_ranks import RankCheckHooks
 from shim.releases.guard_reading import (
     LiveReading,
@@ -61,6 +62,13 @@ class V2Adapter(LiveReading, RankCheckHooks):
         # (seq_lens_cpu, its _version, seq_lens, its _version) as the last prepare_for_decode left them: a plain launch
         # whose device seq_lens moved alone since is caught (`_device_seq_lens_findings`)
         self._seq_lens_prepared: tuple[Any, int, Any, int] | None = None
+        # row -> the request prefilled into it (`after_prepare_for_extend`): the live rows whose slots a free of a copy
+        # or an alloc must not hit (shim/guard/slot_values.py); an entry whose request left the row is dropped on read
+        self._live_reqs: dict[int, Any] = {}
+        self._live_allocator: Any = None  # the KV allocator of those rows' pool (the batch's); others are not judged
+        # (allocator, slots queued) while `free_group_end` runs: its one free of the queued copies is skipped (the
+        # values were judged when each was queued)
+        self._group_flush: tuple[Any, int] | None = None
 
     # --- per-release field access (overridden) ------------------------------------------------------
 
@@ -198,6 +206,12 @@ class V2Adapter(LiveReading, RankCheckHooks):
         def step(g: Guard) -> None:
             if not batch.reqs:
                 return
+            self.remember_pool(getattr(batch, "req_to_token_pool", None))
+            self._live_allocator = getattr(batch, "token_to_kv_pool_allocator", None)
+            for req in batch.reqs:
+                row = self.req_row(req)
+                if row is not None:
+                    self._live_reqs[int(row)] = req
             spec_on = not batch.spec_algorithm.is_none()
             reqs = self.observe_requests(batch)
             # a re-prefill (after a retraction) carries the output it kept: checked token for token
@@ -357,10 +371,59 @@ class V2Adapter(LiveReading, RankCheckHooks):
         self._prepared_reading = None
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
-        if g is None or not g.free_windows or self._req_to_token is None:
+        if g is None or self._req_to_token is None:
             return None
-        g.record_free(row_range(free_index, self._req_to_token))
+        rows = row_range(free_index, self._req_to_token)
+        if g.free_windows:
+            g.record_free(rows)
+        if rows is None and g.slot_values.on and allocator is self._live_allocator:
+            flush, self._group_flush = self._group_flush, None
+            if flush is not None and flush[0] is allocator and flush[1] == int(free_index.numel()):
+                return None  # free_group_end's cat of the copies queued in the group: judged as each was queued
+            rt.run(self._check_slot_values, g, free_index, FREE)
         return None
+
+    def after_allocator_alloc(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
+        """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, against the live rows' slots (by value:
+        shim/guard/slot_values.py); also where a device check queued earlier is judged."""
+        rt = self.runtime
+        g = rt.guard if rt is not None and rt.active else None
+        if g is None or allocator is not self._live_allocator or not g.slot_values.on:
+            return None
+        if result is not None:
+            rt.run(self._check_slot_values, g, result, ALLOC)
+        elif g.slot_values.pending:
+            rt.run(self._judge_slot_values, g)
+        return None
+
+    def _check_slot_values(self, g: Guard, slots: Any, kind: str) -> None:
+        """Slots freed (`kind` FREE: a tensor that is no row view) or allocated, against every live request's row
+        inside its allocation; inside a window (a release, a flip) the freeing requests' own part is theirs to free,
+        their tree prefix [0, cache_protected_len) is not."""
+        self._judge_slot_values(g)
+        owners = g.free_windows[-1].owners_before if kind == FREE and g.free_windows else {}
+        found = g.slot_values.check(slots, self._req_to_token, self._live_rows(g, owners), kind, kind)
+        g.slot_value_findings(found, kind, f"TokenToKVPoolAllocator.{kind}")
+
+    def _judge_slot_values(self, g: Guard) -> None:
+        """The device checks queued at earlier allocator calls whose answers have arrived (no wait)."""
+        for action, found in g.slot_values.judge_due():
+            g.slot_value_findings(found, action, f"TokenToKVPoolAllocator.{action}, judged at the next allocator call")
+
+    def _live_rows(self, g: Guard, owners: dict[int, tuple[str, int, int]]) -> list[LiveRow]:
+        """The live requests' rows, each as the positions nobody else may free or allocate: [0, kv_allocated_len),
+        and for a request of the window freeing now (`owners`) only its tree prefix [0, cache_protected_len)."""
+        rows: list[LiveRow] = []
+        index = g.index
+        for row, req in list(self._live_reqs.items()):
+            holds, _, allocated, protected = self.req_kv_lens(req)
+            if not holds or self.req_row(req) != row:
+                del self._live_reqs[row]  # released (or its row passed to another request)
+                continue
+            hi = protected if row in owners else allocated
+            if hi > 0:
+                rows.append(LiveRow(row, 0, hi, index.get(str(req.rid), -1)))
+        return rows
 
     def after_free_group_begin(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`free_group_begin()`: the finishes released until the group ends are checked as one step. The readings of
@@ -369,6 +432,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def before_free_group_end(self, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`free_group_end()`, before the queued slots go back to the free list: the group's finishes are checked."""
+        queued = getattr(allocator, "free_group", None)
+        self._group_flush = (allocator, sum(int(t.numel()) for t in queued)) if queued else None
         self._with_guard_in_worker_call(Guard.end_release_group)
 
     def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
@@ -383,7 +448,9 @@ class V2Adapter(LiveReading, RankCheckHooks):
         window: dict[str, bool] = {}
 
         def open_window(g: Guard) -> None:
-            g.open_free_window({})
+            # the request's row: its duplicates of what the tree held are its to free (a free of their values, not
+            # a row view, is checked by value against the other rows: shim/guard/slot_values.py); never judged here
+            g.open_free_window(self.row_owners([req]))
             window["open"] = True
 
         def close_window(g: Guard) -> None:

@@ -1,0 +1,126 @@
+"""Slot identity by value (issue 51): a free of a tensor that is no view of a `req_to_token` row, and every `alloc`,
+checked against the slots the live requests' rows hold.
+
+`slots_freed_owned` judges a free of a row view by its positions, from tensor metadata (no value read). A free of a
+copy of a row's values (`req_to_token[row, a:b].clone()`, an `index_select`, values computed by arithmetic) has no
+positions: what identifies its slots is their values. So does a slot an `alloc` hands out. Both are checked here
+against every live request's row inside its allocation, `req_to_token[row, lo:hi]`
+(`statemodel.identity.freed_slots_unowned`, `allocated_slots_free`).
+
+The work is tensor work on the device the tensors live on: a gather of the live rows (one [rows, longest] block), a
+mask of the positions inside each allocation, `torch.isin` against the freed or allocated slots, and `any()`. What
+needs the host is the answer, one bool. `SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
+* auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns; device
+  tensors are judged one allocator call later (`judge_due`): the bool is copied into pinned host memory without
+  blocking, an event recorded behind it, and read once the event has completed. No sync; the finding comes at the
+  next allocator hook (on a decode server: the next step's alloc), after the forward that followed the fault.
+* sync: judged at the hook on every device (a host-device sync per alloc and per free of a copy).
+* late: judged one allocator call later on every device (the auto path for device tensors, also on host tensors: how
+  the CPU tests reach it).
+* off: not checked.
+The rows' numbers (which row, its allocation) are python ints the adapter reads off the live requests; only the
+answer and, at a finding, the positions that hit are read back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from statemodel.identity import SlotHeld, allocated_slots_free, freed_slots_unowned
+from statemodel.invariants import Violation
+
+MODES = ("auto", "sync", "late", "off")
+FREE, ALLOC = "free", "alloc"
+
+
+class LiveRow(NamedTuple):
+    """Positions [lo, hi) of a live request's req_to_token row whose slots nobody else may free or allocate."""
+
+    row: int
+    lo: int
+    hi: int
+    rid: int  # the model's request index (-1: not tracked)
+
+
+class _Pending(NamedTuple):
+    """A device check waiting for its answer."""
+
+    answer: Any  # a 0-d bool tensor in (pinned) host memory
+    event: Any  # a CUDA event recorded after the copy (None: the copy is done)
+    block: Any  # the rows' slots as gathered ([rows, longest])
+    hit: Any  # which of them the freed or allocated slots hit
+    rows: tuple[LiveRow, ...]
+    kind: str
+    action: str
+
+
+class SlotValueCheck:
+    """Judges frees of copies and allocs by slot value; holds the device checks not answered yet."""
+
+    def __init__(self, mode: str = "auto") -> None:
+        if mode not in MODES:
+            raise ValueError(f"slot-value mode {mode!r} (expected one of {', '.join(MODES)})")
+        self.mode = mode
+        self.pending: list[_Pending] = []
+        self.checked = 0  # checks run (measurement and tests)
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    def check(self, slots: Any, req_to_token: Any, rows: list[LiveRow], kind: str, action: str) -> list[Violation]:
+        """`slots` (a 1-D integer tensor) freed or allocated, against `rows` of `req_to_token`: the violations found
+        now; a device check in auto or late mode is queued for `judge_due` and finds nothing now."""
+        if not rows or slots.numel() == 0:
+            return []
+        import torch
+
+        device = req_to_token.device
+        on_host = device.type == "cpu"
+        longest = max(r.hi for r in rows)
+        if on_host:
+            index = torch.tensor([r.row for r in rows])
+            bounds = torch.tensor([(r.lo, r.hi) for r in rows])
+        else:  # pinned and non-blocking: a pageable host-to-device copy would wait for the stream
+            index = torch.tensor([r.row for r in rows], pin_memory=True).to(device, non_blocking=True)
+            bounds = torch.tensor([(r.lo, r.hi) for r in rows], pin_memory=True).to(device, non_blocking=True)
+        block = req_to_token[index, :longest]
+        at = torch.arange(longest, device=device)
+        hit = torch.isin(block, slots.to(block.dtype)) & (at >= bounds[:, :1]) & (at < bounds[:, 1:])
+        self.checked += 1
+        if self.mode == "sync" or (self.mode == "auto" and on_host):
+            return self._found(block, hit, tuple(rows), kind, action, late=False) if bool(hit.any()) else []
+        answer = torch.empty((), dtype=torch.bool, pin_memory=not on_host)
+        answer.copy_(hit.any(), non_blocking=not on_host)
+        event = None
+        if not on_host:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append(_Pending(answer, event, block, hit, tuple(rows), kind, action))
+        return []
+
+    def judge_due(self) -> list[tuple[str, list[Violation]]]:
+        """(action, violations) of each queued device check whose answer has arrived and hit (never waits for one
+        that has not arrived)."""
+        if not self.pending:
+            return []
+        found: list[tuple[str, list[Violation]]] = []
+        waiting = []
+        for p in self.pending:
+            if p.event is not None and not p.event.query():
+                waiting.append(p)
+            elif bool(p.answer):
+                found.append((p.action, self._found(p.block, p.hit, p.rows, p.kind, p.action, late=True)))
+        self.pending = waiting
+        return found
+
+    @staticmethod
+    def _found(block: Any, hit: Any, rows: tuple[LiveRow, ...], kind: str, action: str,
+               *, late: bool) -> list[Violation]:
+        """The violation for a check that hit (reads the hit positions: a finding's cost only)."""
+        held = []
+        for i, position in hit.nonzero().tolist():
+            r = rows[i]
+            held.append(SlotHeld(slot=int(block[i, position]), rid=r.rid, row=r.row, position=position))
+        what = f"{action} (judged one allocator call late)" if late else action
+        return freed_slots_unowned(held, what) if kind == FREE else allocated_slots_free(held, what)
