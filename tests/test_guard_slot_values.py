@@ -51,8 +51,15 @@ def _driver(runtime: Any, model_dir: Path, *, radix: bool = False) -> Any:
 
 
 def _own_slots(drv: Any, req: Any) -> Any:
-    """A view of the last two positions of `req`'s allocation (its own KV, not the tree's)."""
+    """A view of the last two positions of `req`'s committed KV (its own, not the tree's)."""
+    end = req.kv.kv_committed_len
+    return drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx, end - 2:end]
+
+
+def _reserve_slots(drv: Any, req: Any) -> Any:
+    """A view of the last two positions of `req`'s speculative reserve [kv_committed_len, kv_allocated_len)."""
     end = req.kv.kv_allocated_len
+    assert end - 2 >= req.kv.kv_committed_len, "the reserve holds two slots at least"
     return drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx, end - 2:end]
 
 
@@ -131,6 +138,21 @@ def test_a_release_that_frees_a_copy_of_its_own_tree_prefix_is_caught(runtime: A
     prefix = drv.pools.req_to_token_pool.req_to_token[done.kv.req_pool_idx, 0:2].clone()
     trigger = _release_frees_a_copy_of(drv, monkeypatch, lambda _: prefix)
     _raises_at(trigger, "before_allocator_free", "slots_freed_owned", "free")
+
+
+def test_a_copy_of_another_requests_reserve_freed_is_caught_at_the_next_alloc(runtime: Any, model_dir: Path) -> None:
+    """A reserve may be freed just before its request's allocation shrinks (a switch's flip-off does so): at the free
+    only committed KV is judged; the copy is judged again at the next alloc, against the allocations then, before the
+    slots are handed out and before the next forward."""
+    drv = _driver(runtime, model_dir)
+    allocator = drv.pools.allocator
+    allocator.free(_reserve_slots(drv, drv.batch.reqs[1]).clone())  # the allocation is left as it was: the fault
+
+    def prepare() -> None:
+        with h.patch_assign_req_to_token_pool():
+            drv.batch.prepare_for_decode()
+    exc = _raises_at(prepare, "after_allocator_alloc", "slots_freed_owned", "free")
+    assert "judged at the next alloc" in str(exc)
 
 
 def test_a_live_slot_handed_out_again_is_caught_at_the_alloc(runtime: Any, model_dir: Path) -> None:

@@ -62,6 +62,7 @@ class SlotValueCheck:
             raise ValueError(f"slot-value mode {mode!r} (expected one of {', '.join(MODES)})")
         self.mode = mode
         self.pending: list[_Pending] = []
+        self.deferred: list[Any] = []  # copies freed since the last alloc, judged again there
         self.checked = 0  # checks run (measurement and tests)
 
     @property
@@ -98,6 +99,19 @@ class SlotValueCheck:
             event.record()
         self.pending.append(_Pending(answer, event, block, hit, tuple(rows), kind, action))
         return []
+
+    def defer(self, slots: Any) -> None:
+        """Keep a freed copy's values for the next alloc (cloned: the caller may reuse its tensor)."""
+        self.deferred.append(slots.clone())
+
+    def take_deferred(self) -> Any:
+        """The copies freed since the last alloc, as one tensor (None: none)."""
+        if not self.deferred:
+            return None
+        import torch
+
+        taken, self.deferred = self.deferred, []
+        return taken[0] if len(taken) == 1 else torch.cat([t.to(taken[0].dtype) for t in taken])
 
     def judge_due(self) -> list[tuple[str, list[Violation]]]:
         """(action, violations) of each queued device check whose answer has arrived and hit (never waits for one

@@ -384,43 +384,57 @@ class V2Adapter(LiveReading, RankCheckHooks):
         return None
 
     def after_allocator_alloc(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
-        """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, against the live rows' slots (by value:
-        shim/guard/slot_values.py); also where a device check queued earlier is judged."""
+        """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, and the copies freed since the last alloc,
+        against the live rows' allocations (by value: shim/guard/slot_values.py)."""
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
         if g is None or allocator is not self._live_allocator or not g.slot_values.on:
             return None
-        if result is not None:
-            rt.run(self._check_slot_values, g, result, ALLOC)
-        elif g.slot_values.pending:
-            rt.run(self._judge_slot_values, g)
+        rt.run(self._check_slot_values, g, result, ALLOC)
         return None
 
     def _check_slot_values(self, g: Guard, slots: Any, kind: str) -> None:
-        """Slots freed (`kind` FREE: a tensor that is no row view) or allocated, against every live request's row
-        inside its allocation; inside a window (a release, a flip) the freeing requests' own part is theirs to free,
-        their tree prefix [0, cache_protected_len) is not."""
+        """`kind` FREE: slots freed by a tensor that is no row view, against every live request's committed KV
+        [0, kv_committed_len) now; inside a window (a release, a flip) the freeing requests' own part is theirs to
+        free, their tree prefix [0, cache_protected_len) is not. A reserve [kv_committed_len, kv_allocated_len) may be
+        freed before its request's allocation shrinks: the copy is judged again at the next alloc, against the
+        allocations then. `kind` ALLOC: the slots handed out (None: none), and those copies."""
         self._judge_slot_values(g)
-        owners = g.free_windows[-1].owners_before if kind == FREE and g.free_windows else {}
-        found = g.slot_values.check(slots, self._req_to_token, self._live_rows(g, owners), kind, kind)
-        g.slot_value_findings(found, kind, f"TokenToKVPoolAllocator.{kind}")
+        checks = g.slot_values
+        if kind == FREE:
+            owners = g.free_windows[-1].owners_before if g.free_windows else {}
+            found = checks.check(slots, self._req_to_token, self._live_rows(g, owners, committed=True), FREE, FREE)
+            g.slot_value_findings(found, FREE, "TokenToKVPoolAllocator.free")
+            if not found:  # (warn mode) one finding per fault
+                checks.defer(slots)
+            return
+        rows = self._live_rows(g, {}, committed=False)
+        freed = checks.take_deferred()
+        if freed is not None:
+            found = checks.check(freed, self._req_to_token, rows, FREE, "free (judged at the next alloc)")
+            g.slot_value_findings(found, FREE, "TokenToKVPoolAllocator.free, judged at the next alloc")
+        if slots is not None:
+            found = checks.check(slots, self._req_to_token, rows, ALLOC, ALLOC)
+            g.slot_value_findings(found, ALLOC, "TokenToKVPoolAllocator.alloc")
 
     def _judge_slot_values(self, g: Guard) -> None:
         """The device checks queued at earlier allocator calls whose answers have arrived (no wait)."""
         for action, found in g.slot_values.judge_due():
-            g.slot_value_findings(found, action, f"TokenToKVPoolAllocator.{action}, judged at the next allocator call")
+            g.slot_value_findings(found, action.split()[0],
+                                  f"TokenToKVPoolAllocator.{action}, answer read at a later allocator call")
 
-    def _live_rows(self, g: Guard, owners: dict[int, tuple[str, int, int]]) -> list[LiveRow]:
-        """The live requests' rows, each as the positions nobody else may free or allocate: [0, kv_allocated_len),
-        and for a request of the window freeing now (`owners`) only its tree prefix [0, cache_protected_len)."""
+    def _live_rows(self, g: Guard, owners: dict[int, tuple[str, int, int]], *, committed: bool) -> list[LiveRow]:
+        """The live requests' rows, each as the positions nobody else may free or allocate: [0, kv_committed_len)
+        (`committed`) or [0, kv_allocated_len); for a request of the window freeing now (`owners`) only its tree
+        prefix [0, cache_protected_len)."""
         rows: list[LiveRow] = []
         index = g.index
         for row, req in list(self._live_reqs.items()):
-            holds, _, allocated, protected = self.req_kv_lens(req)
+            holds, done, allocated, protected = self.req_kv_lens(req)
             if not holds or self.req_row(req) != row:
                 del self._live_reqs[row]  # released (or its row passed to another request)
                 continue
-            hi = protected if row in owners else allocated
+            hi = protected if row in owners else done if committed else allocated
             if hi > 0:
                 rows.append(LiveRow(row, 0, hi, index.get(str(req.rid), -1)))
         return rows
