@@ -41,10 +41,10 @@ def slot_mode(runtime: Any) -> Iterator[Callable[[str], None]]:
     runtime.reset()
 
 
-def _driver(runtime: Any, model_dir: Path, *, radix: bool = False) -> Any:
+def _driver(runtime: Any, model_dir: Path, *, radix: bool = False, n: int = 2) -> Any:
     gf.configure_guard(runtime, CATCH_UP)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), CATCH_UP)
-    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.admit(gf.make_reqs("r", n, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
     drv.decode()
     drv.finish_and_filter()
     return drv
@@ -75,15 +75,14 @@ def _copies() -> dict[str, Callable[[Any], Any]]:
     }
 
 
-def _release_frees_a_copy_of(drv: Any, mp: pytest.MonkeyPatch, make: Callable[[Any], Any]) -> Callable[[], Any]:
-    """A finishing request's release also frees a copy of another running request's own slots."""
+def _release_also_frees(drv: Any, mp: pytest.MonkeyPatch, copy: Any) -> Callable[[], Any]:
+    """The first running request finishes; its release also frees `copy` (slot values, no row view)."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    done, other = drv.batch.reqs
+    done = drv.batch.reqs[0]
     done.finished_reason = gf_finished()
     pool, allocator = drv.pools.req_to_token_pool, drv.pools.allocator
     original_free = pool.free
-    copy = make(_own_slots(drv, other))
     assert copy._base is None  # no view of the row: the row check cannot place it
 
     def free_row_and_foreign_copy(req: Any, *args: Any, **kwargs: Any) -> Any:
@@ -116,7 +115,7 @@ def test_a_copy_of_another_requests_slots_freed_in_a_release_is_caught_at_the_fr
         runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str, radix: bool) -> None:
     drv = _driver(runtime, model_dir, radix=radix)
     other = drv.batch.reqs[1]
-    trigger = _release_frees_a_copy_of(drv, monkeypatch, _copies()[variant])
+    trigger = _release_also_frees(drv, monkeypatch, _copies()[variant](_own_slots(drv, other)))
     exc = _raises_at(trigger, "before_allocator_free", "slots_freed_owned", "free")
     assert str(other.rid) in exc.rids, str(exc)
     assert "other live requests' rows still hold" in str(exc)
@@ -131,12 +130,13 @@ def test_a_copy_freed_outside_any_release_is_caught_at_the_free(runtime: Any, mo
 
 def test_a_release_that_frees_a_copy_of_its_own_tree_prefix_is_caught(runtime: Any, model_dir: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The releasing request's own part is its to free; its tree prefix [0, cache_protected_len) is not."""
-    drv = _driver(runtime, model_dir, radix=True)
+    """The releasing request's own part is its to free; its tree prefix [0, cache_protected_len) is not (the only
+    running request: no other row holds those slots)."""
+    drv = _driver(runtime, model_dir, radix=True, n=1)
     done = drv.batch.reqs[0]
     assert done.kv.cache_protected_len >= 2, "the shared system prompt is in the tree"
     prefix = drv.pools.req_to_token_pool.req_to_token[done.kv.req_pool_idx, 0:2].clone()
-    trigger = _release_frees_a_copy_of(drv, monkeypatch, lambda _: prefix)
+    trigger = _release_also_frees(drv, monkeypatch, prefix)
     _raises_at(trigger, "before_allocator_free", "slots_freed_owned", "free")
 
 
