@@ -62,8 +62,8 @@ def main() -> None:
         finally:
             TokenToKVPoolAllocator.free = original  # type: ignore[method-assign]
         guard = rt.guard
-        print(f"radix {'on' if radix else 'off'}: slot-value checks {guard.slot_values.checked}, "
-              f"findings {len(guard.found)}")
+        print(f"radix {'on' if radix else 'off'}: allocs checked {guard.slot_values.allocs}, frees checked by "
+              f"value {guard.slot_values.checked}, findings {len(guard.found)}")
         for (kind, site), n in sorted(counts.items()):
             print(f"  {n:4d}  {kind:5s}  {site}")
 

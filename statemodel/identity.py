@@ -131,20 +131,24 @@ def freed_slots_unowned(held: Sequence[SlotHeld], action: str) -> list[Violation
 
 
 def allocated_slots_free(held: Sequence[SlotHeld], action: str) -> list[Violation]:
-    """The allocator hands out only free slots: a slot it returns that a live request's row holds inside its
-    allocation was put back on the free list while in use (a free of the wrong values, or a free list edited by hand),
-    and the new owner's KV would overwrite the live one's."""
+    """The allocator hands out only free slots: a slot it returns that it handed out before and that was not freed
+    since is still in use (a live request's row holds it, or the radix tree does): it was put back on the free list
+    behind free()'s back, and the new owner's KV would overwrite the live one's. `held`: those slots, each with the
+    live row holding it where one does (row -1: none)."""
     if not held:
         return []
+    first = held[0]
+    where = f"at position {first.position} of row {first.row}" if first.row >= 0 else "in use, in no live row"
     return [Violation(
         SLOTS_ALLOCATED_FREE,
-        f"{action} allocated {len(held)} slots that live requests' rows still hold (first: slot {held[0].slot} at "
-        f"position {held[0].position} of row {held[0].row})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
-        expected="slots held by no live request", actual=_slots(held))]
+        f"{action} handed out {len(held)} slots still in use: allocated before and not freed since (first: slot "
+        f"{first.slot}, {where})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        expected="free slots only", actual=_slots(held))]
 
 
 def _slots(held: Sequence[SlotHeld], shown: int = 4) -> str:
-    text = ", ".join(f"slot {h.slot} (row {h.row} position {h.position})" for h in held[:shown])
+    text = ", ".join(f"slot {h.slot} (row {h.row} position {h.position})" if h.row >= 0
+                     else f"slot {h.slot} (in use, in no live row)" for h in held[:shown])
     return text + (f" and {len(held) - shown} more" if len(held) > shown else "")
 
 

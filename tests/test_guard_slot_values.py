@@ -188,7 +188,7 @@ def test_off_mode_checks_nothing(runtime: Any, model_dir: Path, slot_mode: Calla
     slot_mode("off")
     drv = _driver(runtime, model_dir)
     drv.pools.allocator.free(_own_slots(drv, drv.batch.reqs[0]).clone())  # the fault, unjudged
-    assert runtime.guard.slot_values.checked == 0
+    assert runtime.guard.slot_values.checked == runtime.guard.slot_values.allocs == 0
 
 
 @pytest.mark.parametrize("radix", [False, True], ids=["radix-off", "radix-on"])
@@ -206,4 +206,6 @@ def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Pa
     drv.run_to_completion()
     guard = runtime.guard
     assert guard is not None and not guard.found
-    assert guard.slot_values.checked >= 10, guard.slot_values.checked  # every alloc was checked against live rows
+    checks = guard.slot_values
+    assert checks.allocs >= 10, checks.allocs  # every alloc was checked against the slots in use
+    assert checks.checked >= 3, checks.checked  # the flip-off's reserve copies, by value against the live rows

@@ -24,6 +24,7 @@ answer and, at a finding, the positions that hit are read back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from statemodel.identity import SlotHeld, allocated_slots_free, freed_slots_unowned
@@ -47,10 +48,7 @@ class _Pending(NamedTuple):
 
     answer: Any  # a 0-d bool tensor in (pinned) host memory
     event: Any  # a CUDA event recorded after the copy (None: the copy is done)
-    block: Any  # the rows' slots as gathered ([rows, longest])
-    hit: Any  # which of them the freed or allocated slots hit
-    rows: tuple[LiveRow, ...]
-    kind: str
+    describe: Callable[[bool], list[Violation]]  # the violations, once the answer says it hit
     action: str
 
 
@@ -63,23 +61,81 @@ class SlotValueCheck:
         self.mode = mode
         self.pending: list[_Pending] = []
         self.deferred: list[Any] = []  # copies freed since the last alloc, judged again there
-        self.checked = 0  # checks run (measurement and tests)
+        self.checked = 0  # row scans run (measurement and tests)
+        self.allocs = 0  # allocs checked against `in_use`
+        # slot -> handed out by an alloc the guard saw and not freed since (the allocator's device): an alloc is
+        # checked against it at the cost of its own size, not the live rows' length
+        self.in_use: Any = None
+        self._allocator: Any = None
 
     @property
     def on(self) -> bool:
         return self.mode != "off"
 
+    def track(self, allocator: Any) -> None:
+        """The allocator whose slots `in_use` follows (a new one starts it afresh: its slots in use before are not
+        known, and not judged)."""
+        if allocator is not self._allocator:
+            import torch
+
+            self._allocator = allocator
+            self.in_use = torch.zeros(int(allocator.size) + 2, dtype=torch.bool, device=allocator.device)
+
+    def released(self, slots: Any) -> None:
+        """A free: its slots are free again (every free, row view or copy)."""
+        if self.in_use is not None and slots.numel():
+            self.in_use[slots] = False
+
+    def allocated(self, slots: Any, rows: Callable[[], list[LiveRow]], req_to_token: Any,
+                  action: str) -> list[Violation]:
+        """An alloc: a slot it hands out that is still in use (handed out before and never freed since: put back on
+        the free list behind free()'s back) is a violation, named with the live rows that hold it (`rows`, read only
+        at a finding). Then its slots are in use."""
+        if self.in_use is None or slots.numel() == 0:
+            return []
+        hit = self.in_use[slots]
+        self.in_use[slots] = True
+        self.allocs += 1
+        taken = slots.clone()
+
+        def describe(late: bool) -> list[Violation]:
+            return self._alloc_found(taken[hit], rows(), req_to_token, action, late)
+        return self._answer(hit.any(), slots.device.type == "cpu", describe, action)
+
     def check(self, slots: Any, req_to_token: Any, rows: list[LiveRow], kind: str, action: str) -> list[Violation]:
-        """`slots` (a 1-D integer tensor) freed or allocated, against `rows` of `req_to_token`: the violations found
-        now; a device check in auto or late mode is queued for `judge_due` and finds nothing now."""
+        """`slots` (a 1-D integer tensor) freed, against `rows` of `req_to_token`: the violations found now; a
+        device check in auto or late mode is queued for `judge_due` and finds nothing now."""
         if not rows or slots.numel() == 0:
             return []
+        block, hit = self._scan(slots, req_to_token, rows)
+        self.checked += 1
+        frozen = tuple(rows)
+        return self._answer(hit.any(), req_to_token.device.type == "cpu",
+                            lambda late: self._found(block, hit, frozen, kind, action, late=late), action)
+
+    def _answer(self, any_hit: Any, on_host: bool, describe: Callable[[bool], list[Violation]],
+                action: str) -> list[Violation]:
+        import torch
+
+        if self.mode == "sync" or (self.mode == "auto" and on_host):
+            return describe(False) if bool(any_hit) else []
+        answer = torch.empty((), dtype=torch.bool, pin_memory=not on_host)
+        answer.copy_(any_hit, non_blocking=not on_host)
+        event = None
+        if not on_host:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append(_Pending(answer, event, describe, action))
+        return []
+
+    @staticmethod
+    def _scan(slots: Any, req_to_token: Any, rows: list[LiveRow]) -> tuple[Any, Any]:
+        """The rows' slots ([rows, longest]) and which of them, inside [lo, hi), are among `slots`."""
         import torch
 
         device = req_to_token.device
-        on_host = device.type == "cpu"
         longest = max(r.hi for r in rows)
-        if on_host:
+        if device.type == "cpu":
             index = torch.tensor([r.row for r in rows])
             bounds = torch.tensor([(r.lo, r.hi) for r in rows])
         else:  # pinned and non-blocking: a pageable host-to-device copy would wait for the stream
@@ -88,17 +144,7 @@ class SlotValueCheck:
         block = req_to_token[index, :longest]
         at = torch.arange(longest, device=device)
         hit = torch.isin(block, slots.to(block.dtype)) & (at >= bounds[:, :1]) & (at < bounds[:, 1:])
-        self.checked += 1
-        if self.mode == "sync" or (self.mode == "auto" and on_host):
-            return self._found(block, hit, tuple(rows), kind, action, late=False) if bool(hit.any()) else []
-        answer = torch.empty((), dtype=torch.bool, pin_memory=not on_host)
-        answer.copy_(hit.any(), non_blocking=not on_host)
-        event = None
-        if not on_host:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append(_Pending(answer, event, block, hit, tuple(rows), kind, action))
-        return []
+        return block, hit
 
     def defer(self, slots: Any) -> None:
         """Keep a freed copy's values for the next alloc (cloned: the caller may reuse its tensor)."""
@@ -124,17 +170,33 @@ class SlotValueCheck:
             if p.event is not None and not p.event.query():
                 waiting.append(p)
             elif bool(p.answer):
-                found.append((p.action, self._found(p.block, p.hit, p.rows, p.kind, p.action, late=True)))
+                found.append((p.action, p.describe(True)))
         self.pending = waiting
         return found
 
     @staticmethod
     def _found(block: Any, hit: Any, rows: tuple[LiveRow, ...], kind: str, action: str,
                *, late: bool) -> list[Violation]:
-        """The violation for a check that hit (reads the hit positions: a finding's cost only)."""
+        """The violation for a row scan that hit (reads the hit positions: a finding's cost only)."""
         held = []
         for i, position in hit.nonzero().tolist():
             r = rows[i]
             held.append(SlotHeld(slot=int(block[i, position]), rid=r.rid, row=r.row, position=position))
         what = f"{action} (judged one allocator call late)" if late else action
         return freed_slots_unowned(held, what) if kind == FREE else allocated_slots_free(held, what)
+
+    @classmethod
+    def _alloc_found(cls, slots: Any, rows: list[LiveRow], req_to_token: Any, action: str,
+                     late: bool) -> list[Violation]:
+        """The violation for slots an alloc handed out while in use: where a live row holds one, that row and
+        position; else the slot alone (the radix tree's, or a request's the guard does not see)."""
+        held: list[SlotHeld] = []
+        if rows:
+            block, hit = cls._scan(slots, req_to_token, rows)
+            for i, position in hit.nonzero().tolist():
+                r = rows[i]
+                held.append(SlotHeld(slot=int(block[i, position]), rid=r.rid, row=r.row, position=position))
+        named = {h.slot for h in held}
+        held += [SlotHeld(slot=s, rid=-1, row=-1, position=-1) for s in slots.tolist() if s not in named]
+        what = f"{action} (judged one allocator call late)" if late else action
+        return allocated_slots_free(held, what)

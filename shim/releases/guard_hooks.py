@@ -198,6 +198,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
         # close a speculative round before the prefill allocates: its pool reading must not count the new
         # requests' slots, which belong to requests the guard has not seen arrive yet
         self._run(self._settle)
+        # the KV allocator whose allocs and frees the slot-value check follows: from this prefill's own alloc on
+        self._live_allocator = getattr(batch, "token_to_kv_pool_allocator", None)
         result = original(batch, *args, **kwargs)
         self.after_prepare_for_extend(result, batch, *args, **kwargs)
         return result
@@ -207,7 +209,6 @@ class V2Adapter(LiveReading, RankCheckHooks):
             if not batch.reqs:
                 return
             self.remember_pool(getattr(batch, "req_to_token_pool", None))
-            self._live_allocator = getattr(batch, "token_to_kv_pool_allocator", None)
             for req in batch.reqs:
                 row = self.req_row(req)
                 if row is not None:
@@ -376,12 +377,19 @@ class V2Adapter(LiveReading, RankCheckHooks):
         rows = row_range(free_index, self._req_to_token)
         if g.free_windows:
             g.record_free(rows)
-        if rows is None and g.slot_values.on and allocator is self._live_allocator:
+        if g.slot_values.on and allocator is self._live_allocator:
             flush, self._group_flush = self._group_flush, None
             if flush is not None and flush[0] is allocator and flush[1] == int(free_index.numel()):
-                return None  # free_group_end's cat of the copies queued in the group: judged as each was queued
-            rt.run(self._check_slot_values, g, free_index, FREE)
+                return None  # free_group_end's cat of the slots queued in the group: each was seen as it was queued
+            # a copy (no positions), or a row view no window judges: by value
+            rt.run(self._freed_slots, g, allocator, free_index, rows is None or not g.free_windows)
         return None
+
+    def _freed_slots(self, g: Guard, allocator: Any, free_index: Any, by_value: bool) -> None:
+        g.slot_values.track(allocator)
+        if by_value:
+            self._check_slot_values(g, free_index, FREE)
+        g.slot_values.released(free_index)
 
     def after_allocator_alloc(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, and the copies freed since the last alloc,
@@ -390,8 +398,12 @@ class V2Adapter(LiveReading, RankCheckHooks):
         g = rt.guard if rt is not None and rt.active else None
         if g is None or allocator is not self._live_allocator or not g.slot_values.on:
             return None
-        rt.run(self._check_slot_values, g, result, ALLOC)
+        rt.run(self._allocated_slots, g, allocator, result)
         return None
+
+    def _allocated_slots(self, g: Guard, allocator: Any, slots: Any) -> None:
+        g.slot_values.track(allocator)
+        self._check_slot_values(g, slots, ALLOC)
 
     def _check_slot_values(self, g: Guard, slots: Any, kind: str) -> None:
         """`kind` FREE: slots freed by a tensor that is no row view, against every live request's committed KV
@@ -408,13 +420,13 @@ class V2Adapter(LiveReading, RankCheckHooks):
             if not found:  # (warn mode) one finding per fault
                 checks.defer(slots)
             return
-        rows = self._live_rows(g, {}, committed=False)
         freed = checks.take_deferred()
         if freed is not None:
+            rows = self._live_rows(g, {}, committed=False)
             found = checks.check(freed, self._req_to_token, rows, FREE, "free (judged at the next alloc)")
             g.slot_value_findings(found, FREE, "TokenToKVPoolAllocator.free, judged at the next alloc")
         if slots is not None:
-            found = checks.check(slots, self._req_to_token, rows, ALLOC, ALLOC)
+            found = checks.allocated(slots, lambda: self._live_rows(g, {}, committed=False), self._req_to_token, ALLOC)
             g.slot_value_findings(found, ALLOC, "TokenToKVPoolAllocator.alloc")
 
     def _judge_slot_values(self, g: Guard) -> None:
