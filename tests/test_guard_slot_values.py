@@ -194,9 +194,11 @@ def test_off_mode_checks_nothing(runtime: Any, model_dir: Path, slot_mode: Calla
 @pytest.mark.parametrize("radix", [False, True], ids=["radix-off", "radix-on"])
 def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Path, radix: bool) -> None:
     gf.configure_guard(runtime, CATCH_UP)
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), CATCH_UP)
-    drv.admit(gf.make_reqs("r", 3, max_new_tokens=12, shared_prefix=gf.SYSTEM_PROMPT))
-    drv.run_to_completion()
+    kv_size = 256  # small: the later waves get slots the earlier ones freed
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix, kv_size=kv_size), CATCH_UP)
+    for wave in "abc":
+        drv.admit(gf.make_reqs(wave, 3, max_new_tokens=12, shared_prefix=gf.SYSTEM_PROMPT))
+        drv.run_to_completion()
     late = gf.make_reqs("s", 2, max_new_tokens=8, shared_prefix=gf.SYSTEM_PROMPT)
     drv.merge(drv.prefill(late))
     drv.decode()
@@ -208,4 +210,5 @@ def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Pa
     assert guard is not None and not guard.found
     checks = guard.slot_values
     assert checks.allocs >= 10, checks.allocs  # every alloc was checked against the slots in use
+    assert checks.allocated_slots > kv_size, checks.allocated_slots  # freed slots were handed out again
     assert checks.checked >= 3, checks.checked  # the flip-off's reserve copies, by value against the live rows

@@ -63,6 +63,7 @@ class SlotValueCheck:
         self.deferred: list[Any] = []  # copies freed since the last alloc, judged again there
         self.checked = 0  # row scans run (measurement and tests)
         self.allocs = 0  # allocs checked against `in_use`
+        self.allocated_slots = 0  # the slots they handed out
         # slot -> handed out by an alloc the guard saw and not freed since (the allocator's device): an alloc is
         # checked against it at the cost of its own size, not the live rows' length
         self.in_use: Any = None
@@ -96,6 +97,7 @@ class SlotValueCheck:
         hit = self.in_use[slots]
         self.in_use[slots] = True
         self.allocs += 1
+        self.allocated_slots += int(slots.numel())
         taken = slots.clone()
 
         def describe(late: bool) -> list[Violation]:
