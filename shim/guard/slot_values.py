@@ -98,11 +98,12 @@ class SlotValueCheck:
         self.in_use[slots] = True
         self.allocs += 1
         self.allocated_slots += int(slots.numel())
+        on_host = slots.device.type == "cpu"
+        if self.mode == "sync" or (self.mode == "auto" and on_host):  # judged now: no copy kept
+            return self._alloc_found(slots[hit], rows(), req_to_token, action, False) if bool(hit.any()) else []
         taken = slots.clone()
-
-        def describe(late: bool) -> list[Violation]:
-            return self._alloc_found(taken[hit], rows(), req_to_token, action, late)
-        return self._answer(hit.any(), slots.device.type == "cpu", describe, action)
+        return self._answer(hit.any(), on_host,
+                            lambda late: self._alloc_found(taken[hit], rows(), req_to_token, action, late), action)
 
     def check(self, slots: Any, req_to_token: Any, rows: list[LiveRow], kind: str, action: str) -> list[Violation]:
         """`slots` (a 1-D integer tensor) freed, against `rows` of `req_to_token`: the violations found now; a
