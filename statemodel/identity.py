@@ -3,7 +3,8 @@
 The model counts slots (`Request.kv_held`, `kv_reserved`, `State.kv_free`) and output tokens (`Request.committed`);
 a bug that keeps the counts balanced (a live slot freed and another leaked; a token dropped and another appended)
 passes every count invariant. These rules refine the counts with identities the runtime guard can observe on the
-host: the row positions (`req_to_token[row, start:end]`) a free hands the allocator, and the output token list.
+host: the row positions (`req_to_token[row, start:end]`) a free hands the allocator, the slot values a free of a copy
+or an alloc hands over (`freed_slots_unowned`, `allocated_slots_free`), and the output token list.
 They are the one definition of these rules; the guard (`shim/guard/identity.py`) applies them to what it observed.
 The checker does not explore positions or token values (its states carry counts only), so these rules are not in
 `statemodel.invariants.INVARIANTS`; each one is stated in terms of the model's own counts.

@@ -7,7 +7,7 @@ What each check reads, and where (docs/guard.md, "Identity checks"):
   `numel()`: tensor metadata, never values), recorded only inside a window the guard opens around a step that frees
   on purpose (`release_kv_cache`, a switch's flip between `notify_flip_starting` and `notify_flip`); each request's
   row, `cache_protected_len` and `kv_allocated_len` (python ints) before and after. A free of a tensor that is not a
-  view of a row (a copy, a cat) is counted, not judged.
+  view of a row (a copy, a cat) is counted here, and judged by its values (next item).
 * freed and allocated slots by value (`shim.guard.slot_values`): a free of a tensor that is no row view, and every
   `alloc`, against the live rows' slots; read at the hook on host tensors, one allocator call late on device tensors
   (SPECFLIP_GUARD_SLOT_VALUES).
