@@ -1,15 +1,17 @@
-"""Slot identity by value (issue 51): a free of a tensor that is no view of a `req_to_token` row, and every `alloc`,
-checked against the slots the live requests' rows hold.
+"""Slot identity by value (issue 51): a free of a tensor that is no view of a `req_to_token` row, checked against
+the slots the live requests' rows hold, and every `alloc`, checked against the slots in use.
 
 `slots_freed_owned` judges a free of a row view by its positions, from tensor metadata (no value read). A free of a
 copy of a row's values (`req_to_token[row, a:b].clone()`, an `index_select`, values computed by arithmetic) has no
-positions: what identifies its slots is their values. So does a slot an `alloc` hands out. Both are checked here
-against every live request's row inside its allocation, `req_to_token[row, lo:hi]`
-(`statemodel.identity.freed_slots_unowned`, `allocated_slots_free`).
+positions: what identifies its slots is their values. They are checked against every live request's row,
+`req_to_token[row, lo:hi]` (`statemodel.identity.freed_slots_unowned`): a gather of the live rows (one [rows, longest]
+block), a mask of the positions inside each range, `torch.isin` against the freed slots, and `any()`. A slot an
+`alloc` hands out is checked against `in_use`, one bool per slot on the allocator's device, set at each alloc and
+cleared at each free (`allocated_slots_free`): the cost of the alloc's size, not of the rows' length; the rows are
+read only to name a finding's holder.
 
-The work is tensor work on the device the tensors live on: a gather of the live rows (one [rows, longest] block), a
-mask of the positions inside each allocation, `torch.isin` against the freed or allocated slots, and `any()`. What
-needs the host is the answer, one bool. `SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
+That is tensor work on the device the tensors live on. What needs the host is the answer, one bool.
+`SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
 * auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns; device
   tensors are judged one allocator call later (`judge_due`): the bool is copied into pinned host memory without
   blocking, an event recorded behind it, and read once the event has completed. No sync; the finding comes at the
