@@ -298,6 +298,12 @@ class Settings:
     RANK_CHECK = Flag(
         True, "The guard's per-step rank agreement check under tensor parallelism (docs/tp.md).",
         features=(FEATURE_GUARD,))
+    GUARD_SLOT_VALUES = Choice(
+        ("auto", "sync", "late", "off"), "auto",
+        "Slot identity by value (a free of a copy of row values, every alloc; docs/guard.md): auto (judged at the "
+        "hook for host tensors; for device tensors one allocator call later, with no sync), sync (at the hook on "
+        "every device: a host-device sync per alloc), late (one allocator call later everywhere), off.",
+        features=(FEATURE_GUARD,))
     COUNT_SYNCS = Flag(
         False, "Measurement: count the guard steps' host-device synchronisations (CUDA).", features=(FEATURE_GUARD,))
     GUARD_CLOCK = Parsed(

@@ -3,7 +3,8 @@
 The model counts slots (`Request.kv_held`, `kv_reserved`, `State.kv_free`) and output tokens (`Request.committed`);
 a bug that keeps the counts balanced (a live slot freed and another leaked; a token dropped and another appended)
 passes every count invariant. These rules refine the counts with identities the runtime guard can observe on the
-host: the row positions (`req_to_token[row, start:end]`) a free hands the allocator, and the output token list.
+host: the row positions (`req_to_token[row, start:end]`) a free hands the allocator, the slot values a free of a copy
+or an alloc hands over (`freed_slots_unowned`, `allocated_slots_free`), and the output token list.
 They are the one definition of these rules; the guard (`shim/guard/identity.py`) applies them to what it observed.
 The checker does not explore positions or token values (its states carry counts only), so these rules are not in
 `statemodel.invariants.INVARIANTS`; each one is stated in terms of the model's own counts.
@@ -22,7 +23,9 @@ from statemodel.state import Request
 SLOTS_FREED_OWNED = "slots_freed_owned"
 COMMITTED_OUTPUT_KEPT = "committed_output_kept"
 WRITES_WITHIN_ALLOCATION = "writes_within_allocation"
-IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT, WRITES_WITHIN_ALLOCATION)
+SLOTS_ALLOCATED_FREE = "slots_allocated_free"
+IDENTITY_INVARIANT_NAMES: tuple[str, ...] = (SLOTS_FREED_OWNED, COMMITTED_OUTPUT_KEPT, WRITES_WITHIN_ALLOCATION,
+                                             SLOTS_ALLOCATED_FREE)
 
 
 @attrs.frozen
@@ -100,6 +103,54 @@ def slots_freed_owned(frees: Sequence[RowRange], owners: Sequence[RowOwner], act
             expected=f"freed [{o.allocated_after}, {o.allocated_before})",
             actual=f"freed {_spans(sorted(got)) or 'nothing'}"))
     return problems
+
+
+@attrs.frozen
+class SlotHeld:
+    """A KV slot (an index into the KV pool, a value of `req_to_token`) that a live request's row holds at `position`,
+    inside its allocation [0, kv_allocated_len): its own KV, or the radix tree's prefix it reads."""
+
+    slot: int
+    rid: int  # the model's request index (-1: a request the guard does not track)
+    row: int
+    position: int
+
+
+def freed_slots_unowned(held: Sequence[SlotHeld], action: str) -> list[Violation]:
+    """Slot identity by value: a free hands the allocator only slots no other live request holds. `held`: the freed
+    slots some other request's row still holds inside its allocation (a copy of its row's values freed, a gather, a
+    computed index): after the free the allocator may hand them to a new request while that one still reads and
+    writes them. Part of `slots_freed_owned`, which judges a free of a row view by its positions."""
+    if not held:
+        return []
+    return [Violation(
+        SLOTS_FREED_OWNED,
+        f"{action} freed {len(held)} slots that other live requests' rows still hold (first: slot {held[0].slot} at "
+        f"position {held[0].position} of row {held[0].row})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        expected="freed slots held by no other live request",
+        actual=_slots(held))]
+
+
+def allocated_slots_free(held: Sequence[SlotHeld], action: str) -> list[Violation]:
+    """The allocator hands out only free slots: a slot it returns that it handed out before and that was not freed
+    since is still in use (a live request's row holds it, or the radix tree does): it was put back on the free list
+    behind free()'s back, and the new owner's KV would overwrite the live one's. `held`: those slots, each with the
+    live row holding it where one does (row -1: none)."""
+    if not held:
+        return []
+    first = held[0]
+    where = f"at position {first.position} of row {first.row}" if first.row >= 0 else "in use, in no live row"
+    return [Violation(
+        SLOTS_ALLOCATED_FREE,
+        f"{action} handed out {len(held)} slots still in use: allocated before and not freed since (first: slot "
+        f"{first.slot}, {where})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        expected="free slots only", actual=_slots(held))]
+
+
+def _slots(held: Sequence[SlotHeld], shown: int = 4) -> str:
+    text = ", ".join(f"slot {h.slot} (row {h.row} position {h.position})" if h.row >= 0
+                     else f"slot {h.slot} (in use, in no live row)" for h in held[:shown])
+    return text + (f" and {len(held) - shown} more" if len(held) > shown else "")
 
 
 def _all_within(ranges: Sequence[RowRange], start: int, end: int) -> bool:

@@ -136,6 +136,21 @@ def free_foreign_slots_in_release(runtime: Any, model_dir: Path, mp: pytest.Monk
     return lambda: release_kv_cache(done, drv.batch.tree_cache, checkpoint=False)
 
 
+def alloc_a_live_slot(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    """Another request's live slot is put on the free list behind free()'s back; an alloc hands it out (slot identity
+    by value: shim/guard/slot_values.py)."""
+    import torch
+
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.finish_and_filter()
+    other = drv.batch.reqs[1]
+    allocator = drv.pools.allocator
+    live = drv.pools.req_to_token_pool.req_to_token[other.kv.req_pool_idx, 0:2].to(torch.int64)
+    allocator.free_pages = torch.cat((live, allocator.free_pages))
+    return lambda: allocator.alloc(2)
+
+
 def _finished() -> Any:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
@@ -261,6 +276,7 @@ CASES = [
     Case("before_draft_extend_for_decode", catch_up_while_prepared, "legal_transition", "draft_catch_up"),
     Case("before_stub_skipped_draft_extend", skipped_extend_then_draft, "draft_kv_covers_prefix", "draft",
          judged_at="before_draft"),
+    Case("after_allocator_alloc", alloc_a_live_slot, "slots_allocated_free", "alloc"),
     Case("before_free_group_end", group_finish_leaks, "kv_conservation", "finish"),
     Case("after_free_group_begin", group_finish_leaks, "kv_conservation", "finish",
          judged_at="before_free_group_end"),

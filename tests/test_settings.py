@@ -32,6 +32,7 @@ BAD: dict[str, str] = {
     "SPECFLIP_PLAIN_CAP": "0",
     "SPECFLIP_RANK_CHECK": "maybe",
     "SPECFLIP_COUNT_SYNCS": "sometimes",
+    "SPECFLIP_GUARD_SLOT_VALUES": "later",
     "SPECFLIP_GUARD_CLOCK": "-5",
     "SPECFLIP_SWITCH": "abc",
     "SPECFLIP_SWITCH_DRAFT": "later",

@@ -26,3 +26,4 @@ class GuardConfig:
     trace_path: str | None = None
     history: int = 6
     warn_interval_s: float = 30.0
+    slot_values: str = "auto"  # SPECFLIP_GUARD_SLOT_VALUES (shim/guard/slot_values.py)

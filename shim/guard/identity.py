@@ -7,7 +7,10 @@ What each check reads, and where (docs/guard.md, "Identity checks"):
   `numel()`: tensor metadata, never values), recorded only inside a window the guard opens around a step that frees
   on purpose (`release_kv_cache`, a switch's flip between `notify_flip_starting` and `notify_flip`); each request's
   row, `cache_protected_len` and `kv_allocated_len` (python ints) before and after. A free of a tensor that is not a
-  view of a row (a copy, a cat) is counted, not judged.
+  view of a row (a copy, a cat) is counted here, and judged by its values (next item).
+* freed and allocated slots by value (`shim.guard.slot_values`): a free of a tensor that is no row view against the
+  live rows' slots, every `alloc` against the slots in use; read at the hook on host tensors, one allocator call late
+  on device tensors (SPECFLIP_GUARD_SLOT_VALUES).
 * committed output: `req.output_ids` (a python list on the host) at `prepare_for_decode`, at each release and at a
   prefill, against the model's `committed` and the length and token the guard saw there last.
 """
@@ -16,7 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shim.guard.config import GuardConfig
 from shim.guard.observe import ObservedRequest
+from shim.guard.slot_values import SlotValueCheck
+from statemodel.actions import Action
 from statemodel.design import Design
 from statemodel.identity import (
     RowOwner,
@@ -49,8 +55,11 @@ class IdentityChecks:
 
     index: dict[str, int]
     state: State
+    config: GuardConfig
 
     def _init_identity(self) -> None:
+        # frees of copies and every alloc, judged by slot value (shim/guard/slot_values.py)
+        self.slot_values = SlotValueCheck(self.config.slot_values)
         self.outputs_over_committed: list[tuple[int, int]] = []
         self.free_windows: list[FreeWindow] = []
         self.unattributed_frees = 0
@@ -85,6 +94,15 @@ class IdentityChecks:
             owners.append(RowOwner(rid=-1 if index is None else index, row=row, own_start=own_start,
                                    allocated_before=before, allocated_after=allocated_after.get(row)))
         return slots_freed_owned(window.frees, owners, action)
+
+    def slot_value_findings(self, found: list[Violation], action: str, where: str) -> None:
+        """Report what `slot_values` found at an allocator hook (no model step: the counts move with the step that
+        frees or allocates; this is the identity the counts cannot see)."""
+        if found:
+            self._report(Action(action), tuple(found), where=where)
+
+    def _report(self, action: Action, found: tuple[Violation, ...], where: str | None = None) -> None:
+        raise NotImplementedError
 
     # --- committed output ---------------------------------------------------------------------------------------
 

@@ -87,6 +87,7 @@ class GuardRuntime:
         self.internal_errors = 0
         self.sync_counter: SyncCounter | None = None
         self.clock: GuardClock | None = None  # SPECFLIP_GUARD_CLOCK: the guard steps timed (shim/guard/clock.py)
+        self.slot_values = "auto"  # SPECFLIP_GUARD_SLOT_VALUES: when slot values are judged (shim/guard/slot_values.py)
         self.rank_check = True  # SPECFLIP_RANK_CHECK: the per-step rank agreement check where TP > 1
         self.reporter: FindingsReporter | None = None  # warn/trace: held-back findings and totals on a timer
 
@@ -99,6 +100,7 @@ class GuardRuntime:
             runtime = cls(mode, trace_template=template, design_name=settings.DESIGN.get(env),
                           spec_cap=settings.SPEC_CAP.get(env), plain_cap=settings.PLAIN_CAP.get(env))
             runtime.rank_check = settings.RANK_CHECK.get(env)
+            runtime.slot_values = settings.GUARD_SLOT_VALUES.get(env)
             if settings.COUNT_SYNCS.get(env):
                 runtime.sync_counter = SyncCounter()
             every = settings.GUARD_CLOCK.get(env)
@@ -138,7 +140,7 @@ class GuardRuntime:
                                  plain_cap=self.plain_cap or scope.plain_cap)
         trace_path = trace_path_for(self.trace_template, rank) if self.trace_template else None
         self.guard = Guard(GuardConfig(mode=self.mode, design=design, scope=scope, rank=rank, release=release,
-                                       trace_path=trace_path))
+                                       trace_path=trace_path, slot_values=self.slot_values))
         if metrics:
             from shim.guard.metrics import GuardMetrics
 

@@ -17,6 +17,7 @@ from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.guard.rank_check import RankChecker
 from shim.guard.runtime import GuardRuntime
+from shim.guard.slot_values import ALLOC, FREE, LiveRow
 from shim.releases.guard_ranks import RankCheckHooks
 from shim.releases.guard_reading import (
     LiveReading,
@@ -61,6 +62,13 @@ class V2Adapter(LiveReading, RankCheckHooks):
         # (seq_lens_cpu, its _version, seq_lens, its _version) as the last prepare_for_decode left them: a plain launch
         # whose device seq_lens moved alone since is caught (`_device_seq_lens_findings`)
         self._seq_lens_prepared: tuple[Any, int, Any, int] | None = None
+        # row -> the request prefilled into it (`after_prepare_for_extend`): the live rows whose slots a free of a copy
+        # or an alloc must not hit (shim/guard/slot_values.py); an entry whose request left the row is dropped on read
+        self._live_reqs: dict[int, Any] = {}
+        self._live_allocator: Any = None  # the KV allocator of those rows' pool (the batch's); others are not judged
+        # (allocator, slots queued) while `free_group_end` runs: its one free of the queued copies is skipped (the
+        # values were judged when each was queued)
+        self._group_flush: tuple[Any, int] | None = None
 
     # --- per-release field access (overridden) ------------------------------------------------------
 
@@ -190,6 +198,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
         # close a speculative round before the prefill allocates: its pool reading must not count the new
         # requests' slots, which belong to requests the guard has not seen arrive yet
         self._run(self._settle)
+        # the KV allocator whose allocs and frees the slot-value check follows: from this prefill's own alloc on
+        self._live_allocator = getattr(batch, "token_to_kv_pool_allocator", None)
         result = original(batch, *args, **kwargs)
         self.after_prepare_for_extend(result, batch, *args, **kwargs)
         return result
@@ -198,6 +208,11 @@ class V2Adapter(LiveReading, RankCheckHooks):
         def step(g: Guard) -> None:
             if not batch.reqs:
                 return
+            self.remember_pool(getattr(batch, "req_to_token_pool", None))
+            for req in batch.reqs:
+                row = self.req_row(req)
+                if row is not None:
+                    self._live_reqs[int(row)] = req
             spec_on = not batch.spec_algorithm.is_none()
             reqs = self.observe_requests(batch)
             # a re-prefill (after a retraction) carries the output it kept: checked token for token
@@ -357,10 +372,84 @@ class V2Adapter(LiveReading, RankCheckHooks):
         self._prepared_reading = None
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
-        if g is None or not g.free_windows or self._req_to_token is None:
+        if g is None or self._req_to_token is None:
             return None
-        g.record_free(row_range(free_index, self._req_to_token))
+        rows = row_range(free_index, self._req_to_token)
+        if g.free_windows:
+            g.record_free(rows)
+        if g.slot_values.on and allocator is self._live_allocator:
+            flush, self._group_flush = self._group_flush, None
+            if flush is not None and flush[0] is allocator and flush[1] == int(free_index.numel()):
+                return None  # free_group_end's cat of the slots queued in the group: each was seen as it was queued
+            # a copy (no positions), or a row view no window judges: by value
+            rt.run(self._freed_slots, g, allocator, free_index, rows is None or not g.free_windows)
         return None
+
+    def _freed_slots(self, g: Guard, allocator: Any, free_index: Any, by_value: bool) -> None:
+        g.slot_values.track(allocator)
+        if by_value:
+            self._check_slot_values(g, free_index, FREE)
+        g.slot_values.released(free_index)
+
+    def after_allocator_alloc(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
+        """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, and the copies freed since the last alloc,
+        against the live rows' allocations (by value: shim/guard/slot_values.py)."""
+        rt = self.runtime
+        g = rt.guard if rt is not None and rt.active else None
+        if g is None or allocator is not self._live_allocator or not g.slot_values.on:
+            return None
+        rt.run(self._allocated_slots, g, allocator, result)
+        return None
+
+    def _allocated_slots(self, g: Guard, allocator: Any, slots: Any) -> None:
+        g.slot_values.track(allocator)
+        self._check_slot_values(g, slots, ALLOC)
+
+    def _check_slot_values(self, g: Guard, slots: Any, kind: str) -> None:
+        """`kind` FREE: slots freed by a tensor that is no row view, against every live request's committed KV
+        [0, kv_committed_len) now; inside a window (a release, a flip) the freeing requests' own part is theirs to
+        free, their tree prefix [0, cache_protected_len) is not. A reserve [kv_committed_len, kv_allocated_len) may be
+        freed before its request's allocation shrinks: the copy is judged again at the next alloc, against the
+        allocations then. `kind` ALLOC: the slots handed out (None: none), and those copies."""
+        self._judge_slot_values(g)
+        checks = g.slot_values
+        if kind == FREE:
+            owners = g.free_windows[-1].owners_before if g.free_windows else {}
+            found = checks.check(slots, self._req_to_token, self._live_rows(g, owners, committed=True), FREE, FREE)
+            g.slot_value_findings(found, FREE, "TokenToKVPoolAllocator.free")
+            if not found:  # (warn mode) one finding per fault
+                checks.defer(slots)
+            return
+        freed = checks.take_deferred()
+        if freed is not None:
+            rows = self._live_rows(g, {}, committed=False)
+            found = checks.check(freed, self._req_to_token, rows, FREE, "free (judged at the next alloc)")
+            g.slot_value_findings(found, FREE, "TokenToKVPoolAllocator.free, judged at the next alloc")
+        if slots is not None:
+            found = checks.allocated(slots, lambda: self._live_rows(g, {}, committed=False), self._req_to_token, ALLOC)
+            g.slot_value_findings(found, ALLOC, "TokenToKVPoolAllocator.alloc")
+
+    def _judge_slot_values(self, g: Guard) -> None:
+        """The device checks queued at earlier allocator calls whose answers have arrived (no wait)."""
+        for action, found in g.slot_values.judge_due():
+            g.slot_value_findings(found, action.split()[0],
+                                  f"TokenToKVPoolAllocator.{action}, answer read at a later allocator call")
+
+    def _live_rows(self, g: Guard, owners: dict[int, tuple[str, int, int]], *, committed: bool) -> list[LiveRow]:
+        """The live requests' rows, each as the positions nobody else may free or allocate: [0, kv_committed_len)
+        (`committed`) or [0, kv_allocated_len); for a request of the window freeing now (`owners`) only its tree
+        prefix [0, cache_protected_len)."""
+        rows: list[LiveRow] = []
+        index = g.index
+        for row, req in list(self._live_reqs.items()):
+            holds, done, allocated, protected = self.req_kv_lens(req)
+            if not holds or self.req_row(req) != row:
+                del self._live_reqs[row]  # released (or its row passed to another request)
+                continue
+            hi = protected if row in owners else done if committed else allocated
+            if hi > 0:
+                rows.append(LiveRow(row, 0, hi, index.get(str(req.rid), -1)))
+        return rows
 
     def after_free_group_begin(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`free_group_begin()`: the finishes released until the group ends are checked as one step. The readings of
@@ -369,6 +458,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def before_free_group_end(self, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`free_group_end()`, before the queued slots go back to the free list: the group's finishes are checked."""
+        queued = getattr(allocator, "free_group", None)
+        self._group_flush = (allocator, sum(int(t.numel()) for t in queued)) if queued else None
         self._with_guard_in_worker_call(Guard.end_release_group)
 
     def around_tree_cache_keep(self, original: Callable[..., Any], tree_cache: Any, req: Any, *args: Any,
@@ -383,7 +474,9 @@ class V2Adapter(LiveReading, RankCheckHooks):
         window: dict[str, bool] = {}
 
         def open_window(g: Guard) -> None:
-            g.open_free_window({})
+            # the request's row: its duplicates of what the tree held are its to free (a free of their values, not
+            # a row view, is checked by value against the other rows: shim/guard/slot_values.py); never judged here
+            g.open_free_window(self.row_owners([req]))
             window["open"] = True
 
         def close_window(g: Guard) -> None:

@@ -162,6 +162,7 @@ class LiveReading:
     _worker_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None
     _prepared_reading: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None
     _req_to_token: Any
+    _live_reqs: dict[int, Any]
     _seq_lens_prepared: tuple[Any, int, Any, int] | None
 
     # a plain decode result's processing writes nothing a reading takes before `_normalize_decode_outputs` returns
@@ -337,7 +338,10 @@ class LiveReading:
 
     def remember_pool(self, req_to_token_pool: Any) -> None:
         if req_to_token_pool is not None:
-            self._req_to_token = req_to_token_pool.req_to_token
+            req_to_token = req_to_token_pool.req_to_token
+            if req_to_token is not self._req_to_token:
+                self._live_reqs.clear()  # rows of another pool (one process, many tests)
+            self._req_to_token = req_to_token
 
     def remember_running(self, batch: Any) -> None:
         self._running_ref = weakref.ref(batch)

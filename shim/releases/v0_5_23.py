@@ -66,8 +66,11 @@ class Adapter(V2Adapter):
          "after_normalize_decode_outputs"),
         # TP > 1: the ranks agree on the planned step before it runs (shim/guard/rank_check.py; TP 1: a no-op)
         ("sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run", "AFTER", "after_get_next_batch_to_run"),
-        # the row positions a release or a switch's flip frees (issue 18; recorded only inside those steps)
+        # the row positions a release or a switch's flip frees (issue 18; recorded only inside those steps), and a
+        # free of a copy of row values judged by value (issue 51)
         ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.free", "BEFORE", "before_allocator_free"),
+        # the slots an alloc hands out, against the live rows' slots by value (issue 51; shim/guard/slot_values.py)
+        ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc", "AFTER", "after_allocator_alloc"),
         # the free group one result's processing releases its finished requests in: their finishes are checked as
         # one step at its end (Guard.end_release_group), after SGLang streamed their outputs
         (f"{_ALLOC}.free_group_begin", "AFTER", "after_free_group_begin"),

@@ -1,0 +1,214 @@
+"""Slot identity by value (issue 51): a slot freed or handed out again while another live request's row holds it, when
+what is freed is no view of a row (shim/guard/slot_values.py), on real SGLang 0.5.23 objects (tests/guard_fixtures.py).
+
+Each fault is injected into the real allocator and caught at the allocator hook that frees or allocates it, before the
+next forward: the finding's invariant, its action, and the hook's frame on the traceback are asserted. A clean run
+with the check on finds nothing and the check did run (its count of checks grew)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_sglang_cpu import require_sglang_cpu
+
+require_sglang_cpu()
+
+import torch  # noqa: E402
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+
+from shim.guard.core import SpecFlipViolation  # noqa: E402
+from statemodel.designs import CATCH_UP  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture
+def slot_mode(runtime: Any) -> Iterator[Callable[[str], None]]:
+    """Set SPECFLIP_GUARD_SLOT_VALUES's value on the runtime (the Guard built next reads it); restored after."""
+    before = runtime.slot_values
+
+    def set_mode(mode: str) -> None:
+        runtime.slot_values = mode
+        runtime.reset()
+    yield set_mode
+    runtime.slot_values = before
+    runtime.reset()
+
+
+def _driver(runtime: Any, model_dir: Path, *, radix: bool = False, n: int = 2) -> Any:
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix), CATCH_UP)
+    drv.admit(gf.make_reqs("r", n, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    drv.finish_and_filter()
+    return drv
+
+
+def _own_slots(drv: Any, req: Any) -> Any:
+    """A view of the last two positions of `req`'s committed KV (its own, not the tree's)."""
+    end = req.kv.kv_committed_len
+    return drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx, end - 2:end]
+
+
+def _reserve_slots(drv: Any, req: Any) -> Any:
+    """A view of the last two positions of `req`'s speculative reserve [kv_committed_len, kv_allocated_len)."""
+    end = req.kv.kv_allocated_len
+    assert end - 2 >= req.kv.kv_committed_len, "the reserve holds two slots at least"
+    return drv.pools.req_to_token_pool.req_to_token[req.kv.req_pool_idx, end - 2:end]
+
+
+def _copies() -> dict[str, Callable[[Any], Any]]:
+    """What a switch might free instead of a row view: each a new tensor holding the row's slot values."""
+    return {
+        "clone": lambda view: view.clone(),
+        "index_select": lambda view: torch.index_select(view._base[view.storage_offset() // view._base.stride(0)], 0,
+                                                        torch.arange(view.storage_offset() % view._base.stride(0),
+                                                                     view.storage_offset() % view._base.stride(0)
+                                                                     + view.numel())),
+        "arithmetic": lambda view: torch.arange(2, dtype=torch.int64) + int(view[0]),  # values recomputed
+    }
+
+
+def _release_also_frees(drv: Any, mp: pytest.MonkeyPatch, copy: Any) -> Callable[[], Any]:
+    """The first running request finishes; its release also frees `copy` (slot values, no row view)."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    done = drv.batch.reqs[0]
+    done.finished_reason = gf_finished()
+    pool, allocator = drv.pools.req_to_token_pool, drv.pools.allocator
+    original_free = pool.free
+    assert copy._base is None  # no view of the row: the row check cannot place it
+
+    def free_row_and_foreign_copy(req: Any, *args: Any, **kwargs: Any) -> Any:
+        if req is done:
+            allocator.free(copy)
+        return original_free(req, *args, **kwargs)
+
+    mp.setattr(pool, "free", free_row_and_foreign_copy)
+    return lambda: release_kv_cache(done, drv.batch.tree_cache, checkpoint=False)
+
+
+def gf_finished() -> Any:
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+    return FINISH_LENGTH(length=1)
+
+
+def _raises_at(trigger: Callable[[], Any], hook: str, invariant: str, action: str) -> SpecFlipViolation:
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        trigger()
+    frames = {entry.name for entry in excinfo.traceback}
+    assert hook in frames, (sorted(frames), str(excinfo.value))
+    assert (excinfo.value.invariant, excinfo.value.action) == (invariant, action), str(excinfo.value)
+    return excinfo.value
+
+
+@pytest.mark.parametrize("variant", sorted(_copies()))
+@pytest.mark.parametrize("radix", [False, True], ids=["radix-off", "radix-on"])
+def test_a_copy_of_another_requests_slots_freed_in_a_release_is_caught_at_the_free(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str, radix: bool) -> None:
+    drv = _driver(runtime, model_dir, radix=radix)
+    other = drv.batch.reqs[1]
+    trigger = _release_also_frees(drv, monkeypatch, _copies()[variant](_own_slots(drv, other)))
+    exc = _raises_at(trigger, "before_allocator_free", "slots_freed_owned", "free")
+    assert str(other.rid) in exc.rids, str(exc)
+    assert "other live requests' rows still hold" in str(exc)
+
+
+def test_a_copy_freed_outside_any_release_is_caught_at_the_free(runtime: Any, model_dir: Path) -> None:
+    """No window open (between steps, where tree eviction frees): still judged, against every live row."""
+    drv = _driver(runtime, model_dir)
+    copy = _own_slots(drv, drv.batch.reqs[0]).clone()
+    _raises_at(lambda: drv.pools.allocator.free(copy), "before_allocator_free", "slots_freed_owned", "free")
+
+
+def test_a_release_that_frees_a_copy_of_its_own_tree_prefix_is_caught(runtime: Any, model_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The releasing request's own part is its to free; its tree prefix [0, cache_protected_len) is not (the only
+    running request: no other row holds those slots)."""
+    drv = _driver(runtime, model_dir, radix=True, n=1)
+    done = drv.batch.reqs[0]
+    assert done.kv.cache_protected_len >= 2, "the shared system prompt is in the tree"
+    prefix = drv.pools.req_to_token_pool.req_to_token[done.kv.req_pool_idx, 0:2].clone()
+    trigger = _release_also_frees(drv, monkeypatch, prefix)
+    _raises_at(trigger, "before_allocator_free", "slots_freed_owned", "free")
+
+
+def test_a_copy_of_another_requests_reserve_freed_is_caught_at_the_next_alloc(runtime: Any, model_dir: Path) -> None:
+    """A reserve may be freed just before its request's allocation shrinks (a switch's flip-off does so): at the free
+    only committed KV is judged; the copy is judged again at the next alloc, against the allocations then, before the
+    slots are handed out and before the next forward."""
+    drv = _driver(runtime, model_dir)
+    allocator = drv.pools.allocator
+    allocator.free(_reserve_slots(drv, drv.batch.reqs[1]).clone())  # the allocation is left as it was: the fault
+
+    def prepare() -> None:
+        with h.patch_assign_req_to_token_pool():
+            drv.batch.prepare_for_decode()
+    exc = _raises_at(prepare, "after_allocator_alloc", "slots_freed_owned", "free")
+    assert "judged at the next alloc" in str(exc)
+
+
+def test_a_live_slot_handed_out_again_is_caught_at_the_alloc(runtime: Any, model_dir: Path) -> None:
+    """Reuse: another request's live slot put back on the free list behind the allocator's free() (no free hook
+    sees it); the next step's real alloc (prepare_for_decode) hands it out."""
+    drv = _driver(runtime, model_dir)
+    allocator = drv.pools.allocator
+    live = _own_slots(drv, drv.batch.reqs[1]).clone()
+    allocator.free_pages = torch.cat((live, allocator.free_pages))
+
+    def prepare() -> None:
+        with h.patch_assign_req_to_token_pool():
+            drv.batch.prepare_for_decode()
+    exc = _raises_at(prepare, "after_allocator_alloc", "slots_allocated_free", "alloc")
+    assert str(drv.batch.reqs[1].rid) in exc.rids, str(exc)
+
+
+def test_late_mode_judges_a_freed_copy_at_the_next_allocator_call(runtime: Any, model_dir: Path,
+                                                                   slot_mode: Callable[[str], None]) -> None:
+    """SPECFLIP_GUARD_SLOT_VALUES=late (the auto mode's path for device tensors, on the CPU): the free itself passes,
+    its answer is read at the next allocator call, which reports it."""
+    slot_mode("late")
+    drv = _driver(runtime, model_dir)
+    allocator = drv.pools.allocator
+    allocator.free(_own_slots(drv, drv.batch.reqs[0]).clone())  # queued, not judged yet
+    guard = runtime.guard
+    assert guard is not None and len(guard.slot_values.pending) == 1
+    exc = _raises_at(lambda: allocator.alloc(1), "after_allocator_alloc", "slots_freed_owned", "free")
+    assert "judged one allocator call late" in str(exc)
+
+
+def test_off_mode_checks_nothing(runtime: Any, model_dir: Path, slot_mode: Callable[[str], None]) -> None:
+    slot_mode("off")
+    drv = _driver(runtime, model_dir)
+    drv.pools.allocator.free(_own_slots(drv, drv.batch.reqs[0]).clone())  # the fault, unjudged
+    assert runtime.guard.slot_values.checked == runtime.guard.slot_values.allocs == 0
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["radix-off", "radix-on"])
+def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Path, radix: bool) -> None:
+    gf.configure_guard(runtime, CATCH_UP)
+    kv_size = 256  # small: the later waves get slots the earlier ones freed
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=radix, kv_size=kv_size), CATCH_UP)
+    for wave in "abc":
+        drv.admit(gf.make_reqs(wave, 3, max_new_tokens=12, shared_prefix=gf.SYSTEM_PROMPT))
+        drv.run_to_completion()
+    late = gf.make_reqs("s", 2, max_new_tokens=8, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.merge(drv.prefill(late))
+    drv.decode()
+    drv.flip_off()  # frees each reserve (a copy of its values) before the allocation shrinks
+    drv.decode()
+    drv.flip_on()
+    drv.run_to_completion()
+    guard = runtime.guard
+    assert guard is not None and not guard.found
+    checks = guard.slot_values
+    assert checks.allocs >= 10, checks.allocs  # every alloc was checked against the slots in use
+    assert checks.allocated_slots > kv_size, checks.allocated_slots  # freed slots were handed out again
+    assert checks.checked >= 3, checks.checked  # the flip-off's reserve copies, by value against the live rows
