@@ -224,6 +224,31 @@ if ACTIVE is not None:
         assert tree_hooks and all(_resolve(t.rsplit(".", 1)[0]) in type(objs.tree_cache).__mro__ for t in tree_hooks), \
             (type(objs.tree_cache), tree_hooks)
 
+    def test_launch_with_specflip_names_its_warmup(line: Any, tmp_path: Path) -> None:
+        """The launching process of `python -m sglang.launch_server` with specflip's features on (the switch, `auto`,
+        where the line offers it; the guard in warn mode; the step timer), run by the line's own code as far as a CPU
+        goes (tests/launch_probe.py: load_plugins() through the entry point, prepare_server_args, then
+        Engine._launch_subprocesses with its check_server_args and its publication of the config, up to
+        PortArgs.init_new): nothing specflip installed stops it, and with the switch on, its warm-up is in the list the
+        line's HTTP server will read (as that server reads it: server_args.warmups, or the published config's)."""
+        from shim.switch.warmup import WARMUP_NAME
+
+        switch = line.features()["switch"].split()[0] in ("v1", "v2")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}
+        env.update({settings.MODE.name: "warn", settings.STEP_TIMER.name: str(tmp_path / "steps")})
+        if switch:
+            env[settings.SWITCH.name] = "auto"
+        model = _CpuObjects.write_model(tmp_path)
+        done = subprocess.run([sys.executable, str(REPO / "tests" / "launch_probe.py"), str(model)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)
+        marked = [t for t in done.stdout.splitlines() if t.startswith("LAUNCH-PROBE ")]
+        assert marked, f"the launch probe printed no result:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        result = json.loads(marked[-1].removeprefix("LAUNCH-PROBE "))
+        assert "warmups" in result, f"SGLang {ACTIVE}'s launch with specflip did not get to PortArgs.init_new: " \
+            + (result.get("error") or f"SystemExit {result.get('exit')}")
+        names = (result["warmups"] or "").split(",")
+        assert (WARMUP_NAME in names) == switch, (result, switch)
+
     def test_lint_resolves_a_real_launch(line: Any, tmp_path: Path) -> None:
         model = _CpuObjects.write_model(tmp_path)
         sa = line.build_server_args(["--model-path", str(model), "--speculative-draft-model-path", str(model),
