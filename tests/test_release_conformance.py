@@ -192,7 +192,7 @@ if ACTIVE is not None:
         from shim.switch import v1, v2, warmup
         from shim.timing import step_timer
 
-        table: list[tuple[str, str, Any]] = [(warmup.T_CHECK_SERVER_ARGS, "BEFORE", warmup.name_warmup),
+        table: list[tuple[str, str, Any]] = [(line.warmup_hook_target, "BEFORE", warmup.name_warmup),
                                              (step_timer.T_RUN_BATCH, "AROUND", step_timer.StepTimer.around_run_batch),
                                              (step_timer.T_ARRIVAL, "AROUND", step_timer.StepTimer.around_arrival)]
         switch = line.features()["switch"].split()[0]  # "v2", "v1" or "no:"
