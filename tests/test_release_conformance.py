@@ -195,7 +195,7 @@ if ACTIVE is not None:
         from shim.switch import v1, v2, warmup
         from shim.timing import step_timer
 
-        table: list[tuple[str, str, Any]] = [(warmup.T_CHECK_SERVER_ARGS, "BEFORE", warmup.name_warmup),
+        table: list[tuple[str, str, Any]] = [(line.warmup_hook_target, "BEFORE", warmup.name_warmup),
                                              (step_timer.T_RUN_BATCH, "AROUND", step_timer.StepTimer.around_run_batch),
                                              (step_timer.T_ARRIVAL, "AROUND", step_timer.StepTimer.around_arrival)]
         switch = line.features()["switch"].split()[0]  # "v2", "v1" or "no:"
@@ -291,6 +291,40 @@ if ACTIVE is not None:
         tree_hooks = [t for t, _, hook in adapter.TARGETS if hook in ("around_tree_cache_keep", "around_tree_insert")]
         assert tree_hooks and all(_resolve(t.rsplit(".", 1)[0]) in type(objs.tree_cache).__mro__ for t in tree_hooks), \
             (type(objs.tree_cache), tree_hooks)
+
+    def test_launch_with_specflip_names_its_warmup(line: Any, tmp_path: Path) -> None:
+        """The launching process of `python -m sglang.launch_server` with specflip's features on (the switch where the
+        line offers it, `auto` on the v2 one, `4:2` on the v1 one through the v1 kit's entry point as
+        bench/gpu/v1_run.sh installs it; the guard in warn mode; the step timer), run by the line's own code as far as
+        a CPU goes (tests/launch_probe.py: load_plugins() through the entry point, prepare_server_args, then
+        Engine._launch_subprocesses with its check_server_args and its publication of the config, up to
+        PortArgs.init_new): nothing specflip installed stops it, and with the switch on, its warm-up is in the list the
+        line's HTTP server will read (as that server reads it: server_args.warmups, or the published config's)."""
+        from shim.switch.warmup import WARMUP_NAME
+
+        kind = line.features()["switch"].split()[0]
+        switch = kind in ("v1", "v2")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}
+        env.update({settings.MODE.name: "warn", settings.STEP_TIMER.name: str(tmp_path / "steps")})
+        if switch:  # the v1 switch takes thresholds only
+            env[settings.SWITCH.name] = "4:2" if kind == "v1" else "auto"
+        if kind == "v1":  # bench/gpu/v1_run.sh's entry point, and the variable that selects the v1 EAGLEWorker
+            dist = tmp_path / "site" / "specflip_v1-0.1.dist-info"
+            dist.mkdir(parents=True)
+            (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specflip-v1\nVersion: 0.1\n")
+            (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecflip_v1 = shim.plugin:register_v1\n")
+            env.update(PYTHONPATH=os.pathsep.join([str(dist.parent), env.get("PYTHONPATH", "")]),
+                       SGLANG_PLUGINS="specflip_v1", SGLANG_ENABLE_SPEC_V2="0")
+        model = _CpuObjects.write_model(tmp_path)
+        done = subprocess.run([sys.executable, str(REPO / "tests" / "launch_probe.py"), str(model)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)
+        marked = [t for t in done.stdout.splitlines() if t.startswith("LAUNCH-PROBE ")]
+        assert marked, f"the launch probe printed no result:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        result = json.loads(marked[-1].removeprefix("LAUNCH-PROBE "))
+        assert "warmups" in result, f"SGLang {ACTIVE}'s launch with specflip did not get to PortArgs.init_new: " \
+            + (result.get("error") or f"SystemExit {result.get('exit')}")
+        names = (result["warmups"] or "").split(",")
+        assert (WARMUP_NAME in names) == switch, (result, switch)
 
     def test_lint_resolves_a_real_launch(line: Any, tmp_path: Path) -> None:
         model = _CpuObjects.write_model(tmp_path)

@@ -21,6 +21,7 @@ h = importlib.import_module("sglang_cpu")
 ol = importlib.import_module("overlap_loop")
 TimingEventCpuStandIn = importlib.import_module("timing_stand_in").TimingEventCpuStandIn
 
+from shim.releases import release_line  # noqa: E402
 from shim.switch import auto as auto_switch  # noqa: E402
 from shim.switch import warmup  # noqa: E402
 from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402
@@ -102,7 +103,7 @@ def test_install_names_the_warmup_in_a_real_server_args_and_registers_it(model_d
     reg = RecordingRegistry()
     assert not warmup.install(reg, SwitchConfig(t_off=32, t_on=24, warmup=False)) and reg.hooks == []
     assert warmup.install(reg, CONFIG)
-    assert reg.hooks == [(warmup.T_CHECK_SERVER_ARGS, warmup.name_warmup, HookType.BEFORE)]
+    assert reg.hooks == [(release_line().warmup_hook_target, warmup.name_warmup, HookType.BEFORE)]
     assert warmup.WARMUP_NAME in sglang_warmup._warmup_registry
     sa = h.make_server_args(model_dir)
     assert sa.warmups is None
@@ -112,6 +113,17 @@ def test_install_names_the_warmup_in_a_real_server_args_and_registers_it(model_d
     sa.warmups = "voice_chat"
     warmup.name_warmup(sa)
     assert sa.warmups == "voice_chat,specflip"
+
+
+def test_a_record_resolved_before_the_hook_starts_without_the_warmup(model_dir: Path, caplog: Any) -> None:
+    """A ServerArgs resolved before specflip's hook ran (0.5.23: resolve_once seals it) cannot take the name: one
+    warning, the record unchanged, no exception (the server starts; tests/test_release_conformance.py runs the
+    launch where the hook does name it)."""
+    sa = h.make_server_args(model_dir)
+    sa.resolve_once()
+    with caplog.at_level("WARNING", logger="specflip.switch"):
+        warmup.name_warmup(sa)
+    assert sa.warmups is None and "specflip warm-up not named" in caplog.text
 
 
 def test_a_release_without_custom_warmups_keeps_the_switch(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:

@@ -62,6 +62,11 @@ class Release(Protocol):
 
     def read_sizing(self, server_args: Any, specflip: Any = None, *, republish: bool = True) -> Any: ...
 
+    # the switch's warm-up in --warmups (shim/switch/warmup.py)
+    warmup_hook_target: str
+
+    def add_warmup(self, server_args: Any, name: str) -> bool: ...
+
 
 class ReleaseLine:
     """Defaults: what the v2-worker lines share. A line module's `Line` overrides what its line does otherwise."""
@@ -200,6 +205,37 @@ class ReleaseLine:
                 "switch": "v2 (shim/switch/v2.py; SPECFLIP_SWITCH=t_off:t_on or auto)",
                 "step_timer": "yes (shim/timing/step_timer.py)",
                 "lint": "yes (specflip lint)"}
+
+    # --- the switch's warm-up in --warmups (shim/switch/warmup.py) -------------------------------------------------
+    # Where specflip names its warm-up in `--warmups`: a BEFORE hook on `warmup_hook_target` in the launching process,
+    # and `write_warmups`, which writes the list there so that what the HTTP server reads before it listens has it.
+    # Default (0.5.19 on): the ServerArgs record holds the operator's input and is writable until `resolve_once`
+    # seals it (Engine._launch_subprocesses runs it first, after the plugins); the HTTP server's list
+    # (`server_args.warmups`, or from 0.5.20 the published serving bag) comes from that input. After resolution
+    # the record is read-only and the bags are published only after check_server_args.
+    warmup_hook_target: ClassVar[str] = "sglang.srt.server_args.ServerArgs.resolve_once"
+
+    def add_warmup(self, server_args: Any, name: str) -> bool:
+        """Add `name` to the launch's `--warmups` (kept as the operator gave it, `name` last; once). False where this
+        record can no longer take it (resolved before specflip's hook ran): the server then starts without it."""
+        names = [n for n in (server_args.warmups or "").split(",") if n]
+        if name in names:
+            return True
+        return self.write_warmups(server_args, ",".join([*names, name]))
+
+    def write_warmups(self, server_args: Any, value: str) -> bool:
+        """Set `--warmups` to `value` as this line allows at `warmup_hook_target`. Default: the unsealed input."""
+        if getattr(server_args, "_resolution_finished", False) or getattr(server_args, "_input_frozen", False):
+            return False
+        server_args.warmups = value
+        return True
+
+
+def assign_warmups(line: ReleaseLine, server_args: Any, value: str) -> bool:
+    """`write_warmups` for lines whose ServerArgs is a plain dataclass, writable after resolution (0.5.15 and
+    before): a plain assignment."""
+    server_args.warmups = value
+    return True
 
 
 def _moe_contexts(mod: Any) -> list[Any]:

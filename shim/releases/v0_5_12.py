@@ -59,7 +59,7 @@ from shim.guard.api import announced_switch
 from shim.guard.core import Guard
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.releases import v0_5_16
-from shim.releases.base import ReleaseLine, prefix_slots_chunk
+from shim.releases.base import ReleaseLine, assign_warmups, prefix_slots_chunk
 from shim.releases.guard_hooks import V2Adapter
 from shim.releases.guard_reading import host_ints, sorted_capture_sizes, tensor_width
 from shim.releases.server_args import LintInputError
@@ -459,6 +459,7 @@ class Line(v0_5_16.Line):
                 "switch": "v1 (shim/switch/v1.py, SGLANG_ENABLE_SPEC_V2=0; plugin entry point shim.plugin:register_v1)"}
     ships_v1_worker = True
     result_keeps_refs = False
+    write_warmups = assign_warmups  # ServerArgs has no `override` and is writable after resolution (as 0.5.15)
 
     def kv_row(self, req: Any) -> tuple[int | None, int, int]:
         if req.req_pool_idx is None:

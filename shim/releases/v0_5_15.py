@@ -3,6 +3,8 @@
 * A Req keeps `req_pool_idx`, `kv_committed_len`, `kv_allocated_len` and `cache_protected_len` on itself: there is
   no ReqKvInfo (`req.kv`) yet.
 * `retract_all(..., server_args)` takes no `offload_kv`.
+* ServerArgs is a plain dataclass with no `override`, writable after resolution: the switch's warm-up is assigned to
+  `server_args.warmups` (`base.assign_warmups`; 0.5.14 and 0.5.13 inherit it).
 
 CPU install: transformers 5.12.1 / tokenizers 0.22.2 (its pins; .venv's transformers 5.19 refuses its `qwen3_asr`
 config); no xgrammar (its function-call parsers do not import it).
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from shim.releases import v0_5_16
+from shim.releases.base import assign_warmups
 from shim.releases.v0_5_22 import CPU_VERIFIED
 
 
@@ -32,6 +35,7 @@ class Line(v0_5_16.Line):
     adapter_class = Adapter
     verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
     retract_all_takes_offload_kv = False
+    write_warmups = assign_warmups
 
     def kv_row(self, req: Any) -> tuple[int | None, int, int]:
         if req.req_pool_idx is None:

@@ -223,6 +223,16 @@ class Line(v0_5_23.Line):
         mod = sys.modules["sglang.srt.speculative.eagle_worker_v2"]
         return [dw.draft_tp_context(dw.draft_runner.tp_group), *_moe_contexts(mod)]
 
+    # --- the switch's warm-up in --warmups ---------------------------------------------------------------------
+    # 0.5.16 resolves in ServerArgs.__post_init__ (no resolve_once); the HTTP server reads `server_args.warmups`.
+    # The record's post-resolution writer is `ServerArgs.override(source, **fields)`: a plain assignment raises under
+    # SGLANG_STRICT_CONFIG_MUTATION here, and always from 0.5.17 on.
+    warmup_hook_target = "sglang.srt.server_args.ServerArgs.check_server_args"
+
+    def write_warmups(self, server_args: Any, value: str) -> bool:
+        server_args.override("specflip", warmups=value)
+        return True
+
 
     # --- lint ---------------------------------------------------------------------------------------------
 

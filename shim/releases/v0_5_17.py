@@ -1,5 +1,9 @@
 """The SGLang 0.5.17 line, as it differs from 0.5.16 (read in the 0.5.17 wheel, 2026-12-06): nothing specflip reads.
 
+Its ServerArgs is read-only after resolution always (0.5.16: only under SGLANG_STRICT_CONFIG_MUTATION): a plain
+assignment of `server_args.warmups` stopped a SPECFLIP_SWITCH=auto server's start-up (H200, 2026-12-06). The warm-up
+goes through `ServerArgs.override`, which 0.5.16 already has (v0_5_16.Line.write_warmups).
+
 0.5.17 publishes its config through `runtime_context.publish` (0.5.16's `get_global_server_args` reads the same
 context). Still 0.5.16's: the row and the committed length on the Req, `kv_allocated_len` in `req.kv`; RadixCache with
 `cache_unfinished_req` (the factory's tree for a plain model); RadixKey without `cache_salt`; the lazily sized future

@@ -238,7 +238,8 @@ class Line(ReleaseLine):
     # SGLang 0.5.23 pins torch 2.14.1: it cannot run on the device image (torch 2.11.0), so CPU only
     verified = (
         ("guard", "CPU, real 0.5.23 objects in CI (tests/test_guard_sglang.py, tests/test_guard_adapters.py)"),
-        ("switch", "CPU, real 0.5.23 objects in CI (tests/test_switch_*.py, tests/test_replay.py)"),
+        ("switch", "CPU, real 0.5.23 objects in CI (tests/test_switch_*.py, tests/test_replay.py; the launching "
+                   "process with the warm-up named: tests/test_release_conformance.py); no GPU run"),
         ("step_timer", "CPU, real 0.5.23 hook registry in CI (tests/test_step_timer.py)"),
         ("lint", "CPU, real 0.5.23 ServerArgs in CI (tests/test_lint.py)"),
     )

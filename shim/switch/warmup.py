@@ -26,9 +26,11 @@ beside it, without it, met on traffic.
 warm-up request's to tell, right after. The `auto` learner does not learn from these steps (their times include
 the builds): it starts afresh at the first decode after them (`is_warmup_batch`, shim/switch/auto.py).
 
-Touches SGLang internals (the per-release surface): `ServerArgs.check_server_args` (a BEFORE hook that names the
-warm-up in `server_args.warmups`), `sglang.srt.entrypoints.warmup.warmup` (the registry), `GenerateReqInput` and
-`TokenizerManager.generate_request`: the same on every supported line.
+Touches SGLang internals (the per-release surface): a BEFORE hook in the launching process that names the warm-up
+in `--warmups` (its target and how the name is written are the release line's, shim/releases/base.py
+`warmup_hook_target`, `add_warmup`: from one release on, ServerArgs is read-only once resolved, and the HTTP server
+reads the list from the published config), `sglang.srt.entrypoints.warmup.warmup` (the registry), `GenerateReqInput`
+and `TokenizerManager.generate_request`: the same on every supported line.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shim.releases import release_line
 from shim.switch.config import SwitchConfig
 
 logger = logging.getLogger("specflip.switch")
 
 WARMUP_NAME = "specflip"  # the name in SGLang's warm-up registry and in --warmups
 WARMUP_RID_PREFIX = "specflip-warmup-"
-T_CHECK_SERVER_ARGS = "sglang.srt.server_args.ServerArgs.check_server_args"
 MAX_FLIP_WAVE = 256  # the flip wave's size at most: plain decode then runs at every graph bucket a server usually has
 PLAIN_DRAIN_STEPS = 64  # about how many plain steps the flip wave's plain phase takes, whatever its size
 TAIL_MARGIN = 6
@@ -101,11 +103,12 @@ def mark_trace(trace: Any, batch: Any) -> None:
 
 
 def name_warmup(server_args: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE `ServerArgs.check_server_args` (in the launching process, before the HTTP server starts): add the
-    warm-up to `--warmups`."""
-    names = [n for n in (getattr(server_args, "warmups", None) or "").split(",") if n]
-    if WARMUP_NAME not in names:
-        server_args.warmups = ",".join([*names, WARMUP_NAME])
+    """BEFORE the release line's `warmup_hook_target` (in the launching process, before the HTTP server starts):
+    add the warm-up to `--warmups`, as that line lets a plugin write it (shim/releases/base.py `add_warmup`)."""
+    line = release_line()
+    if not line.add_warmup(server_args, WARMUP_NAME):
+        logger.warning("specflip warm-up not named: this server's config was resolved before specflip's hook on %s "
+                       "ran; the server starts without it (a flip may meet a kernel build)", line.warmup_hook_target)
 
 
 def _token_ids(count: int, seed: int, vocab: int) -> list[int]:
@@ -165,5 +168,5 @@ def install(registry: Any, config: SwitchConfig) -> bool:
         logger.info("specflip warm-up: %s requests in %s s (speculation, then the flips)", sizes, seconds)
 
     warmup(WARMUP_NAME)(specflip_warmup)
-    registry.register(T_CHECK_SERVER_ARGS, name_warmup, HookType.BEFORE)
+    registry.register(release_line().warmup_hook_target, name_warmup, HookType.BEFORE)
     return True
