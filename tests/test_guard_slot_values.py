@@ -212,3 +212,24 @@ def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Pa
     assert checks.allocs >= 10, checks.allocs  # every alloc was checked against the slots in use
     assert checks.allocated_slots > kv_size, checks.allocated_slots  # freed slots were handed out again
     assert checks.checked >= 3, checks.checked  # the flip-off's reserve copies, by value against the live rows
+
+
+class CudaAllocatorStandIn:
+    """What SlotValueCheck.track reads of an allocator on a GPU (its device and size): a real CUDA allocator cannot
+    be built on a CPU."""
+
+    device = "cuda:0"
+    size = 64
+
+
+def test_auto_mode_is_off_on_a_device_and_on_for_host_tensors() -> None:
+    """auto judges host tensors at the hook and checks nothing on a GPU (the device path cost the guard 8-20 % on
+    an H100: shim/guard/slot_values.py); late and sync are the opt-in there."""
+    from shim.guard.slot_values import SlotValueCheck
+
+    on_gpu = SlotValueCheck("auto")
+    on_gpu.track(CudaAllocatorStandIn())
+    assert not on_gpu.on and on_gpu.in_use is None
+    on_cpu = SlotValueCheck("auto")
+    on_cpu.track(type("CpuAllocator", (), {"device": "cpu", "size": 64})())
+    assert on_cpu.on and on_cpu.in_use is not None and on_cpu.in_use.device.type == "cpu"

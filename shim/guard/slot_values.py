@@ -12,13 +12,16 @@ read only to name a finding's holder.
 
 That is tensor work on the device the tensors live on. What needs the host is the answer, one bool.
 `SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
-* auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns; device
-  tensors are judged one allocator call later (`judge_due`): the bool is copied into pinned host memory without
-  blocking, an event recorded behind it, and read once the event has completed. No sync; the finding comes at the
-  next allocator hook (on a decode server: the next step's alloc), after the forward that followed the fault.
+* auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns; on a device
+  the check is off. Measured on one H100 (2026-12-06, SGLang 0.5.16, the 8B-class pair, code 8c6c165, one round per
+  trace, bench/gpu/results/2026-12-06_59347e0/workload_d/): the guard in assert mode with the device path on (`late`,
+  then auto's device path) ran at 0.80-0.92x of `auto` alone, where the guard without slot values had measured
+  0.994-1.019x (code b3a9830). The row scan's `torch.isin` sorts with `unique`, a host-device sync on CUDA, at every
+  free of a copy; which part costs what on the device was not measured apart. Opt in with late or sync.
 * sync: judged at the hook on every device (a host-device sync per alloc and per free of a copy).
-* late: judged one allocator call later on every device (the auto path for device tensors, also on host tensors: how
-  the CPU tests reach it).
+* late: judged one allocator call later on every device: the bool is copied into pinned host memory without
+  blocking, an event recorded behind it, and read once the event has completed (the finding comes at the next
+  allocator hook, after the forward that followed the fault); on host tensors too, which is how the CPU tests reach it.
 * off: not checked.
 The rows' numbers (which row, its allocation) are python ints the adapter reads off the live requests; only the
 answer and, at a finding, the positions that hit are read back.
@@ -77,11 +80,16 @@ class SlotValueCheck:
 
     def track(self, allocator: Any) -> None:
         """The allocator whose slots `in_use` follows (a new one starts it afresh: its slots in use before are not
-        known, and not judged)."""
+        known, and not judged). In auto mode an allocator on a device turns the check off (the module's docstring
+        says why); the hooks ask `on` after this."""
         if allocator is not self._allocator:
             import torch
 
             self._allocator = allocator
+            if self.mode == "auto" and torch.device(allocator.device).type != "cpu":
+                self.mode = "off"
+                self.in_use = None
+                return
             self.in_use = torch.zeros(int(allocator.size) + 2, dtype=torch.bool, device=allocator.device)
 
     def released(self, slots: Any) -> None:

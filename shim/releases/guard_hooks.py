@@ -387,6 +387,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def _freed_slots(self, g: Guard, allocator: Any, free_index: Any, by_value: bool) -> None:
         g.slot_values.track(allocator)
+        if not g.slot_values.on:  # auto on a device
+            return
         if by_value:
             self._check_slot_values(g, free_index, FREE)
         g.slot_values.released(free_index)
@@ -403,6 +405,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def _allocated_slots(self, g: Guard, allocator: Any, slots: Any) -> None:
         g.slot_values.track(allocator)
+        if not g.slot_values.on:  # auto on a device
+            return
         self._check_slot_values(g, slots, ALLOC)
 
     def _check_slot_values(self, g: Guard, slots: Any, kind: str) -> None:
