@@ -306,6 +306,8 @@ if ACTIVE is not None:
         switch = kind in ("v1", "v2")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}
         env.update({settings.MODE.name: "warn", settings.STEP_TIMER.name: str(tmp_path / "steps")})
+        # 0.5.16's strict harness: a bare assignment to its resolved ServerArgs raises (as always from 0.5.17 on)
+        env["SGLANG_STRICT_CONFIG_MUTATION"] = "1"
         if switch:  # the v1 switch takes thresholds only
             env[settings.SWITCH.name] = "4:2" if kind == "v1" else "auto"
         if kind == "v1":  # bench/gpu/v1_run.sh's entry point, and the variable that selects the v1 EAGLEWorker
