@@ -8,7 +8,9 @@ goes through `ServerArgs.override`, which 0.5.16 already has (v0_5_16.Line.write
 context). Still 0.5.16's: the row and the committed length on the Req, `kv_allocated_len` in `req.kv`; RadixCache with
 `cache_unfinished_req` (the factory's tree for a plain model); RadixKey without `cache_salt`; the lazily sized future
 map; `retract_all(..., server_args, offload_kv)`; the draft worker's own TP context. Its torch pin is 2.11.0, the GPU
-host's (docs: issue 49 asks for a GPU run where it fits). CPU install: transformers 5.12.1, tokenizers 0.22.2, xgrammar.
+host's: `bench/gpu/line_run.sh` runs it there (the 0.5.16 bundle with 0.5.17's slimmed wheel laid over it; the bundle's
+flashinfer-python 0.6.14 and sgl-deep-gemm 0.1.4.post1 serve, 0.5.17 pins 0.6.15.post1 / 0.1.5.post1 for code the
+Llama pair does not run). CPU install: transformers 5.12.1, tokenizers 0.22.2, xgrammar.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ class Line(v0_5_16.Line):
 
     version = "0.5.17"
     adapter_class = Adapter
-    verified = tuple((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint"))
+    # GPU: one NVIDIA H100 80GB HBM3, 2026-12-06, code 8c6c165, `LINE=0.5.17 bash bench/gpu/line_run.sh` (raw files
+    # bench/gpu/results/2026-12-06_59347e0/line_0517/); the run before the warm-up fix is line_0517_before_fix/
+    _GPU = ("GPU H100, 2026-12-06 (code 8c6c165): the tiny counter pair served plain, with SPECFLIP_SWITCH=auto and "
+            "with SPECFLIP_SWITCH=4:2, both with the guard in assert mode: 208/208 outputs greedy-exact on each, "
+            "8 and 14 flips under load, the warm-up ran, 0 findings (bench/gpu/line_run.sh; docs/releases.md)")
+    verified = (("guard", _GPU), ("switch", _GPU),
+                *((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint")))
 
 
 LINE = Line()
