@@ -14,10 +14,11 @@ That is tensor work on the device the tensors live on. What needs the host is th
 `SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
 * auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns; on a device
   the check is off. Measured on one H100 (2026-12-06, the GPU line of docs/releases.md, the 8B-class pair, code
-  8c6c165, one round per trace, bench/gpu/results/2026-12-06_59347e0/workload_d/): the guard in assert mode with the device path on (`late`,
-  then auto's device path) ran at 0.80-0.92x of `auto` alone, where the guard without slot values had measured
-  0.994-1.019x (code b3a9830). The row scan's `torch.isin` sorts with `unique`, a host-device sync on CUDA, at every
-  free of a copy; which part costs what on the device was not measured apart. Opt in with late or sync.
+  8c6c165, one round per trace, bench/gpu/results/2026-12-06_59347e0/workload_d/): the guard in assert mode with
+  the device path on (then auto's device path, now `late`) ran at 0.80-0.92x of `auto` alone, where the guard
+  without slot values had measured 0.994-1.019x (code b3a9830). The row scan's `torch.isin` sorts with `unique`, a
+  host-device sync on CUDA, at every free of a copy; which part costs what on the device was not measured apart.
+  Opt in with late or sync.
 * sync: judged at the hook on every device (a host-device sync per alloc and per free of a copy).
 * late: judged one allocator call later on every device: the bool is copied into pinned host memory without
   blocking, an event recorded behind it, and read once the event has completed (the finding comes at the next
