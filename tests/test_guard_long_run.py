@@ -22,9 +22,12 @@ beside t_off 6, t_on 2; SGLang's real AdaptiveController applies each tier in th
 tests/test_switch_tiers.py's set-up) over phases of 0-1 and 3-9 requests for plain_off_retract_catch_up_tiers.
 The v1 candidates (SGLang 0.5.12) have theirs in tests/test_v1_switch.py (`V1_LONG_RUN_DESIGNS`), run under .venv12.
 
-Marked `long_run` (scripts/test.sh runs every test; `-m "not long_run"` leaves these out). Cost, 2026-12-06 at commit
-cac089c on the 2-core development machine shared with other jobs: 13 tests, 62 s of CPU (user + sys), 2 min 28 s wall
-at 41 % of a core (`/usr/bin/time -v .venv/bin/python -m pytest tests/test_guard_long_run.py -q`).
+Marked `long_run` (scripts/test.sh runs every test; `-m "not long_run"` leaves these out). Cost, 2026-12-06 on the
+2-core development machine shared with other jobs (`/usr/bin/time .venv/bin/python -m pytest
+tests/test_guard_long_run.py -q`): at commit cac089c 13 tests, 62 s of CPU (user + sys); with the auto and tiers runs
+(branch guardcov) 17 tests, 79 s of CPU (5.5 min wall on the loaded machine); the four new ones 22 s of CPU
+(`-k "auto or tiers"`, less the 16 s a run of the meta-test alone takes). The v1 runs in tests/test_v1_switch.py:
+4 tests, 24 s of CPU with .venv12's start-up.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ gf = importlib.import_module("guard_fixtures")
 ol = importlib.import_module("overlap_loop")
 
 from shim.guard.core import Mode  # noqa: E402
-from statemodel.actions import Action  # noqa: E402
-from statemodel.invariants import Violation  # noqa: E402
 from shim.guard.runtime import FindingsReporter  # noqa: E402
+from statemodel.actions import Action  # noqa: E402
 from statemodel.designs import ADAPTIVE_WARM, KNOWN_BAD  # noqa: E402
+from statemodel.invariants import Violation  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 REPO = Path(__file__).resolve().parents[1]
