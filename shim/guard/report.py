@@ -7,9 +7,10 @@ Prometheus counter of shim/guard/metrics.py where SGLang's metrics are on); a fi
 logged, with its count, once its invariant's interval has passed -- after the next step, or from the runtime's
 reporter thread when no step comes (shim/guard/runtime.py) -- and at close, so none is lost when the server stops.
 
-A finding is a fault, counted once per episode: a finding of the same invariant at the same action over requests that
-an open finding of it already named (a subset of them) is the same fault seen again, not a new one, until that action
-passes a check clean, or the next flip (`close_open_findings`). It is recorded (the trace's step keeps its
+A finding of a state that stays broken until something repairs it is counted once per episode: a finding of such an
+invariant (`EPISODE_INVARIANTS`) at the same action over requests that an open finding of it already named (a subset
+of them) is the same fault seen again, not a new one, until that action passes a check clean, or the next flip
+(`close_open_findings`). It is recorded (the trace's step keeps its
 violations), counted in `repeat_counts` and named in the totals line, but not counted, exported or logged as a new
 finding. Why: under the overlap schedule the step in flight when the guard judges is processed after it, so one fault
 can be looked at twice. SGLang 0.5.16's steps-0 draft-extend skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1): at the
@@ -17,7 +18,8 @@ first draft after the step count goes back up, the guard sees the draft KV short
 far; the last steps-0 step's result, still in flight, is processed after that draft launched, and the next draft
 finds those same requests short by its position too (H100, 2026-12-06, b3a9830: 8 findings for 4 re-enables;
 tests/test_guard_warn_mode.py reproduces the two looks on real 0.5.23 objects in the overlap loop). Assert mode
-raises at the first look, as before.
+raises at the first look, as before. Every other invariant judges what a step did, or a state the guard takes from the
+objects at that step, so each of its findings is a new fault (a bug that repeats every step is found every step).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ _REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
 _NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on requests, described by their SGLang names
 _NAMES_SHOWN = 4  # an arrival of a whole wave names this many
 FOUND_KEPT = 256  # findings kept whole in `found` (tests and explain read them); every one is counted beyond that
+# invariants that judge the state a step starts from, which stays broken until repaired (module docstring):
+# draft_kv_covers_prefix, the draft KV a draft step starts from, short until a draft-extend covers it
+EPISODE_INVARIANTS = frozenset({"draft_kv_covers_prefix"})
 
 
 class GuardReporting:
@@ -133,7 +138,7 @@ class GuardReporting:
             rids = tuple(rid_name(self.names, r) for r in action.args)  # a pool-wide violation seen at their step
         key = first.invariant
         episode = (key, action.name)
-        if self.config.mode is not Mode.ASSERT and rids:
+        if self.config.mode is not Mode.ASSERT and rids and key in EPISODE_INVARIANTS:
             named = frozenset(rids)
             if named <= self._open.get(episode, frozenset()):  # the same fault seen again (module docstring)
                 with self._report_lock:
