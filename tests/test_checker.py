@@ -11,6 +11,7 @@ from proofs.bfs import Search, check, model_successors
 from proofs.verdicts import judge, report_markdown, reported_states, run_design, run_designs, stale_reports
 from specflip.cli import DEFAULT_REPORTS, main
 from statemodel import actions, invariants
+from statemodel.actions import Action
 from statemodel.design import DraftWhileOff, RequestSpec, Scope, ThresholdPolicy
 from statemodel.designs import (
     ALL_DESIGNS,
@@ -476,3 +477,31 @@ def test_cli_overlap_checks_the_overlap_designs(capsys) -> None:
     code = main(["check", "--overlap", "--no-reports", "--design", "reserve_1x_under_overlap"])
     out = capsys.readouterr().out
     assert code == 0 and "reserve_1x_under_overlap" in out and "refuted" in out
+
+
+def test_search_on_a_small_graph_yields_every_edge_in_order_and_shortest_paths() -> None:
+    """proofs.bfs.Search by itself (the checker's and the diagrams' core), on a graph small enough to state every
+    edge: two roots (one given twice), a diamond with a back edge, a node reached at depth 3. Every edge out of every
+    expanded node in breadth-first order, marked new or not with the node kept for its key; `path` is the shortest,
+    through the first node found for each key, with a key or without; `max_nodes` drops what lies beyond it and says
+    so. Mutation testing (docs/mutation.md) found `path` without a key and the bound untested by the checker's tests."""
+    a, b, c = Action("a"), Action("b"), Action("c")
+    graph = {0: [(a, 1), (b, 2)], 1: [(a, 3)], 2: [(a, 3), (c, 0)], 3: [(b, 4)], 4: [], 10: [(a, 4)]}
+    search = Search([0, 10, 0], lambda n: graph[n])
+    assert search.roots == [0, 10] and len(search) == 2
+    edges = list(search.edges())
+    assert edges == [(0, a, 1, True, 1), (0, b, 2, True, 2), (10, a, 4, True, 4), (1, a, 3, True, 3),
+                     (2, a, 3, False, 3), (2, c, 0, False, 0), (3, b, 4, False, 4)]
+    assert len(search) == 6 and search.max_depth == 2 and not search.truncated
+    assert search.path(3) == (0, [(a, 1), (a, 3)])
+    assert search.path(4) == (10, [(a, 4)]) and search.path(0) == (0, [])
+    # keyed by parity: the first node found with a key is the one kept, expanded and walked through
+    keyed = Search([0], lambda n: graph[n], key=lambda n: n % 2)
+    assert [(x, y, new, kept) for x, _, y, new, kept in keyed.edges()] == [(0, 1, True, 1), (0, 2, False, 0),
+                                                                           (1, 3, False, 1)]
+    assert keyed.path(3) == (0, [(a, 1)]) and keyed.max_depth == 1
+    # bounded: nodes found beyond max_nodes are neither kept nor expanded
+    bounded = Search([0], lambda n: graph[n], max_nodes=2)
+    assert [(y, new, kept) for _, _, y, new, kept in bounded.edges()] == [(1, True, 1), (2, False, None),
+                                                                          (3, False, None)]
+    assert bounded.truncated and len(bounded) == 2
