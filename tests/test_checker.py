@@ -505,3 +505,17 @@ def test_search_on_a_small_graph_yields_every_edge_in_order_and_shortest_paths()
     assert [(y, new, kept) for _, _, y, new, kept in bounded.edges()] == [(1, True, 1), (2, False, None),
                                                                           (3, False, None)]
     assert bounded.truncated and len(bounded) == 2
+
+
+def test_check_reports_progress_every_n_new_states() -> None:
+    """`check(progress=..., progress_every=n)` calls back after each n more states kept (states, transitions, depth so
+    far), never more often, and passes the callback on: what `specflip check` prints to stderr on long runs
+    (mutation testing found it reached by no fast test: the designs the tests check stay under the default 50,000)."""
+    calls: list[tuple[int, int, int]] = []
+    result = check(Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2)))),
+                   progress=lambda *a: calls.append(a), progress_every=40)
+    assert result.complete and not result.refuted and result.states >= 120
+    assert len(calls) == result.states // 40
+    assert [s // 40 for s, _, _ in calls] == list(range(1, len(calls) + 1))  # one call per 40 new states
+    assert all(t >= s - 1 for s, t, _ in calls) and [d for _, _, d in calls] == sorted(d for _, _, d in calls)
+    assert check(Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3),))), progress_every=40).complete  # none given
