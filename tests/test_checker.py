@@ -516,6 +516,6 @@ def test_check_reports_progress_every_n_new_states() -> None:
                    progress=lambda *a: calls.append(a), progress_every=40)
     assert result.complete and not result.refuted and result.states >= 120
     assert len(calls) == result.states // 40
-    assert [s // 40 for s, _, _ in calls] == list(range(1, len(calls) + 1))  # one call per 40 new states
+    assert [s for s, _, _ in calls] == [40 * k for k in range(1, len(calls) + 1)]  # at each 40th new state
     assert all(t >= s - 1 for s, t, _ in calls) and [d for _, _, d in calls] == sorted(d for _, _, d in calls)
     assert check(Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3),))), progress_every=40).complete  # none given
