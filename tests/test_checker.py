@@ -524,15 +524,15 @@ def test_check_reports_progress_every_n_new_states() -> None:
 def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
     """What `check` reports beside its verdict, held to an independent walk of the same model (proofs.bfs.Search, the
     model's dedup key): `states_at_rest` is the number of states kept that are at rest (where `eventually` is checked),
-    a design that passes has no `eventually` trace, and `max_states` stops the search there, incomplete (mutation
+    `transitions` the edges walked, a design that passes has no trace and no `eventually` trace, and `max_states` stops the search there, incomplete (mutation
     testing: the fast checker tests read none of these exactly)."""
     model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2))))
     result = check(model)
     walk = Search(model.init_states(), model_successors(model), key=model.dedup_key)
-    for _ in walk.edges():
-        pass
+    edges = sum(1 for _ in walk.edges())
     at_rest = sum(1 for *_, state in walk.parent.values() if model.at_rest(state))
-    assert result.complete and not result.refuted and result.states == len(walk)
+    assert result.complete and not result.refuted and result.states == len(walk) and result.transitions == edges
+    assert result.trace == () and result.violations == ()
     assert result.states_at_rest == at_rest > 0
     assert result.eventually_failed == () and result.eventually_trace == ()
     bounded = check(model, max_states=50)
