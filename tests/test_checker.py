@@ -523,9 +523,10 @@ def test_check_reports_progress_every_n_new_states() -> None:
 
 def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
     """What `check` reports beside its verdict, held to an independent walk of the same model (proofs.bfs.Search, the
-    model's dedup key): `states_at_rest` is the number of states kept that are at rest (where `eventually` is checked),
-    `transitions` the edges walked, a design that passes has no trace and no `eventually` trace, and `max_states` stops the search there, incomplete (mutation
-    testing: the fast checker tests read none of these exactly)."""
+    model's dedup key): `states_at_rest` is the number of states kept that are at rest (where `eventually` is
+    checked), `transitions` the edges walked, a design that passes has no trace and no `eventually` trace, and
+    `max_states` stops the search there, incomplete (mutation testing: the fast checker tests read none of these
+    exactly)."""
     model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2))))
     result = check(model)
     walk = Search(model.init_states(), model_successors(model), key=model.dedup_key)
@@ -537,3 +538,14 @@ def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
     assert result.eventually_failed == () and result.eventually_trace == ()
     bounded = check(model, max_states=50)
     assert not bounded.complete and bounded.states == 50 and not bounded.refuted
+
+
+def test_a_bad_initial_state_is_the_counterexample_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An initial state that breaks a state invariant is refuted at once: no step, the initial state named (mutation
+    testing: no design of the repo starts broken, so no test read `initial` there)."""
+    bad = Violation("kv_conservation", "broken from the start", ())
+    monkeypatch.setattr(Model, "check_state", lambda self, state: [bad])
+    model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(2, 2),)))
+    result = check(model)
+    assert result.refuted and result.violations == (bad,) and result.trace == ()
+    assert result.initial == model.init_states()[0] and result.design == SEEDS_FINAL.name and result.transitions == 0
