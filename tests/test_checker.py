@@ -527,13 +527,19 @@ def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
     checked), `transitions` the edges walked, a design that passes has no trace and no `eventually` trace, and
     `max_states` stops the search there, incomplete (mutation testing: the fast checker tests read none of these
     exactly)."""
+    import time
+
     model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2))))
+    started = time.perf_counter()
     result = check(model)
+    wall = time.perf_counter() - started
+    # its own clocks: within the call's (the checker's speed is measured in bench/, never asserted here)
+    assert 0 < result.seconds <= wall and 0 < result.cpu_seconds
     walk = Search(model.init_states(), model_successors(model), key=model.dedup_key)
     edges = sum(1 for _ in walk.edges())
     at_rest = sum(1 for *_, state in walk.parent.values() if model.at_rest(state))
     assert result.complete and not result.refuted and result.states == len(walk) and result.transitions == edges
-    assert result.trace == () and result.violations == ()
+    assert result.trace == () and result.violations == () and result.max_depth == walk.max_depth
     assert result.states_at_rest == at_rest > 0
     assert result.eventually_failed == () and result.eventually_trace == ()
     bounded = check(model, max_states=50)
