@@ -543,7 +543,7 @@ def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
     assert result.states_at_rest == at_rest > 0
     assert result.eventually_failed == () and result.eventually_trace == ()
     bounded = check(model, max_states=50)
-    assert not bounded.complete and bounded.states == 50 and not bounded.refuted
+    assert bounded.complete is False and bounded.states == 50 and not bounded.refuted
 
 
 def test_a_bad_initial_state_is_the_counterexample_itself(monkeypatch: pytest.MonkeyPatch) -> None:
