@@ -492,7 +492,9 @@ def test_search_on_a_small_graph_yields_every_edge_in_order_and_shortest_paths()
     edges = list(search.edges())
     assert edges == [(0, a, 1, True, 1), (0, b, 2, True, 2), (10, a, 4, True, 4), (1, a, 3, True, 3),
                      (2, a, 3, False, 3), (2, c, 0, False, 0), (3, b, 4, False, 4)]
-    assert len(search) == 6 and search.max_depth == 2 and not search.truncated
+    assert len(search) == 6 and search.max_depth == 2 and search.truncated is False
+    alone = Search([4], lambda n: graph[n])  # a root with no edge: depth 0
+    assert list(alone.edges()) == [] and alone.max_depth == 0 and alone.path(4) == (4, [])
     assert search.path(3) == (0, [(a, 1), (a, 3)])
     assert search.path(4) == (10, [(a, 4)]) and search.path(0) == (0, [])
     # keyed by parity: the first node found with a key is the one kept, expanded and walked through
