@@ -532,11 +532,11 @@ def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
     import time
 
     model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2))))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     result = check(model)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     # its own clocks: within the call's (the checker's speed is measured in bench/, never asserted here)
-    assert 0 < result.seconds <= wall and 0 < result.cpu_seconds
+    assert 0 < result.seconds <= wall and 0 < result.cpu_seconds <= cpu
     walk = Search(model.init_states(), model_successors(model), key=model.dedup_key)
     edges = sum(1 for _ in walk.edges())
     at_rest = sum(1 for *_, state in walk.parent.values() if model.at_rest(state))
