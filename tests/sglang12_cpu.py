@@ -126,9 +126,12 @@ class CpuPools:
     spec_algorithm: Any
 
 
-def build_pools(server_args: Any, *, kv_size: int = 2048, max_reqs: int = 64, radix_cache: bool = False) -> CpuPools:
+def build_pools(server_args: Any, *, kv_size: int = 2048, max_reqs: int = 64, radix_cache: bool = False,
+                chunk_cache: bool = False) -> CpuPools:
     """``radix_cache``: an enabled RadixCache (EAGLE's bigram keys), as a server without
-    ``--disable-radix-cache`` has; otherwise a disabled one."""
+    ``--disable-radix-cache`` has; otherwise a disabled one, or with ``chunk_cache`` a ChunkCache, what a server
+    with ``--disable-radix-cache`` and a chunked prefill size builds (Scheduler.init_cache; its stash keeps the
+    chunks' slots on the request)."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -144,8 +147,14 @@ def build_pools(server_args: Any, *, kv_size: int = 2048, max_reqs: int = 64, ra
                                layer_num=model_config.num_hidden_layers, device="cpu", enable_memory_saver=False)
     allocator = TokenToKVPoolAllocator(size=kv_size, dtype=torch.float32, device="cpu", kvcache=kv_pool,
                                        need_sort=False)
-    tree_cache = RadixCache(CacheInitParams(disable=not radix_cache, req_to_token_pool=req_to_token_pool,
-                                            token_to_kv_pool_allocator=allocator, page_size=1, is_eagle=True))
+    params = CacheInitParams(disable=not radix_cache, req_to_token_pool=req_to_token_pool,
+                             token_to_kv_pool_allocator=allocator, page_size=1, is_eagle=True)
+    if chunk_cache and not radix_cache:
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+
+        tree_cache = ChunkCache(params)
+    else:
+        tree_cache = RadixCache(params)
     return CpuPools(server_args, model_config, req_to_token_pool, kv_pool, allocator, tree_cache,
                     SpeculativeAlgorithm.from_string(server_args.speculative_algorithm))
 
@@ -466,18 +475,35 @@ def get_next_batch_to_run_cpu_stand_in(self: Any) -> Any:
     """Scheduler.get_next_batch_to_run, its steps for this harness (the real one needs a fully built scheduler):
     the prefilled batch (`last_batch`) filtered and merged into the running batch; then a prefill of every waiting
     request the real `get_num_allocatable_reqs` (hooked by the switch's admission cap) admits, each first matched
-    against the tree (`init_next_round_input`, as PrefillAdder does); else the real `update_running_batch`."""
+    against the tree (`init_next_round_input`, as PrefillAdder does); else the real `update_running_batch`.
+
+    Chunked prefill when the scheduler has `chunk_size_cpu_stand_in` (the prefill token budget, the server's
+    `chunked_prefill_size`; None: no chunking), in 0.5.12's order: the request being chunked (`chunked_req`) is
+    stashed first (the real `Scheduler.stash_chunked_request`: `maybe_cache_unfinished_req(chunked=True)`) and left
+    out of the merge (`filter_batch(chunked_req_to_exclude=...)`), then the prefill is the real PrefillAdder's with
+    that budget: the chunked request first (`init_next_round_input()`, `add_chunked_req`), then waiting requests
+    (`add_one_req`) while it admits them; `is_chunked` counted up for a request still being chunked, the batch built
+    with `chunked_req` (`init_new`, `prepare_for_extend`)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
+    chunk_size = getattr(self, "chunk_size_cpu_stand_in", None)
+    chunked = self.chunked_req
+    if chunked is not None:
+        self.stash_chunked_request(chunked)
     last = self.last_batch
     if last is not None and last.forward_mode.is_extend():
-        last.filter_batch()
+        last.filter_batch(chunked_req_to_exclude=[chunked] if chunked is not None else None)
         if not last.is_empty():
             if self.running_batch.is_empty():
                 self.running_batch = last
             else:
                 self.running_batch.merge_batch(last)
-    if self.waiting_queue:
+    if chunked is not None or (chunk_size is not None and self.waiting_queue):
+        # a request being chunked goes on (its last chunk unbounded if the budget was taken away meanwhile)
+        batch = _chunked_prefill_batch(self, chunk_size if chunk_size is not None else 1 << 30)
+        if batch is not None:
+            return batch
+    elif self.waiting_queue:
         room = self.get_num_allocatable_reqs(len(self.running_batch.reqs))
         reqs = self.waiting_queue[:max(room, 0)]
         if reqs:
@@ -492,6 +518,39 @@ def get_next_batch_to_run_cpu_stand_in(self: Any) -> Any:
         self.running_batch = self.update_running_batch(self.running_batch)
         return None if self.running_batch.is_empty() else self.running_batch
     return None
+
+
+def _chunked_prefill_batch(self: Any, chunk_size: int) -> Any:
+    """0.5.12's `_get_new_batch_prefill_raw` with a chunk budget, the steps this harness needs (see above)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    adder = PrefillAdder(1, self.tree_cache, self.token_to_kv_pool_allocator, self.running_batch,
+                         self.new_token_ratio, rem_input_tokens=16384, rem_chunk_tokens=chunk_size)
+    if self.chunked_req is not None:
+        self.chunked_req.init_next_round_input()
+        self.chunked_req = adder.add_chunked_req(self.chunked_req)
+    room = self.get_num_allocatable_reqs(len(self.running_batch.reqs))
+    for req in list(self.waiting_queue):
+        if len(adder.can_run_list) >= room:
+            break
+        req.init_next_round_input(self.tree_cache)
+        if adder.add_one_req(req, has_chunked_req=self.chunked_req is not None,
+                             truncation_align_size=None) != AddReqResult.CONTINUE:
+            break
+    if not adder.can_run_list:
+        return None
+    self.waiting_queue[:] = [r for r in self.waiting_queue if r not in adder.can_run_list]
+    if adder.new_chunked_req is not None:
+        assert self.chunked_req is None
+        self.chunked_req = adder.new_chunked_req
+    if self.chunked_req is not None:
+        self.chunked_req.is_chunked += 1
+    batch = ScheduleBatch.init_new(adder.can_run_list, self.req_to_token_pool, self.token_to_kv_pool_allocator,
+                                   self.tree_cache, self.model_config, False, self.spec_algorithm,
+                                   chunked_req=self.chunked_req)
+    batch.prepare_for_extend()
+    return batch
 
 
 def install_scheduler_loop_stand_in() -> None:
@@ -589,6 +648,9 @@ class V1LoopServer:
         _count("prefill" if batch.spec_algorithm.is_none() else "spec_prefill")
         tokens = [stand_in_token(req) for req in batch.reqs]
         for req, token in zip(batch.reqs, tokens, strict=True):
+            if req.is_chunked > 0:  # being chunked: its prefill is not finished (process_batch_result_prefill)
+                req.is_chunked -= 1
+                continue
             req.output_ids.append(token)
             req.check_finished()
             if req.finished():
@@ -713,6 +775,9 @@ class V1OverlapLoopServer(V1LoopServer):
             return
         for req, token in zip(batch.reqs, result.next_token_ids.tolist(), strict=True):
             if req.finished() or req.is_retracted:
+                continue
+            if req.is_chunked > 0:  # being chunked: its prefill is not finished
+                req.is_chunked -= 1
                 continue
             req.output_ids.append(token)
             req.check_finished()

@@ -11,6 +11,7 @@ from proofs.bfs import Search, check, model_successors
 from proofs.verdicts import judge, report_markdown, reported_states, run_design, run_designs, stale_reports
 from specflip.cli import DEFAULT_REPORTS, main
 from statemodel import actions, invariants
+from statemodel.actions import Action
 from statemodel.design import DraftWhileOff, RequestSpec, Scope, ThresholdPolicy
 from statemodel.designs import (
     ALL_DESIGNS,
@@ -476,3 +477,83 @@ def test_cli_overlap_checks_the_overlap_designs(capsys) -> None:
     code = main(["check", "--overlap", "--no-reports", "--design", "reserve_1x_under_overlap"])
     out = capsys.readouterr().out
     assert code == 0 and "reserve_1x_under_overlap" in out and "refuted" in out
+
+
+def test_search_on_a_small_graph_yields_every_edge_in_order_and_shortest_paths() -> None:
+    """proofs.bfs.Search by itself (the checker's and the diagrams' core), on a graph small enough to state every
+    edge: two roots (one given twice), a diamond with a back edge, a node reached at depth 3. Every edge out of every
+    expanded node in breadth-first order, marked new or not with the node kept for its key; `path` is the shortest,
+    through the first node found for each key, with a key or without; `max_nodes` drops what lies beyond it and says
+    so. Mutation testing (docs/mutation.md) found `path` without a key and the bound untested by the checker's tests."""
+    a, b, c = Action("a"), Action("b"), Action("c")
+    graph = {0: [(a, 1), (b, 2)], 1: [(a, 3)], 2: [(a, 3), (c, 0)], 3: [(b, 4)], 4: [], 10: [(a, 4)]}
+    search = Search([0, 10, 0], lambda n: graph[n])
+    assert search.roots == [0, 10] and len(search) == 2
+    edges = list(search.edges())
+    assert edges == [(0, a, 1, True, 1), (0, b, 2, True, 2), (10, a, 4, True, 4), (1, a, 3, True, 3),
+                     (2, a, 3, False, 3), (2, c, 0, False, 0), (3, b, 4, False, 4)]
+    assert len(search) == 6 and search.max_depth == 2 and search.truncated is False
+    alone = Search([4], lambda n: graph[n])  # a root with no edge: depth 0
+    assert list(alone.edges()) == [] and alone.max_depth == 0 and alone.path(4) == (4, [])
+    assert search.path(3) == (0, [(a, 1), (a, 3)])
+    assert search.path(4) == (10, [(a, 4)]) and search.path(0) == (0, [])
+    # keyed by parity: the first node found with a key is the one kept, expanded and walked through
+    keyed = Search([0], lambda n: graph[n], key=lambda n: n % 2)
+    assert [(x, y, new, kept) for x, _, y, new, kept in keyed.edges()] == [(0, 1, True, 1), (0, 2, False, 0),
+                                                                           (1, 3, False, 1)]
+    assert keyed.path(3) == (0, [(a, 1)]) and keyed.max_depth == 1
+    # bounded: nodes found beyond max_nodes are neither kept nor expanded
+    bounded = Search([0], lambda n: graph[n], max_nodes=2)
+    assert [(y, new, kept) for _, _, y, new, kept in bounded.edges()] == [(1, True, 1), (2, False, None),
+                                                                          (3, False, None)]
+    assert bounded.truncated and len(bounded) == 2
+
+
+def test_check_reports_progress_every_n_new_states() -> None:
+    """`check(progress=..., progress_every=n)` calls back after each n more states kept (states, transitions, depth so
+    far), never more often, and passes the callback on: what `specflip check` prints to stderr on long runs
+    (mutation testing found it reached by no fast test: the designs the tests check stay under the default 50,000)."""
+    calls: list[tuple[int, int, int]] = []
+    result = check(Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2)))),
+                   progress=lambda *a: calls.append(a), progress_every=40)
+    assert result.complete and not result.refuted and result.states >= 120
+    assert len(calls) == result.states // 40
+    assert [s for s, _, _ in calls] == [40 * k for k in range(1, len(calls) + 1)]  # at each 40th new state
+    assert all(t >= s - 1 for s, t, _ in calls) and [d for _, _, d in calls] == sorted(d for _, _, d in calls)
+    assert check(Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3),))), progress_every=40).complete  # none given
+
+
+def test_check_counts_the_states_at_rest_and_stops_at_max_states() -> None:
+    """What `check` reports beside its verdict, held to an independent walk of the same model (proofs.bfs.Search, the
+    model's dedup key): `states_at_rest` is the number of states kept that are at rest (where `eventually` is
+    checked), `transitions` the edges walked, a design that passes has no trace and no `eventually` trace, and
+    `max_states` stops the search there, incomplete (mutation testing: the fast checker tests read none of these
+    exactly)."""
+    import time
+
+    model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(4, 3), RequestSpec(2, 2))))
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = check(model)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    # its own clocks: within the call's (the checker's speed is measured in bench/, never asserted here)
+    assert 0 < result.seconds <= wall and 0 < result.cpu_seconds <= cpu
+    walk = Search(model.init_states(), model_successors(model), key=model.dedup_key)
+    edges = sum(1 for _ in walk.edges())
+    at_rest = sum(1 for *_, state in walk.parent.values() if model.at_rest(state))
+    assert result.complete and not result.refuted and result.states == len(walk) and result.transitions == edges
+    assert result.trace == () and result.violations == () and result.max_depth == walk.max_depth
+    assert result.states_at_rest == at_rest > 0
+    assert result.eventually_failed == () and result.eventually_trace == ()
+    bounded = check(model, max_states=50)
+    assert bounded.complete is False and bounded.states == 50 and not bounded.refuted
+
+
+def test_a_bad_initial_state_is_the_counterexample_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An initial state that breaks a state invariant is refuted at once: no step, the initial state named (mutation
+    testing: no design of the repo starts broken, so no test read `initial` there)."""
+    bad = Violation("kv_conservation", "broken from the start", ())
+    monkeypatch.setattr(Model, "check_state", lambda self, state: [bad])
+    model = Model(SEEDS_FINAL, Scope(requests=(RequestSpec(2, 2),)))
+    result = check(model)
+    assert result.refuted and result.violations == (bad,) and result.trace == ()
+    assert result.initial == model.init_states()[0] and result.design == SEEDS_FINAL.name and result.transitions == 0

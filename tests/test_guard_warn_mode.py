@@ -22,10 +22,13 @@ from real_sglang_cpu import require_sglang_cpu
 require_sglang_cpu()
 
 gf = importlib.import_module("guard_fixtures")
+ol = importlib.import_module("overlap_loop")
 
 from shim.guard.core import Mode  # noqa: E402
 from shim.guard.runtime import FindingsReporter  # noqa: E402
+from statemodel.actions import Action  # noqa: E402
 from statemodel.designs import ADAPTIVE_WARM, KNOWN_BAD  # noqa: E402
+from statemodel.invariants import Violation  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +103,91 @@ def test_findings_are_exported_as_a_prometheus_counter(warn_guard: Any, model_di
     assert value == 3 and warn_guard.guard.finding_counts["draft_kv_covers_prefix"] == 4
     assert b'specflip_guard_findings_total{invariant="draft_kv_covers_prefix",tp_rank="0"} 3.0' in \
         generate_latest(registry)
+
+
+def overlap_upshifts_after_skipped_extends(model_dir: Path, n: int = UPSHIFTS) -> list[tuple[int, int, list[str]]]:
+    """The same fault under the overlap schedule (tests/overlap_loop.py: SGLang 0.5.23's event_loop_overlap order over
+    real objects), as SGLang's adaptive switch ran it on the H100 (docs/results.md): `n` rounds of 3 steps-0
+    iterations (the draft-extend skipped by SGLang's own stub), then 4 at steps 3. Returns (round, iteration, the
+    SGLang names of the requests) of each finding the guard counted."""
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), ADAPTIVE_WARM)
+    drv.accepts = lambda req: 2 if drv.worker.speculative_num_steps else 1
+    drv.add(gf.make_reqs("o", 3, max_new_tokens=64, shared_prefix=gf.SYSTEM_PROMPT))
+    for _ in range(3):
+        drv.iteration()
+    guard = None
+    counted: list[tuple[int, int, list[str]]] = []
+    for rnd in range(n):
+        for steps, iterations in ((0, 3), (3, 4)):
+            gf.set_steps(drv.worker, steps)
+            for _ in range(iterations):
+                total = guard.findings_total if guard is not None else 0
+                drv.iteration()
+                guard = drv_guard()
+                if guard.findings_total > total:
+                    _, found = guard.found[-1]
+                    counted.append((rnd, drv.iteration_no, sorted({guard.names[r] for v in found for r in v.rids})))
+    drv.run_until_idle()
+    return counted
+
+
+def drv_guard() -> Any:
+    import shim.guard.runtime
+
+    rt = shim.guard.runtime.current()
+    assert rt is not None and rt.guard is not None
+    return rt.guard
+
+
+def test_under_the_overlap_schedule_a_fault_seen_twice_is_counted_once(warn_guard: Any, model_dir: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """SGLang's adaptive switch with the steps-0 draft-extend skip, 4 re-enables, the overlap schedule (what gave 8
+    findings on the H100, docs/results.md): the guard looks at each fault twice (the first steps-3 draft finds the
+    draft KV short by the steps-0 results processed so far; the last steps-0 step, in flight then, is processed after
+    that draft launched, and the next draft finds the same requests short by its position too) and counts it once:
+    4 findings, one per re-enable, each over the same requests, and 4 repeats named in the totals line, not counted,
+    not exported. Without the episode rule (shim/guard/report.py) it counts 8."""
+    with caplog.at_level(logging.WARNING, logger="specflip.guard"):
+        counted = overlap_upshifts_after_skipped_extends(model_dir)
+        guard = warn_guard.guard
+        guard.report_held_back(force=True)
+    assert guard.finding_counts == {"draft_kv_covers_prefix": UPSHIFTS}
+    assert guard.repeat_counts == {"draft_kv_covers_prefix": UPSHIFTS}
+    assert [rnd for rnd, _, _ in counted] == list(range(UPSHIFTS))  # one per re-enable
+    assert all(rids == ["o0", "o1", "o2"] for _, _, rids in counted)
+    assert f"specflip guard: {UPSHIFTS} findings in all on TP rank 0 since start (draft_kv_covers_prefix {UPSHIFTS}; " \
+           f"the same faults seen again, not counted: draft_kv_covers_prefix {UPSHIFTS})" in caplog.text
+
+
+def test_a_finding_is_new_once_its_action_passed_clean_or_it_names_another_request(warn_guard: Any,
+                                                                                   model_dir: Path) -> None:
+    """The episode rule on a live guard: the same invariant at the same action over a subset of the requests an open
+    finding named is a repeat; at another action, or over a request it did not name, a new finding; after that
+    action passed a check clean, or after a flip, a new finding again."""
+    upshifts_after_skipped_extends(warn_guard, model_dir, n=1)  # builds the guard: one finding, open at `draft`
+    guard = warn_guard.guard
+    draft = Action("draft", (2,))
+
+    def look(*rids: int) -> None:
+        guard._report(draft, (Violation("draft_kv_covers_prefix", "short", rids),))
+
+    counts = guard.finding_counts
+    open_rids = sorted(guard.names.index(n) for n in next(iter(guard._open.values())))
+    assert counts["draft_kv_covers_prefix"] == 1 and len(open_rids) == 3
+    look(*open_rids[:2])  # a subset: the same fault again
+    assert counts["draft_kv_covers_prefix"] == 1 and guard.repeat_counts["draft_kv_covers_prefix"] == 1
+    look(*open_rids)  # all three again: still the same
+    assert counts["draft_kv_covers_prefix"] == 1
+    guard._report(Action("verify"), (Violation("draft_kv_covers_prefix", "short", tuple(open_rids)),))
+    assert counts["draft_kv_covers_prefix"] == 2  # at another action: another fault
+    guard.close_open_findings(draft)  # a draft step passed its check clean
+    look(*open_rids[:1])
+    assert counts["draft_kv_covers_prefix"] == 3
+    guard.close_open_findings(Action("flip_off"))  # a flip ends every open finding
+    look(*open_rids[:1])
+    assert counts["draft_kv_covers_prefix"] == 4
+    look(*open_rids[:2])  # a request the open finding did not name: a new fault
+    assert counts["draft_kv_covers_prefix"] == 5 and guard.repeat_counts["draft_kv_covers_prefix"] == 2
 
 
 class MetricsOn:

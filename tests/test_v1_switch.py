@@ -337,10 +337,11 @@ def loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
     yield from _guarded(plugin, tmp_path, request.param, h.V1LoopServer, sw.RETRACT_DESIGN)
 
 
-def _guarded(plugin: Any, tmp_path: Path, radix: bool, server: Any, design: str | None) -> Any:
+def _guarded(plugin: Any, tmp_path: Path, radix: bool, server: Any, design: str | None,
+             chunk_cache: bool = False) -> Any:
     """A fresh `server` on fresh pools and a fresh Guard (assert mode, tracing to tmp_path) whose reference is `design`
     (what install_switch announces; None: the guard paused); afterwards the design the module's plugin fixture
-    installed."""
+    installed. `chunk_cache`: with the radix cache off, SGLang's ChunkCache (a server with chunked prefill)."""
     import shim.switch.v1 as sw
     from shim.guard import api as guard_api
 
@@ -349,7 +350,7 @@ def _guarded(plugin: Any, tmp_path: Path, radix: bool, server: Any, design: str 
     plugin.paused = design is None
     plugin.trace_template = str(tmp_path / "guard.jsonl")
     sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
-    srv = server(h.build_pools(sa, radix_cache=radix), num_steps=NUM_STEPS)
+    srv = server(h.build_pools(sa, radix_cache=radix, chunk_cache=chunk_cache), num_steps=NUM_STEPS)
     srv.worker.accept_lens_cpu_stand_in = [2, 1, 4, 3]
     yield srv
     guard_api.announce_switch(sw.DESIGN, 48)
@@ -804,3 +805,101 @@ def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None
     sw.install_switch(SimpleRegistry(registered), sw.config_from_env({"SPECFLIP_SWITCH": "5:2"}))
     assert sw.T_LOOP in registered
     sw.set_runtime(None)
+
+
+# --- long clean runs (issue 51): both v1 candidates, 2,000 iterations with flips -----------------------------------
+
+# the candidate designs these runs cover (tests/test_guard_long_run.py checks that every shipped and candidate design
+# has a long run somewhere): v1_plain_off_retract_catch_up with the radix cache off; with it on, its radix twin
+# v1_plain_off_retract_catch_up_radix, which is the same switch with keep_out (SPECFLIP_SWITCH_RADIX's default) on a
+# server with the tree. The guard's reference is what the switch announces (shim/switch/v1.py, design_for: the
+# retract design in the normal loop, whatever the tree; the overlap loop's own design there), its tree check
+# (shim/guard/tree_draft.py) beside it, as a live server has them.
+V1_LONG_RUN = {False: "v1_plain_off_retract_catch_up", True: "v1_plain_off_retract_catch_up_radix"}
+LONG_RUN_CHUNK = 16  # the prefill budget in every other phase of 250 iterations (the prompts are 24-34 tokens)
+
+
+def _long_run_v1(srv: Any, rt: Any, *, steps: int, seed: int = 0) -> list[Any]:
+    """`steps` loop iterations of `srv` (the real switch's flips at t_off 5, t_on 2): demand in phases of 15-60
+    iterations, 0-1 requests and 4-9 in turn; each request a shared 20-token prefix and a suffix of its own whose
+    first token no other request's has (so no request hits a prompt cached while off, which the checker refutes for
+    the tree as SGLang has it: tests/test_prefix_cache.py), 4-40 new tokens; chunked prefill (16 tokens) in the odd
+    phases of 250 iterations. Returns every request."""
+    import random
+
+    rng = random.Random(seed)
+    made: list[Any] = []
+    level, until, high = 0, 0, False
+    for it in range(steps):
+        srv.scheduler.chunk_size_cpu_stand_in = LONG_RUN_CHUNK if (it // 250) % 2 else None
+        if it >= until:
+            high = not high
+            level, until = rng.randint(*((4, 9) if high else (0, 1))), it + rng.randrange(15, 61)
+        live = sum(1 for r in made if not r.finished())
+        if live < level:
+            wave = []
+            for _ in range(level - live):
+                n = len(made) + len(wave)
+                suffix = [400 + n % 500, 900 + n // 500] + [rng.randrange(20, 400) for _ in range(rng.randrange(2, 12))]
+                wave.append(h.make_req(f"L{n}", [5] * 20 + suffix, max_new_tokens=rng.randrange(4, 41)))
+            made += wave
+            srv.add(wave)
+        srv.iteration()
+    srv.scheduler.chunk_size_cpu_stand_in = None
+    srv.run_until_idle(limit=2000)
+    return made
+
+
+LONG_RUN_CASES = [(radix, loop_kind) for loop_kind in ("normal", "overlap") for radix in (False, True)]
+
+
+def _long_run_design(radix: bool, loop_kind: str) -> str:
+    import shim.switch.v1 as sw
+
+    return sw.design_for(SwitchConfig(t_off=5, t_on=2, draft_while_off="retract", radix="keep_out" if radix else
+                                      "insert", v1_loop=loop_kind))
+
+
+@pytest.fixture(params=LONG_RUN_CASES, ids=[f"{k}-radix_{'on' if r else 'off'}" for r, k in LONG_RUN_CASES])
+def long_loop(plugin: Any, tmp_path: Path, request: Any) -> Any:
+    """A fresh server of the loop (normal: V1LoopServer; overlap: V1OverlapLoopServer) and a fresh Guard in assert
+    mode, its reference the design the case runs."""
+    radix, loop_kind = request.param
+    server = h.V1OverlapLoopServer if loop_kind == "overlap" else h.V1LoopServer
+    for srv in _guarded(plugin, tmp_path, radix, server, _long_run_design(radix, loop_kind), chunk_cache=True):
+        plugin.trace_template = None  # a trace of 2,000 iterations: not needed here
+        yield srv, radix, loop_kind
+
+
+@pytest.mark.long_run
+def test_long_run_is_clean_v1(plugin: Any, long_loop: Any) -> None:
+    """2,000 iterations of the v1 switch (draft mode retract) on real 0.5.12 objects, in the normal loop and in
+    specflip's v1 overlap loop (SPECFLIP_V1_LOOP=overlap, the default), the radix cache off and on (keep_out),
+    chunked prefill on and off in turn (radix off: SGLang's ChunkCache, as such a server has), the guard in assert
+    mode with the design the switch announces as reference (v1_plain_off_retract_catch_up; in the overlap loop
+    v1_plain_off_retract_catch_up_overlap_plain): no finding, every output greedy-exact, every slot back,
+    dozens of flips, chunked prefills both while on and while off."""
+    from shim.settings import settings
+
+    srv, radix, loop_kind = long_loop
+    steps = settings.LONG_RUN_STEPS.get()
+    rt = retract_switch(5, 2, radix="keep_out" if radix else "insert", v1_loop=loop_kind)
+    chunked: list[bool] = []  # per chunked prefill: speculation on
+    orig = h._chunked_prefill_batch
+
+    def watched(scheduler: Any, chunk_size: int) -> Any:
+        batch = orig(scheduler, chunk_size)
+        if batch is not None and scheduler.chunked_req is not None:
+            chunked.append(not batch.spec_algorithm.is_none())
+        return batch
+
+    with mock.patch.object(h, "_chunked_prefill_batch", watched):
+        made = _long_run_v1(srv, rt, steps=steps)
+    assert plugin.guard.config.design.name == _long_run_design(radix, loop_kind) and plugin.guard.found == []
+    assert [r.rid for r in made if not r.finished() or r.output_ids != h.expected_output(r)] == []
+    tree = srv.pools.tree_cache
+    assert srv.pools.allocator.available_size() + tree.evictable_size() + tree.protected_size() == \
+        srv.pools.allocator.size
+    offs, ons = rt.counters.get("flip_off", 0), rt.counters.get("flip_on", 0)
+    assert offs + ons >= steps // 60 and min(offs, ons) >= steps // 200, rt.counters
+    assert True in chunked and False in chunked  # chunked prefills on both sides of the flips

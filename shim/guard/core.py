@@ -512,7 +512,12 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self.state = after
         if found:
             self._report(action, found)
-        elif self._suppressed:
+            if action.name in ("flip_on", "flip_off"):
+                self.close_open_findings(action)
+            return
+        if self._open:
+            self.close_open_findings(action)
+        if self._suppressed:
             self._flush_suppressed()
 
     def _refine(self, new: State, where: str, extra: Sequence[Violation] = ()) -> None:

@@ -6,6 +6,20 @@ Warn mode is something an operator can alert on: every finding is counted per in
 Prometheus counter of shim/guard/metrics.py where SGLang's metrics are on); a finding held back by the rate limit is
 logged, with its count, once its invariant's interval has passed -- after the next step, or from the runtime's
 reporter thread when no step comes (shim/guard/runtime.py) -- and at close, so none is lost when the server stops.
+
+A finding of a state that stays broken until something repairs it is counted once per episode: a finding of such an
+invariant (`EPISODE_INVARIANTS`) at the same action over requests that an open finding of it already named (a subset
+of them) is the same fault seen again, not a new one, until that action passes a check clean, or the next flip
+(`close_open_findings`). It is recorded (the trace's step keeps its violations), counted in `repeat_counts` and named
+in the totals line, but not counted, exported or logged as a new finding. Why: under the overlap schedule the step in
+flight when the guard judges is processed after the next one launched, so one fault can be looked at twice. SGLang
+0.5.16's steps-0 draft-extend skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1): at the first draft after the step count
+goes back up, the guard sees the draft KV short by the steps-0 results processed so far; the last steps-0 step's
+result, still in flight, is processed after that draft launched, and the next draft finds those same requests short
+by its position too (H100, 2026-12-06, b3a9830: 8 findings for 4 re-enables; tests/test_guard_warn_mode.py reproduces
+the two looks on real 0.5.23 objects in the overlap loop). Assert mode raises at the first look, as before. Every
+other invariant judges what a step did, or a state the guard takes from the objects at that step, so each of its
+findings is a new fault (a bug that repeats every step is found every step).
 """
 
 from __future__ import annotations
@@ -47,6 +61,9 @@ _REQUEST_NUMBER = re.compile(r"\brequest (\d+)")
 _NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on requests, described by their SGLang names
 _NAMES_SHOWN = 4  # an arrival of a whole wave names this many
 FOUND_KEPT = 256  # findings kept whole in `found` (tests and explain read them); every one is counted beyond that
+# invariants that judge the state a step starts from, which stays broken until repaired (module docstring):
+# draft_kv_covers_prefix, the draft KV a draft step starts from, short until a draft-extend covers it
+EPISODE_INVARIANTS = frozenset({"draft_kv_covers_prefix"})
 
 
 class GuardReporting:
@@ -65,6 +82,9 @@ class GuardReporting:
     _latest_suppressed: dict[str, str]  # invariant -> the first line of its latest finding not logged yet
     _report_lock: threading.RLock  # the rate limit's books: the scheduler thread and the reporter thread share them
     _totals_logged: int  # findings_total when the last totals line was logged
+    repeat_counts: Counter[str]  # looks at an open finding (the same fault again), by invariant: not findings
+    # (invariant, action) -> the SGLang names of the requests an open finding named (module docstring)
+    _open: dict[tuple[str, str], frozenset[str]]
 
     def _init_reporting(self) -> None:
         self.found = []
@@ -75,6 +95,8 @@ class GuardReporting:
         self._latest_suppressed = {}
         self._report_lock = threading.RLock()  # re-entrant: the shutdown report can interrupt a step in its thread
         self._totals_logged = 0
+        self.repeat_counts = Counter()
+        self._open = {}
 
     @property
     def findings_total(self) -> int:
@@ -115,6 +137,15 @@ class GuardReporting:
         if not rids and action.name in _NAMED_ACTIONS and action.args:
             rids = tuple(rid_name(self.names, r) for r in action.args)  # a pool-wide violation seen at their step
         key = first.invariant
+        episode = (key, action.name)
+        if self.config.mode is not Mode.ASSERT and rids and key in EPISODE_INVARIANTS:
+            named = frozenset(rids)
+            if named <= self._open.get(episode, frozenset()):  # the same fault seen again (module docstring)
+                with self._report_lock:
+                    self.repeat_counts[key] += 1
+                self.note(f"{key} again over requests an open finding named: not a new finding")
+                return
+            self._open[episode] = named
         with self._report_lock:
             self.finding_counts[key] += 1
         if self.metrics is not None:
@@ -137,6 +168,15 @@ class GuardReporting:
                 self._latest_suppressed[key] = message.split("\n", 1)[0]
         if self._suppressed:
             self._flush_suppressed(now)  # another invariant's held-back findings whose interval has passed
+
+    def close_open_findings(self, action: Action) -> None:
+        """A step of `action` passed its check clean: the findings open at that action are over (a later one is a new
+        fault); a flip ends them all."""
+        if action.name in ("flip_on", "flip_off"):
+            self._open.clear()
+        else:
+            for episode in [e for e in self._open if e[1] == action.name]:
+                del self._open[episode]
 
     def _flush_suppressed(self, now: float | None = None, *, force: bool = False) -> None:
         """Warn mode never goes silent after a first report: once an invariant's interval has passed, the findings
@@ -163,6 +203,9 @@ class GuardReporting:
                 return
             self._totals_logged = total
             counts = ", ".join(f"{name} {n}" for name, n in self.finding_counts.most_common())
+            if self.repeat_counts:
+                counts += "; the same faults seen again, not counted: " + ", ".join(
+                    f"{name} {n}" for name, n in self.repeat_counts.most_common())
         logger.warning("specflip guard: %d findings in all on TP rank %d since start (%s)", total, self.config.rank,
                        counts)
 
