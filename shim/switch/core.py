@@ -273,6 +273,38 @@ def plain_forward(rt: SwitchCore, target_worker: Any, runner_attr: str, batch: A
     return res
 
 
+def capture_plain_decode(rt: SwitchCore, mr: Any, runner_attr: str, runner_class: type,
+                         keep_workspace_flag: bool = False) -> Any:
+    """At start-up, beside the target's verify graphs: the plain side's attention backend and, where plain graphs are
+    asked for and the target has a decode runner at `runner_attr`, a plain DECODE CUDA graph runner of `runner_class`
+    (`rt.plain_attn_backend`, `rt.plain_runner`). A speculative target captures verify graphs only and the runner's
+    graph check ignores forward_mode, so without its own runner a plain batch would replay a verify graph (design
+    seeds_final_verify_graphs_only, refuted by the model). Returns the hidden-state mode it captured with: FULL where
+    the draft sync reads the plain step's hidden states (draft mode "sync"), else NULL; it must be the one every plain
+    batch asks for, because a runner recaptures every graph when a batch asks for another (seconds on an 8B target).
+    `keep_workspace_flag`: the model runner has `init_new_workspace`, which a new backend may change: put it back."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    hidden_mode = CaptureHiddenMode.FULL if rt.config.draft_while_off == "sync" else CaptureHiddenMode.NULL
+    # the runner picks DECODE, width 1, no verify spec_info
+    with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)) as swap:
+        if keep_workspace_flag:
+            swap.set(mr, "init_new_workspace", mr.init_new_workspace)
+        rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
+        if rt.config.plain_graphs == "decode" and getattr(mr, runner_attr, None) is not None:
+
+            class PlainDecodeCudaGraphRunner(runner_class):  # type: ignore[misc, valid-type]
+                """Captured with the hidden-state mode the plain steps ask for (above)."""
+
+                def capture(self, *a: Any, **k: Any) -> Any:
+                    self.capture_hidden_mode = hidden_mode
+                    return super().capture(*a, **k)
+
+            rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
+    return hidden_mode
+
+
 def allocatable_hook(runtime: Callable[[], SwitchCore | None],
                      idle: Callable[[SwitchCore, Any], Any] | None = None) -> Callable[..., int]:
     """The AROUND hook on Scheduler.get_num_allocatable_reqs: new admissions capped at speculation's running cap

@@ -202,33 +202,12 @@ _allocatable_around = core.allocatable_hook(runtime)
 
 
 def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
-    """Capture a plain DECODE CUDA graph runner (1 token per request, hidden states FULL for the draft sync)
-    for the target, beside its TARGET_VERIFY graphs, on its own attention backend. A speculative target
-    captures verify graphs only and CudaGraphRunner.can_run ignores forward_mode: without this a plain batch
-    would replay a verify graph (design seeds_final_verify_graphs_only, refuted by the model)."""
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    """The target's plain DECODE graph runner (0.5.12's CudaGraphRunner, at `graph_runner`) and attention backend,
+    captured beside its TARGET_VERIFY graphs (core.capture_plain_decode says why)."""
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
-    mr = worker.target_worker.model_runner
-    # The draft sync reads the plain step's hidden states (FULL); the plain path's batches ask for none (NULL).
-    # The mode must be the one every plain batch asks for: CudaGraphRunner.recapture_if_needed recaptures every
-    # graph whenever a batch asks for another mode (a stall of seconds on an 8B target, and at every mode change).
-    hidden_mode = CaptureHiddenMode.NULL if rt.plain_path else CaptureHiddenMode.FULL
     tic = time.perf_counter()
-    # the runner captures DECODE, 1 token per request
-    with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)):
-        rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
-        if rt.config.plain_graphs == "decode" and mr.graph_runner is not None:
-            from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-
-            class PlainDecodeCudaGraphRunner(CudaGraphRunner):  # type: ignore[misc, valid-type]
-                """Captured with the hidden-state mode the plain steps ask for (see above)."""
-
-                def capture(self, *a: Any, **k: Any) -> Any:
-                    self.capture_hidden_mode = hidden_mode
-                    return super().capture(*a, **k)
-
-            rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
+    hidden_mode = core.capture_plain_decode(rt, worker.target_worker.model_runner, "graph_runner", CudaGraphRunner)
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
                    graphs=rt.plain_runner is not None, hidden_mode=hidden_mode.name,
                    capture_bs=list(getattr(rt.plain_runner, "capture_bs", []) or []))

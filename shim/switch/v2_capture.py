@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from shim.releases.registry import installed_line
-from shim.switch.swap import AttributeSwap
+from shim.switch import core
 from shim.switch.v2_runtime import SwitchRuntime
 
 
@@ -21,31 +21,14 @@ def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
     import pkgutil
 
     import torch  # noqa: F401 - CUDA must be initialised here already
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     line = installed_line()  # where the target keeps its graph runners, and their class (shim/releases/)
     mr = worker.target_worker.model_runner
-    hidden_mode = CaptureHiddenMode.FULL if rt.config.draft_while_off == "sync" else CaptureHiddenMode.NULL
     tic = time.perf_counter()
-    warmed = 0
-    # the runner picks DECODE, width 1, no verify spec_info
-    with AttributeSwap.around((mr, "spec_algorithm", SpeculativeAlgorithm.NONE)) as swap:
-        if line.model_runner_has_workspace_flag:
-            swap.set(mr, "init_new_workspace", mr.init_new_workspace)  # the new backend may change it: put back
-        rt.plain_attn_backend = mr._get_attention_backend(init_new_workspace=True)
-        if rt.config.plain_graphs == "decode" and getattr(mr, line.decode_graph_runner_attr) is not None:
-            DecodeGraphRunner = pkgutil.resolve_name(line.decode_graph_runner_class)  # noqa: N806 - a class
-
-            class PlainDecodeCudaGraphRunner(DecodeGraphRunner):  # type: ignore[misc, valid-type]
-                """Captures with the hidden-state mode the draft sync needs (a mismatch falls back to eager)."""
-
-                def capture(self, *a: Any, **k: Any) -> Any:
-                    self.capture_hidden_mode = hidden_mode
-                    return super().capture(*a, **k)
-
-            rt.plain_runner = PlainDecodeCudaGraphRunner(mr, attn_backend=rt.plain_attn_backend)
-            warmed = warm_replay(rt.plain_runner)
+    runner_class = pkgutil.resolve_name(line.decode_graph_runner_class)
+    core.capture_plain_decode(rt, mr, line.decode_graph_runner_attr, runner_class,
+                              keep_workspace_flag=line.model_runner_has_workspace_flag)
+    warmed = warm_replay(rt.plain_runner) if rt.plain_runner is not None else 0
     if rt.plain_path and rt.config.plain_prefill == "graphs" and line.prefill_graph_runner_attr is not None:
         rt.plain_prefill_runner = plain_prefill_view(getattr(mr, line.prefill_graph_runner_attr))
     rt.trace.event("capture_plain_runner", seconds=round(time.perf_counter() - tic, 3),
