@@ -12,12 +12,12 @@ invariant (`EPISODE_INVARIANTS`) at the same action over requests that an open f
 of them) is the same fault seen again, not a new one, until that action passes a check clean, or the next flip
 (`close_open_findings`). It is recorded (the trace's step keeps its violations), counted in `repeat_counts` and named
 in the totals line, but not counted, exported or logged as a new finding. Why: under the overlap schedule the step in
-flight when the guard judges is processed after the next one launched, so one fault can be looked at twice. SGLang
-0.5.16's steps-0 draft-extend skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1): at the first draft after the step count
+flight when the guard judges is processed after the next one launched, so one fault can be looked at twice. SGLang's
+adaptive steps-0 draft-extend skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1): at the first draft after the step count
 goes back up, the guard sees the draft KV short by the steps-0 results processed so far; the last steps-0 step's
 result, still in flight, is processed after that draft launched, and the next draft finds those same requests short
 by its position too (H100, 2026-12-06, b3a9830: 8 findings for 4 re-enables; tests/test_guard_warn_mode.py reproduces
-the two looks on real 0.5.23 objects in the overlap loop). Assert mode raises at the first look, as before. Every
+the two looks on real objects of the CPU test line in the overlap loop). Assert mode raises at the first look, as before. Every
 other invariant judges what a step did, or a state the guard takes from the objects at that step, so each of its
 findings is a new fault (a bug that repeats every step is found every step).
 """

@@ -16,7 +16,7 @@ Llama pair does not run). CPU install: transformers 5.12.1, tokenizers 0.22.2, x
 from __future__ import annotations
 
 from shim.releases import v0_5_16
-from shim.releases.v0_5_22 import CPU_VERIFIED
+from shim.releases.v0_5_22 import CPU_CONFORMANCE, CPU_VERIFIED
 
 
 class Adapter(v0_5_16.Adapter):
@@ -33,8 +33,8 @@ class Line(v0_5_16.Line):
     _GPU = ("GPU H100, 2026-12-06 (code 8c6c165): the tiny counter pair served plain, with SPECFLIP_SWITCH=auto and "
             "with SPECFLIP_SWITCH=4:2, both with the guard in assert mode: 208/208 outputs greedy-exact on each, "
             "8 and 14 flips under load, the warm-up ran, 0 findings (bench/gpu/line_run.sh; docs/releases.md)")
-    verified = (("guard", _GPU), ("switch", _GPU),
-                *((feature, CPU_VERIFIED) for feature in ("guard", "switch", "step_timer", "lint")))
+    verified = (("guard", _GPU), ("switch", _GPU), ("guard", CPU_CONFORMANCE), ("switch", CPU_CONFORMANCE),
+                *((feature, CPU_VERIFIED) for feature in ("step_timer", "lint")))
 
 
 LINE = Line()

@@ -19,9 +19,10 @@ from shim.releases import v0_5_23
 from shim.releases.base import _moe_contexts
 
 # where the lines without a GPU run of their own were verified
-CPU_VERIFIED = ("CPU, CI: its hook targets resolve, it reads real objects, and its launching process with "
-                "specflip's hooks runs to the scheduler's start with the switch's warm-up named "
-                "(tests/test_release_conformance.py); no GPU run")
+CPU_CONFORMANCE = ("CPU, CI: its hook targets resolve, it reads real objects, and its launching process with "
+                   "specflip's hooks runs to the scheduler's start with the switch's warm-up named "
+                   "(tests/test_release_conformance.py)")
+CPU_VERIFIED = CPU_CONFORMANCE + "; no GPU run"  # a line whose `verified` has no GPU entry
 
 
 class Adapter(v0_5_23.Adapter):

@@ -202,7 +202,7 @@ _allocatable_around = core.allocatable_hook(runtime)
 
 
 def capture_plain_decode_runner(worker: Any, rt: SwitchRuntime) -> None:
-    """The target's plain DECODE graph runner (0.5.12's CudaGraphRunner, at `graph_runner`) and attention backend,
+    """The target's plain DECODE graph runner (the v1 line's CudaGraphRunner, at `graph_runner`) and attention backend,
     captured beside its TARGET_VERIFY graphs (core.capture_plain_decode says why)."""
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
