@@ -17,8 +17,8 @@ adaptive steps-0 draft-extend skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1): 
 goes back up, the guard sees the draft KV short by the steps-0 results processed so far; the last steps-0 step's
 result, still in flight, is processed after that draft launched, and the next draft finds those same requests short
 by its position too (H100, 2026-12-06, b3a9830: 8 findings for 4 re-enables; tests/test_guard_warn_mode.py reproduces
-the two looks on real objects of the CPU test line in the overlap loop). Assert mode raises at the first look, as before. Every
-other invariant judges what a step did, or a state the guard takes from the objects at that step, so each of its
+the two looks on real objects of the CPU test line in the overlap loop). Assert mode raises at the first look, as
+before. Every other invariant judges what a step did, or a state the guard takes from the objects at that step, so each of its
 findings is a new fault (a bug that repeats every step is found every step).
 """
 
