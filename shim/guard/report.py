@@ -18,8 +18,8 @@ goes back up, the guard sees the draft KV short by the steps-0 results processed
 result, still in flight, is processed after that draft launched, and the next draft finds those same requests short
 by its position too (H100, 2026-12-06, b3a9830: 8 findings for 4 re-enables; tests/test_guard_warn_mode.py reproduces
 the two looks on real objects of the CPU test line in the overlap loop). Assert mode raises at the first look, as
-before. Every other invariant judges what a step did, or a state the guard takes from the objects at that step, so each of its
-findings is a new fault (a bug that repeats every step is found every step).
+before. Every other invariant judges what a step did, or a state the guard takes from the objects at that step, so
+each of its findings is a new fault (a bug that repeats every step is found every step).
 """
 
 from __future__ import annotations
