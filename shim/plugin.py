@@ -60,9 +60,11 @@ logger = logging.getLogger("specflip.guard")
 FEATURE_TEXT = {GUARD: "guard", SWITCH: "switch", STEP_TIMER: "step timer"}
 
 
-def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None = None, *,
+                   switch: str = "v2") -> dict[str, list[str]]:
     """Parse every SPECFLIP_* setting of `features` and build each feature's configuration (their combinations),
-    installing nothing: {one-line problem: the features it turns off}, empty when every setting is good."""
+    installing nothing: {one-line problem: the features it turns off}, empty when every setting is good. `switch`:
+    the switch the entry point installs ("v1": the v1 kit's, which also refuses what the v1 switch cannot run)."""
     found: dict[str, list[str]] = {}
 
     def bad(problem: Exception, *of: str) -> None:
@@ -72,7 +74,8 @@ def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None 
     for problem in table.problems(environ, features + (FAULTS, START_UP)):
         setting = table.settings.by_name()[problem.names[0]]
         bad(problem, *setting.features)
-    checks = ((SWITCH, lambda: switch_v1.config_from_env(environ), SwitchConfigError),  # v2's, and V1_LOOP's
+    switch_config = switch_v1.checked_config_from_env if switch == "v1" else switch_v1.config_from_env
+    checks = ((SWITCH, lambda: switch_config(environ), SwitchConfigError),  # v2's, and V1_LOOP's
               (STEP_TIMER, lambda: step_timer.StepTimerConfig.from_env(environ), step_timer.StepTimerConfigError),
               (GUARD, lambda: GuardRuntime.from_env(environ), ConfigError))
     for feature, build, error in checks:
@@ -84,10 +87,10 @@ def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None 
     return found
 
 
-def settings_gate(features: tuple[str, ...]) -> set[str]:
+def settings_gate(features: tuple[str, ...], *, switch: str = "v2") -> set[str]:
     """Before an entry point installs anything: the features a bad setting turns off (SPECFLIP_ON_BAD_CONFIG=warn,
     after one error line), else SystemExit with one line naming every bad setting and what it allows."""
-    found = check_settings(features)
+    found = check_settings(features, switch=switch)
     if not found:
         return set()
     off = {f for fs in found.values() for f in fs}
@@ -181,7 +184,7 @@ def register_v1() -> None:
     """The v1 kit's entry point: every setting checked first, then the v1 switch, then the guard (a no-op unless
     SPECFLIP_MODE is set; under the switch's overlap loop its v1-line adapter takes the overlap scope of the design the
     switch announced)."""
-    off = settings_gate((SWITCH, GUARD))
+    off = settings_gate((SWITCH, GUARD), switch="v1")
     if SWITCH not in off:
         register_switch_v1()
     if GUARD not in off:
