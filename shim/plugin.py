@@ -3,8 +3,9 @@
 SGLang's `load_plugins()` calls each registered entry point in every process before the scheduler, the workers
 and their CUDA graphs exist. Each feature is a no-op unless its environment variables turn it on:
 
-* `register_switch`: specflip's v2 switch (shim/switch/v2.py), when `SPECFLIP_SWITCH=t_off:t_on` is set; not on a
-  server that runs SGLang's v1 EAGLEWorker.
+* `register_switch`: specflip's v2 switch (shim/switch/v2.py), when `SPECFLIP_SWITCH=t_off:t_on` is set. On a line
+  that offers no v2 switch (0.5.12: `offers_v2_switch` False) SPECFLIP_SWITCH stops start-up with one line that says
+  how to get the v1 switch (the v1 kit's entry point below), whichever worker the server runs.
 * `register_switch_v1`: the v1 switch (shim/switch/v1.py, on a line that ships the v1 EAGLEWorker, with
   SGLANG_ENABLE_SPEC_V2=0), when
   `SPECFLIP_SWITCH` is set.
@@ -32,7 +33,8 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
   stops start-up the same way (the line names the supported range).
 * `register` (the project's entry point, `specflip = "shim.plugin:register"`): the v2 switch, the step timer,
   then the guard (the guard last: it reads what the switch announced).
-* `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard.
+* `register_v1` (the v1 kit's entry point, bench/gpu/v1_run.sh): the v1 switch, then the guard. Its settings check
+  also refuses what the v1 switch cannot run (SPECFLIP_SWITCH=auto, SPECFLIP_TIERS: shim.switch.v1.check_config).
 """
 
 from __future__ import annotations
@@ -60,9 +62,11 @@ logger = logging.getLogger("specflip.guard")
 FEATURE_TEXT = {GUARD: "guard", SWITCH: "switch", STEP_TIMER: "step timer"}
 
 
-def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None = None, *,
+                   switch: str = "v2") -> dict[str, list[str]]:
     """Parse every SPECFLIP_* setting of `features` and build each feature's configuration (their combinations),
-    installing nothing: {one-line problem: the features it turns off}, empty when every setting is good."""
+    installing nothing: {one-line problem: the features it turns off}, empty when every setting is good. `switch`:
+    the switch the entry point installs ("v1": the v1 kit's, which also refuses what the v1 switch cannot run)."""
     found: dict[str, list[str]] = {}
 
     def bad(problem: Exception, *of: str) -> None:
@@ -72,7 +76,8 @@ def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None 
     for problem in table.problems(environ, features + (FAULTS, START_UP)):
         setting = table.settings.by_name()[problem.names[0]]
         bad(problem, *setting.features)
-    checks = ((SWITCH, lambda: switch_v1.config_from_env(environ), SwitchConfigError),  # v2's, and V1_LOOP's
+    switch_config = switch_v1.checked_config_from_env if switch == "v1" else switch_v1.config_from_env
+    checks = ((SWITCH, lambda: switch_config(environ), SwitchConfigError),  # v2's, and V1_LOOP's
               (STEP_TIMER, lambda: step_timer.StepTimerConfig.from_env(environ), step_timer.StepTimerConfigError),
               (GUARD, lambda: GuardRuntime.from_env(environ), ConfigError))
     for feature, build, error in checks:
@@ -84,10 +89,10 @@ def check_settings(features: tuple[str, ...], environ: Mapping[str, str] | None 
     return found
 
 
-def settings_gate(features: tuple[str, ...]) -> set[str]:
+def settings_gate(features: tuple[str, ...], *, switch: str = "v2") -> set[str]:
     """Before an entry point installs anything: the features a bad setting turns off (SPECFLIP_ON_BAD_CONFIG=warn,
     after one error line), else SystemExit with one line naming every bad setting and what it allows."""
-    found = check_settings(features)
+    found = check_settings(features, switch=switch)
     if not found:
         return set()
     off = {f for fs in found.values() for f in fs}
@@ -114,10 +119,11 @@ def register_switch() -> None:
         line = supported_or_stop(table.settings.SWITCH.name, "switch")
         if line is None:
             return
-        if not line.offers_v2_switch and line.worker_kind(os.environ) == "v2":
+        if not line.offers_v2_switch:  # on either worker: the v1 one's switch comes with the v1 kit, not from here
             switch = table.settings.SWITCH
+            offered = line.v1_switch_howto or line.features()["switch"]
             on_bad_config(ConfigError(f"{switch.name}={switch.raw()} asks for the switch, which sglang {line.version} "
-                                      f"does not offer: {line.features()['switch']}"), feature="switch")
+                                      f"does not offer through specflip's entry point: {offered}"), feature="switch")
             return
         draft = table.settings.SWITCH_DRAFT
         if draft.get() == "none" and not line.stubs_skipped_draft_extend and line.worker_kind(os.environ) == "v2":
@@ -181,7 +187,7 @@ def register_v1() -> None:
     """The v1 kit's entry point: every setting checked first, then the v1 switch, then the guard (a no-op unless
     SPECFLIP_MODE is set; under the switch's overlap loop its v1-line adapter takes the overlap scope of the design the
     switch announced)."""
-    off = settings_gate((SWITCH, GUARD))
+    off = settings_gate((SWITCH, GUARD), switch="v1")
     if SWITCH not in off:
         register_switch_v1()
     if GUARD not in off:

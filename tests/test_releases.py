@@ -238,3 +238,18 @@ def test_where_a_line_was_verified_is_not_inherited() -> None:
 
     assert Later.verified == () and v0_5_16.Line.verified  # a new line derived from the GPU line starts unverified
     assert Later().kv_row(_req_of("0.5.16", row=2, committed=3, allocated=4)) == (2, 3, 4)  # its reading is inherited
+
+
+def test_0_5_12_offers_the_v1_switch_only_and_says_how_to_get_it() -> None:
+    """0.5.12's EAGLEWorkerV2 lacks what the v2 switch hooks and calls (init_cuda_graphs, activate_step_by_batch, the
+    module retract_all): the release layer says so once (`offers_v2_switch` False) with the way to the v1 switch, which
+    the stop line of specflip's own entry point carries (tests/test_v1_switch.py runs it through SGLang's
+    load_plugins on real 0.5.12); `specflip releases` says it too. Every later line offers the v2 switch."""
+    from specflip.releases import render, table
+
+    old = release_line("0.5.12")
+    assert not old.offers_v2_switch and "shim.plugin:register_v1" in (old.v1_switch_howto or "")
+    assert all(release_line(v).offers_v2_switch and release_line(v).v1_switch_howto is None
+               for v in ("0.5.13", "0.5.16", "0.5.23"))
+    text = render(table())
+    assert "the v2 switch is not offered" in text and "shim.plugin:register_v1" in text

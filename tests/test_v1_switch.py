@@ -903,3 +903,83 @@ def test_long_run_is_clean_v1(plugin: Any, long_loop: Any) -> None:
     offs, ons = rt.counters.get("flip_off", 0), rt.counters.get("flip_on", 0)
     assert offs + ons >= steps // 60 and min(offs, ons) >= steps // 200, rt.counters
     assert True in chunked and False in chunked  # chunked prefills on both sides of the flips
+
+
+# --- the v1 kit's entry point through SGLang's real load_plugins, in a fresh process (as a server starts) -----------
+
+_V1_KIT_LOAD = ("import sys; sys.path.insert(0, 'tests'); import sglang12_cpu;"
+                "import sglang.srt.plugins as p; p.load_plugins();"
+                "import shim.guard.runtime as r, shim.switch.v1 as s, shim.switch.v2 as s2;"
+                "print('serving, guard:', r.current() is not None, 'switch:', s.runtime() is not None, "
+                "'v2 switch:', s2.runtime() is not None)")
+
+
+def _start_v1_kit(tmp_path: Path, env: dict[str, str]) -> Any:
+    """SGLang 0.5.12's load_plugins() with only the v1 kit's entry point (bench/gpu/v1_run.sh writes the same
+    dist-info) and the v1 EAGLEWorker selected, in a fresh interpreter. `env` may name another plugin
+    (SGLANG_PLUGINS=specflip: specflip's own entry point) or unset SGLANG_ENABLE_SPEC_V2 (an empty value)."""
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    dist = tmp_path / "site" / "specflip_v1-0.1.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specflip-v1\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecflip_v1 = shim.plugin:register_v1\n")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}
+    full.update(PYTHONPATH=os.pathsep.join([str(dist.parent), str(repo)]), SGLANG_PLUGINS="specflip_v1",
+                SGLANG_ENABLE_SPEC_V2="0", SPECFLIP_MODE="assert")
+    full.update(env)
+    full = {k: v for k, v in full.items() if v}
+    return subprocess.run([sys.executable, "-c", _V1_KIT_LOAD], cwd=repo, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("env", [{"SPECFLIP_SWITCH": "auto"}, {"SPECFLIP_SWITCH": "5:2", "SPECFLIP_TIERS": "3,4:2,1"}],
+                         ids=["auto", "tiers"])
+def test_the_v1_kit_stops_start_up_on_what_the_v1_switch_cannot_run(tmp_path: Path, env: dict[str, str]) -> None:
+    """SPECFLIP_SWITCH=auto (or SPECFLIP_TIERS) on the v1 kit: the settings check passed, then the v1 switch refused it
+    inside register_v1, SGLang logged "Failed to execute general plugin" and served with neither the switch nor the
+    guard. Now the settings check finds it: start-up stops with one line naming what the v1 switch takes; with
+    SPECFLIP_ON_BAD_CONFIG=warn, one error line, the switch off and the guard on."""
+    import shim.switch.v1 as sw
+
+    done = _start_v1_kit(tmp_path, env)
+    assert done.returncode != 0 and "serving" not in done.stdout, done.stdout + done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("specflip: SPECFLIP_") and sw.V1_TAKES in lines[-1], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Failed to execute" not in done.stderr
+    done = _start_v1_kit(tmp_path, {**env, "SPECFLIP_ON_BAD_CONFIG": "warn"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "serving, guard: True switch: False" in done.stdout, done.stdout + done.stderr[-3000:]
+    off = [line for line in done.stderr.splitlines() if "specflip switch off: SPECFLIP_" in line]
+    assert len(off) == 1 and sw.V1_TAKES in off[0], done.stderr[-3000:]
+    assert "Failed to execute" not in done.stderr
+
+
+def test_the_v1_kit_serves_with_its_switch_and_guard_on_thresholds(tmp_path: Path) -> None:
+    """The same start-up with thresholds: both installed (so that the stops above are the settings, not the start)."""
+    done = _start_v1_kit(tmp_path, {"SPECFLIP_SWITCH": "5:2"})
+    assert done.returncode == 0 and "serving, guard: True switch: True" in done.stdout, done.stderr[-3000:]
+
+
+# "1": the v2 worker, as unset is on 0.5.12 (environ.py: EnvBool(True)); spelled out, because the CPU harness the
+# probe imports (sglang12_cpu) defaults the variable to 0
+@pytest.mark.parametrize("spec_v2", ["1", "0"], ids=["v2_worker", "v1_worker"])
+def test_specflips_own_entry_point_stops_where_0_5_12_offers_no_v2_switch(tmp_path: Path, spec_v2: str) -> None:
+    """0.5.12 through specflip's own entry point (`specflip = shim.plugin:register`): with the v2 worker the v2 switch
+    was offered although 0.5.12's EAGLEWorkerV2 lacks its hook points (init_cuda_graphs, activate_step_by_batch) and
+    the module retract_all its flip-on calls; with SGLANG_ENABLE_SPEC_V2=0 it declined with an info line and no
+    switch ran. Either way now: start-up stops with one line that says how to get the v1 switch (the v1 kit); with
+    SPECFLIP_ON_BAD_CONFIG=warn, one error line, no switch, the guard as asked."""
+    env = {"SGLANG_PLUGINS": "specflip", "SGLANG_ENABLE_SPEC_V2": spec_v2, "SPECFLIP_SWITCH": "5:2"}
+    done = _start_v1_kit(tmp_path, env)
+    assert done.returncode != 0 and "serving" not in done.stdout, done.stdout + done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("specflip: SPECFLIP_SWITCH=5:2 asks for the switch, which sglang 0.5.12 does not "
+                                "offer through specflip's entry point"), done.stderr[-3000:]
+    assert "shim.plugin:register_v1" in lines[-1] and "SGLANG_ENABLE_SPEC_V2=0" in lines[-1]
+    done = _start_v1_kit(tmp_path, {**env, "SPECFLIP_ON_BAD_CONFIG": "warn"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "serving, guard: True switch: False v2 switch: False" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert len([line for line in done.stderr.splitlines() if "specflip switch off: " in line]) == 1

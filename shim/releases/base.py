@@ -75,6 +75,8 @@ class ReleaseLine:
     ships_v1_worker: ClassVar[bool] = False
     # the v2 worker has the hook points the v2 switch needs; a line without them is not offered the v2 switch
     offers_v2_switch: ClassVar[bool] = True
+    # where the line offers no v2 switch but ships the v1 EAGLEWorker: how to get the v1 switch instead (one line)
+    v1_switch_howto: ClassVar[str | None] = None
     # The v2 switch's plain side (shim/switch/v2_capture.py). It captures its plain decode graph runner AFTER
     # `plain_capture_target`: there the target's model runner and its graph runners exist and SGLang has captured the
     # target's and the draft's graphs (the scheduler's init_all_cuda_graphs calls EAGLEWorkerV2.init_cuda_graphs after

@@ -439,6 +439,14 @@ class Line(v0_5_16.Line):
 
     version = "0.5.12"
     adapter_class = Adapter
+    # Its EAGLEWorkerV2 lacks what the v2 switch hooks and calls (read in the 0.5.12 wheel, 2026-12-06): no
+    # `init_cuda_graphs` (the plain capture's target) and no `activate_step_by_batch`, and `retract_all` is a
+    # ScheduleBatch method only (the v2 switch's flip-on calls the module function). Its switch is the v1 one, which
+    # the v1 kit's entry point installs; SPECFLIP_SWITCH through specflip's own entry point stops start-up
+    # (shim.plugin.register_switch), on either worker.
+    offers_v2_switch = False
+    v1_switch_howto = ("the v1 switch: SGLANG_ENABLE_SPEC_V2=0 and the v1 kit's entry point shim.plugin:register_v1 "
+                       "in place of specflip's (SGLANG_PLUGINS=specflip_v1; bench/gpu/v1_run.sh, docs/v1.md)")
     future_map_sizes_lazily = False  # its FutureMap sizes its buffers at construction (no _forward_buf_initialized)
     verified = (
         ("guard", "GPU H200, 2026-12-03: assert mode in the v1 switch's own loop (docs/archive/gpu-results.md, "
@@ -456,7 +464,10 @@ class Line(v0_5_16.Line):
         return {**super().features(),
                 "guard": "yes, on the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0; the overlap schedule's v2 worker is "
                          "not covered)",
-                "switch": "v1 (shim/switch/v1.py, SGLANG_ENABLE_SPEC_V2=0; plugin entry point shim.plugin:register_v1)"}
+                "switch": "v1 (shim/switch/v1.py, SGLANG_ENABLE_SPEC_V2=0; the v1 kit's entry point "
+                          "shim.plugin:register_v1: SPECFLIP_SWITCH=t_off:t_on, no auto, no tiers); the v2 switch "
+                          "is not offered (its EAGLEWorkerV2 has no init_cuda_graphs, no activate_step_by_batch, no "
+                          "module retract_all): SPECFLIP_SWITCH through specflip's own entry point stops start-up"}
     ships_v1_worker = True
     result_keeps_refs = False
     write_warmups = assign_warmups  # ServerArgs has no `override` and is writable after resolution (as 0.5.15)

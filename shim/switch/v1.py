@@ -89,13 +89,22 @@ HOOKS_FOR_DRAFT_MODE = {"sync": (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_I
                         "retract": (T_ALLOCATABLE, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM)}
 
 
+# what the v1 switch takes, named in every refusal of check_config
+V1_TAKES = ("the v1 switch takes SPECFLIP_SWITCH=t_off:t_on (thresholds; auto is the v2 switch's), "
+            "SPECFLIP_SWITCH_DRAFT=retract or sync, and no SPECFLIP_TIERS")
+
+
 def check_config(config: SwitchConfig) -> SwitchConfig:
-    """The v1 switch implements v1_plain_off_retract_catch_up (retract) and seeds_final (sync)."""
+    """The v1 switch implements v1_plain_off_retract_catch_up (retract) and seeds_final (sync), with thresholds and
+    one step count (the v1 worker has no tier to apply). The v1 kit's entry point runs this in its settings check,
+    before anything is installed (shim.plugin.check_settings)."""
     if config.draft_while_off not in DESIGN_FOR_DRAFT_MODE:
         raise SwitchConfigError(f"SPECFLIP_SWITCH_DRAFT={config.draft_while_off!r}: the v1 switch implements "
-                                f"retract ({RETRACT_DESIGN}) and sync ({DESIGN})")
+                                f"retract ({RETRACT_DESIGN}) and sync ({DESIGN}); {V1_TAKES}")
     if config.auto:
-        raise SwitchConfigError("SPECFLIP_SWITCH=auto: the v1 switch takes thresholds (t_off:t_on)")
+        raise SwitchConfigError(f"SPECFLIP_SWITCH=auto: {V1_TAKES}")
+    if config.tiers is not None:
+        raise SwitchConfigError(f"SPECFLIP_TIERS={config.tiers.describe()!r}: {V1_TAKES}")
     return config
 
 
@@ -420,6 +429,12 @@ def config_from_env(env: Mapping[str, str] | None = None) -> SwitchConfig | None
     return dataclasses.replace(config, v1_loop="overlap")
 
 
+def checked_config_from_env(env: Mapping[str, str] | None = None) -> SwitchConfig | None:
+    """config_from_env, refused (SwitchConfigError) where the v1 switch cannot run it (check_config)."""
+    config = config_from_env(env)
+    return None if config is None else check_config(config)
+
+
 def install_from_env() -> bool:
     """Install the switch as SPECFLIP_* say (config_from_env); False when SPECFLIP_SWITCH is unset, or (one line
     logged) on a bad setting."""
@@ -427,7 +442,7 @@ def install_from_env() -> bool:
 
     log = logging.getLogger("specflip.switch")
     try:
-        config = config_from_env()
+        config = checked_config_from_env()
     except SwitchConfigError as exc:
         log.error("specflip v1 switch off: %s", exc)
         return False
