@@ -63,13 +63,8 @@ def _not_reached(*args: Any, **kwargs: Any) -> Any:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    try:
-        import sglang.srt.managers.tp_worker  # noqa: F401
-    except ModuleNotFoundError as exc:  # 0.5.12 imports sgl_kernel (CUDA kernels) through its host KV pool
-        if not (exc.name or "").startswith("sgl_kernel"):
-            raise
-        sys.path.insert(0, str(REPO / "tests"))
-        __import__("sglang12_cpu").install_import_stand_ins()  # sgl_kernel as an import-only CPU stand-in
+    sys.path.insert(0, str(REPO / "tests"))
+    __import__("line_imports").import_tp_worker_or_stand_ins()
     from sglang.srt.server_args import PortArgs
 
     reading: dict[str, Any] = {}

@@ -217,6 +217,18 @@ def top_up(drv: Any, traffic: Traffic, want: int) -> None:
         drv.add(traffic.requests(want - live))
 
 
+def drive(drv: Any, traffic: Any, want: Any, steps: int) -> None:
+    """`steps` iterations of `drv` with the demand `want(iteration)` topped up from `traffic`, chunked prefill on and
+    off in turn, then until idle: every request served, greedy-exact, every slot accounted for."""
+    for it in range(steps):
+        drv.chunk_size = chunk_at(it)
+        top_up(drv, traffic, want(it))
+        drv.iteration()
+    drv.run_until_idle(max_iterations=1000)
+    assert traffic.served() == [] and gf.pool_accounted(drv.pools)
+    assert traffic.not_greedy() == []
+
+
 def run_auto_loop(runtime: Any, model_dir: Path, *, radix: bool, steps: int = STEPS, seed: int = 0) -> tuple[
         dict[str, int], Any]:
     """`steps` iterations of the overlap loop with the real auto switch (shim/switch/auto.py through the real
@@ -239,13 +251,7 @@ def run_auto_loop(runtime: Any, model_dir: Path, *, radix: bool, steps: int = ST
     rng = traffic.rng
     drv.accepts = lambda req: rng.randrange(1, 5)
     want = phased_demand(rng, (1, 2), (6, 9))
-    for it in range(steps):
-        drv.chunk_size = chunk_at(it)
-        top_up(drv, traffic, want(it))
-        drv.iteration()
-    drv.run_until_idle(max_iterations=1000)
-    assert traffic.served() == [] and gf.pool_accounted(drv.pools)
-    assert traffic.not_greedy() == []
+    drive(drv, traffic, want, steps)
     return {"iterations": steps, "flips": len(drv.flips), "requests": len(traffic.made)}, drv
 
 
@@ -269,13 +275,7 @@ def run_tiers_loop(runtime: Any, model_dir: Path, tiers_config: Path, monkeypatc
     # accept lengths within the tier the forward is about to run (the switch decided it this iteration)
     drv.accepts = lambda req: min(rng.randrange(1, 5), drv.switch.policy.tier + 1)
     want = phased_demand(rng, (0, 1), (3, 9))
-    for it in range(steps):
-        drv.chunk_size = chunk_at(it)
-        top_up(drv, traffic, want(it))
-        drv.iteration()
-    drv.run_until_idle(max_iterations=1000)
-    assert traffic.served() == [] and gf.pool_accounted(drv.pools)
-    assert traffic.not_greedy() == []
+    drive(drv, traffic, want, steps)
     tier_changes = sum(1 for e in drv.switch.trace.events if e["action"] == "tier")
     return ({"iterations": steps, "flips": len(drv.flips), "requests": len(traffic.made),
              "tier_changes": tier_changes}, [s for _, _, s in applied])

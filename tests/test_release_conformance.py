@@ -170,13 +170,8 @@ if ACTIVE is not None:
     def line() -> Any:
         from shim.releases import base_line, installed_release, release_line
 
-        try:
-            import sglang.srt.managers.tp_worker  # noqa: F401
-        except ModuleNotFoundError as exc:  # 0.5.12 imports sgl_kernel (CUDA kernels) through its host KV pool
-            if not (exc.name or "").startswith("sgl_kernel"):
-                raise
-            sys.path.insert(0, str(REPO / "tests"))
-            __import__("sglang12_cpu").install_import_stand_ins()  # sgl_kernel as an import-only CPU stand-in
+        sys.path.insert(0, str(REPO / "tests"))
+        __import__("line_imports").import_tp_worker_or_stand_ins()
 
         installed = installed_release()
         assert base_line(installed or "") == ACTIVE, f"sglang {installed} is installed, not {ACTIVE}"
