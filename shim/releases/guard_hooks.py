@@ -530,24 +530,25 @@ class V2Adapter(LiveReading, RankCheckHooks):
         if kwargs.get("with_topology") or batch.forward_mode.is_idle() or not batch.reqs:
             return None
 
-        def step(g: Guard) -> None:
-            steps = int(draft_worker.speculative_num_steps)
-            self._take_prepared_reading(batch)
-            g.draft(steps, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
-                    self._round_observer(batch), where="EagleDraftWorker.draft")
-        self._with_guard_in_worker_call(step)
+        self._judge_draft(batch, lambda: int(draft_worker.speculative_num_steps), "EagleDraftWorker.draft")
         return None
 
     def before_trivial_verify_input(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         if batch.forward_mode.is_idle() or not batch.reqs:
             return None
 
-        def step(g: Guard) -> None:
-            self._take_prepared_reading(batch)
-            g.draft(0, self.observe_requests_in_worker_call(batch), self.batch_pool(batch), self._round_observer(batch),
-                    where="EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
-        self._with_guard_in_worker_call(step)
+        self._judge_draft(batch, lambda: 0, "EAGLEWorkerV2._build_trivial_verify_input (steps 0)")
         return None
+
+    def _judge_draft(self, batch: Any, steps: Callable[[], int], where: str) -> None:
+        """A speculative round's draft (`steps()` draft steps, read only when the guard judges) against the model."""
+
+        def step(g: Guard) -> None:
+            n = steps()
+            self._take_prepared_reading(batch)
+            g.draft(n, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
+                    self._round_observer(batch), where=where)
+        self._with_guard_in_worker_call(step)
 
     def before_verify(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
         if batch.forward_mode.is_idle() or not batch.reqs:
