@@ -176,6 +176,8 @@ def read_trace_events(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
                 ev = json.loads(line)
             except json.JSONDecodeError:
                 raise ReplayError(f"{p}:{n}: not a JSON line") from None
+            if not isinstance(ev, dict):
+                raise ReplayError(f"{p}:{n}: not a JSON object (a switch trace record is one)")
             ev["_file"] = str(p)
             events.append(ev)
     return expand_steps(events)

@@ -117,6 +117,9 @@ def test_bad_trace_line_is_a_one_line_error(tmp_path):
     p.write_text("{not json\n")
     with pytest.raises(replay.ReplayError, match="not a JSON line"):
         read_trace_events([p])
+    p.write_text('["a list"]\n')
+    with pytest.raises(replay.ReplayError, match="switch-2.jsonl:1: not a JSON object"):
+        read_trace_events([p])
 
 
 # ------------------------------------------------------------------------------------------------
