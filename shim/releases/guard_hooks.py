@@ -209,10 +209,11 @@ class V2Adapter(LiveReading, RankCheckHooks):
             if not batch.reqs:
                 return
             self.remember_pool(getattr(batch, "req_to_token_pool", None))
-            for req in batch.reqs:
-                row = self.req_row(req)
-                if row is not None:
-                    self._live_reqs[int(row)] = req
+            if g.slot_values.on:  # the rows the slot-value check reads (off: nothing reads them)
+                for req in batch.reqs:
+                    row = self.req_row(req)
+                    if row is not None:
+                        self._live_reqs[int(row)] = req
             spec_on = not batch.spec_algorithm.is_none()
             reqs = self.observe_requests(batch)
             # a re-prefill (after a retraction) carries the output it kept: checked token for token
