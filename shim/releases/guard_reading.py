@@ -66,6 +66,18 @@ def host_ints(tensor: Any) -> list[int]:
 _CAPTURE_SIZES: list[Any] = [None, ()]  # (a copy of the last capture_bs list asked about, its sizes sorted)
 
 
+def cuda_graph_runner_replay(runner: Any, batch_size: int) -> tuple[int, int] | None:
+    """The graph a `model_executor.cuda_graph_runner.CudaGraphRunner` (0.5.12's and 0.5.13's decode runner, in the
+    model runner's `graph_runner`) replays for `batch_size` requests: its `can_run` read from its host attributes. It
+    ignores the forward's tokens per request: a speculative target replays its verify graphs (`num_tokens_per_bs` =
+    draft tokens) for any batch that fits, so a plain step on them is the guard's to catch. None: eager."""
+    if runner is None or batch_size > int(runner.max_bs):
+        return None
+    sizes = sorted_capture_sizes(runner.capture_bs)
+    at = bisect_left(sizes, batch_size)  # the first captured size >= batch_size
+    return (sizes[at] if at < len(sizes) else int(runner.max_bs)), int(runner.num_tokens_per_bs)
+
+
 def sorted_capture_sizes(capture_bs: Any) -> tuple[int, ...]:
     """A CUDA graph runner's captured batch sizes as sorted python ints. Asked at every verify and plain launch; a
     server's list is 30-50 sizes, sorted once: the last answer is taken again while the list compares equal to a

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import json
 import weakref
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,7 +60,7 @@ from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.releases import v0_5_16
 from shim.releases.base import ReleaseLine, assign_warmups, prefix_slots_chunk
 from shim.releases.guard_hooks import V2Adapter
-from shim.releases.guard_reading import host_ints, sorted_capture_sizes, tensor_width
+from shim.releases.guard_reading import cuda_graph_runner_replay, host_ints, tensor_width
 from shim.releases.server_args import LintInputError
 from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
 from statemodel.design import Design, Scope
@@ -182,15 +181,8 @@ class Adapter(V2Adapter):
         return super().batch_pool(batch)
 
     def graph_for(self, model_runner: Any, batch_size: int, spec_info: Any) -> tuple[int, int] | None:
-        """The CUDA graph a forward of `batch_size` requests replays: 0.5.12's CudaGraphRunner.can_run, read
-        from its host attributes. It ignores forward_mode: a speculative target replays its verify graphs
-        (num_tokens_per_bs = num_draft_tokens) for any batch that fits."""
-        runner = getattr(model_runner, "graph_runner", None)
-        if runner is None or batch_size > int(runner.max_bs):
-            return None
-        sizes = sorted_capture_sizes(runner.capture_bs)
-        at = bisect_left(sizes, batch_size)  # the first captured size >= batch_size
-        return (sizes[at] if at < len(sizes) else int(runner.max_bs)), int(runner.num_tokens_per_bs)
+        """The CUDA graph a forward of `batch_size` requests replays: 0.5.12's CudaGraphRunner (`graph_runner`)."""
+        return cuda_graph_runner_replay(getattr(model_runner, "graph_runner", None), batch_size)
 
     def observe_requests_with_verify_slots(self, batch: Any, per_request: int) -> list[ObservedRequest]:
         """Requests as the model counts them while a v1 verify holds its slots: `per_request` slots each,

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from shim.releases import v0_5_14, v0_5_16
+from shim.releases.guard_reading import cuda_graph_runner_replay
 from shim.releases.sizing import Sizing, SpecflipPolicy
 from shim.releases.v0_5_22 import CPU_VERIFIED
 
@@ -42,6 +43,12 @@ class Adapter(v0_5_14.Adapter):
             return int(get_tensor_model_parallel_rank())
         except Exception:  # noqa: BLE001 - no TP group in this process (single-process use, tests)
             return 0
+
+    def graph_for(self, model_runner: Any, batch_size: int, spec_info: Any) -> tuple[int, int] | None:
+        """The CUDA graph a forward of `batch_size` requests replays: the target's `graph_runner`, 0.5.13's
+        CudaGraphRunner (whose `can_run` ignores the tokens per request, as 0.5.12's; the plain path swaps in its
+        own runner there)."""
+        return cuda_graph_runner_replay(getattr(model_runner, "graph_runner", None), batch_size)
 
 
 class Line(v0_5_14.Line):
