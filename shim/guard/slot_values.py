@@ -5,10 +5,12 @@ the slots the live requests' rows hold, and every `alloc`, checked against the s
 copy of a row's values (`req_to_token[row, a:b].clone()`, an `index_select`, values computed by arithmetic) has no
 positions: what identifies its slots is their values. They are checked against every live request's row,
 `req_to_token[row, lo:hi]` (`statemodel.identity.freed_slots_unowned`): a gather of the live rows (one [rows, longest]
-block), a mask of the positions inside each range, `torch.isin` against the freed slots, and `any()`. A slot an
-`alloc` hands out is checked against `in_use`, one bool per slot on the allocator's device, set at each alloc and
-cleared at each free (`allocated_slots_free`): the cost of the alloc's size, not of the rows' length; the rows are
-read only to name a finding's holder.
+block), a mask of the positions inside each range, the freed slots marked in a bitmap of the pool's slots (a scatter),
+read back at the block's values (a gather) and cleared, and `any()` as a 0-d tensor. No host sync: no `torch.isin`
+(on CUDA it sorts through `unique`, which syncs), no boolean-mask indexing, `nonzero` or `.item()` on that path.
+A slot an `alloc` hands out is checked against `in_use`, one bool per slot on the allocator's device, set at each
+alloc and cleared at each free (`allocated_slots_free`): the cost of the alloc's size, not of the rows' length; the
+rows are read only to name a finding's holder.
 
 That is tensor work on the device the tensors live on. What needs the host is the answer, one bool.
 `SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
@@ -73,6 +75,9 @@ class SlotValueCheck:
         # slot -> handed out by an alloc the guard saw and not freed since (the allocator's device): an alloc is
         # checked against it at the cost of its own size, not the live rows' length
         self.in_use: Any = None
+        # the row scan's scratch bitmap on the same device, one bool per slot value and two more (`_scan`): all False
+        # between scans
+        self._marks: Any = None
         self._allocator: Any = None
 
     @property
@@ -89,14 +94,17 @@ class SlotValueCheck:
             self._allocator = allocator
             if self.mode == "auto" and torch.device(allocator.device).type != "cpu":
                 self.mode = "off"
-                self.in_use = None
+                self.in_use = self._marks = None
                 return
             self.in_use = torch.zeros(int(allocator.size) + 2, dtype=torch.bool, device=allocator.device)
+            self._marks = torch.zeros(int(allocator.size) + 4, dtype=torch.bool, device=allocator.device)
 
     def released(self, slots: Any) -> None:
         """A free: its slots are free again (every free, row view or copy)."""
+        import torch
+
         if self.in_use is not None and slots.numel():
-            self.in_use[slots] = False
+            self.in_use.index_fill_(0, slots.to(torch.int64), False)
 
     def allocated(self, slots: Any, rows: Callable[[], list[LiveRow]], req_to_token: Any,
                   action: str) -> list[Violation]:
@@ -105,8 +113,10 @@ class SlotValueCheck:
         at a finding). Then its slots are in use."""
         if self.in_use is None or slots.numel() == 0:
             return []
+        import torch
+
         hit = self.in_use[slots]
-        self.in_use[slots] = True
+        self.in_use.index_fill_(0, slots.to(torch.int64), True)
         self.allocs += 1
         self.allocated_slots += int(slots.numel())
         on_host = slots.device.type == "cpu"
@@ -142,23 +152,38 @@ class SlotValueCheck:
         self.pending.append(_Pending(answer, event, describe, action))
         return []
 
-    @staticmethod
-    def _scan(slots: Any, req_to_token: Any, rows: list[LiveRow]) -> tuple[Any, Any]:
-        """The rows' slots ([rows, longest]) and which of them, inside [lo, hi), are among `slots`."""
+    def _scan(self, slots: Any, req_to_token: Any, rows: list[LiveRow]) -> tuple[Any, Any]:
+        """The rows' slots ([rows, longest]) and which of them, inside [lo, hi), are among `slots`; no host sync:
+        the freed slots are marked in `marks` (scatter), the rows' slots inside their ranges read there (gather),
+        the marks cleared again (scatter). Slot values outside the pool are never among them (as with `isin`)."""
         import torch
 
         device = req_to_token.device
         longest = max(r.hi for r in rows)
-        if device.type == "cpu":
-            index = torch.tensor([r.row for r in rows])
-            bounds = torch.tensor([(r.lo, r.hi) for r in rows])
-        else:  # pinned and non-blocking: a pageable host-to-device copy would wait for the stream
-            index = torch.tensor([r.row for r in rows], pin_memory=True).to(device, non_blocking=True)
-            bounds = torch.tensor([(r.lo, r.hi) for r in rows], pin_memory=True).to(device, non_blocking=True)
-        block = req_to_token[index, :longest]
+        spans = torch.tensor([(r.row, r.lo, r.hi) for r in rows], dtype=torch.int64, pin_memory=device.type != "cpu")
+        if device.type != "cpu":  # pinned and non-blocking: a pageable host-to-device copy would wait for the stream
+            spans = spans.to(device, non_blocking=True)
+        block = req_to_token[spans[:, 0], :longest]
         at = torch.arange(longest, device=device)
-        hit = torch.isin(block, slots.to(block.dtype)) & (at >= bounds[:, :1]) & (at < bounds[:, 1:])
+        inside = (at >= spans[:, 1:2]) & (at < spans[:, 2:3])
+        marks = self._marks if self._marks is not None else self._untracked_marks(slots, req_to_token)
+        size = marks.numel() - 2  # slot values [0, size); `size`: read for the positions outside; `size + 1`: a
+        freed = slots.to(torch.int64)  # freed value outside the pool lands there
+        freed = torch.where((freed >= 0) & (freed < size), freed, size + 1)
+        marks.index_fill_(0, freed, True)
+        held = torch.where(inside, block.to(torch.int64), size).clamp_(0, size)
+        hit = marks[held]
+        marks.index_fill_(0, freed, False)
         return block, hit
+
+    @staticmethod
+    def _untracked_marks(slots: Any, req_to_token: Any) -> Any:
+        """A scan with no allocator tracked (none of the adapter's: it tracks first): a bitmap as large as the
+        values need, read off the tensors (a host sync on a device)."""
+        import torch
+
+        size = int(max(int(slots.max()), int(req_to_token.max()), 0)) + 1
+        return torch.zeros(size + 2, dtype=torch.bool, device=req_to_token.device)
 
     def defer(self, slots: Any) -> None:
         """Keep a freed copy's values for the next alloc (cloned: the caller may reuse its tensor)."""
@@ -199,14 +224,13 @@ class SlotValueCheck:
         what = f"{action} (judged one allocator call late)" if late else action
         return freed_slots_unowned(held, what) if kind == FREE else allocated_slots_free(held, what)
 
-    @classmethod
-    def _alloc_found(cls, slots: Any, rows: list[LiveRow], req_to_token: Any, action: str,
+    def _alloc_found(self, slots: Any, rows: list[LiveRow], req_to_token: Any, action: str,
                      late: bool) -> list[Violation]:
         """The violation for slots an alloc handed out while in use: where a live row holds one, that row and
         position; else the slot alone (the radix tree's, or a request's the guard does not see)."""
         held: list[SlotHeld] = []
         if rows:
-            block, hit = cls._scan(slots, req_to_token, rows)
+            block, hit = self._scan(slots, req_to_token, rows)
             for i, position in hit.nonzero().tolist():
                 r = rows[i]
                 held.append(SlotHeld(slot=int(block[i, position]), rid=r.rid, row=r.row, position=position))
