@@ -35,11 +35,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from statemodel.identity import SlotHeld, allocated_slots_free, freed_slots_unowned
+from statemodel.identity import HOLDER_UNREAD, SlotHeld, allocated_slots_free, freed_slots_unowned
 from statemodel.invariants import Violation
 
-MODES = ("auto", "sync", "late", "off")
+MODES = ("auto", "sync", "late", "assert", "off")
 FREE, ALLOC = "free", "alloc"
+# how a check's answer is read (`SlotValueCheck.path`, from the mode, the guard's mode and the tensors' device)
+NOW, LATE, STOP, OFF = "now", "late", "stop", "off"
+STOPPED = "the device stopped at this check"  # in a STOP finding's action
+
+
+def path_for(mode: str, stop: bool, on_host: bool) -> str:
+    """How a check of `mode` is answered: NOW (at the hook), LATE (at a later allocator hook), STOP (a device assert
+    behind a copy of the answer) or OFF. `stop`: the guard stops at a finding (assert mode); warn and trace mode never
+    take the server down, so there a device check is LATE. `on_host`: the allocator's tensors are host tensors."""
+    if mode == "off":
+        return OFF
+    if mode == "sync" or (mode == "auto" and on_host):
+        return NOW
+    if mode in ("auto", "assert") and stop:
+        return STOP
+    return LATE
 
 
 class LiveRow(NamedTuple):
@@ -54,19 +70,29 @@ class LiveRow(NamedTuple):
 class _Pending(NamedTuple):
     """A device check waiting for its answer."""
 
-    answer: Any  # a 0-d bool tensor in (pinned) host memory
+    # LATE: a 0-d bool (it hit); STOP: a 0-d int64 code (-1: no hit; else what `describe` decodes), in (pinned)
+    # host memory
+    answer: Any
     event: Any  # a CUDA event recorded after the copy (None: the copy is done)
-    describe: Callable[[bool], list[Violation]]  # the violations, once the answer says it hit
+    describe: Callable[[int], list[Violation]]  # the violations, once the answer says it hit (given its value)
     action: str
+    stop: bool  # a STOP check (a device assert follows the copy)
+
+    def hit(self) -> tuple[bool, int]:
+        """(it hit, the answer's value); read only once the copy is done."""
+        value = int(self.answer)
+        return (value >= 0 if self.stop else value != 0), value
 
 
 class SlotValueCheck:
     """Judges frees of copies and allocs by slot value; holds the device checks not answered yet."""
 
-    def __init__(self, mode: str = "auto") -> None:
+    def __init__(self, mode: str = "auto", *, stop: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"slot-value mode {mode!r} (expected one of {', '.join(MODES)})")
         self.mode = mode
+        self.stop = stop  # the guard stops at a finding (assert mode): `path_for`
+        self.path: str | None = OFF if mode == "off" else None  # set by `track` (None: no allocator yet)
         self.pending: list[_Pending] = []
         self.deferred: list[Any] = []  # copies freed since the last alloc, judged again there
         self.checked = 0  # row scans run (measurement and tests)
@@ -82,18 +108,17 @@ class SlotValueCheck:
 
     @property
     def on(self) -> bool:
-        return self.mode != "off"
+        return self.path != OFF
 
     def track(self, allocator: Any) -> None:
         """The allocator whose slots `in_use` follows (a new one starts it afresh: its slots in use before are not
-        known, and not judged). In auto mode an allocator on a device turns the check off (the module's docstring
-        says why); the hooks ask `on` after this."""
+        known, and not judged); sets `path` for its device. The hooks ask `on` after this."""
         if allocator is not self._allocator:
             import torch
 
             self._allocator = allocator
-            if self.mode == "auto" and torch.device(allocator.device).type != "cpu":
-                self.mode = "off"
+            self.path = path_for(self.mode, self.stop, torch.device(allocator.device).type == "cpu")
+            if self.path == OFF:
                 self.in_use = self._marks = None
                 return
             self.in_use = torch.zeros(int(allocator.size) + 2, dtype=torch.bool, device=allocator.device)
@@ -115,42 +140,78 @@ class SlotValueCheck:
             return []
         import torch
 
-        hit = self.in_use[slots]
-        self.in_use.index_fill_(0, slots.to(torch.int64), True)
+        index = slots.to(torch.int64)
+        hit = self.in_use[index]
+        self.in_use.index_fill_(0, index, True)
         self.allocs += 1
         self.allocated_slots += int(slots.numel())
-        on_host = slots.device.type == "cpu"
-        if self.mode == "sync" or (self.mode == "auto" and on_host):  # judged now: no copy kept
+        if self.path == NOW:  # judged now: no copy kept
             return self._alloc_found(slots[hit], rows(), req_to_token, action, False) if bool(hit.any()) else []
+        on_host = slots.device.type == "cpu"
+        if self.path == STOP:  # the largest slot handed out in use, else -1; its holder is not read (no row scan)
+            return self._stop(torch.where(hit, index, -1).amax(), on_host,
+                              lambda code: self._alloc_stopped(code, f"{action} ({STOPPED})"), action)
         taken = slots.clone()
-        return self._answer(hit.any(), on_host,
-                            lambda late: self._alloc_found(taken[hit], rows(), req_to_token, action, late), action)
+        return self._late(hit.any(), on_host,
+                          lambda _: self._alloc_found(taken[hit], rows(), req_to_token, action, True), action)
 
     def check(self, slots: Any, req_to_token: Any, rows: list[LiveRow], kind: str, action: str) -> list[Violation]:
-        """`slots` (a 1-D integer tensor) freed, against `rows` of `req_to_token`: the violations found now; a
-        device check in auto or late mode is queued for `judge_due` and finds nothing now."""
+        """`slots` (a 1-D integer tensor) freed, against `rows` of `req_to_token`: the violations found now; a LATE
+        check is queued for `judge_due` and finds nothing now; a STOP check is queued and asserted on the device."""
         if not rows or slots.numel() == 0:
             return []
         block, hit = self._scan(slots, req_to_token, rows)
         self.checked += 1
         frozen = tuple(rows)
-        return self._answer(hit.any(), req_to_token.device.type == "cpu",
-                            lambda late: self._found(block, hit, frozen, kind, action, late=late), action)
+        if self.path == NOW:
+            return self._found(block, hit, frozen, kind, action, late=False) if bool(hit.any()) else []
+        on_host = req_to_token.device.type == "cpu"
+        if self.path == STOP:  # the hit with the largest (slot, row, position), as one int64 (`_stopped` decodes it)
+            import torch
 
-    def _answer(self, any_hit: Any, on_host: bool, describe: Callable[[bool], list[Violation]],
-                action: str) -> list[Violation]:
+            width = hit.numel()
+            flat = torch.arange(width, device=hit.device).view(hit.shape)
+            code = torch.where(hit, block.to(torch.int64) * width + flat, -1).amax()
+            return self._stop(code, on_host, lambda c: self._stopped(c, width, hit.shape[1], frozen, kind,
+                                                                     f"{action} ({STOPPED})"), action)
+        return self._late(hit.any(), on_host, lambda _: self._found(block, hit, frozen, kind, action, late=True),
+                          action)
+
+    def _late(self, any_hit: Any, on_host: bool, describe: Callable[[int], list[Violation]],
+              action: str) -> list[Violation]:
+        """LATE: the answer copied into pinned host memory without blocking, a CUDA event behind it; read by
+        `judge_due` at a later allocator hook once the event has completed."""
         import torch
 
-        if self.mode == "sync" or (self.mode == "auto" and on_host):
-            return describe(False) if bool(any_hit) else []
         answer = torch.empty((), dtype=torch.bool, pin_memory=not on_host)
         answer.copy_(any_hit, non_blocking=not on_host)
-        event = None
-        if not on_host:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append(_Pending(answer, event, describe, action))
+        self.pending.append(_Pending(answer, self._event(on_host), describe, action, False))
         return []
+
+    def _stop(self, code: Any, on_host: bool, describe: Callable[[int], list[Violation]],
+              action: str) -> list[Violation]:
+        """STOP: the answer (`code`, -1: no hit) copied into pinned host memory without blocking, an event behind it,
+        then `torch._assert_async(code < 0)` on the same stream: at a hit the device stops there, so no kernel queued
+        after it (the next forward) runs, and the process meets the CUDA error at its next CUDA call. The answer,
+        copied before the assert, is read then (`stopped_findings`, from the adapter's hook around the scheduler's
+        event loop). On host tensors the assert raises at once: the same path, run on the CPU."""
+        import torch
+
+        answer = torch.empty((), dtype=torch.int64, pin_memory=not on_host)
+        answer.copy_(code, non_blocking=not on_host)
+        self.pending.append(_Pending(answer, self._event(on_host), describe, action, True))
+        torch._assert_async(code < 0)
+        return []
+
+    @staticmethod
+    def _event(on_host: bool) -> Any:
+        if on_host:
+            return None  # the copy is done
+        import torch
+
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _scan(self, slots: Any, req_to_token: Any, rows: list[LiveRow]) -> tuple[Any, Any]:
         """The rows' slots ([rows, longest]) and which of them, inside [lo, hi), are among `slots`; no host sync:
@@ -167,12 +228,14 @@ class SlotValueCheck:
         at = torch.arange(longest, device=device)
         inside = (at >= spans[:, 1:2]) & (at < spans[:, 2:3])
         marks = self._marks if self._marks is not None else self._untracked_marks(slots, req_to_token)
-        size = marks.numel() - 2  # slot values [0, size); `size`: read for the positions outside; `size + 1`: a
-        freed = slots.to(torch.int64)  # freed value outside the pool lands there
+        # slot values [0, size); `size` is never marked (read for the positions outside the ranges), `size + 1` takes
+        # the freed values outside the pool
+        size = marks.numel() - 2
+        freed = slots.to(torch.int64)
         freed = torch.where((freed >= 0) & (freed < size), freed, size + 1)
         marks.index_fill_(0, freed, True)
-        held = torch.where(inside, block.to(torch.int64), size).clamp_(0, size)
-        hit = marks[held]
+        value = block.to(torch.int64)
+        hit = marks[torch.where(inside & (value >= 0) & (value < size), value, size)]
         marks.index_fill_(0, freed, False)
         return block, hit
 
@@ -208,8 +271,33 @@ class SlotValueCheck:
         for p in self.pending:
             if p.event is not None and not p.event.query():
                 waiting.append(p)
-            elif bool(p.answer):
-                found.append((p.action, p.describe(True)))
+                continue
+            hit, value = p.hit()
+            if hit:
+                found.append((p.action, p.describe(value)))
+        self.pending = waiting
+        return found
+
+    def stopped_findings(self) -> list[tuple[str, list[Violation]]]:
+        """After the process met an error: (action, violations) of each STOP check whose answer says it hit -- the
+        device assert that stopped the device. Reads host memory only: after a device-side assert every CUDA call
+        fails (an event's query too), and the answers, copied before each assert in stream order, are final."""
+        found: list[tuple[str, list[Violation]]] = []
+        waiting = []
+        for p in self.pending:
+            if not p.stop:
+                waiting.append(p)
+                continue
+            try:
+                arrived = p.event is None or p.event.query()
+            except RuntimeError:  # the CUDA context failed (torch.AcceleratorError is a RuntimeError): nothing runs
+                arrived = True
+            if not arrived:
+                waiting.append(p)
+                continue
+            hit, value = p.hit()
+            if hit:
+                found.append((p.action, p.describe(value)))
         self.pending = waiting
         return found
 
@@ -238,3 +326,22 @@ class SlotValueCheck:
         held += [SlotHeld(slot=s, rid=-1, row=-1, position=-1) for s in slots.tolist() if s not in named]
         what = f"{action} (judged one allocator call late)" if late else action
         return allocated_slots_free(held, what)
+
+    @staticmethod
+    def _stopped(code: int, width: int, longest: int, rows: tuple[LiveRow, ...], kind: str,
+                 action: str) -> list[Violation]:
+        """The violation of a STOP row scan from its answer alone (`check` packs slot * width + row * longest +
+        position): one of the slots that hit, and the row holding it."""
+        slot, flat = divmod(code, width)
+        i, position = divmod(flat, longest)
+        r = rows[i]
+        held = [SlotHeld(slot=slot, rid=r.rid, row=r.row, position=position)]
+        return (freed_slots_unowned(held, action, counted=False) if kind == FREE
+                else allocated_slots_free(held, action, counted=False))
+
+    @staticmethod
+    def _alloc_stopped(code: int, action: str) -> list[Violation]:
+        """The violation of a STOP alloc check from its answer alone: the largest slot handed out in use (who holds
+        it is not read: that would take a row scan at every alloc)."""
+        return allocated_slots_free([SlotHeld(slot=code, rid=-1, row=HOLDER_UNREAD, position=-1)], action,
+                                    counted=False)
