@@ -68,20 +68,15 @@ class LiveRow(NamedTuple):
 
 
 class _Pending(NamedTuple):
-    """A device check waiting for its answer."""
+    """A LATE check waiting for its answer."""
 
-    # LATE: a 0-d bool (it hit); STOP: a 0-d int64 code (-1: no hit; else what `describe` decodes), in (pinned)
-    # host memory
-    answer: Any
+    answer: Any  # a 0-d bool tensor in (pinned) host memory
     event: Any  # a CUDA event recorded after the copy (None: the copy is done)
-    describe: Callable[[int], list[Violation]]  # the violations, once the answer says it hit (given its value)
+    describe: Callable[[], list[Violation]]  # the violations, once the answer says it hit
     action: str
-    stop: bool  # a STOP check (a device assert follows the copy)
 
-    def hit(self) -> tuple[bool, int]:
-        """(it hit, the answer's value); read only once the copy is done."""
-        value = int(self.answer)
-        return (value >= 0 if self.stop else value != 0), value
+
+STOP_ANSWERS = 1024  # the STOP answers kept (a ring): far more checks than the host runs ahead of the device
 
 
 class SlotValueCheck:
@@ -94,6 +89,12 @@ class SlotValueCheck:
         self.stop = stop  # the guard stops at a finding (assert mode): `path_for`
         self.path: str | None = OFF if mode == "off" else None  # set by `track` (None: no allocator yet)
         self.pending: list[_Pending] = []
+        # STOP: the answers (int64, -1: no hit), in pinned host memory on a device, written by the checks' copies in
+        # turn; (describe, action) of the check that wrote each; the next to write; the stream they were queued on
+        self._answers: Any = None
+        self._described: list[tuple[Callable[[int], list[Violation]], str] | None] = []
+        self._next_answer = 0
+        self._stream: Any = None
         self.deferred: list[Any] = []  # copies freed since the last alloc, judged again there
         self.checked = 0  # row scans run (measurement and tests)
         self.allocs = 0  # allocs checked against `in_use`
@@ -123,6 +124,10 @@ class SlotValueCheck:
                 return
             self.in_use = torch.zeros(int(allocator.size) + 2, dtype=torch.bool, device=allocator.device)
             self._marks = torch.zeros(int(allocator.size) + 4, dtype=torch.bool, device=allocator.device)
+            if self.path == STOP and self._answers is None:
+                on_host = torch.device(allocator.device).type == "cpu"
+                self._answers = torch.full((STOP_ANSWERS,), -1, dtype=torch.int64, pin_memory=not on_host)
+                self._described = [None] * STOP_ANSWERS
 
     def released(self, slots: Any) -> None:
         """A free: its slots are free again (every free, row view or copy)."""
@@ -153,7 +158,7 @@ class SlotValueCheck:
                               lambda code: self._alloc_stopped(code, f"{action} ({STOPPED})"), action)
         taken = slots.clone()
         return self._late(hit.any(), on_host,
-                          lambda _: self._alloc_found(taken[hit], rows(), req_to_token, action, True), action)
+                          lambda: self._alloc_found(taken[hit], rows(), req_to_token, action, True), action)
 
     def check(self, slots: Any, req_to_token: Any, rows: list[LiveRow], kind: str, action: str) -> list[Violation]:
         """`slots` (a 1-D integer tensor) freed, against `rows` of `req_to_token`: the violations found now; a LATE
@@ -174,10 +179,9 @@ class SlotValueCheck:
             code = torch.where(hit, block.to(torch.int64) * width + flat, -1).amax()
             return self._stop(code, on_host, lambda c: self._stopped(c, width, hit.shape[1], frozen, kind,
                                                                      f"{action} ({STOPPED})"), action)
-        return self._late(hit.any(), on_host, lambda _: self._found(block, hit, frozen, kind, action, late=True),
-                          action)
+        return self._late(hit.any(), on_host, lambda: self._found(block, hit, frozen, kind, action, late=True), action)
 
-    def _late(self, any_hit: Any, on_host: bool, describe: Callable[[int], list[Violation]],
+    def _late(self, any_hit: Any, on_host: bool, describe: Callable[[], list[Violation]],
               action: str) -> list[Violation]:
         """LATE: the answer copied into pinned host memory without blocking, a CUDA event behind it; read by
         `judge_due` at a later allocator hook once the event has completed."""
@@ -185,33 +189,31 @@ class SlotValueCheck:
 
         answer = torch.empty((), dtype=torch.bool, pin_memory=not on_host)
         answer.copy_(any_hit, non_blocking=not on_host)
-        self.pending.append(_Pending(answer, self._event(on_host), describe, action, False))
+        event = None
+        if not on_host:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append(_Pending(answer, event, describe, action))
         return []
 
     def _stop(self, code: Any, on_host: bool, describe: Callable[[int], list[Violation]],
               action: str) -> list[Violation]:
-        """STOP: the answer (`code`, -1: no hit) copied into pinned host memory without blocking, an event behind it,
-        then `torch._assert_async(code < 0)` on the same stream: at a hit the device stops there, so no kernel queued
-        after it (the next forward) runs, and the process meets the CUDA error at its next CUDA call. The answer,
-        copied before the assert, is read then (`stopped_findings`, from the adapter's hook around the scheduler's
-        event loop). On host tensors the assert raises at once: the same path, run on the CPU."""
+        """STOP: the answer (`code`, -1: no hit) copied into the next of the pinned answers without blocking, then
+        `torch._assert_async(code < 0)` on the same stream: at a hit the device stops there, so no kernel queued after
+        it (the next forward) runs, and the process meets the CUDA error at its next CUDA call. The answer, copied
+        before the assert, is read then (`stopped_findings`, from the adapter's hook around the scheduler's event
+        loop); a clean answer is never read (no event, no query). On host tensors the assert raises at once: the same
+        path, run on the CPU."""
         import torch
 
-        answer = torch.empty((), dtype=torch.int64, pin_memory=not on_host)
-        answer.copy_(code, non_blocking=not on_host)
-        self.pending.append(_Pending(answer, self._event(on_host), describe, action, True))
+        i = self._next_answer
+        self._next_answer = (i + 1) % STOP_ANSWERS
+        self._answers[i].copy_(code, non_blocking=not on_host)
+        self._described[i] = (describe, action)
+        if not on_host:
+            self._stream = torch.cuda.current_stream()
         torch._assert_async(code < 0)
         return []
-
-    @staticmethod
-    def _event(on_host: bool) -> Any:
-        if on_host:
-            return None  # the copy is done
-        import torch
-
-        event = torch.cuda.Event()
-        event.record()
-        return event
 
     def _scan(self, slots: Any, req_to_token: Any, rows: list[LiveRow]) -> tuple[Any, Any]:
         """The rows' slots ([rows, longest]) and which of them, inside [lo, hi), are among `slots`; no host sync:
@@ -262,8 +264,8 @@ class SlotValueCheck:
         return taken[0] if len(taken) == 1 else torch.cat([t.to(taken[0].dtype) for t in taken])
 
     def judge_due(self) -> list[tuple[str, list[Violation]]]:
-        """(action, violations) of each queued device check whose answer has arrived and hit (never waits for one
-        that has not arrived)."""
+        """(action, violations) of each queued LATE check whose answer has arrived and hit (never waits for one that
+        has not arrived)."""
         if not self.pending:
             return []
         found: list[tuple[str, list[Violation]]] = []
@@ -271,34 +273,31 @@ class SlotValueCheck:
         for p in self.pending:
             if p.event is not None and not p.event.query():
                 waiting.append(p)
-                continue
-            hit, value = p.hit()
-            if hit:
-                found.append((p.action, p.describe(value)))
+            elif bool(p.answer):
+                found.append((p.action, p.describe()))
         self.pending = waiting
         return found
 
     def stopped_findings(self) -> list[tuple[str, list[Violation]]]:
         """After the process met an error: (action, violations) of each STOP check whose answer says it hit -- the
         device assert that stopped the device. Reads host memory only: after a device-side assert every CUDA call
-        fails (an event's query too), and the answers, copied before each assert in stream order, are final."""
-        found: list[tuple[str, list[Violation]]] = []
-        waiting = []
-        for p in self.pending:
-            if not p.stop:
-                waiting.append(p)
-                continue
+        fails, and the answers, each copied before its assert in stream order, are final. While the stream the
+        checks ran on still has work in flight (the device is fine: the error is not an assert's), nothing."""
+        if self._answers is None:
+            return []
+        if self._stream is not None:
             try:
-                arrived = p.event is None or p.event.query()
+                if not self._stream.query():
+                    return []
             except RuntimeError:  # the CUDA context failed (torch.AcceleratorError is a RuntimeError): nothing runs
-                arrived = True
-            if not arrived:
-                waiting.append(p)
-                continue
-            hit, value = p.hit()
-            if hit:
-                found.append((p.action, p.describe(value)))
-        self.pending = waiting
+                pass
+        found: list[tuple[str, list[Violation]]] = []
+        for i, value in enumerate(self._answers.tolist()):
+            described = self._described[i]
+            if value >= 0 and described is not None:
+                describe, action = described
+                found.append((action, describe(value)))
+                self._answers[i] = -1
         return found
 
     @staticmethod
