@@ -9,8 +9,9 @@ What each check reads, and where (docs/guard.md, "Identity checks"):
   row, `cache_protected_len` and `kv_allocated_len` (python ints) before and after. A free of a tensor that is not a
   view of a row (a copy, a cat) is counted here, and judged by its values (next item).
 * freed and allocated slots by value (`shim.guard.slot_values`): a free of a tensor that is no row view against the
-  live rows' slots, every `alloc` against the slots in use; read at the hook on host tensors, one allocator call late
-  on device tensors (SPECFLIP_GUARD_SLOT_VALUES).
+  live rows' slots, every `alloc` against the slots in use; read at the hook on host tensors; on device tensors one
+  allocator call late, or (assert mode) asserted on the device, its finding raised when the process meets the error
+  (SPECFLIP_GUARD_SLOT_VALUES).
 * committed output: `req.output_ids` (a python list on the host) at `prepare_for_decode`, at each release and at a
   prefill, against the model's `committed` and the length and token the guard saw there last.
 """

@@ -1,33 +1,48 @@
 """Slot identity by value (issue 51): a free of a tensor that is no view of a `req_to_token` row, checked against
 the slots the live requests' rows hold, and every `alloc`, checked against the slots in use.
 
-`slots_freed_owned` judges a free of a row view by its positions, from tensor metadata (no value read). A free of a
-copy of a row's values (`req_to_token[row, a:b].clone()`, an `index_select`, values computed by arithmetic) has no
-positions: what identifies its slots is their values. They are checked against every live request's row,
-`req_to_token[row, lo:hi]` (`statemodel.identity.freed_slots_unowned`): a gather of the live rows (one [rows, longest]
-block), a mask of the positions inside each range, the freed slots marked in a bitmap of the pool's slots (a scatter),
-read back at the block's values (a gather) and cleared, and `any()` as a 0-d tensor. No host sync: no `torch.isin`
-(on CUDA it sorts through `unique`, which syncs), no boolean-mask indexing, `nonzero` or `.item()` on that path.
-A slot an `alloc` hands out is checked against `in_use`, one bool per slot on the allocator's device, set at each
-alloc and cleared at each free (`allocated_slots_free`): the cost of the alloc's size, not of the rows' length; the
-rows are read only to name a finding's holder.
+`slots_freed_owned` judges a free of a row view by its positions, from tensor metadata (no value read). A free of a copy
+of a row's values (`req_to_token[row, a:b].clone()`, an `index_select`, values computed by arithmetic) has no positions:
+what identifies its slots is their values. They are checked against every live request's row, `req_to_token[row, lo:hi]`
+(`statemodel.identity.freed_slots_unowned`): a gather of the live rows (one [rows, longest] block), a mask of the
+positions inside each range, the freed slots marked in a bitmap of the pool's slots (a scatter), read back at the
+block's values (a gather) and cleared, then `any()` as a 0-d tensor (code 4ff5577 used `torch.isin`, which on CUDA sorts
+through `unique` and syncs). A slot an `alloc` hands out is checked against `in_use`, one bool per slot on the
+allocator's device, set at each alloc and cleared at each free (`allocated_slots_free`): the cost of the alloc's size,
+not of the rows' length; the rows are read only to name a finding's holder.
 
-That is tensor work on the device the tensors live on. What needs the host is the answer, one bool.
-`SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) says when it is read:
-* auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns; on a device
-  the check is off. Measured on one H100 (2026-12-06, the GPU line of docs/releases.md, the 8B-class pair, code
-  8c6c165, one round per trace, bench/gpu/results/2026-12-06_59347e0/workload_d/): the guard in assert mode with
-  the device path on (then auto's device path, now `late`) ran at 0.80-0.92x of `auto` alone, where the guard
-  without slot values had measured 0.994-1.019x (code b3a9830). The row scan's `torch.isin` sorts with `unique`, a
-  host-device sync on CUDA, at every free of a copy; which part costs what on the device was not measured apart.
-  Opt in with late or sync.
-* sync: judged at the hook on every device (a host-device sync per alloc and per free of a copy).
-* late: judged one allocator call later on every device: the bool is copied into pinned host memory without
-  blocking, an event recorded behind it, and read once the event has completed (the finding comes at the next
-  allocator hook, after the forward that followed the fault); on host tensors too, which is how the CPU tests reach it.
+That is tensor work on the device the tensors live on, with no host sync on the checked path (no `isin`, `unique`,
+`nonzero`, `.item()`, boolean-mask indexing or python `if` on a device tensor; `in_use` is updated by `index_fill_`).
+What needs the host is the answer. `SPECFLIP_GUARD_SLOT_VALUES` (shim/settings.py) and the guard's mode say how it is
+read (`path_for`):
+* auto (default): host tensors (a CPU server, the tests) are judged at the hook, before the call returns (NOW); on a
+  device, the guard in assert mode takes STOP, in warn or trace mode LATE.
+* sync: judged at the hook on every device (NOW: a host-device sync per alloc and per free of a copy).
+* late: LATE on every device: the answer (a bool) is copied into pinned host memory without blocking, an event recorded
+  behind it, and read once the event has completed (the finding comes at the next allocator hook, after the forward
+  that followed the fault); on host tensors too, which is how the CPU tests reach it.
+* assert: STOP in the guard's assert mode (LATE in warn and trace mode, which never take the server down), on every
+  device: the answer, one int64 that names a hit (-1: none), is copied into a ring of pinned host memory without
+  blocking, then `torch._assert_async(answer < 0)` runs on the same stream. At a hit the device stops there: no kernel
+  queued after it runs (the next forward waits on the scheduler's stream), and the process meets the CUDA error at
+  its next CUDA call, in SGLang's code or the guard's. The adapter's hook around `Scheduler.run_event_loop` then reads
+  the ring (host memory, final once the device has stopped) and raises the finding from the CUDA error
+  (`SpecFlipViolation`, logged), before SGLang logs the exception and stops the server. A clean answer is never read.
+  On host tensors the assert raises at once: the same path, run on the CPU (tests/test_guard_slot_values.py).
 * off: not checked.
 The rows' numbers (which row, its allocation) are python ints the adapter reads off the live requests; only the
-answer and, at a finding, the positions that hit are read back.
+answer and, at a finding, the positions that hit are read back (NOW, LATE); a STOP finding is decoded from its answer
+alone (a freed copy: one slot, its row and position; an alloc: one slot, its holder not read).
+
+Measured: on one H100 (2026-12-06, the GPU line of docs/releases.md, the 8B-class pair, code 8c6c165, one round per
+trace, bench/gpu/results/2026-12-06_59347e0/workload_d/) the guard in assert mode with the LATE path of that code
+(its row scan through `torch.isin`, its bitmap updated by `in_use[slots] = value`) ran at 0.80-0.92x of `auto` alone,
+where the guard without slot values had measured 0.994-1.019x (code b3a9830); which part cost what was not measured
+apart, and auto was then made off on a GPU. Not measured: this code on a GPU (the sync-free scan and updates, the STOP
+path that auto now takes there). `python3 bench/gpu/slot_values_check.py` on the device times each call old against
+new, proves the new path sync-free with torch's sync debug mode, and fires the device assert in a subprocess; the
+server-level cost is a bench/gpu/device_run.sh comparison. If it costs too much, `off` (or `late`) is the operator's
+way out.
 """
 
 from __future__ import annotations
