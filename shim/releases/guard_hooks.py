@@ -388,7 +388,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def _freed_slots(self, g: Guard, allocator: Any, free_index: Any, by_value: bool) -> None:
         g.slot_values.track(allocator)
-        if not g.slot_values.on:  # auto on a device
+        if not g.slot_values.on:  # off
             return
         if by_value:
             self._check_slot_values(g, free_index, FREE)
@@ -406,7 +406,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def _allocated_slots(self, g: Guard, allocator: Any, slots: Any) -> None:
         g.slot_values.track(allocator)
-        if not g.slot_values.on:  # auto on a device
+        if not g.slot_values.on:  # off
             return
         self._check_slot_values(g, slots, ALLOC)
 
