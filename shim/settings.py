@@ -299,10 +299,12 @@ class Settings:
         True, "The guard's per-step rank agreement check under tensor parallelism (docs/tp.md).",
         features=(FEATURE_GUARD,))
     GUARD_SLOT_VALUES = Choice(
-        ("auto", "sync", "late", "off"), "auto",
-        "Slot identity by value (a free of a copy of row values, every alloc; docs/guard.md): auto (judged at the "
-        "hook for host tensors; off on a GPU, where the device path cost the guard 8-20 % on an H100), sync (at the "
-        "hook on every device: a host-device sync per alloc), late (one allocator call later, no sync), off.",
+        ("auto", "sync", "late", "assert", "off"), "auto",
+        "Slot identity by value (a free of a copy of row values, every alloc; docs/guard.md): auto (host tensors: "
+        "judged at the hook; a GPU: assert in the guard's assert mode, else late; that device path's GPU cost is not "
+        "measured yet), sync (at the hook on every device: a host-device sync per alloc), late (one allocator call "
+        "later, no sync), assert (guard assert mode: a device assert behind the answer's copy stops the GPU before "
+        "the next forward, no sync; warn mode: late), off.",
         features=(FEATURE_GUARD,))
     COUNT_SYNCS = Flag(
         False, "Measurement: count the guard steps' host-device synchronisations (CUDA).", features=(FEATURE_GUARD,))

@@ -112,44 +112,60 @@ class SlotHeld:
 
     slot: int
     rid: int  # the model's request index (-1: a request the guard does not track)
-    row: int
+    row: int  # -1: no live row holds it; HOLDER_UNREAD: not read (the guard's device stopped at the check)
     position: int
 
 
-def freed_slots_unowned(held: Sequence[SlotHeld], action: str) -> list[Violation]:
+HOLDER_UNREAD = -2  # SlotHeld.row of a slot whose holder was not read (shim/guard/slot_values.py, the device assert)
+
+
+def freed_slots_unowned(held: Sequence[SlotHeld], action: str, *, counted: bool = True) -> list[Violation]:
     """Slot identity by value: a free hands the allocator only slots no other live request holds. `held`: the freed
     slots some other request's row still holds inside its allocation (a copy of its row's values freed, a gather, a
     computed index): after the free the allocator may hand them to a new request while that one still reads and
-    writes them. Part of `slots_freed_owned`, which judges a free of a row view by its positions."""
+    writes them. Part of `slots_freed_owned`, which judges a free of a row view by its positions. `counted` False:
+    `held` is one of them, their number not known (the guard's device assert reads one)."""
     if not held:
         return []
     return [Violation(
         SLOTS_FREED_OWNED,
-        f"{action} freed {len(held)} slots that other live requests' rows still hold (first: slot {held[0].slot} at "
-        f"position {held[0].position} of row {held[0].row})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        f"{action} freed {_number(held, counted)}slots that other live requests' rows still hold "
+        f"({'first' if counted else 'one of them'}: slot {held[0].slot} at position {held[0].position} of row "
+        f"{held[0].row})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
         expected="freed slots held by no other live request",
         actual=_slots(held))]
 
 
-def allocated_slots_free(held: Sequence[SlotHeld], action: str) -> list[Violation]:
+def allocated_slots_free(held: Sequence[SlotHeld], action: str, *, counted: bool = True) -> list[Violation]:
     """The allocator hands out only free slots: a slot it returns that it handed out before and that was not freed
     since is still in use (a live request's row holds it, or the radix tree does): it was put back on the free list
     behind free()'s back, and the new owner's KV would overwrite the live one's. `held`: those slots, each with the
-    live row holding it where one does (row -1: none)."""
+    live row holding it where one does (row -1: none; HOLDER_UNREAD: not read). `counted` False: `held` is one of
+    them, their number not known."""
     if not held:
         return []
     first = held[0]
-    where = f"at position {first.position} of row {first.row}" if first.row >= 0 else "in use, in no live row"
     return [Violation(
         SLOTS_ALLOCATED_FREE,
-        f"{action} handed out {len(held)} slots still in use: allocated before and not freed since (first: slot "
-        f"{first.slot}, {where})", tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
+        f"{action} handed out {_number(held, counted)}slots still in use: allocated before and not freed since "
+        f"({'first' if counted else 'one of them'}: slot {first.slot}, {_holder(first)})",
+        tuple(dict.fromkeys(h.rid for h in held if h.rid >= 0)),
         expected="free slots only", actual=_slots(held))]
+
+
+def _number(held: Sequence[SlotHeld], counted: bool) -> str:
+    return f"{len(held)} " if counted else ""
+
+
+def _holder(h: SlotHeld) -> str:
+    if h.row >= 0:
+        return f"at position {h.position} of row {h.row}"
+    return "in use, its holder not read" if h.row == HOLDER_UNREAD else "in use, in no live row"
 
 
 def _slots(held: Sequence[SlotHeld], shown: int = 4) -> str:
     text = ", ".join(f"slot {h.slot} (row {h.row} position {h.position})" if h.row >= 0
-                     else f"slot {h.slot} (in use, in no live row)" for h in held[:shown])
+                     else f"slot {h.slot} ({_holder(h)})" for h in held[:shown])
     return text + (f" and {len(held) - shown} more" if len(held) > shown else "")
 
 

@@ -151,6 +151,19 @@ def alloc_a_live_slot(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> 
     return lambda: allocator.alloc(2)
 
 
+def stop_at_a_freed_copy(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    """SPECFLIP_GUARD_SLOT_VALUES=assert: a copy of another request's committed slots is freed; the check's device
+    assert raises (on the CPU at once; on a GPU at the process's next CUDA call), and the hook around the scheduler's
+    event loop raises the finding read from the answer the check copied out (shim/guard/slot_values.py)."""
+    mp.setattr(runtime, "slot_values", "assert")
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.finish_and_filter()
+    other = drv.batch.reqs[1]
+    copy = drv.pools.req_to_token_pool.req_to_token[other.kv.req_pool_idx, 0:2].clone()
+    return lambda: runtime.adapter.around_event_loop(lambda _scheduler: drv.pools.allocator.free(copy), None)
+
+
 def _finished() -> Any:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
@@ -277,6 +290,7 @@ CASES = [
     Case("before_stub_skipped_draft_extend", skipped_extend_then_draft, "draft_kv_covers_prefix", "draft",
          judged_at="before_draft"),
     Case("after_allocator_alloc", alloc_a_live_slot, "slots_allocated_free", "alloc"),
+    Case("around_event_loop", stop_at_a_freed_copy, "slots_freed_owned", "free"),
     Case("before_free_group_end", group_finish_leaks, "kv_conservation", "finish"),
     Case("after_free_group_begin", group_finish_leaks, "kv_conservation", "finish",
          judged_at="before_free_group_end"),

@@ -8,6 +8,7 @@ with the check on finds nothing and the check did run (its count of checks grew)
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -172,8 +173,8 @@ def test_a_live_slot_handed_out_again_is_caught_at_the_alloc(runtime: Any, model
 
 def test_late_mode_judges_a_freed_copy_at_the_next_allocator_call(runtime: Any, model_dir: Path,
                                                                    slot_mode: Callable[[str], None]) -> None:
-    """SPECFLIP_GUARD_SLOT_VALUES=late (the auto mode's path for device tensors, on the CPU): the free itself passes,
-    its answer is read at the next allocator call, which reports it."""
+    """SPECFLIP_GUARD_SLOT_VALUES=late (auto's path for device tensors in warn mode, on the CPU): the free itself
+    passes, its answer is read at the next allocator call, which reports it."""
     slot_mode("late")
     drv = _driver(runtime, model_dir)
     allocator = drv.pools.allocator
@@ -214,22 +215,109 @@ def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Pa
     assert checks.checked >= 3, checks.checked  # the flip-off's reserve copies, by value against the live rows
 
 
-class CudaAllocatorStandIn:
-    """What SlotValueCheck.track reads of an allocator on a GPU (its device and size): a real CUDA allocator cannot
-    be built on a CPU."""
+@pytest.mark.parametrize(("mode", "stop", "on_host", "path"), [
+    ("auto", True, True, "now"), ("auto", False, True, "now"),  # a CPU server: judged at the hook
+    ("auto", True, False, "stop"),  # a GPU, the guard in assert mode: the device assert
+    ("auto", False, False, "late"),  # a GPU, warn or trace mode: never takes the server down
+    ("assert", True, True, "stop"), ("assert", True, False, "stop"),  # the device path, also on host tensors
+    ("assert", False, False, "late"), ("assert", False, True, "late"),
+    ("late", True, True, "late"), ("late", True, False, "late"),
+    ("sync", True, False, "now"), ("sync", False, False, "now"),
+    ("off", True, True, "off"), ("off", True, False, "off"),
+])
+def test_the_path_each_mode_takes(mode: str, stop: bool, on_host: bool, path: str) -> None:
+    """SPECFLIP_GUARD_SLOT_VALUES, the guard's mode (`stop`: assert) and the tensors' device choose how a check's
+    answer is read (shim/guard/slot_values.py, `path_for`)."""
+    from shim.guard.slot_values import path_for
 
-    device = "cuda:0"
-    size = 64
+    assert path_for(mode, stop, on_host) == path
 
 
-def test_auto_mode_is_off_on_a_device_and_on_for_host_tensors() -> None:
-    """auto judges host tensors at the hook and checks nothing on a GPU (the device path cost the guard 8-20 % on
-    an H100: shim/guard/slot_values.py); late and sync are the opt-in there."""
+def test_track_sets_the_path_and_the_bitmaps_on_the_allocators_device() -> None:
     from shim.guard.slot_values import SlotValueCheck
 
-    on_gpu = SlotValueCheck("auto")
-    on_gpu.track(CudaAllocatorStandIn())
-    assert not on_gpu.on and on_gpu.in_use is None
-    on_cpu = SlotValueCheck("auto")
-    on_cpu.track(type("CpuAllocator", (), {"device": "cpu", "size": 64})())
-    assert on_cpu.on and on_cpu.in_use is not None and on_cpu.in_use.device.type == "cpu"
+    check = SlotValueCheck("auto", stop=True)
+    assert check.on and check.path is None  # no allocator yet
+    check.track(type("CpuAllocator", (), {"device": "cpu", "size": 64})())
+    assert check.path == "now" and check.in_use is not None and check.in_use.device.type == "cpu"
+    assert check.in_use.numel() == 66 and not bool(check.in_use.any())
+    off = SlotValueCheck("off", stop=True)
+    off.track(type("CpuAllocator", (), {"device": "cpu", "size": 64})())
+    assert not off.on and off.in_use is None
+
+
+def _stopped_at(trigger: Callable[[], Any], runtime: Any, invariant: str, action: str,
+                caplog: pytest.LogCaptureFixture) -> SpecFlipViolation:
+    """`trigger` run as the scheduler's event loop runs it (the adapter's hook around `Scheduler.run_event_loop`, the
+    function SGLang's HookRegistry calls): the check's `torch._assert_async` raises (on the CPU at once; on a GPU the
+    process meets the CUDA error at a later CUDA call), and the finding, read from the answer the check copied to host
+    memory before the assert, is raised from that error and logged."""
+    with caplog.at_level(logging.ERROR, logger="specflip.guard"):
+        exc = _raises_at(lambda: runtime.adapter.around_event_loop(lambda _scheduler: trigger(), None),
+                         "around_event_loop", invariant, action)
+    assert isinstance(exc.__cause__, RuntimeError), repr(exc.__cause__)  # the assert's error, as the process met it
+    assert "the device stopped at this check" in str(exc)
+    first = str(exc).split("\n")[0]
+    assert first.startswith(f"specflip: {invariant} broken by {action}"), first
+    assert any(m.split("\n")[0] == first for m in caplog.messages), caplog.messages  # the finding's line, logged
+    assert runtime.guard.slot_values.path == "stop"
+    return exc
+
+
+def test_assert_mode_stops_at_a_freed_copy_and_names_it(runtime: Any, model_dir: Path,
+                                                         slot_mode: Callable[[str], None],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """SPECFLIP_GUARD_SLOT_VALUES=assert (auto's path on a GPU in assert mode) on host tensors: the same code as on a
+    device, where `torch._assert_async` raises at once. The finding names the slot and the row holding it, decoded
+    from the one int64 the check copied out."""
+    slot_mode("assert")
+    drv = _driver(runtime, model_dir)
+    other = drv.batch.reqs[1]
+    copy = _own_slots(drv, other).clone()
+    exc = _stopped_at(lambda: drv.pools.allocator.free(copy), runtime, "slots_freed_owned", "free", caplog)
+    assert str(other.rid) in exc.rids, str(exc)
+    named = exc.violations[0].actual
+    assert any(f"slot {s} (row {other.kv.req_pool_idx} position" in named for s in copy.tolist()), named
+
+
+def test_assert_mode_stops_at_an_alloc_of_a_live_slot(runtime: Any, model_dir: Path,
+                                                      slot_mode: Callable[[str], None],
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A live slot put back on the free list behind free()'s back, handed out by the next step's alloc: the device
+    assert stops there; the finding names the slot (which row holds it is not read: no row scan per alloc)."""
+    slot_mode("assert")
+    drv = _driver(runtime, model_dir)
+    allocator = drv.pools.allocator
+    live = _own_slots(drv, drv.batch.reqs[1]).clone()
+    allocator.free_pages = torch.cat((live, allocator.free_pages))
+
+    def prepare() -> None:
+        with h.patch_assign_req_to_token_pool():
+            drv.batch.prepare_for_decode()
+    exc = _stopped_at(prepare, runtime, "slots_allocated_free", "alloc", caplog)
+    assert f"slot {max(live.tolist())}, in use, its holder not read" in str(exc), str(exc)
+
+
+def test_assert_mode_on_a_clean_run_finds_nothing_and_answers_are_drained(runtime: Any, model_dir: Path,
+                                                                           slot_mode: Callable[[str], None]) -> None:
+    """The device-assert path on a correct run with slot reuse and flips: no assert fires, every answer says no hit,
+    and nothing is queued for a later hook (a clean STOP answer is never read)."""
+    slot_mode("assert")
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True, kv_size=256), CATCH_UP)
+    gf.configure_guard(runtime, CATCH_UP)
+    for wave in "ab":
+        drv.admit(gf.make_reqs(wave, 3, max_new_tokens=12, shared_prefix=gf.SYSTEM_PROMPT))
+        drv.run_to_completion()
+    drv.admit(gf.make_reqs("s", 2, max_new_tokens=8, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    drv.flip_off()
+    drv.decode()
+    drv.flip_on()
+    drv.run_to_completion()
+    guard = runtime.guard
+    assert guard is not None and not guard.found
+    checks = guard.slot_values
+    assert checks.path == "stop" and checks.allocs >= 10 and checks.checked >= 3, (checks.allocs, checks.checked)
+    assert not checks.pending and checks.stopped_findings() == []
+
+

@@ -9,8 +9,9 @@ What each check reads, and where (docs/guard.md, "Identity checks"):
   row, `cache_protected_len` and `kv_allocated_len` (python ints) before and after. A free of a tensor that is not a
   view of a row (a copy, a cat) is counted here, and judged by its values (next item).
 * freed and allocated slots by value (`shim.guard.slot_values`): a free of a tensor that is no row view against the
-  live rows' slots, every `alloc` against the slots in use; read at the hook on host tensors, one allocator call late
-  on device tensors (SPECFLIP_GUARD_SLOT_VALUES).
+  live rows' slots, every `alloc` against the slots in use; read at the hook on host tensors; on device tensors one
+  allocator call late, or (assert mode) asserted on the device, its finding raised when the process meets the error
+  (SPECFLIP_GUARD_SLOT_VALUES).
 * committed output: `req.output_ids` (a python list on the host) at `prepare_for_decode`, at each release and at a
   prefill, against the model's `committed` and the length and token the guard saw there last.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shim.guard.config import GuardConfig
+from shim.guard.config import GuardConfig, Mode
 from shim.guard.observe import ObservedRequest
 from shim.guard.slot_values import SlotValueCheck
 from statemodel.actions import Action
@@ -59,7 +60,7 @@ class IdentityChecks:
 
     def _init_identity(self) -> None:
         # frees of copies and every alloc, judged by slot value (shim/guard/slot_values.py)
-        self.slot_values = SlotValueCheck(self.config.slot_values)
+        self.slot_values = SlotValueCheck(self.config.slot_values, stop=self.config.mode is Mode.ASSERT)
         self.outputs_over_committed: list[tuple[int, int]] = []
         self.free_windows: list[FreeWindow] = []
         self.unattributed_frees = 0
@@ -100,6 +101,22 @@ class IdentityChecks:
         frees or allocates; this is the identity the counts cannot see)."""
         if found:
             self._report(Action(action), tuple(found), where=where)
+
+    def report_stopped(self, cause: BaseException) -> None:
+        """The process met an error (`cause`): where a slot-value check's device assert stopped the device (its answer,
+        copied to host memory before the assert, says it hit), raise its finding from `cause`
+        (`SpecFlipViolation`, assert mode), logged first: the scheduler's log then names the fault, not only the CUDA
+        error. Else return (not ours: the caller re-raises `cause`)."""
+        from shim.guard.report import SpecFlipViolation, logger
+
+        for action, found in self.slot_values.stopped_findings():
+            try:
+                self.slot_value_findings(found, action.split()[0],
+                                         f"TokenToKVPoolAllocator.{action}: its device assert stopped the device; "
+                                         f"the answer read when the process met the error ({type(cause).__name__})")
+            except SpecFlipViolation as finding:
+                logger.error("%s", finding)
+                raise finding from cause
 
     def _report(self, action: Action, found: tuple[Violation, ...], where: str | None = None) -> None:
         raise NotImplementedError

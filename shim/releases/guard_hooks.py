@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shim.guard.api import announced_switch
-from shim.guard.core import Guard
+from shim.guard.core import Guard, SpecFlipViolation
 from shim.guard.observe import ObservedBatch, ObservedPool, ObservedRequest
 from shim.guard.rank_check import RankChecker
 from shim.guard.runtime import GuardRuntime
@@ -388,7 +388,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def _freed_slots(self, g: Guard, allocator: Any, free_index: Any, by_value: bool) -> None:
         g.slot_values.track(allocator)
-        if not g.slot_values.on:  # auto on a device
+        if not g.slot_values.on:  # off
             return
         if by_value:
             self._check_slot_values(g, free_index, FREE)
@@ -406,7 +406,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def _allocated_slots(self, g: Guard, allocator: Any, slots: Any) -> None:
         g.slot_values.track(allocator)
-        if not g.slot_values.on:  # auto on a device
+        if not g.slot_values.on:  # off
             return
         self._check_slot_values(g, slots, ALLOC)
 
@@ -433,6 +433,20 @@ class V2Adapter(LiveReading, RankCheckHooks):
         if slots is not None:
             found = checks.allocated(slots, lambda: self._live_rows(g, {}, committed=False), self._req_to_token, ALLOC)
             g.slot_value_findings(found, ALLOC, "TokenToKVPoolAllocator.alloc")
+
+    def around_event_loop(self, original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        """`Scheduler.run_event_loop`: where the process meets the error a slot-value check's device assert raised
+        (a CUDA error at its next CUDA call, in SGLang's code or the guard's), the guard's finding is raised from it
+        (`Guard.report_stopped`), before SGLang logs the exception and stops the server. Any other exception passes
+        unchanged."""
+        try:
+            return original(scheduler, *args, **kwargs)
+        except Exception as exc:
+            rt = self.runtime
+            g = rt.guard if rt is not None else None
+            if g is not None and not isinstance(exc, SpecFlipViolation):
+                g.report_stopped(exc)
+            raise
 
     def _judge_slot_values(self, g: Guard) -> None:
         """The device checks queued at earlier allocator calls whose answers have arrived (no wait)."""

@@ -71,6 +71,8 @@ class Adapter(V2Adapter):
         ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.free", "BEFORE", "before_allocator_free"),
         # the slots an alloc hands out, against the live rows' slots by value (issue 51; shim/guard/slot_values.py)
         ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc", "AFTER", "after_allocator_alloc"),
+        # the error a slot-value check's device assert raises, met anywhere in the loop: its finding is raised from it
+        ("sglang.srt.managers.scheduler.Scheduler.run_event_loop", "AROUND", "around_event_loop"),
         # the free group one result's processing releases its finished requests in: their finishes are checked as
         # one step at its end (Guard.end_release_group), after SGLang streamed their outputs
         (f"{_ALLOC}.free_group_begin", "AFTER", "after_free_group_begin"),
