@@ -38,15 +38,12 @@ The rows' numbers (which row, its allocation) are python ints the adapter reads 
 answer and, at a finding, the positions that hit are read back (NOW, LATE); a STOP finding is decoded from its answer
 alone (a freed copy: one slot, its row and position; an alloc: one slot, its holder not read).
 
-Measured: on one H100 (2026-12-06, the GPU line of docs/releases.md, the 8B-class pair, code 8c6c165, one round per
-trace, bench/gpu/results/2026-12-06_59347e0/workload_d/) the guard in assert mode with the LATE path of that code
-(its row scan through `torch.isin`, its bitmap updated by `in_use[slots] = value`) ran at 0.80-0.92x of `auto` alone,
-where the guard without slot values had measured 0.994-1.019x (code b3a9830); which part cost what was not measured
-apart, and auto was then made off on a GPU. Not measured: this code on a GPU (the sync-free scan and updates, the STOP
-path that auto now takes there). `python3 bench/gpu/slot_values_check.py` on the device times each call old against
-new, proves the new path sync-free with torch's sync debug mode, and fires the device assert in a subprocess; the
-server-level cost is a bench/gpu/device_run.sh comparison. If it costs too much, `off` (or `late`) is the operator's
-way out.
+Measured: on one H100 (2026-12-06, code 8c6c165, bench/gpu/results/2026-12-06_59347e0/workload_d/) the guard in
+assert mode with the LATE path of that code ran at 0.80-0.92x of `auto` alone; on an H200 (code 886650f,
+bench/gpu/results/2026-12-06_886650f/) bench/gpu/slot_values_check.py found that path's alloc made two host syncs per
+call (`in_use[slots] = True`) and its release one, this path none, and the server with this path (auto: STOP in
+assert mode) ran at 0.981-1.036x of `auto` alone over three traces (docs/guard.md, "On a GPU"). `off` (or `late`) is
+the operator's way out if it costs more elsewhere.
 """
 
 from __future__ import annotations
