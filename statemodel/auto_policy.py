@@ -168,7 +168,9 @@ class Observation:
     # None: a speculative step whose verify results were not processed yet (its seconds count, no accept length)
     seconds: float
     steps: int | None = None  # tiers: the step count a speculative step ran at; None without tiers
-    context: float = 0.0  # the KV tokens per request the step read (its requests' prompts and outputs); 0: not known
+    # the KV tokens per request the step read (prompt and output; the switch gives its longest request's, which paces
+    # a speculative step: shim.switch.auto.batch_context); 0: not known
+    context: float = 0.0
 
 
 @attrs.frozen
@@ -590,6 +592,45 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     return state.step - accept.updated >= max(p.recheck_steps, loss / (p.recheck_fraction * plain_step))
 
 
+def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
+    """The mode the prior runs at `load`: speculation (the ladder's first tier) while the load fits under its cap,
+    plain above, and plain also where speculation is outgrown there (`_outgrown`)."""
+    return PLAIN if load > spec_cap or _outgrown(state, load, spec_cap, context) else 1
+
+
+def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None) -> bool:
+    """Whether, at this context, plain decoding measured faster than every speculative mode, by the margin, at a batch
+    below the bucket speculation would run this load in. Speculation's gain does not grow with the batch (its verify's
+    work grows with the batch times the draft tokens, plain decoding's with the batch; the prior's one crossover says
+    as much), so a batch where it lost bounds every larger one. The H100 (2026-12-06, 59347e0), the context trace's
+    24 clients with 3 long prompts among them: at 8 requests and 2,700 tokens speculation had taken 20.4 ms a step
+    (two tokens a request) against plain decoding's 7.3 ms, speculation at 24 had not run at that context, and the
+    prior flipped it on with the 24 requests running (their catch-up 0.23 s), to 16.3 ms a step against plain
+    decoding's 7.0 ms (0.812x the per-phase best there). Both modes must be measured by their own bucket there (an
+    interpolated value is no evidence), and speculation is valued at the highest accept length the traffic has drafted
+    at: a fallen accept length is the rechecks' to follow (`_recheck_due`), this rule only the step costs. Where
+    speculation is outgrown, the prior runs plain and speculation is not probed (from plain, with requests running,
+    a probe pays their catch-up)."""
+    own = bucket_of(_batch(1, load, spec_cap))
+    for (mode, bucket), est in state.estimates:  # the buckets below the load's own
+        if mode != PLAIN or est.samples < state.params.min_samples or bucket >= own:
+            continue
+        smaller = bucket_floor(bucket)
+        plain = _value(state, PLAIN, smaller, spec_cap, context)
+        if plain is None or not plain[1]:
+            continue
+        best = 0.0
+        for m in state.modes[1:]:
+            line, accept = _line(state, m, smaller, context), state.accept_of(m)
+            if line is None or not line[2] or accept is None:
+                break
+            best = max(best, max(accept.mean, state.accept_peak(m) or 0.0) * smaller / line[0])
+        else:
+            if plain[0] >= best * (1 + state.params.margin):  # beyond the noise: the margin
+                return True
+    return False
+
+
 def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int,
            steps: int | None = None, context: float | None = None) -> Decision:
     """The mode change for the scheduling point at hand (or none), from the state alone. `demand`: running + waiting
@@ -627,26 +668,27 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         # waiting)
         return answer(_flip(cur, PLAIN), "probe_end", to=PLAIN)
     known = {m: v for m, v in enumerate(values) if v is not None}
+    prior = _prior(state, load, spec_cap, context)
     clear = False
     # on the numbers: a probe against the incumbent; otherwise two modes known, plain among them wherever the prior
     # would not speculate (with tiers, two known step counts compare the tiers only: above the cap, where the prior
     # runs plain, they would hold speculation at a demand plain decoding was never measured at)
     if (cur in known and state.incumbent in known) if probing \
-            else len(known) >= 2 and (PLAIN in known or load <= spec_cap):
+            else len(known) >= 2 and (PLAIN in known or prior != PLAIN):
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
         # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win
         clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win)
         reason = "measured"
-    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (load <= spec_cap)):
+    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (prior != PLAIN)):
         want, reason = state.incumbent, "probe_end"
     elif probing:  # the incumbent, chosen at another load, is not known here: the prior, not a flip back to it (the
         # H100, 2026-12-06 (b3a9830): a probe of plain begun at a burst's start ended at its first wave's turnover,
         # and speculation came back on with 121 requests coming, for one flip pair)
-        want, reason = (1 if load <= spec_cap else PLAIN), "prior"
-    else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above
-        want, reason = (1 if load <= spec_cap else PLAIN), "prior"
+        want, reason = prior, "prior"
+    else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above (`_prior`)
+        want, reason = prior, "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
     if want == cur:
         # a probe measures a steady batch: none while the demand is below the hold's peak (a wave's tail or turnover,
@@ -658,7 +700,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
             # at a wave's turnover running reads 0 while 64 wait)
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
                 if other != cur and _stale(state, other, load, spec_cap, context) \
-                        and (other == PLAIN or cur != PLAIN or not past_cap):
+                        and (other == PLAIN or cur != PLAIN or not past_cap) \
+                        and (other == PLAIN or not _outgrown(state, load, spec_cap, context)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a
         # bounded share of the time (`_recheck_due`); a probe's conditions (a settled mode, a steady load, under the
