@@ -142,6 +142,10 @@ class AutoParams:
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
     hold_steps: int = 16  # a decision values the most requests seen within the last 16 steps (a wave's turnover)
+    # ... unless the demand has settled below that peak: this many scheduling points in a row with requests running,
+    # none waiting and the demand unchanged (a wave's turnover brings its requests back a few at a time, each
+    # scheduling point finding more: docs/auto-switch.md; 0: the hold ends by its steps only)
+    calm_points: int = 4
     # a recheck of speculation whose accept length fell (the traffic drafts worse: issue 52): at most this share of
     # the time is spent rechecking, on the learner's own estimate of what a recheck loses if the traffic still drafts
     # as badly (0: no rechecks)
@@ -154,7 +158,7 @@ class AutoParams:
                 and 0 <= self.recheck_fraction < 1):
             raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
-               self.stale_after, self.hold_steps, self.recheck_steps) < 0 or self.min_samples < 1:
+               self.stale_after, self.hold_steps, self.recheck_steps, self.calm_points) < 0 or self.min_samples < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples >= 1): {self}")
 
 
@@ -200,7 +204,12 @@ class Estimate:
         var = max(0.0, self.ctx_sq - self.ctx * self.ctx)
         if abs(context - self.ctx) > 2 * math.sqrt(var) + max(self.ctx / 2, SHORT_CONTEXT):
             return None
-        slope = max(0.0, (self.ctx_s - self.ctx * self.mean) / var) if var > (0.1 * self.ctx) ** 2 else 0.0
+        # flat where the contexts spread less than a tenth of their mean or SHORT_CONTEXT / 2 (one standard
+        # deviation): within a short request's life a step's seconds do not resolve a slope, and one fitted to their
+        # noise (a prefill in an interval) put speculation at 2 requests 40 % slower 5 tokens further on
+        # (tests/test_switch_auto.py's stand-in clock, 2026-12-06, where `_outgrown` then read it as a loss)
+        slope = max(0.0, (self.ctx_s - self.ctx * self.mean) / var) \
+            if var > max(0.1 * self.ctx, SHORT_CONTEXT / 2) ** 2 else 0.0
         return max(self.mean / 2, self.mean + slope * (context - self.ctx))
 
 
@@ -266,6 +275,10 @@ class AutoState:
     want_since: int | None = None  # `step` since which every decision wanted another mode
     peak: int = 0  # the most requests a decision saw within `hold_steps` steps before `peak_step`
     peak_step: int = -(1 << 30)
+    # committed decisions in a row with requests running, none waiting and the demand unchanged (`calm_points`), and
+    # the last one's demand
+    calm: int = 0
+    last_demand: int = 0
     incumbent: int = 1  # the server starts with speculation on (with tiers: the ladder's first)
     credit: float = 0.0  # exploration budget left, in steps
     probes: int = 0
@@ -742,7 +755,17 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     """The state after the switch acted on `decision` (performed its flip or tier change, or it had none). A flip
     the switch put off (it waits for a prefilled batch to merge) is not committed: the next scheduling point decides
     again."""
-    if decision.demand >= state.peak or state.step - state.peak_step > state.params.hold_steps:
+    p = state.params
+    settled = decision.running > 0 and decision.demand == decision.running == state.last_demand
+    calm = state.calm + 1 if settled else 0
+    if calm != state.calm or decision.demand != state.last_demand:
+        state = attrs.evolve(state, calm=calm, last_demand=decision.demand)
+    # the hold ends where the demand settled below its peak: after a burst, the quiet phase's requests are not a
+    # turnover's first (the H100, 2026-12-06 (59347e0): the hold valued a quiet phase's first 2 requests at the
+    # burst's 128 to 192 for 15-23 steps, plain, and then flipped speculation on with them running: their p99 1.08-1.11x
+    # always-on's)
+    if decision.demand >= state.peak or state.step - state.peak_step > p.hold_steps \
+            or (p.calm_points and calm >= p.calm_points):
         state = attrs.evolve(state, peak=decision.demand, peak_step=state.step)
     if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand
         return state

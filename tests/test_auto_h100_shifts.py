@@ -117,3 +117,77 @@ def test_the_switch_values_a_batch_at_its_longest_request() -> None:
     for req in reqs:
         req.output_ids.extend([7] * 10)
     assert batch_context(new_batch(pools, reqs)) == 2810.0
+
+
+# --- the quiet phase after a burst (the mixed trace's last phase; bursty, bursty_contrast alike) ----------------------
+
+# the bursts' ends before a quiet phase: (the last wave's idle, s; the learner step of the burst's flip off; its
+# clients): the mixed trace's 128-client burst, bursty_contrast's 192 and bursty's 128. Each quiet phase's 2 requests
+# arrived 55-80 ms later, prefilled one after the other; plain's steps at 2 requests: 5.7 ms
+BURST_ENDS = [(303.164, 5749, 128), (338.920, 6774, 192), (384.034, 7940, 128)]
+QUIET_PLAIN_S = 0.0457 / 8
+# a turnover inside the mixed trace's burst: its wave ended at 302.074 s; the next wave's prefills admitted 1, 3, 6,
+# 21, 21, 30, 33 and 13 requests, 10-20 ms apart (one or two decode steps between them)
+TURNOVER, TURNOVER_PREFILLS = 302.074, [1, 3, 6, 21, 21, 30, 33, 13]
+
+
+def after_burst(until: float, flip_step: int = 5749, peak: int = 128) -> ap.AutoState:
+    """The learner at `until` inside or at the end of a burst: plain settled since `flip_step`, the hold at `peak`."""
+    state = replay(until)
+    return attrs.evolve(state, incumbent=ap.PLAIN, flip_step=flip_step, want_since=None, peak=peak,
+                        peak_step=state.step, last_demand=peak, calm=0)
+
+
+def steps_to_flip_on(state: ap.AutoState, limit: int = 64) -> int | None:
+    """The quiet phase's start as the trace has it (idle, one request waiting, then the second while the first is
+    admitted), then decode steps of the 2 requests at plain decoding's measured seconds, fed in the switch's windows
+    of 8: the plain steps run before the learner flips speculation on (None: none within `limit`)."""
+    for running, waiting in ((0, 0), (0, 1), (1, 1)):
+        d = ap.decide(state, False, running + waiting, running, CAP, context=40.0)
+        assert d.action is None, d
+        state = ap.commit(state, d)
+    pending = []
+    for step in range(limit):
+        d = ap.decide(state, False, 2, 2, CAP, context=40.0 + step)
+        state = ap.commit(state, d)
+        if d.action == ap.FLIP_ON:
+            return step
+        pending.append(ap.Observation(False, 2, 2.0, QUIET_PLAIN_S, context=40.0 + step))
+        if len(pending) == 8:
+            for obs in pending:
+                state = ap.observe(state, obs)
+            pending = []
+    return None
+
+
+@pytest.mark.parametrize(("end", "flip_step", "peak"), BURST_ENDS)
+def test_the_quiet_phase_after_a_burst_is_valued_at_its_own_demand_within_a_window(
+        end: float, flip_step: int, peak: int) -> None:
+    """The hold (the most requests of the last 16 steps) valued the quiet phase's first 2 requests at the burst's
+    128-192: plain for 15-23 steps, then speculation on with them running (p99 1.08-1.11x always-on's in bursty,
+    bursty_contrast and mixed). Once the demand has settled (`calm_points` scheduling points with requests running,
+    none waiting, the demand unchanged) it is the load, and speculation, a clear win at 2, comes on after 4 plain
+    steps (bursty, bursty_contrast); after the mixed trace's long prompts at 2 requests plain decoding's value at 40
+    tokens there is an interpolation until its own steps come in, one agreement window (8)."""
+    steps = steps_to_flip_on(after_burst(end, flip_step, peak))
+    assert steps is not None and steps <= 8, steps
+    held = steps_to_flip_on(attrs.evolve(after_burst(end, flip_step, peak), params=ap.AutoParams(calm_points=0)))
+    assert held is not None and held >= 15, held  # the hold by its steps alone, as the run had it
+
+
+def test_a_turnover_inside_the_burst_keeps_the_hold() -> None:
+    """The next wave's requests come back a few at a time, each scheduling point finding more waiting; between two
+    prefills at most two decode steps, the first with none waiting: the demand never settles, the hold keeps the
+    burst's 128, and nothing flips (speculation, a clear win at 1 to 6 requests, would come on and go off again)."""
+    state = after_burst(TURNOVER)
+    d = ap.commit(state, ap.decide(state, False, 0, 0, CAP))
+    state, running = d, 0
+    waiting = TURNOVER_PREFILLS[0]
+    for i, admitted in enumerate(TURNOVER_PREFILLS):
+        nxt = TURNOVER_PREFILLS[i + 1] if i + 1 < len(TURNOVER_PREFILLS) else 0
+        points = [(running, waiting), (running + admitted, 0), (running + admitted, nxt)]
+        for run, wait in points:  # the prefill's, then two decode steps'
+            d = ap.decide(state, False, run + wait, run, CAP, context=40.0)
+            assert d.action is None and (run + wait == 0 or d.load == 128), (i, run, wait, d)
+            state = ap.commit(state, d)
+        running, waiting = running + admitted, nxt
