@@ -262,9 +262,9 @@ class Decision:
 @attrs.frozen
 class AutoState:
     params: AutoParams = AutoParams()
-    # ((mode, bucket), estimate), sorted: plain, tokens per request-second; a speculative mode, verify steps per
-    # second (its tokens per request and step are its accept length, learned over every bucket)
-    estimates: tuple[tuple[tuple[int, int], Estimate], ...] = ()
+    # ((mode, bucket, context band), estimate), sorted: plain, tokens per request-second; a speculative mode, verify
+    # steps per second (its tokens per request and step are its accept length, learned over every bucket)
+    estimates: tuple[tuple[tuple[int, int, int], Estimate], ...] = ()
     # (mode, mean accept length: tokens per request per verify), EWMA over that mode's speculative steps
     accepts: tuple[tuple[int, Estimate], ...] = ()
     tiers: tuple[int, ...] = ()  # the ladder's step counts, from low load to high; (): speculation is one mode
@@ -296,9 +296,10 @@ class AutoState:
     def accept_peak(self, mode: int) -> float | None:
         return next((v for m, v in self.accept_peaks if m == mode), None)
 
-    def estimate(self, mode: int, bucket: int) -> Estimate | None:
+    def estimate(self, mode: int, bucket: int, band: int = 0) -> Estimate | None:
+        """A bucket's estimate in one context band (`context_band`; 0: short contexts, or contexts not known)."""
         for key, est in self.estimates:
-            if key == (mode, bucket):
+            if key == (mode, bucket, band):
                 return est
         return None
 
@@ -406,17 +407,18 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     # 1 / seconds overrates a mode whose steps vary (a decode with a prefill in its interval, one without: 8 and 16 ms
     # average 12 ms, their rates 1 / 10.7 ms)
     seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
-    key = (mode, bucket_of(obs.batch))
+    # the context (KV tokens per request): each bucket keeps an estimate per context band (`context_band`), each its
+    # own line of seconds against its steps' contexts (`Estimate.at_context`)
+    ctx = obs.context if obs.context > 0 else 0.0
+    key = (mode, bucket_of(obs.batch), context_band(ctx))
     old = state.estimate(*key)
     # a stale estimate is learned afresh, its old mean weighing as one sample (it stays a point: its count stands): it
     # is probed again because it may be wrong (the H200, 2026-12-03 (dff2822): plain at 48 kept the running mean of a
     # ramp's prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
     # speculation's value; `auto` held speculation at 48 through three rounds, 0.81x)
     old = attrs.evolve(old, weighted=1) if old is not None and step - old.updated > p.stale_after else old
-    # the context (KV tokens per request): the bucket keeps its seconds against its steps' contexts
-    # (`Estimate.at_context`); the clip's reference is the bucket's seconds at this step's context, and a step at a
-    # context the bucket has not run near is not clipped (a phase of long prompts is learned at its own step time)
-    ctx = obs.context if obs.context > 0 else 0.0
+    # the clip's reference is the band's seconds at this step's context, and a step at a context the band has not run
+    # near is not clipped (a phase of long prompts is learned at its own step time)
     expected = None if old is None or not (ctx > 0 and old.ctx > 0) else old.at_context(ctx)
     clip = expected is not None or not (ctx > 0 and old is not None and old.ctx > 0)
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
@@ -495,9 +497,30 @@ def _batch(mode: int, demand: int, spec_cap: int) -> int:
     return demand if mode == PLAIN else min(demand, spec_cap)
 
 
-def _known(state: AutoState, mode: int, batch: int) -> Estimate | None:
-    est = state.estimate(mode, bucket_of(batch))
-    return est if est is not None and est.samples >= state.params.min_samples else None
+def context_band(context: float) -> int:
+    """The context band of a step's context (KV tokens per request): 0 below 2 x SHORT_CONTEXT (a short request's
+    whole life, or a context not known), then octaves: 256-511 tokens 1, 512-1,023 2, 1,024-2,047 3, 2,048-4,095 4.
+    A bucket keeps an estimate per band, so what it measured at long contexts stays known while short ones run (the
+    H100, 2026-12-06 (59347e0): one line per bucket, its contexts' mean and spread an EWMA, lost speculation's 2,800
+    tokens at 2 requests to 250 steps of short ones, and the prior flipped it on there at accept 1.0)."""
+    return 0 if context < 2 * SHORT_CONTEXT else int(math.log2(context / SHORT_CONTEXT))
+
+
+def _bucket_estimate(state: AutoState, mode: int, bucket: int, context: float | None) -> Estimate | None:
+    """The known estimate (`min_samples`) that answers for a bucket at `context`: its band's, where it ran near that
+    context (`Estimate.at_context`), else the nearest band's that did (a context near a band's edge); with no
+    context, the one updated last. None: no band of it ran near that context."""
+    known = [(key[2], e) for key, e in state.estimates
+             if key[:2] == (mode, bucket) and e.samples >= state.params.min_samples]
+    if context is None:
+        return max(known, key=lambda be: be[1].updated)[1] if known else None
+    band = context_band(context)
+    near = [(abs(b - band), -e.updated, b, e) for b, e in known if e.at_context(context) is not None]
+    return min(near)[3] if near else None
+
+
+def _known(state: AutoState, mode: int, batch: int, context: float | None = None) -> Estimate | None:
+    return _bucket_estimate(state, mode, bucket_of(batch), context)
 
 
 def _line(state: AutoState, mode: int, batch: int, context: float | None = None) -> tuple[float, float, bool] | None:
@@ -514,16 +537,19 @@ def _line(state: AutoState, mode: int, batch: int, context: float | None = None)
     no point there (its own batch then not measured): a step reads every request's KV, so a phase of long prompts
     makes every mode's step slower, each mode and batch by its own cost, and the mode not running now is valued at
     the context the requests have now, or probed there (issue 52)."""
-    p = state.params
-    points = [(e.at, e.mean if context is None else e.at_context(context), e.ctx)
-              for (m, _), e in state.estimates if m == mode and e.samples >= p.min_samples]
+    buckets = sorted({b for (m, b, _), _e in state.estimates if m == mode})
+    points = []
+    for bucket in buckets:
+        e = _bucket_estimate(state, mode, bucket, context)
+        if e is not None:
+            sec = e.mean if context is None else e.at_context(context)
+            points.append((e.at, sec, e.ctx))
     points = [pt for pt in points if pt[1] is not None]
     least = math.inf  # a step with more requests takes no less: a point is capped at the least seconds above it
     points = [(at, least := min(least, sec), ctx) for at, sec, ctx in reversed(points)][::-1]
     below = next((pt for pt in reversed(points) if pt[0] <= batch), None)  # sorted by bucket, and so by batch
     above = next((pt for pt in points if pt[0] >= batch), None)
-    own = _known(state, mode, batch)
-    measured = own is not None and (context is None or own.at_context(context) is not None)
+    measured = _known(state, mode, batch, context) is not None
     if below is None or above is None:  # beyond the known points: the nearest, when it is the batch's own bucket
         return ((below or above)[1], (below or above)[2], True) if measured else None
     (lo, s_lo, c_lo), (hi, s_hi, c_hi) = below, above
@@ -562,9 +588,8 @@ def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: floa
 def _stale(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> bool:
     """Whether a mode's bucket at this demand wants a probe: unknown, older than `stale_after`, or not run near this
     context (`Estimate.at_context`)."""
-    est = _known(state, mode, _batch(mode, demand, spec_cap))
-    return est is None or state.step - est.updated > state.params.stale_after \
-        or (context is not None and est.at_context(context) is None)
+    est = _known(state, mode, _batch(mode, demand, spec_cap), context)
+    return est is None or state.step - est.updated > state.params.stale_after
 
 
 def _best(known: dict[int, float]) -> int:
@@ -625,9 +650,7 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
     speculation is outgrown, the prior runs plain and speculation is not probed (from plain, with requests running,
     a probe pays their catch-up)."""
     own = bucket_of(_batch(1, load, spec_cap))
-    for (mode, bucket), est in state.estimates:  # the buckets below the load's own
-        if mode != PLAIN or est.samples < state.params.min_samples or bucket >= own:
-            continue
+    for bucket in sorted({b for (m, b, _), _e in state.estimates if m == PLAIN and b < own}):  # below the load's own
         smaller = bucket_floor(bucket)
         plain = _value(state, PLAIN, smaller, spec_cap, context)
         if plain is None or not plain[1]:

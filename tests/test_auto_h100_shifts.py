@@ -191,3 +191,26 @@ def test_a_turnover_inside_the_burst_keeps_the_hold() -> None:
             assert d.action is None and (run + wait == 0 or d.load == 128), (i, run, wait, d)
             state = ap.commit(state, d)
         running, waiting = running + admitted, nxt
+
+
+# --- a quiet phase of long prompts after a burst (the mixed trace's quiet_long_unpredictable) ------------------------
+
+# its first decision with the 2 requests running came at 295.069 s: plain since a probe's flip off at learner step
+# 4,856 (held through the 64-client burst), the requests' 2,775 tokens
+LONG_QUIET, LONG_QUIET_FLIP_STEP = 295.069, 4856
+
+
+def test_a_long_context_measured_in_an_earlier_phase_is_still_known_after_short_ones() -> None:
+    """The context trace (60 s before) measured speculation at 2 requests and 2,800 tokens (19.5 ms a step as learned,
+    against plain decoding's 7.0 ms: plain by 30 %), and until the mixed trace's first quiet phase (short prompts at 2
+    clients) the learner valued it so. 250 steps of short contexts there moved the bucket's one line of seconds
+    against context (its contexts' mean and spread, EWMA) so far that 2,775 tokens fell outside it: at the long quiet
+    phase speculation was unknown, the prior flipped it on with the 2 requests running, at accept 1.0 (p99 1.255x
+    plain's). What a bucket measured at a context stays known there (`context_band`): speculation is valued from it
+    (plain wins), not flipped on by the prior. That estimate is 1,642 steps old, past `stale_after`, so the learner
+    re-probes it (a probe on the budget, 24 steps, with the 2 requests' catch-up): the cost this leaves there."""
+    state = attrs.evolve(replay(LONG_QUIET), incumbent=ap.PLAIN, flip_step=LONG_QUIET_FLIP_STEP, want_since=None)
+    assert ap.value(replay(289.5), 1, 2, CAP, 2775.0) is not None  # known before the short quiet phase
+    d = ap.decide(state, False, 2, 2, CAP, context=2775.0)
+    assert d.spec_value is not None and d.plain_value is not None and d.plain_value > d.spec_value, d
+    assert not d.wants_flip and d.reason != "prior" and (d.action is None or d.reason == "probe"), d
