@@ -77,10 +77,14 @@ stale. Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) w
 `clear_win` below the highest it reached, speculation at that peak would win at this load, and the steps since it
 last drafted cover a recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by
 construction). A window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread,
-starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps its own line
-of seconds against context (`Estimate.at_context`), and `decide` values every mode at the running requests' context
-(`context=`) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of long
-prompts, where speculation pays at other batches, is valued from what each mode measured there.
+starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate
+per context band (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide`
+values every mode at the running requests' context (`context=`: the switch gives the longest request's, which paces
+a speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
+long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
+decoding won by the margin at a smaller batch at this context, the prior runs plain and speculation is not probed
+(`_outgrown`). The hold ends early where the demand settled below its peak (`calm_points`: a quiet phase after a
+burst is not a turnover). The 2026-12-06 (59347e0) H100 traces' findings: docs/auto-switch.md.
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
