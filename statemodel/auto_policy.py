@@ -516,6 +516,11 @@ def _bucket_estimate(state: AutoState, mode: int, bucket: int, context: float | 
     context, the one updated last. None: no band of it ran near that context."""
     known = [(key[2], e) for key, e in state.estimates
              if key[:2] == (mode, bucket) and e.samples >= state.params.min_samples]
+    return _pick(known, context)
+
+
+def _pick(known: list[tuple[int, Estimate]], context: float | None) -> Estimate | None:
+    """`_bucket_estimate` among one bucket's known (band, estimate) pairs."""
     if context is None:
         return max(known, key=lambda be: be[1].updated)[1] if known else None
     band = context_band(context)
@@ -541,10 +546,13 @@ def _line(state: AutoState, mode: int, batch: int, context: float | None = None)
     no point there (its own batch then not measured): a step reads every request's KV, so a phase of long prompts
     makes every mode's step slower, each mode and batch by its own cost, and the mode not running now is valued at
     the context the requests have now, or probed there (issue 52)."""
-    buckets = sorted({b for (m, b, _), _e in state.estimates if m == mode})
+    bands: dict[int, list[tuple[int, Estimate]]] = {}
+    for (m, b, band), est in state.estimates:  # sorted by bucket: each bucket's known bands
+        if m == mode and est.samples >= state.params.min_samples:
+            bands.setdefault(b, []).append((band, est))
     points = []
-    for bucket in buckets:
-        e = _bucket_estimate(state, mode, bucket, context)
+    for bucket in bands:
+        e = _pick(bands[bucket], context)
         if e is not None:
             sec = e.mean if context is None else e.at_context(context)
             points.append((e.at, sec, e.ctx))
@@ -708,27 +716,33 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         # waiting)
         return answer(_flip(cur, PLAIN), "probe_end", to=PLAIN)
     known = {m: v for m, v in enumerate(values) if v is not None}
-    prior = _prior(state, load, spec_cap, context)
+    priors: list[int] = []
+
+    def prior() -> int:  # `_prior`, computed once and only where a branch needs it (it values smaller batches)
+        if not priors:
+            priors.append(_prior(state, load, spec_cap, context))
+        return priors[0]
+
     clear = False
     # on the numbers: a probe against the incumbent; otherwise two modes known, plain among them wherever the prior
     # would not speculate (with tiers, two known step counts compare the tiers only: above the cap, where the prior
     # runs plain, they would hold speculation at a demand plain decoding was never measured at)
     if (cur in known and state.incumbent in known) if probing \
-            else len(known) >= 2 and (PLAIN in known or prior != PLAIN):
+            else len(known) >= 2 and (PLAIN in known or prior() != PLAIN):
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
         # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win
         clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win)
         reason = "measured"
-    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (prior != PLAIN)):
+    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (prior() != PLAIN)):
         want, reason = state.incumbent, "probe_end"
     elif probing:  # the incumbent, chosen at another load, is not known here: the prior, not a flip back to it (the
         # H100, 2026-12-06 (b3a9830): a probe of plain begun at a burst's start ended at its first wave's turnover,
         # and speculation came back on with 121 requests coming, for one flip pair)
-        want, reason = prior, "prior"
+        want, reason = prior(), "prior"
     else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above (`_prior`)
-        want, reason = prior, "prior"
+        want, reason = prior(), "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
     if want == cur:
         # a probe measures a steady batch: none while the demand is below the hold's peak (a wave's tail or turnover,
