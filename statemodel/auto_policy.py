@@ -77,10 +77,14 @@ stale. Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) w
 `clear_win` below the highest it reached, speculation at that peak would win at this load, and the steps since it
 last drafted cover a recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by
 construction). A window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread,
-starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps its own line
-of seconds against context (`Estimate.at_context`), and `decide` values every mode at the running requests' context
-(`context=`) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of long
-prompts, where speculation pays at other batches, is valued from what each mode measured there.
+starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate
+per context band (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide`
+values every mode at the running requests' context (`context=`: the switch gives the longest request's, which paces
+a speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
+long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
+decoding won by the margin at a smaller batch at this context, the prior runs plain and speculation is not probed
+(`_outgrown`). The hold ends early where the demand settled below its peak (`calm_points`: a quiet phase after a
+burst is not a turnover). The 2026-12-06 (59347e0) H100 traces' findings: docs/auto-switch.md.
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
@@ -142,6 +146,10 @@ class AutoParams:
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
     hold_steps: int = 16  # a decision values the most requests seen within the last 16 steps (a wave's turnover)
+    # ... unless the demand has settled below that peak: this many scheduling points in a row with requests running,
+    # none waiting and the demand unchanged (a wave's turnover brings its requests back a few at a time, each
+    # scheduling point finding more: docs/auto-switch.md; 0: the hold ends by its steps only)
+    calm_points: int = 4
     # a recheck of speculation whose accept length fell (the traffic drafts worse: issue 52): at most this share of
     # the time is spent rechecking, on the learner's own estimate of what a recheck loses if the traffic still drafts
     # as badly (0: no rechecks)
@@ -154,7 +162,7 @@ class AutoParams:
                 and 0 <= self.recheck_fraction < 1):
             raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
-               self.stale_after, self.hold_steps, self.recheck_steps) < 0 or self.min_samples < 1:
+               self.stale_after, self.hold_steps, self.recheck_steps, self.calm_points) < 0 or self.min_samples < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples >= 1): {self}")
 
 
@@ -168,7 +176,9 @@ class Observation:
     # None: a speculative step whose verify results were not processed yet (its seconds count, no accept length)
     seconds: float
     steps: int | None = None  # tiers: the step count a speculative step ran at; None without tiers
-    context: float = 0.0  # the KV tokens per request the step read (its requests' prompts and outputs); 0: not known
+    # the KV tokens per request the step read (prompt and output; the switch gives its longest request's, which paces
+    # a speculative step: shim.switch.auto.batch_context); 0: not known
+    context: float = 0.0
 
 
 @attrs.frozen
@@ -198,7 +208,12 @@ class Estimate:
         var = max(0.0, self.ctx_sq - self.ctx * self.ctx)
         if abs(context - self.ctx) > 2 * math.sqrt(var) + max(self.ctx / 2, SHORT_CONTEXT):
             return None
-        slope = max(0.0, (self.ctx_s - self.ctx * self.mean) / var) if var > (0.1 * self.ctx) ** 2 else 0.0
+        # flat where the contexts spread less than a tenth of their mean or SHORT_CONTEXT / 2 (one standard
+        # deviation): within a short request's life a step's seconds do not resolve a slope, and one fitted to their
+        # noise (a prefill in an interval) put speculation at 2 requests 40 % slower 5 tokens further on
+        # (tests/test_switch_auto.py's stand-in clock, 2026-12-06, where `_outgrown` then read it as a loss)
+        slope = max(0.0, (self.ctx_s - self.ctx * self.mean) / var) \
+            if var > max(0.1 * self.ctx, SHORT_CONTEXT / 2) ** 2 else 0.0
         return max(self.mean / 2, self.mean + slope * (context - self.ctx))
 
 
@@ -251,9 +266,9 @@ class Decision:
 @attrs.frozen
 class AutoState:
     params: AutoParams = AutoParams()
-    # ((mode, bucket), estimate), sorted: plain, tokens per request-second; a speculative mode, verify steps per
-    # second (its tokens per request and step are its accept length, learned over every bucket)
-    estimates: tuple[tuple[tuple[int, int], Estimate], ...] = ()
+    # ((mode, bucket, context band), estimate), sorted: plain, tokens per request-second; a speculative mode, verify
+    # steps per second (its tokens per request and step are its accept length, learned over every bucket)
+    estimates: tuple[tuple[tuple[int, int, int], Estimate], ...] = ()
     # (mode, mean accept length: tokens per request per verify), EWMA over that mode's speculative steps
     accepts: tuple[tuple[int, Estimate], ...] = ()
     tiers: tuple[int, ...] = ()  # the ladder's step counts, from low load to high; (): speculation is one mode
@@ -264,6 +279,10 @@ class AutoState:
     want_since: int | None = None  # `step` since which every decision wanted another mode
     peak: int = 0  # the most requests a decision saw within `hold_steps` steps before `peak_step`
     peak_step: int = -(1 << 30)
+    # committed decisions in a row with requests running, none waiting and the demand unchanged (`calm_points`), and
+    # the last one's demand
+    calm: int = 0
+    last_demand: int = 0
     incumbent: int = 1  # the server starts with speculation on (with tiers: the ladder's first)
     credit: float = 0.0  # exploration budget left, in steps
     probes: int = 0
@@ -281,9 +300,10 @@ class AutoState:
     def accept_peak(self, mode: int) -> float | None:
         return next((v for m, v in self.accept_peaks if m == mode), None)
 
-    def estimate(self, mode: int, bucket: int) -> Estimate | None:
+    def estimate(self, mode: int, bucket: int, band: int = 0) -> Estimate | None:
+        """A bucket's estimate in one context band (`context_band`; 0: short contexts, or contexts not known)."""
         for key, est in self.estimates:
-            if key == (mode, bucket):
+            if key == (mode, bucket, band):
                 return est
         return None
 
@@ -391,17 +411,18 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     # 1 / seconds overrates a mode whose steps vary (a decode with a prefill in its interval, one without: 8 and 16 ms
     # average 12 ms, their rates 1 / 10.7 ms)
     seconds = obs.seconds if mode != PLAIN else obs.seconds * obs.batch / obs.tokens
-    key = (mode, bucket_of(obs.batch))
+    # the context (KV tokens per request): each bucket keeps an estimate per context band (`context_band`), each its
+    # own line of seconds against its steps' contexts (`Estimate.at_context`)
+    ctx = obs.context if obs.context > 0 else 0.0
+    key = (mode, bucket_of(obs.batch), context_band(ctx))
     old = state.estimate(*key)
     # a stale estimate is learned afresh, its old mean weighing as one sample (it stays a point: its count stands): it
     # is probed again because it may be wrong (the H200, 2026-12-03 (dff2822): plain at 48 kept the running mean of a
     # ramp's prefill-filled intervals, about 9 ms, and a probe's 22 steps at 5.0 ms moved it to 6.2 ms only, below
     # speculation's value; `auto` held speculation at 48 through three rounds, 0.81x)
     old = attrs.evolve(old, weighted=1) if old is not None and step - old.updated > p.stale_after else old
-    # the context (KV tokens per request): the bucket keeps its seconds against its steps' contexts
-    # (`Estimate.at_context`); the clip's reference is the bucket's seconds at this step's context, and a step at a
-    # context the bucket has not run near is not clipped (a phase of long prompts is learned at its own step time)
-    ctx = obs.context if obs.context > 0 else 0.0
+    # the clip's reference is the band's seconds at this step's context, and a step at a context the band has not run
+    # near is not clipped (a phase of long prompts is learned at its own step time)
     expected = None if old is None or not (ctx > 0 and old.ctx > 0) else old.at_context(ctx)
     clip = expected is not None or not (ctx > 0 and old is not None and old.ctx > 0)
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
@@ -480,9 +501,35 @@ def _batch(mode: int, demand: int, spec_cap: int) -> int:
     return demand if mode == PLAIN else min(demand, spec_cap)
 
 
-def _known(state: AutoState, mode: int, batch: int) -> Estimate | None:
-    est = state.estimate(mode, bucket_of(batch))
-    return est if est is not None and est.samples >= state.params.min_samples else None
+def context_band(context: float) -> int:
+    """The context band of a step's context (KV tokens per request): 0 below 2 x SHORT_CONTEXT (a short request's
+    whole life, or a context not known), then octaves: 256-511 tokens 1, 512-1,023 2, 1,024-2,047 3, 2,048-4,095 4.
+    A bucket keeps an estimate per band, so what it measured at long contexts stays known while short ones run (the
+    H100, 2026-12-06 (59347e0): one line per bucket, its contexts' mean and spread an EWMA, lost speculation's 2,800
+    tokens at 2 requests to 250 steps of short ones, and the prior flipped it on there at accept 1.0)."""
+    return 0 if context < 2 * SHORT_CONTEXT else int(math.log2(context / SHORT_CONTEXT))
+
+
+def _bucket_estimate(state: AutoState, mode: int, bucket: int, context: float | None) -> Estimate | None:
+    """The known estimate (`min_samples`) that answers for a bucket at `context`: its band's, where it ran near that
+    context (`Estimate.at_context`), else the nearest band's that did (a context near a band's edge); with no
+    context, the one updated last. None: no band of it ran near that context."""
+    known = [(key[2], e) for key, e in state.estimates
+             if key[:2] == (mode, bucket) and e.samples >= state.params.min_samples]
+    return _pick(known, context)
+
+
+def _pick(known: list[tuple[int, Estimate]], context: float | None) -> Estimate | None:
+    """`_bucket_estimate` among one bucket's known (band, estimate) pairs."""
+    if context is None:
+        return max(known, key=lambda be: be[1].updated)[1] if known else None
+    band = context_band(context)
+    near = [(abs(b - band), -e.updated, b, e) for b, e in known if e.at_context(context) is not None]
+    return min(near)[3] if near else None
+
+
+def _known(state: AutoState, mode: int, batch: int, context: float | None = None) -> Estimate | None:
+    return _bucket_estimate(state, mode, bucket_of(batch), context)
 
 
 def _line(state: AutoState, mode: int, batch: int, context: float | None = None) -> tuple[float, float, bool] | None:
@@ -499,16 +546,22 @@ def _line(state: AutoState, mode: int, batch: int, context: float | None = None)
     no point there (its own batch then not measured): a step reads every request's KV, so a phase of long prompts
     makes every mode's step slower, each mode and batch by its own cost, and the mode not running now is valued at
     the context the requests have now, or probed there (issue 52)."""
-    p = state.params
-    points = [(e.at, e.mean if context is None else e.at_context(context), e.ctx)
-              for (m, _), e in state.estimates if m == mode and e.samples >= p.min_samples]
+    bands: dict[int, list[tuple[int, Estimate]]] = {}
+    for (m, b, band), est in state.estimates:  # sorted by bucket: each bucket's known bands
+        if m == mode and est.samples >= state.params.min_samples:
+            bands.setdefault(b, []).append((band, est))
+    points = []
+    for bucket in bands:
+        e = _pick(bands[bucket], context)
+        if e is not None:
+            sec = e.mean if context is None else e.at_context(context)
+            points.append((e.at, sec, e.ctx))
     points = [pt for pt in points if pt[1] is not None]
     least = math.inf  # a step with more requests takes no less: a point is capped at the least seconds above it
     points = [(at, least := min(least, sec), ctx) for at, sec, ctx in reversed(points)][::-1]
     below = next((pt for pt in reversed(points) if pt[0] <= batch), None)  # sorted by bucket, and so by batch
     above = next((pt for pt in points if pt[0] >= batch), None)
-    own = _known(state, mode, batch)
-    measured = own is not None and (context is None or own.at_context(context) is not None)
+    measured = _known(state, mode, batch, context) is not None
     if below is None or above is None:  # beyond the known points: the nearest, when it is the batch's own bucket
         return ((below or above)[1], (below or above)[2], True) if measured else None
     (lo, s_lo, c_lo), (hi, s_hi, c_hi) = below, above
@@ -547,9 +600,8 @@ def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: floa
 def _stale(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> bool:
     """Whether a mode's bucket at this demand wants a probe: unknown, older than `stale_after`, or not run near this
     context (`Estimate.at_context`)."""
-    est = _known(state, mode, _batch(mode, demand, spec_cap))
-    return est is None or state.step - est.updated > state.params.stale_after \
-        or (context is not None and est.at_context(context) is None)
+    est = _known(state, mode, _batch(mode, demand, spec_cap), context)
+    return est is None or state.step - est.updated > state.params.stale_after
 
 
 def _best(known: dict[int, float]) -> int:
@@ -590,6 +642,43 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     return state.step - accept.updated >= max(p.recheck_steps, loss / (p.recheck_fraction * plain_step))
 
 
+def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
+    """The mode the prior runs at `load`: speculation (the ladder's first tier) while the load fits under its cap,
+    plain above, and plain also where speculation is outgrown there (`_outgrown`)."""
+    return PLAIN if load > spec_cap or _outgrown(state, load, spec_cap, context) else 1
+
+
+def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None) -> bool:
+    """Whether, at this context, plain decoding measured faster than every speculative mode, by the margin, at a batch
+    below the bucket speculation would run this load in. Speculation's gain does not grow with the batch (its verify's
+    work grows with the batch times the draft tokens, plain decoding's with the batch; the prior's one crossover says
+    as much), so a batch where it lost bounds every larger one. The H100 (2026-12-06, 59347e0), the context trace's
+    24 clients with 3 long prompts among them: at 8 requests and 2,700 tokens speculation had taken 20.4 ms a step
+    (two tokens a request) against plain decoding's 7.3 ms, speculation at 24 had not run at that context, and the
+    prior flipped it on with the 24 requests running (their catch-up 0.23 s), to 16.3 ms a step against plain
+    decoding's 7.0 ms (0.812x the per-phase best there). Both modes must be measured by their own bucket there (an
+    interpolated value is no evidence), and speculation is valued at the highest accept length the traffic has drafted
+    at: a fallen accept length is the rechecks' to follow (`_recheck_due`), this rule only the step costs. Where
+    speculation is outgrown, the prior runs plain and speculation is not probed (from plain, with requests running,
+    a probe pays their catch-up)."""
+    own = bucket_of(_batch(1, load, spec_cap))
+    for bucket in sorted({b for (m, b, _), _e in state.estimates if m == PLAIN and b < own}):  # below the load's own
+        smaller = bucket_floor(bucket)
+        plain = _value(state, PLAIN, smaller, spec_cap, context)
+        if plain is None or not plain[1]:
+            continue
+        best = 0.0
+        for m in state.modes[1:]:
+            line, accept = _line(state, m, smaller, context), state.accept_of(m)
+            if line is None or not line[2] or accept is None:
+                break
+            best = max(best, max(accept.mean, state.accept_peak(m) or 0.0) * smaller / line[0])
+        else:
+            if plain[0] >= best * (1 + state.params.margin):  # beyond the noise: the margin
+                return True
+    return False
+
+
 def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int,
            steps: int | None = None, context: float | None = None) -> Decision:
     """The mode change for the scheduling point at hand (or none), from the state alone. `demand`: running + waiting
@@ -627,26 +716,33 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         # waiting)
         return answer(_flip(cur, PLAIN), "probe_end", to=PLAIN)
     known = {m: v for m, v in enumerate(values) if v is not None}
+    priors: list[int] = []
+
+    def prior() -> int:  # `_prior`, computed once and only where a branch needs it (it values smaller batches)
+        if not priors:
+            priors.append(_prior(state, load, spec_cap, context))
+        return priors[0]
+
     clear = False
     # on the numbers: a probe against the incumbent; otherwise two modes known, plain among them wherever the prior
     # would not speculate (with tiers, two known step counts compare the tiers only: above the cap, where the prior
     # runs plain, they would hold speculation at a demand plain decoding was never measured at)
     if (cur in known and state.incumbent in known) if probing \
-            else len(known) >= 2 and (PLAIN in known or load <= spec_cap):
+            else len(known) >= 2 and (PLAIN in known or prior() != PLAIN):
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
         # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win
         clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win)
         reason = "measured"
-    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (load <= spec_cap)):
+    elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (prior() != PLAIN)):
         want, reason = state.incumbent, "probe_end"
     elif probing:  # the incumbent, chosen at another load, is not known here: the prior, not a flip back to it (the
         # H100, 2026-12-06 (b3a9830): a probe of plain begun at a burst's start ended at its first wave's turnover,
         # and speculation came back on with 121 requests coming, for one flip pair)
-        want, reason = (1 if load <= spec_cap else PLAIN), "prior"
-    else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above
-        want, reason = (1 if load <= spec_cap else PLAIN), "prior"
+        want, reason = prior(), "prior"
+    else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above (`_prior`)
+        want, reason = prior(), "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
     if want == cur:
         # a probe measures a steady batch: none while the demand is below the hold's peak (a wave's tail or turnover,
@@ -658,7 +754,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
             # at a wave's turnover running reads 0 while 64 wait)
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
                 if other != cur and _stale(state, other, load, spec_cap, context) \
-                        and (other == PLAIN or cur != PLAIN or not past_cap):
+                        and (other == PLAIN or cur != PLAIN or not past_cap) \
+                        and (other == PLAIN or not _outgrown(state, load, spec_cap, context)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a
         # bounded share of the time (`_recheck_due`); a probe's conditions (a settled mode, a steady load, under the
@@ -699,7 +796,17 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     """The state after the switch acted on `decision` (performed its flip or tier change, or it had none). A flip
     the switch put off (it waits for a prefilled batch to merge) is not committed: the next scheduling point decides
     again."""
-    if decision.demand >= state.peak or state.step - state.peak_step > state.params.hold_steps:
+    p = state.params
+    settled = decision.running > 0 and decision.demand == decision.running == state.last_demand
+    calm = state.calm + 1 if settled else 0
+    if calm != state.calm or decision.demand != state.last_demand:
+        state = attrs.evolve(state, calm=calm, last_demand=decision.demand)
+    # the hold ends where the demand settled below its peak: after a burst, the quiet phase's requests are not a
+    # turnover's first (the H100, 2026-12-06 (59347e0): the hold valued a quiet phase's first 2 requests at the
+    # burst's 128 to 192 for 15-23 steps, plain, and then flipped speculation on with them running: their p99 1.08-1.11x
+    # always-on's)
+    if decision.demand >= state.peak or state.step - state.peak_step > p.hold_steps \
+            or (p.calm_points and calm >= p.calm_points):
         state = attrs.evolve(state, peak=decision.demand, peak_step=state.step)
     if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand
         return state

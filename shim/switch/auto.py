@@ -7,10 +7,10 @@ What it observes, on the host, with no host-device sync:
   result before it launches step N+1, so at steady state this interval is the GPU's step time); attributed to the
   first. A prefill launched between them stays in: serving new requests is part of what a mode costs at that load
   (and at high concurrency a prefill runs between most decode steps, so leaving those out would leave little);
-- the batch size of that step, and its context: the KV tokens per request it read (the requests' prompts and outputs,
-  `len(origin_input_ids) + len(output_ids)`, host lists; the same on every rank, so not agreed), which the learner
-  takes into its estimates and every decision is valued at (the last decode batch's; issue 52: with long prompts a
-  step reads much more KV, and where speculation pays moves);
+- the batch size of that step, and its context: the KV tokens of its longest request (prompt and output,
+  `len(origin_input_ids) + len(output_ids)`, host lists; the same on every rank, so not agreed; `batch_context` says
+  why the longest), which the learner takes into its estimates and every decision is valued at (the last decode
+  batch's; issue 52: with long prompts a step reads much more KV, and where speculation pays moves);
 - the tokens it committed: plain, one per request; speculative, the batch size times the mean accept length of the
   verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host and
   checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU: SGLang's
@@ -62,7 +62,7 @@ class AutoSwitch:
     # seconds (per rank until agreed)
     pending: list[tuple[bool, int]] = field(default_factory=list)
     pending_steps: list[int | None] = field(default_factory=list)
-    pending_context: list[float] = field(default_factory=list)  # their KV tokens per request
+    pending_context: list[float] = field(default_factory=list)  # their contexts (`batch_context`)
     seconds: list[float] = field(default_factory=list)
     accept_tokens: int = 0  # verify results processed in this window: accept lengths summed, and rows
     accept_rows: int = 0
@@ -70,9 +70,9 @@ class AutoSwitch:
     accept_by_steps: dict[int, list[int]] = field(default_factory=dict)
     accept_mean: float = 1.0  # the last agreed mean accept length (tokens per request per speculative step)
     decode_steps: int = 0  # decode run_batch calls seen (the same count on every rank)
-    # (time, spec_on, batch, flips, steps, KV tokens per request) of the last decode launch
+    # (time, spec_on, batch, flips, steps, context) of the last decode launch
     prev: tuple[float, bool, int, int, int | None, float] | None = None
-    context: float | None = None  # the KV tokens per request of the last decode batch (None before one)
+    context: float | None = None  # the context (`batch_context`) of the last decode batch (None before one)
     # tiers: id() of each launched speculative decode's result -> its step count, until the result is processed
     result_steps: dict[int, int] = field(default_factory=dict)
     last: ap.Decision | None = None
@@ -286,12 +286,18 @@ class AutoSwitch:
 
 
 def batch_context(batch: Any) -> float:
-    """The KV tokens per request a decode batch reads: its requests' prompt and output tokens, from the host's lists
-    (no device read), the same on every rank; 0 (not known) for a batch whose requests carry no such lists."""
+    """The context a decode batch's step is valued at: the KV tokens (prompt and output) of its longest request, from
+    the host's lists (no device read), the same on every rank; 0 (not known) for a batch whose requests carry no such
+    lists. The longest, not the mean: on the H100 (2026-12-06, 59347e0; the 8B pair, triton attention) a speculative
+    step at 4 requests with one 2,800-token request among 32-token ones took 13.7 ms, as at 2 requests both that long
+    (13.9 ms), against 7.4 ms with all four short; at 24 requests with 3 long ones 16.3 ms (8 all long: 20.4 ms). The
+    mean (757 and 332 tokens there) valued such a batch as nearly short: at 24 clients the learner found no step near
+    that context, and the prior flipped speculation on (issue 52). Plain decoding's step hardly moved either way
+    (6.9-7.3 ms)."""
     reqs = getattr(batch, "reqs", None)
     if not reqs:
         return 0.0
-    return sum(len(getattr(r, "origin_input_ids", ())) + len(getattr(r, "output_ids", ())) for r in reqs) / len(reqs)
+    return float(max(len(getattr(r, "origin_input_ids", ())) + len(getattr(r, "output_ids", ())) for r in reqs))
 
 
 def tp_rank(scheduler: Any) -> int:
