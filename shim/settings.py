@@ -303,8 +303,8 @@ class Settings:
         "Slot identity by value (a free of a copy of row values, every alloc; docs/guard.md): auto (host tensors: "
         "judged at the hook; a GPU: assert in the guard's assert mode, else late; on an H200 the guard with it cost "
         "0.98-1.04x of auto alone, 2026-12-06), sync (at the hook on every device: a host-device sync per alloc), "
-        "late (one allocator call later, no sync), assert (guard assert mode: a device assert behind the answer's copy stops the GPU before "
-        "the next forward, no sync; warn mode: late), off.",
+        "late (one allocator call later, no sync), assert (guard assert mode: a device assert behind the answer's "
+        "copy stops the GPU before the next forward, no sync; warn mode: late), off.",
         features=(FEATURE_GUARD,))
     COUNT_SYNCS = Flag(
         False, "Measurement: count the guard steps' host-device synchronisations (CUDA).", features=(FEATURE_GUARD,))
