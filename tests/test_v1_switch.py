@@ -278,6 +278,18 @@ def _flip_off_with_two_running(server: Any) -> None:
     server.step()  # the flip happens here, then the plain step
 
 
+def test_a_flip_off_clears_the_full_mark_admission_set_at_the_speculative_cap(server: Any) -> None:
+    """Admission held at speculation's cap marks the running batch full; SGLang clears the mark only when the batch
+    shrinks. A flip-off raises the cap, so it clears the mark too (as v2's does): else the waiting requests wait for
+    a running one to finish."""
+    switch(2, 1)
+    server.admit(h.make_reqs("s", 2, max_new_tokens=20))
+    server.running.batch_is_full = True  # what get_new_batch_prefill set when the cap stopped admission
+    server.step()  # the flip-off happens here (2 running >= t_off 2), then the plain step; nothing finished
+    assert len(server.running.reqs) == 2
+    assert server.running.batch_is_full is False
+
+
 @pytest.mark.parametrize("attempt, invariant, crash", [
     ("attempt1", "spec_info_matches_mode", "must match"),
     ("attempt2", "shapes_agree", "must match"),

@@ -143,7 +143,10 @@ def runtime() -> SwitchRuntime | None:
 
 def flip_off(rt: SwitchRuntime, batch: Any) -> None:
     """Model action flip_off. seeds_final clears spec state on the worker's copy only, and v1 holds no KV
-    reserve between steps (verify sets kv_allocated_len = kv_committed_len): nothing on the batch changes."""
+    reserve between steps (verify sets kv_allocated_len = kv_committed_len): nothing on the batch's KV changes.
+    Admission held at speculation's cap marked the batch full, which SGLang clears only when the batch shrinks:
+    the flip raises the cap, so it clears the mark (as v2's flip-off does)."""
+    batch.batch_is_full = False
     core.flip_done(rt, v1_plain_path.SIDE, "flip_off", batch, {"running": len(batch.reqs)})
 
 
