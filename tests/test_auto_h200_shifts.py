@@ -96,6 +96,22 @@ def replay(until: float) -> ap.AutoState:
 
 # --- context: 8 clients of long prompts (c8_long), then 24 with every 8th prompt long (c24_mixed) --------------------
 
+# c2_long: plain since a probe's flip off at learner step 2,736 (plain 5.5 ms a step against speculation's 12.2 ms at
+# 2 requests and 2,850 tokens); at 189.193 s, the requests at 2,948 tokens, the run flipped speculation on on the prior
+# (speculation's one line no longer reached that context) and off again 6 steps later on the numbers
+C2_LONG, C2_FLIP_STEP = 189.193, 2736
+
+
+@pytest.mark.parametrize("longest", [2948.0, 3300.0])
+def test_2_long_clients_stay_plain_as_their_contexts_grow(longest: float) -> None:
+    """The current learner still values speculation there (its context band's line), plain ahead by the margin:
+    plain held on the numbers, no flip on the prior (plain was the faster mode: 3.43 s against 3.76 s)."""
+    state = attrs.evolve(replay(C2_LONG), incumbent=ap.PLAIN, flip_step=C2_FLIP_STEP, want_since=None)
+    d = ap.decide(state, False, 2, 2, CAP, context=longest)
+    assert d.action is None and d.reason == "measured" and not d.wants_flip, d
+    assert d.spec_value is not None and d.plain_value is not None and d.plain_value > d.spec_value, d
+
+
 # c8_long's first decision with its 8 requests running came at 194.329 s (learner step 3,469), speculation on since
 # c8_short's flip on the numbers at step 3,225; the run held it on the prior through the phase (18.2-18.9 ms a
 # step for two tokens a request), 0.751x plain decoding's phase time (plain 2.73 s, always on 3.65 s)
