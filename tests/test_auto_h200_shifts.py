@@ -77,6 +77,14 @@ def test_the_windows_are_the_switch_traces(tarball: str, member: str, gap: float
     assert extract_windows(_trace(tarball, member), gap) == windows
 
 
+def test_the_catch_ups_are_the_switch_trace() -> None:
+    """`CATCH_UPS` is what the H200 run's `auto_observe` windows carried."""
+    records = [json.loads(line) for line in _trace("bench/gpu/results/2026-12-06_886650f/workload_f/traces.tar.gz",
+                                                   "tr/auto/switch-10531.jsonl")]
+    assert [(round(r["t"] - records[0]["t"], 3), r["catch_up_tokens"], r["catch_up_s"]) for r in records
+            if r.get("action") == "auto_observe" and "catch_up_s" in r] == CATCH_UPS
+
+
 def replay(until: float) -> ap.AutoState:
     """The learner after every window (and catch-up) recorded before `until`, each window's seconds spread evenly
     over its steps."""
