@@ -7,7 +7,8 @@ each `auto_observe` window as [speculative, steps, seconds, accept length, KV to
 switch recorded it), running requests (the last decision's with requests running, or the last traced step's),
 segment, seconds since the trace's first record], in tests/data/h200_auto_windows_886650f.json, extracted as the
 H100 windows were (`extract_windows` below reproduces tests/data/h100_auto_windows_59347e0.json from its tarball
-exactly); segments split where the windows pause over 20 s (the other servers' turns): 0 the warm-ups, 1
+exactly); segments split where the windows pause over 20 s (the other servers' turns; five servers' warm-ups
+paused 10.8 s, the H100 file's three under 8 s, split at 10 s): 0 the warm-ups, 1
 bursty_contrast, 2 context, 3 accept_shift, 4 bursty_contrast's second round; windows with steps of both modes left
 out). The catch-ups the windows carry (tokens, seconds) are fed too (`observe_catch_up`): a recheck's cost counts them.
 
