@@ -41,6 +41,10 @@ declare -A TESTS=(
   [bfs]="$(grep -v '^#' scripts/mutation-bfs-tests.txt | tr '\n' ' ')"
 )
 
+# tests that read the SGLang lines' sources (.cache/sglang-src, scripts/setup.sh) find them from mutants/ too
+mkdir -p mutants
+[ ! -e .cache ] || [ -e mutants/.cache ] || ln -s ../.cache mutants/.cache
+
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(checks core invariants bfs)
 for target in "${targets[@]}"; do
