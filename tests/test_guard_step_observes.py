@@ -1,0 +1,129 @@
+"""Each guard step compares the model's prediction with what the live objects show AT THAT STEP (issue 51's mutation
+run of shim/guard/core.py): a step that stopped reading the pool, or the running batch, would still pass every test
+that only counts findings, the next step that reads them blaming itself. Here a fault is planted just before one
+step on real SGLang 0.5.23 objects (tests/guard_fixtures.py), and the finding must be raised from that step's hook,
+with that step's action and where."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_sglang_cpu import require_sglang_cpu
+
+require_sglang_cpu()
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+
+from shim.guard.core import SpecFlipViolation  # noqa: E402
+from statemodel.designs import CATCH_UP  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+Trigger = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: Callable[[Any, Path], Trigger]
+    hook: str  # the adapter method the finding is raised from
+    invariant: str
+    action: str
+    where: str  # the step's location, as the report names it
+
+
+def _driver(runtime: Any, model_dir: Path, *, n: int = 2) -> Any:
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", n, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    return drv
+
+
+def _leak(drv: Any) -> None:
+    """Three slots allocated and owned by nobody: the pool's free count drops, no request holds more."""
+    drv.pools.allocator.alloc(3)
+
+
+def leak_before_merge(runtime: Any, model_dir: Path) -> Trigger:
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    late.forward_mode = late.forward_mode.DECODE
+    _leak(drv)
+    return lambda: drv.batch.merge_batch(late)
+
+
+def leak_before_plain_forward(runtime: Any, model_dir: Path) -> Trigger:
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    _leak(drv)
+    return lambda: drv.worker.target_worker.forward_batch_generation(drv.batch)
+
+
+def leak_before_flip_off(runtime: Any, model_dir: Path) -> Trigger:
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.finish_and_filter()
+    _leak(drv)
+    return drv.flip_off
+
+
+CASES = [
+    Case("merge", leak_before_merge, "around_merge_batch", "kv_conservation", "merge_batch",
+         "ScheduleBatch.merge_batch"),
+    Case("plain_decode", leak_before_plain_forward, "before_target_forward", "kv_conservation", "plain_decode",
+         "TpModelWorker.forward_batch_generation (plain DECODE)"),
+    Case("flip_off", leak_before_flip_off, "on_flip", "kv_conservation", "flip_off", "switch"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_fault_planted_before_a_step_is_found_at_that_step(runtime: Any, model_dir: Path, case: Case) -> None:
+    trigger = case.setup(runtime, model_dir)  # clean up to here
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        trigger()
+    exc = excinfo.value
+    frames = {entry.name for entry in excinfo.traceback}
+    assert case.hook in frames, (sorted(frames), str(exc))
+    assert (exc.invariant, exc.action) == (case.invariant, case.action), str(exc)
+    assert case.where in str(exc), str(exc)
+
+
+def test_a_leak_in_a_results_processing_is_found_at_its_process_result(runtime: Any, model_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the overlap schedule (tests/overlap_loop.py) three slots leak while the first speculative result's
+    accepted runs are committed (`_resolve_spec_v2_tokens`): the guard's `process_result`, the hook right after, is
+    the first step that reads the pool since, and names it."""
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    ol = importlib.import_module("overlap_loop")
+    resolve = SchedulerBatchResultProcessor._resolve_spec_v2_tokens
+
+    def resolve_and_leak(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = resolve(self, *args, **kwargs)
+        _leak(drv)
+        return out
+
+    # before the driver: its result processor binds the method when it is built
+    monkeypatch.setattr(SchedulerBatchResultProcessor, "_resolve_spec_v2_tokens", resolve_and_leak)
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), CATCH_UP)
+    drv.accepts = gf.accept_cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("o", 2, max_new_tokens=30))
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        for _ in range(10):
+            drv.iteration()
+    exc = excinfo.value
+    frames = {entry.name for entry in excinfo.traceback}
+    assert "after_normalize_decode_outputs" in frames, (sorted(frames), str(exc))
+    assert (exc.invariant, exc.action) == ("kv_conservation", "process_result"), str(exc)
+    assert "3 slots leaked" in str(exc) and "_normalize_decode_outputs (result processed)" in str(exc), str(exc)
