@@ -31,7 +31,7 @@ Trigger = Callable[[], Any]
 @dataclass(frozen=True)
 class Case:
     name: str
-    setup: Callable[[Any, Path], Trigger]
+    setup: Callable[[Any, Path, pytest.MonkeyPatch], Trigger]
     hook: str  # the adapter method the finding is raised from
     invariant: str
     action: str
@@ -50,7 +50,7 @@ def _leak(drv: Any) -> None:
     drv.pools.allocator.alloc(3)
 
 
-def leak_before_merge(runtime: Any, model_dir: Path) -> Trigger:
+def leak_before_merge(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
     drv = _driver(runtime, model_dir)
     drv.decode()
     late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
@@ -59,7 +59,7 @@ def leak_before_merge(runtime: Any, model_dir: Path) -> Trigger:
     return lambda: drv.batch.merge_batch(late)
 
 
-def leak_before_plain_forward(runtime: Any, model_dir: Path) -> Trigger:
+def leak_before_plain_forward(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
     drv = _driver(runtime, model_dir)
     drv.flip_off()
     drv.decode()
@@ -69,12 +69,30 @@ def leak_before_plain_forward(runtime: Any, model_dir: Path) -> Trigger:
     return lambda: drv.worker.target_worker.forward_batch_generation(drv.batch)
 
 
-def leak_before_flip_off(runtime: Any, model_dir: Path) -> Trigger:
+def leak_before_flip_off(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
     drv = _driver(runtime, model_dir)
     drv.decode()
     drv.finish_and_filter()
     _leak(drv)
     return drv.flip_off
+
+
+def leak_before_verify_launch(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    """The leak between the draft and the verify's launch (while the verify input is built): the launch's second look
+    at the state the draft step produced is the first reading of the pool since."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    build = h.make_eagle_verify_input
+
+    def build_and_leak(batch: Any, **kwargs: Any) -> Any:
+        _leak(drv)
+        return build(batch, **kwargs)
+
+    mp.setattr(h, "make_eagle_verify_input", build_and_leak)
+    drv.worker.accept_lens_cpu_stand_in = [1, 1]
+    return lambda: drv.worker.forward_batch_generation(drv.batch)
 
 
 CASES = [
@@ -83,12 +101,16 @@ CASES = [
     Case("plain_decode", leak_before_plain_forward, "before_target_forward", "kv_conservation", "plain_decode",
          "TpModelWorker.forward_batch_generation (plain DECODE)"),
     Case("flip_off", leak_before_flip_off, "on_flip", "kv_conservation", "flip_off", "switch"),
+    # a re-observation, not a model step: reported against the draft, seen at the launch
+    Case("verify_launch", leak_before_verify_launch, "before_verify", "kv_conservation", "draft",
+         "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_a_fault_planted_before_a_step_is_found_at_that_step(runtime: Any, model_dir: Path, case: Case) -> None:
-    trigger = case.setup(runtime, model_dir)  # clean up to here
+def test_a_fault_planted_before_a_step_is_found_at_that_step(runtime: Any, model_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
+    trigger = case.setup(runtime, model_dir, monkeypatch)  # clean up to here
     with pytest.raises(SpecFlipViolation) as excinfo:
         trigger()
     exc = excinfo.value
