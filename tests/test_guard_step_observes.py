@@ -35,7 +35,7 @@ class Case:
     hook: str  # the adapter method the finding is raised from
     invariant: str
     action: str
-    where: str  # the step's location, as the report names it
+    where: str  # the step's location, as the report's last transition names it (or "seen at: ...")
 
 
 def _driver(runtime: Any, model_dir: Path, *, n: int = 2) -> Any:
@@ -95,12 +95,71 @@ def leak_before_verify_launch(runtime: Any, model_dir: Path, mp: pytest.MonkeyPa
     return lambda: drv.worker.forward_batch_generation(drv.batch)
 
 
+def _prepared(drv: Any) -> None:
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+
+
+def leak_before_prefill(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    _leak(drv)
+    return lambda: drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+
+
+def leak_before_prepare_for_decode(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    _leak(drv)
+    return lambda: _prepared(drv)
+
+
+def leak_before_draft(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    _prepared(drv)
+    _leak(drv)
+    drv.worker.accept_lens_cpu_stand_in = [1, 1]
+    return lambda: drv.worker.forward_batch_generation(drv.batch)
+
+
+def leak_before_filter(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    drv = _driver(runtime, model_dir, n=3)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    _leak(drv)
+    return lambda: drv.batch.filter_batch(keep_indices=[0, 1])
+
+
+def leak_before_retract(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    _leak(drv)
+    req = drv.batch.reqs[0]
+    return lambda: release_kv_cache(req, drv.batch.tree_cache, checkpoint=False)
+
+
 CASES = [
+    Case("prefill", leak_before_prefill, "after_prepare_for_extend", "kv_conservation", "prefill",
+         "ScheduleBatch.prepare_for_extend"),
+    Case("prepare_for_decode", leak_before_prepare_for_decode, "after_prepare_for_decode", "kv_conservation",
+         "prepare_for_decode", "ScheduleBatch.prepare_for_decode"),
+    Case("draft", leak_before_draft, "before_draft", "kv_conservation", "draft", "EagleDraftWorker.draft"),
+    Case("filter", leak_before_filter, "around_filter_batch", "kv_conservation", "filter_batch",
+         "ScheduleBatch.filter_batch"),
+    Case("retract", leak_before_retract, "around_release_kv_cache", "kv_conservation", "retract",
+         "mem_cache.common.release_kv_cache"),
     Case("merge", leak_before_merge, "around_merge_batch", "kv_conservation", "merge_batch",
          "ScheduleBatch.merge_batch"),
     Case("plain_decode", leak_before_plain_forward, "before_target_forward", "kv_conservation", "plain_decode",
          "TpModelWorker.forward_batch_generation (plain DECODE)"),
-    Case("flip_off", leak_before_flip_off, "on_flip", "kv_conservation", "flip_off", "switch"),
+    Case("flip_off", leak_before_flip_off, "on_flip", "kv_conservation", "flip_off",
+         "switch (shim.guard.api.notify_flip)"),
     # a re-observation, not a model step: reported against the draft, seen at the launch
     Case("verify_launch", leak_before_verify_launch, "before_verify", "kv_conservation", "draft",
          "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)"),
@@ -117,7 +176,9 @@ def test_a_fault_planted_before_a_step_is_found_at_that_step(runtime: Any, model
     frames = {entry.name for entry in excinfo.traceback}
     assert case.hook in frames, (sorted(frames), str(exc))
     assert (exc.invariant, exc.action) == (case.invariant, case.action), str(exc)
-    assert case.where in str(exc), str(exc)
+    # the history's last entry is this step's, with its where (earlier entries name other steps' places)
+    assert (case.where in str(exc) if case.where.startswith("seen at: ")
+            else str(exc).rstrip().endswith(f" [{case.where}]")), str(exc)
 
 
 def test_a_leak_in_a_results_processing_is_found_at_its_process_result(runtime: Any, model_dir: Path,
@@ -148,4 +209,6 @@ def test_a_leak_in_a_results_processing_is_found_at_its_process_result(runtime: 
     frames = {entry.name for entry in excinfo.traceback}
     assert "after_normalize_decode_outputs" in frames, (sorted(frames), str(exc))
     assert (exc.invariant, exc.action) == ("kv_conservation", "process_result"), str(exc)
-    assert "3 slots leaked" in str(exc) and "_normalize_decode_outputs (result processed)" in str(exc), str(exc)
+    assert "3 slots leaked" in str(exc), str(exc)
+    where = "SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)"
+    assert str(exc).rstrip().endswith(f" [{where}]"), str(exc)
