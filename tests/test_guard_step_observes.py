@@ -38,8 +38,9 @@ class Case:
     where: str  # the step's location, as the report's last transition names it (or "seen at: ...")
 
 
-def _driver(runtime: Any, model_dir: Path, *, n: int = 2) -> Any:
-    gf.configure_guard(runtime, CATCH_UP)
+def _driver(runtime: Any, model_dir: Path, *, n: int = 2, **guard: Any) -> Any:
+    """`guard`: configure_guard's mode and trace (default: assert mode, no trace)."""
+    gf.configure_guard(runtime, CATCH_UP, **guard)
     drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
     drv.admit(gf.make_reqs("r", n, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
     return drv
@@ -77,10 +78,10 @@ def leak_before_flip_off(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) 
     return drv.flip_off
 
 
-def leak_before_verify_launch(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+def leak_before_verify_launch(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch, **guard: Any) -> Trigger:
     """The leak between the draft and the verify's launch (while the verify input is built): the launch's second look
     at the state the draft step produced is the first reading of the pool since."""
-    drv = _driver(runtime, model_dir)
+    drv = _driver(runtime, model_dir, **guard)
     drv.decode()
     with h.patch_assign_req_to_token_pool():
         drv.batch.prepare_for_decode()
@@ -212,3 +213,25 @@ def test_a_leak_in_a_results_processing_is_found_at_its_process_result(runtime: 
     assert "3 slots leaked" in str(exc), str(exc)
     where = "SchedulerBatchResultProcessor._normalize_decode_outputs (result processed)"
     assert str(exc).rstrip().endswith(f" [{where}]"), str(exc)
+
+
+def test_a_finding_at_a_re_observation_is_traced_as_a_refine_record(runtime: Any, model_dir: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trace mode, the verify launch's leak above: the trace holds it as a `refine` record (not a model step) with
+    the step it follows, where it was seen, and the violation with its numbers."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "refine.jsonl"
+    trigger = leak_before_verify_launch(runtime, model_dir, monkeypatch, mode=Mode.TRACE, trace=trace)
+    trigger()  # trace mode: recorded, not raised
+    runtime.reset()
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    found = [r for r in records if r["kind"] == "refine" and r["violations"]]
+    assert found, [r["kind"] for r in records]
+    first = found[0]
+    assert (first["action"], first["where"]) == ("draft", "EAGLEWorkerV2.verify (TARGET_VERIFY launch)"), first
+    assert [(v["invariant"], v["expected"], v["actual"]) for v in first["violations"]] == [
+        ("kv_conservation", "1024", "1021")], first["violations"]
+    assert set(first["delta"]) == {"kv_free"}, first["delta"]  # what the launch's reading changed: the free count
