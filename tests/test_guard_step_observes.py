@@ -32,7 +32,7 @@ Trigger = Callable[[], Any]
 class Case:
     name: str
     setup: Callable[[Any, Path, pytest.MonkeyPatch], Trigger]
-    hook: str  # the adapter method the finding is raised from
+    hook: str  # the adapter method (or, for a settling round, the guard's method) the finding is raised from
     invariant: str
     action: str
     where: str  # the step's location, as the report's last transition names it (or "seen at: ...")
@@ -145,11 +145,22 @@ def leak_before_retract(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -
     return lambda: release_kv_cache(req, drv.batch.tree_cache, checkpoint=False)
 
 
+def leak_after_a_speculative_round(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    """The leak after a round's result: the round settles (its verify with the accepts committed, then its
+    draft-extend) at the scheduler's next hook, the first reading since."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    _leak(drv)
+    return lambda: _prepared(drv)
+
+
 CASES = [
     Case("prefill", leak_before_prefill, "after_prepare_for_extend", "kv_conservation", "prefill",
          "ScheduleBatch.prepare_for_extend"),
     Case("prepare_for_decode", leak_before_prepare_for_decode, "after_prepare_for_decode", "kv_conservation",
          "prepare_for_decode", "ScheduleBatch.prepare_for_decode"),
+    Case("settle_round", leak_after_a_speculative_round, "settle_round", "kv_conservation", "verify",
+         "process_batch_result (verify result)"),
     Case("draft", leak_before_draft, "before_draft", "kv_conservation", "draft", "EagleDraftWorker.draft"),
     Case("filter", leak_before_filter, "around_filter_batch", "kv_conservation", "filter_batch",
          "ScheduleBatch.filter_batch"),
