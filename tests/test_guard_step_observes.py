@@ -32,7 +32,7 @@ Trigger = Callable[[], Any]
 class Case:
     name: str
     setup: Callable[[Any, Path, pytest.MonkeyPatch], Trigger]
-    hook: str  # the adapter method (or, for a settling round, the guard's method) the finding is raised from
+    hook: str  # the adapter method the finding is raised from (a round settles in the next step's hook)
     invariant: str
     action: str
     where: str  # the step's location, as the report's last transition names it (or "seen at: ...")
@@ -159,7 +159,7 @@ CASES = [
          "ScheduleBatch.prepare_for_extend"),
     Case("prepare_for_decode", leak_before_prepare_for_decode, "after_prepare_for_decode", "kv_conservation",
          "prepare_for_decode", "ScheduleBatch.prepare_for_decode"),
-    Case("settle_round", leak_after_a_speculative_round, "settle_round", "kv_conservation", "verify",
+    Case("settle_round", leak_after_a_speculative_round, "after_prepare_for_decode", "kv_conservation", "verify",
          "process_batch_result (verify result)"),
     Case("draft", leak_before_draft, "before_draft", "kv_conservation", "draft", "EagleDraftWorker.draft"),
     Case("filter", leak_before_filter, "around_filter_batch", "kv_conservation", "filter_batch",
