@@ -111,6 +111,32 @@ def test_a_step_invariant_broken_only_on_an_edge_into_a_visited_state_is_found(m
     assert verdict.verdict == "fail" and "breaks seq_lens_growth" in verdict.reason
 
 
+def test_a_state_invariant_broken_only_on_an_edge_into_a_known_key_with_another_launched_batch_is_found(
+        monkeypatch) -> None:
+    """The checker gives an edge into a known key the step invariants only when the state it reaches has the kept
+    state's launched batch (the key forgets the launched batch outside stage DRAFTED; `_check`'s edge condition).
+    With another launched batch it checks the state invariants too: here one that reads the launched batch and
+    breaks in one key only with the batch a later edge brings, never in a state reached first (a new key)."""
+    model = Model(SEEDS_FINAL, attrs.evolve(Scope(), requests=(RequestSpec(1, 1), RequestSpec(1, 1))))
+    search = Search(model.init_states(), model_successors(model), key=model.dedup_key)
+    edges = list(search.edges())
+    target = next(after for _, _, after, new, kept in edges
+                  if not new and kept is not None and after.launched != kept.launched)
+    target_key = model.dedup_key(target)
+
+    def launched_as_in_target(state, scope):
+        if state.launched == target.launched and model.dedup_key(state) == target_key:
+            return [Violation("launched_as_in_target", "the launched batch of the target state")]
+        return []
+
+    monkeypatch.setattr(invariants, "_STATE_CHECKS", (*invariants._STATE_CHECKS, launched_as_in_target))
+    assert not any(launched_as_in_target(after, None) for _, _, after, new, _ in edges if new)
+    assert not any(launched_as_in_target(root, None) for root in search.roots)
+    result = check(model)
+    assert [v.invariant for v in result.violations] == ["launched_as_in_target"]
+    assert result.trace[-1].state == target
+
+
 def _dead_fields_scrambled(state):
     """`state` with what `forget_finished` forgets changed, for every finished request out of every batch."""
     in_batch = set(state.running.rids).union(*(b.rids for b in (state.pending, state.launched) if b is not None),

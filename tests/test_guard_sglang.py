@@ -506,10 +506,11 @@ def test_an_error_inside_the_guard_never_propagates_in_warn_mode(runtime: Any, m
         raise RuntimeError("bug in the guard")
 
     monkeypatch.setattr(runtime.guard, "prepare_for_decode", broken)
+    errors = runtime.internal_errors  # a process-wide count: a test run before this one may have counted some
     with caplog.at_level(logging.WARNING, logger="specflip.guard"):
         for _ in range(3):
             drv.decode()  # serving goes on
-    assert runtime.disabled_reason and runtime.internal_errors == 1
+    assert runtime.disabled_reason and runtime.internal_errors == errors + 1
     assert sum("internal error" in r.getMessage() for r in caplog.records) >= 1
 
 

@@ -387,3 +387,84 @@ def test_slots_freed_owned_finds_what_the_positions_show(spans: list[tuple[int, 
     got = {p for f in frees for p in range(f.start, f.end)}
     clean = all(own_start <= p < before for p in got) if after is None else got == set(range(after, before))
     assert (slots_freed_owned(frees, [owner], "finish") == []) == clean
+
+
+# --- the whole Violation of branches no known-bad design of the default scope ends on (issue 51's mutation run) ------
+
+def test_spec_info_rows_of_the_launched_batch_are_named_as_the_launched_batchs() -> None:
+    launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 1, 3), spec_algorithm_on=True,
+                     out_cache_loc_width=6)
+    assert spec_info_matches_batch(make_state(TWO, RUNNING_SPEC, launched), SCOPE) == [invariants_module.Violation(
+        "spec_info_matches_batch", "the launched batch holds 2 requests but its spec_info has 1 rows", (0, 1),
+        expected="2", actual="1")]
+
+
+def test_a_finished_request_holding_kv_and_tree_tokens_is_named_with_its_counts() -> None:
+    """A finished request still holding 4 + 1 slots and locking 2 tree tokens; a running one locking more tree tokens
+    than the tree holds."""
+    finished = running_req(0, reserved=1).replace(status=Status.FINISHED, cached_len=2)
+    greedy = running_req(1).replace(cached_len=4)
+    tree = (True, True, False)
+    state = attrs.evolve(make_state((finished, greedy), RUNNING_SPEC), prefix_cache=tree)
+    state = attrs.evolve(state, kv_free=state.kv_free - len(tree))
+    V = invariants_module.Violation
+    assert kv_conservation(state, SCOPE) == [
+        V("kv_conservation", "request 0 is finished but still holds 4 + 1 reserved slots", (0,), expected="0",
+          actual="5"),
+        V("kv_conservation", "request 0 is finished and locks 2 tree tokens of 3", (0,), expected="0", actual="2"),
+        V("kv_conservation", "request 1 is running and locks 4 tree tokens of 3", (1,), expected="<= 3", actual="4"),
+    ]
+
+
+def test_result_not_after_reprefill_names_the_token_committed_twice() -> None:
+    plain = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE)
+    before = attrs.evolve(make_state(TWO, plain), unprocessed=(Unprocessed((0, 1), None, applies_to_retracted=(0,)),))
+    found = result_not_after_reprefill(before, Action("process_result"), before, SCOPE, CATCH_UP)
+    assert [(v.rids, v.expected, v.actual) for v in found] == [((0,), "the result skips it", "a token committed twice")]
+
+
+def _verify_of(rids: tuple[int, ...], tokens: int = 3) -> Batch:
+    return Batch(rids=rids, forward_mode=ForwardMode.TARGET_VERIFY,
+                 spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, len(rids), tokens), spec_algorithm_on=True,
+                 out_cache_loc_width=len(rids) * tokens)
+
+
+def test_kv_reserve_covers_writes_answers_each_state_afresh_past_its_memo() -> None:
+    """The memo of the last state's answer (`_LAST_RESERVE_SHORT`) holds only for the same requests and rids: the same
+    launched batch over other requests, and the same requests under another launched batch, are checked again."""
+    launched = _verify_of((0, 1))
+    covered = (running_req(0, reserved=3), running_req(1, reserved=3))
+    short = (running_req(0, reserved=3), running_req(1, reserved=2))
+    assert kv_reserve_covers_writes(make_state(covered, RUNNING_SPEC, launched), SCOPE) == []
+    assert [v.rids for v in kv_reserve_covers_writes(make_state(short, RUNNING_SPEC, launched), SCOPE)] == [(1,)]
+    # one requests tuple, two launches: over request 0 (covered), then over request 1 (short)
+    assert kv_reserve_covers_writes(make_state(short, RUNNING_SPEC, _verify_of((0,))), SCOPE) == []
+    assert [v.rids for v in kv_reserve_covers_writes(make_state(short, RUNNING_SPEC, _verify_of((1,))), SCOPE)] == [
+        (1,)]
+    # the same state twice: the memo's answer, the same as the first
+    state = make_state(short, RUNNING_SPEC, launched)
+    assert kv_reserve_covers_writes(state, SCOPE) == kv_reserve_covers_writes(state, SCOPE) != []
+
+
+def test_kv_reserve_covers_writes_names_the_request_with_the_fewest_slots_reserved() -> None:
+    reqs = (running_req(0, reserved=2), running_req(1, reserved=1))
+    found = kv_reserve_covers_writes(make_state(reqs, RUNNING_SPEC, _verify_of((0, 1))), SCOPE)
+    assert [(v.rids, v.expected, v.actual, v.message) for v in found] == [
+        ((0, 1), "3", "1", "the verify step writes 3 tokens per request but only 1 slots are reserved")]
+
+
+def test_kv_reserve_covers_writes_says_steps_for_a_plain_steps_reserve_slot_and_verifies_otherwise() -> None:
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    reqs = (running_req(0, reserved=0), running_req(1, reserved=3))
+    plain = make_state(reqs, RUNNING_SPEC)
+    verify = Unprocessed(rids=(0, 1), steps=2, draft_extended=True)
+    found = kv_reserve_covers_writes(attrs.evolve(plain, unprocessed=(verify,)), overlap)
+    assert [v.message for v in found] == [
+        "launched verifies whose results are unprocessed may write 3 tokens of request 0, "
+        "but only 0 slots are reserved"]
+    slot = Unprocessed(rids=(0,), steps=None, reserve_slot=True)
+    found = kv_reserve_covers_writes(attrs.evolve(plain, unprocessed=(slot,)), overlap)
+    assert [v.message for v in found] == [
+        "launched steps whose results are unprocessed may write 1 tokens of request 0, "
+        "but only 0 slots are reserved"]
