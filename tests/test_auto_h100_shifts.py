@@ -16,6 +16,7 @@ ones took 13.9 ms; 7.4 ms all short), and the mean context (332 tokens at 24) ha
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import attrs
 import pytest
 
 from statemodel import auto_policy as ap
+
+auto_quiet_phase = importlib.import_module("auto_quiet_phase")
 
 WINDOWS = json.loads((Path(__file__).parent / "data" / "h100_auto_windows_59347e0.json").read_text())
 CAP = 48
@@ -139,25 +142,8 @@ def after_burst(until: float, flip_step: int = 5749, peak: int = 128) -> ap.Auto
 
 
 def steps_to_flip_on(state: ap.AutoState, limit: int = 64) -> int | None:
-    """The quiet phase's start as the trace has it (idle, one request waiting, then the second while the first is
-    admitted), then decode steps of the 2 requests at plain decoding's measured seconds, fed in the switch's windows
-    of 8: the plain steps run before the learner flips speculation on (None: none within `limit`)."""
-    for running, waiting in ((0, 0), (0, 1), (1, 1)):
-        d = ap.decide(state, False, running + waiting, running, CAP, context=40.0)
-        assert d.action is None, d
-        state = ap.commit(state, d)
-    pending = []
-    for step in range(limit):
-        d = ap.decide(state, False, 2, 2, CAP, context=40.0 + step)
-        state = ap.commit(state, d)
-        if d.action == ap.FLIP_ON:
-            return step
-        pending.append(ap.Observation(False, 2, 2.0, QUIET_PLAIN_S, context=40.0 + step))
-        if len(pending) == 8:
-            for obs in pending:
-                state = ap.observe(state, obs)
-            pending = []
-    return None
+    """The plain steps of this run's quiet phase before speculation comes on (tests/auto_quiet_phase.py)."""
+    return auto_quiet_phase.steps_to_flip_on(state, QUIET_PLAIN_S, CAP, limit)
 
 
 @pytest.mark.parametrize(("end", "flip_step", "peak"), BURST_ENDS)

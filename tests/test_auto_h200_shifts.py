@@ -20,6 +20,7 @@ what it does there; where it would not pick the faster mode, the test is an xfai
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import tarfile
@@ -29,6 +30,8 @@ import attrs
 import pytest
 
 from statemodel import auto_policy as ap
+
+auto_quiet_phase = importlib.import_module("auto_quiet_phase")
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOWS = json.loads((Path(__file__).parent / "data" / "h200_auto_windows_886650f.json").read_text())
@@ -322,25 +325,8 @@ QUIET_PLAIN_S = 0.0357 / 8
 
 
 def steps_to_flip_on(state: ap.AutoState, limit: int = 64) -> int | None:
-    """The quiet phase's start as the trace has it (idle, one request waiting, then the second), then decode steps of
-    the 2 requests at plain decoding's measured seconds, in windows of 8: the plain steps before speculation comes
-    on (None: not within `limit`)."""
-    for running, waiting in ((0, 0), (0, 1), (1, 1)):
-        d = ap.decide(state, False, running + waiting, running, CAP, context=40.0)
-        assert d.action is None, d
-        state = ap.commit(state, d)
-    pending = []
-    for step in range(limit):
-        d = ap.decide(state, False, 2, 2, CAP, context=40.0 + step)
-        state = ap.commit(state, d)
-        if d.action == ap.FLIP_ON:
-            return step
-        pending.append(ap.Observation(False, 2, 2.0, QUIET_PLAIN_S, context=40.0 + step))
-        if len(pending) == 8:
-            for obs in pending:
-                state = ap.observe(state, obs)
-            pending = []
-    return None
+    """The plain steps of this run's quiet phase before speculation comes on (tests/auto_quiet_phase.py)."""
+    return auto_quiet_phase.steps_to_flip_on(state, QUIET_PLAIN_S, CAP, limit)
 
 
 @pytest.mark.parametrize(("end", "flip_step"), BURST_ENDS)
