@@ -156,10 +156,9 @@ def test_a_copy_of_another_requests_reserve_freed_is_caught_at_the_next_alloc(ru
     assert "judged at the next alloc" in str(exc)
 
 
-def test_a_live_slot_handed_out_again_is_caught_at_the_alloc(runtime: Any, model_dir: Path) -> None:
-    """Reuse: another request's live slot put back on the free list behind the allocator's free() (no free hook
-    sees it); the next step's real alloc (prepare_for_decode) hands it out."""
-    drv = _driver(runtime, model_dir)
+def _live_slots_put_back_on_the_free_list(drv: Any) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Request 1's live slots put back on the free list behind the allocator's free() (no free hook sees it), and
+    the next step's real alloc (prepare_for_decode) that hands them out."""
     allocator = drv.pools.allocator
     live = _own_slots(drv, drv.batch.reqs[1]).clone()
     allocator.free_pages = torch.cat((live, allocator.free_pages))
@@ -167,6 +166,14 @@ def test_a_live_slot_handed_out_again_is_caught_at_the_alloc(runtime: Any, model
     def prepare() -> None:
         with h.patch_assign_req_to_token_pool():
             drv.batch.prepare_for_decode()
+    return live, prepare
+
+
+def test_a_live_slot_handed_out_again_is_caught_at_the_alloc(runtime: Any, model_dir: Path) -> None:
+    """Reuse: another request's live slot put back on the free list behind the allocator's free() (no free hook
+    sees it); the next step's real alloc (prepare_for_decode) hands it out."""
+    drv = _driver(runtime, model_dir)
+    live, prepare = _live_slots_put_back_on_the_free_list(drv)
     exc = _raises_at(prepare, "after_allocator_alloc", "slots_allocated_free", "alloc")
     assert str(drv.batch.reqs[1].rid) in exc.rids, str(exc)
 
@@ -287,13 +294,7 @@ def test_assert_mode_stops_at_an_alloc_of_a_live_slot(runtime: Any, model_dir: P
     assert stops there; the finding names the slot (which row holds it is not read: no row scan per alloc)."""
     slot_mode("assert")
     drv = _driver(runtime, model_dir)
-    allocator = drv.pools.allocator
-    live = _own_slots(drv, drv.batch.reqs[1]).clone()
-    allocator.free_pages = torch.cat((live, allocator.free_pages))
-
-    def prepare() -> None:
-        with h.patch_assign_req_to_token_pool():
-            drv.batch.prepare_for_decode()
+    live, prepare = _live_slots_put_back_on_the_free_list(drv)
     exc = _stopped_at(prepare, runtime, "slots_allocated_free", "alloc", caplog)
     assert f"slot {max(live.tolist())}, in use, its holder not read" in str(exc), str(exc)
 
