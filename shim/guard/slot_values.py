@@ -31,9 +31,9 @@ read (`path_for`):
   On host tensors the assert raises at once: the same path, run on the CPU (tests/test_guard_slot_values.py).
 * off: not checked.
 Every check and bitmap update runs on the stream current at its hook. SGLang runs its allocs and frees on one stream,
-the scheduler's (read in the newest and the GPU host's lines' loops: `prepare_for_decode`, `prepare_for_extend`, the releases; the forward
-stream only runs the model), so they are ordered among themselves; hooks on two streams at once could see each other's
-marks.
+the scheduler's (read in the newest and the GPU host's lines' loops: `prepare_for_decode`, `prepare_for_extend`, the
+releases; the forward stream only runs the model), so they are ordered among themselves; hooks on two streams at once
+could see each other's marks.
 The rows' numbers (which row, its allocation) are python ints the adapter reads off the live requests; only the
 answer and, at a finding, the positions that hit are read back (NOW, LATE); a STOP finding is decoded from its answer
 alone (a freed copy: one slot, its row and position; an alloc: one slot, its holder not read).
