@@ -1,0 +1,59 @@
+"""What a guard step reads of the launched batch, checked AT THAT STEP (issue 51's mutation samples of
+shim/guard/core.py, docs/mutation.md): a step that stopped overlaying the batch it launches would pass every test
+that plants a fault in the pool or the requests. Here the launched batch itself is wrong on real SGLang 0.5.23
+objects (tests/guard_fixtures.py), and the finding must be raised from that step's hook."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_sglang_cpu import require_sglang_cpu
+
+require_sglang_cpu()
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+
+from shim.guard.core import SpecFlipViolation  # noqa: E402
+from statemodel.designs import CATCH_UP  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+def _driver(runtime: Any, model_dir: Path, *, n: int = 2) -> Any:
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", n, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    return drv
+
+
+def test_a_verify_launched_with_too_few_slots_is_found_at_its_launch(runtime: Any, model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verify input built one draft token short: the TARGET_VERIFY launch's out_cache_loc (its draft tokens) is
+    narrower than the tokens a verify of these requests writes. The launch's look at the batch it launches
+    (`Guard.verify_launch` overlaying `launched`) names it there: `shapes_agree` (and, the spec_info built from the
+    same tokens, `spec_info_matches_batch`)."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    build = h.make_eagle_verify_input
+
+    def build_one_short(batch: Any, **kwargs: Any) -> Any:
+        verify_input = build(batch, **kwargs)
+        verify_input.draft_token = verify_input.draft_token[:-1]
+        return verify_input
+
+    monkeypatch.setattr(h, "make_eagle_verify_input", build_one_short)
+    drv.worker.accept_lens_cpu_stand_in = [1, 1]
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.worker.forward_batch_generation(drv.batch)
+    exc = excinfo.value
+    assert "before_verify" in {entry.name for entry in excinfo.traceback}, str(exc)
+    # one token short is also a spec_info of too few rows (its rows are draft tokens / tokens per row): both named
+    assert exc.invariant in ("spec_info_matches_batch", "shapes_agree"), str(exc)
+    assert "shapes_agree broken" in str(exc) or exc.invariant == "shapes_agree", str(exc)
+    assert "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)" in str(exc), str(exc)
