@@ -57,3 +57,28 @@ def test_a_verify_launched_with_too_few_slots_is_found_at_its_launch(runtime: An
     assert exc.invariant in ("spec_info_matches_batch", "shapes_agree"), str(exc)
     assert "shapes_agree broken" in str(exc) or exc.invariant == "shapes_agree", str(exc)
     assert "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)" in str(exc), str(exc)
+
+
+def test_a_prefill_launched_with_too_few_slots_is_found_at_its_prepare(runtime: Any, model_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare_for_extend` handed an out_cache_loc one slot short of the tokens its EXTEND batch writes (the slots
+    allocated and the request's row as usual): the prefill's look at the batch it launches (`Guard.prefill`
+    overlaying `launched`) names it there, as `shapes_agree`."""
+    import sglang.srt.managers.schedule_batch as schedule_batch
+
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    alloc = schedule_batch.alloc_for_extend
+
+    def alloc_one_short(batch: Any) -> Any:
+        out_cache_loc, *rest = alloc(batch)
+        return (out_cache_loc[:-1], *rest)
+
+    monkeypatch.setattr(schedule_batch, "alloc_for_extend", alloc_one_short)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    exc = excinfo.value
+    assert "after_prepare_for_extend" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.invariant == "shapes_agree", str(exc)
+    assert str(exc).rstrip().endswith(" [ScheduleBatch.prepare_for_extend]"), str(exc)
