@@ -82,3 +82,21 @@ def test_a_prefill_launched_with_too_few_slots_is_found_at_its_prepare(runtime: 
     assert "after_prepare_for_extend" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert exc.invariant == "shapes_agree", str(exc)
     assert str(exc).rstrip().endswith(" [ScheduleBatch.prepare_for_extend]"), str(exc)
+
+
+def test_a_verify_that_grew_seq_lens_too_far_is_found_where_its_round_settles(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a round, one request's seq_len (device tensor and CPU mirror) one past what its committed accepts
+    give: the round's verify, settled at the scheduler's next hook, compares the seq_lens it launched
+    (`settle_round`'s `seq_rids`) and names it there, as the verify's."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.batch.seq_lens[0] += 1
+    drv.batch.seq_lens_cpu[0] += 1
+    with pytest.raises(SpecFlipViolation) as excinfo, h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    exc = excinfo.value
+    assert "after_prepare_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "verify", str(exc)
+    assert "seq_len" in exc.invariant, str(exc)
+    assert str(exc).rstrip().endswith(" [process_batch_result (verify result)]"), str(exc)
