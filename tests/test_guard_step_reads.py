@@ -100,3 +100,21 @@ def test_a_verify_that_grew_seq_lens_too_far_is_found_where_its_round_settles(
     assert exc.action == "verify", str(exc)
     assert "seq_len" in exc.invariant, str(exc)
     assert str(exc).rstrip().endswith(" [process_batch_result (verify result)]"), str(exc)
+
+
+def test_an_arrival_is_traced_with_the_prefill_that_showed_it(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
+    """Trace mode: the requests a prefill shows first arrive as one step, traced with that prefill's place (a
+    finding at an arrival names it; `Guard._arrive` passes its `where` on)."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "arrive.jsonl"
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    runtime.reset()
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    arrivals = [r for r in steps if r["kind"] == "step" and r["action"] == "arrive"]
+    assert [(r["where"], r["new_rids"]) for r in arrivals] == [("ScheduleBatch.prepare_for_extend", ["r0", "r1"])], \
+        arrivals
