@@ -118,3 +118,27 @@ def test_an_arrival_is_traced_with_the_prefill_that_showed_it(runtime: Any, mode
     arrivals = [r for r in steps if r["kind"] == "step" and r["action"] == "arrive"]
     assert [(r["where"], r["new_rids"]) for r in arrivals] == [("ScheduleBatch.prepare_for_extend", ["r0", "r1"])], \
         arrivals
+
+
+def test_the_batch_a_merge_produced_is_traced_where_it_was_seen(runtime: Any, model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """Trace mode: after `merge_batch` ran, the guard looks at the running batch it produced (`refine_running`), a
+    `refine` record with that place (what a finding there would name)."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "merge.jsonl"
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    late.forward_mode = late.forward_mode.DECODE
+    drv.batch.merge_batch(late)
+    runtime.reset()
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    last_merge = max(i for i, r in enumerate(records) if r["kind"] == "step" and r["action"] == "merge_batch")
+    after_merge = records[last_merge + 1:]
+    assert after_merge and (after_merge[0]["kind"], after_merge[0]["where"]) == (
+        "refine", "ScheduleBatch.merge_batch (result)"), after_merge[:1]
