@@ -142,3 +142,26 @@ def test_the_batch_a_merge_produced_is_traced_where_it_was_seen(runtime: Any, mo
     after_merge = records[last_merge + 1:]
     assert after_merge and (after_merge[0]["kind"], after_merge[0]["where"]) == (
         "refine", "ScheduleBatch.merge_batch (result)"), after_merge[:1]
+
+
+def test_a_request_wrong_just_before_a_catch_up_is_found_at_the_catch_up(runtime: Any, model_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculation back on (CATCH_UP: the draft catches up with one draft-extend at flip-on): a request's allocated
+    length one past what it holds, with no slot allocated for it, just before the catch-up. The catch-up reads its
+    requests (`draft_extend_starts` overlaying `reqs`) and names it there, not the next step."""
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    catch_up = drv.draft_extend_outside_round
+
+    def wrong_then_catch_up() -> None:
+        drv.batch.reqs[0].kv.kv_allocated_len += 1
+        catch_up()
+
+    monkeypatch.setattr(drv, "draft_extend_outside_round", wrong_then_catch_up)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.flip_on()
+    exc = excinfo.value
+    assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "draft_catch_up", str(exc)
+    assert str(exc).rstrip().endswith(" [EagleDraftWorker._draft_extend_for_decode]"), str(exc)
