@@ -165,3 +165,34 @@ def test_a_request_wrong_just_before_a_catch_up_is_found_at_the_catch_up(runtime
     assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert exc.action == "draft_catch_up", str(exc)
     assert str(exc).rstrip().endswith(" [EagleDraftWorker._draft_extend_for_decode]"), str(exc)
+
+
+def test_a_retraction_that_frees_another_requests_slot_is_blamed_on_the_retraction(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retraction (speculation off) that, inside SGLang's release, also frees the newest slot of another running
+    request: what the identity check of the release found (`slots_freed_owned`) is the retraction's finding
+    (`Guard.release` passes it on as `extra`), named before the counts it unbalanced."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    # the slot-value check (on by default on the CPU) would stop the free itself, before the retraction's step
+    monkeypatch.setattr(runtime, "slot_values", "off")
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    victim, other = drv.batch.reqs
+    allocator = drv.pools.allocator
+    free = allocator.free
+    rows = drv.pools.req_to_token_pool.req_to_token
+    newest = other.kv.kv_committed_len - 1
+    stolen = rows[other.kv.req_pool_idx, newest:newest + 1]  # a view of its row, as SGLang frees
+
+    def free_and_steal(slots: Any) -> Any:
+        monkeypatch.setattr(allocator, "free", free)  # once
+        free(stolen)
+        return free(slots)
+
+    monkeypatch.setattr(allocator, "free", free_and_steal)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        release_kv_cache(victim, drv.batch.tree_cache, checkpoint=False)
+    exc = excinfo.value
+    assert (exc.invariant, exc.action) == ("slots_freed_owned", "retract"), str(exc)
