@@ -1,0 +1,198 @@
+"""What a guard step reads of the launched batch, checked AT THAT STEP (issue 51's mutation samples of
+shim/guard/core.py, docs/mutation.md): a step that stopped overlaying the batch it launches would pass every test
+that plants a fault in the pool or the requests. Here the launched batch itself is wrong on real SGLang 0.5.23
+objects (tests/guard_fixtures.py), and the finding must be raised from that step's hook."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_sglang_cpu import require_sglang_cpu
+
+require_sglang_cpu()
+
+gf = importlib.import_module("guard_fixtures")
+h = importlib.import_module("sglang_cpu")
+
+from shim.guard.core import SpecFlipViolation  # noqa: E402
+from statemodel.designs import CATCH_UP  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+def _driver(runtime: Any, model_dir: Path, *, n: int = 2) -> Any:
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", n, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    return drv
+
+
+def test_a_verify_launched_with_too_few_slots_is_found_at_its_launch(runtime: Any, model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verify input built one draft token short: the TARGET_VERIFY launch's out_cache_loc (its draft tokens) is
+    narrower than the tokens a verify of these requests writes. The launch's look at the batch it launches
+    (`Guard.verify_launch` overlaying `launched`) names it there: `shapes_agree` (and, the spec_info built from the
+    same tokens, `spec_info_matches_batch`)."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    build = h.make_eagle_verify_input
+
+    def build_one_short(batch: Any, **kwargs: Any) -> Any:
+        verify_input = build(batch, **kwargs)
+        verify_input.draft_token = verify_input.draft_token[:-1]
+        return verify_input
+
+    monkeypatch.setattr(h, "make_eagle_verify_input", build_one_short)
+    drv.worker.accept_lens_cpu_stand_in = [1, 1]
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.worker.forward_batch_generation(drv.batch)
+    exc = excinfo.value
+    assert "before_verify" in {entry.name for entry in excinfo.traceback}, str(exc)
+    # one token short is also a spec_info of too few rows (its rows are draft tokens / tokens per row): both named
+    assert exc.invariant in ("spec_info_matches_batch", "shapes_agree"), str(exc)
+    assert "shapes_agree broken" in str(exc) or exc.invariant == "shapes_agree", str(exc)
+    assert "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)" in str(exc), str(exc)
+
+
+def test_a_prefill_launched_with_too_few_slots_is_found_at_its_prepare(runtime: Any, model_dir: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare_for_extend` handed an out_cache_loc one slot short of the tokens its EXTEND batch writes (the slots
+    allocated and the request's row as usual): the prefill's look at the batch it launches (`Guard.prefill`
+    overlaying `launched`) names it there, as `shapes_agree`."""
+    import sglang.srt.managers.schedule_batch as schedule_batch
+
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    alloc = schedule_batch.alloc_for_extend
+
+    def alloc_one_short(batch: Any) -> Any:
+        out_cache_loc, *rest = alloc(batch)
+        return (out_cache_loc[:-1], *rest)
+
+    monkeypatch.setattr(schedule_batch, "alloc_for_extend", alloc_one_short)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    exc = excinfo.value
+    assert "after_prepare_for_extend" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.invariant == "shapes_agree", str(exc)
+    assert str(exc).rstrip().endswith(" [ScheduleBatch.prepare_for_extend]"), str(exc)
+
+
+def test_a_verify_that_grew_seq_lens_too_far_is_found_where_its_round_settles(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a round, one request's seq_len (device tensor and CPU mirror) one past what its committed accepts
+    give: the round's verify, settled at the scheduler's next hook, compares the seq_lens it launched
+    (`settle_round`'s `seq_rids`) and names it there, as the verify's."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.batch.seq_lens[0] += 1
+    drv.batch.seq_lens_cpu[0] += 1
+    with pytest.raises(SpecFlipViolation) as excinfo, h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    exc = excinfo.value
+    assert "after_prepare_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "verify", str(exc)
+    assert "seq_len" in exc.invariant, str(exc)
+    assert str(exc).rstrip().endswith(" [process_batch_result (verify result)]"), str(exc)
+
+
+def test_an_arrival_is_traced_with_the_prefill_that_showed_it(runtime: Any, model_dir: Path, tmp_path: Path) -> None:
+    """Trace mode: the requests a prefill shows first arrive as one step, traced with that prefill's place (a
+    finding at an arrival names it; `Guard._arrive` passes its `where` on)."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "arrive.jsonl"
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    runtime.reset()
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    arrivals = [r for r in steps if r["kind"] == "step" and r["action"] == "arrive"]
+    assert [(r["where"], r["new_rids"]) for r in arrivals] == [("ScheduleBatch.prepare_for_extend", ["r0", "r1"])], \
+        arrivals
+
+
+def test_the_batch_a_merge_produced_is_traced_where_it_was_seen(runtime: Any, model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """Trace mode: after `merge_batch` ran, the guard looks at the running batch it produced (`refine_running`), a
+    `refine` record with that place (what a finding there would name)."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "merge.jsonl"
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    late.forward_mode = late.forward_mode.DECODE
+    drv.batch.merge_batch(late)
+    runtime.reset()
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    last_merge = max(i for i, r in enumerate(records) if r["kind"] == "step" and r["action"] == "merge_batch")
+    after_merge = records[last_merge + 1:]
+    assert after_merge and (after_merge[0]["kind"], after_merge[0]["where"]) == (
+        "refine", "ScheduleBatch.merge_batch (result)"), after_merge[:1]
+
+
+def test_a_request_wrong_just_before_a_catch_up_is_found_at_the_catch_up(runtime: Any, model_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculation back on (CATCH_UP: the draft catches up with one draft-extend at flip-on): a request's allocated
+    length one past what it holds, with no slot allocated for it, just before the catch-up. The catch-up reads its
+    requests (`draft_extend_starts` overlaying `reqs`) and names it there, not the next step."""
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    catch_up = drv.draft_extend_outside_round
+
+    def wrong_then_catch_up() -> None:
+        drv.batch.reqs[0].kv.kv_allocated_len += 1
+        catch_up()
+
+    monkeypatch.setattr(drv, "draft_extend_outside_round", wrong_then_catch_up)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.flip_on()
+    exc = excinfo.value
+    assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "draft_catch_up", str(exc)
+    assert str(exc).rstrip().endswith(" [EagleDraftWorker._draft_extend_for_decode]"), str(exc)
+
+
+def test_a_retraction_that_frees_another_requests_slot_is_blamed_on_the_retraction(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retraction (speculation off) that, inside SGLang's release, also frees the newest slot of another running
+    request: what the identity check of the release found (`slots_freed_owned`) is the retraction's finding
+    (`Guard.release` passes it on as `extra`), named before the counts it unbalanced."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    # the slot-value check (on by default on the CPU) would stop the free itself, before the retraction's step
+    monkeypatch.setattr(runtime, "slot_values", "off")
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()  # plain steps: no speculative round left to settle at the next hook
+    drv.decode()
+    victim, other = drv.batch.reqs
+    allocator = drv.pools.allocator
+    free = allocator.free
+    rows = drv.pools.req_to_token_pool.req_to_token
+    newest = other.kv.kv_committed_len - 1
+    stolen = rows[other.kv.req_pool_idx, newest:newest + 1]  # a view of its row, as SGLang frees
+
+    def free_and_steal(slots: Any) -> Any:
+        monkeypatch.setattr(allocator, "free", free)  # once
+        free(stolen)
+        return free(slots)
+
+    monkeypatch.setattr(allocator, "free", free_and_steal)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        release_kv_cache(victim, drv.batch.tree_cache, checkpoint=False)
+    exc = excinfo.value
+    assert (exc.invariant, exc.action) == ("slots_freed_owned", "retract"), str(exc)
