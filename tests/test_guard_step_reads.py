@@ -196,3 +196,26 @@ def test_a_retraction_that_frees_another_requests_slot_is_blamed_on_the_retracti
         release_kv_cache(victim, drv.batch.tree_cache, checkpoint=False)
     exc = excinfo.value
     assert (exc.invariant, exc.action) == ("slots_freed_owned", "retract"), str(exc)
+
+
+def test_a_prefilled_batch_is_traced_with_the_draft_input_it_carries(runtime: Any, model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """Trace mode: a speculative prefill leaves the prefilled batch carrying the speculative algorithm and one draft
+    input row per request (`_draft_prefilled_as_observed`, given the launched batch's `spec_algorithm_on`); the
+    running batch it becomes carries them on."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "prefill.jsonl"
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    runtime.reset()
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    prefill = next(r for r in steps if r["kind"] == "step" and r["action"] == "prefill")
+    merged = next(r for r in steps if r["kind"] == "step" and r["action"] == "merge_batch")
+    for batch in (prefill["delta"]["pending"], merged["delta"]["running"]):
+        seen = (batch["rids"], batch["spec_info"], batch["spec_algorithm_on"])
+        assert seen == ([0, 1], ["draft_input", 2, 1], True), batch
