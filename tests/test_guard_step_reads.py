@@ -150,7 +150,9 @@ def test_a_request_wrong_just_before_a_catch_up_is_found_at_the_catch_up(runtime
     length one past what it holds, with no slot allocated for it, just before the catch-up. The catch-up reads its
     requests (`draft_extend_starts` overlaying `reqs`) and names it there, not the next step."""
     drv = _driver(runtime, model_dir)
+    print("BEFORE", runtime.guard.state.running, drv.batch.spec_info, drv.batch.spec_algorithm)
     drv.flip_off()
+    print("AFTER", runtime.guard.state.running, drv.batch.spec_info, drv.batch.spec_algorithm)
     drv.decode()
     catch_up = drv.draft_extend_outside_round
 
@@ -219,3 +221,23 @@ def test_a_prefilled_batch_is_traced_with_the_draft_input_it_carries(runtime: An
     for batch in (prefill["delta"]["pending"], merged["delta"]["running"]):
         seen = (batch["rids"], batch["spec_info"], batch["spec_algorithm_on"])
         assert seen == ([0, 1], ["draft_input", 2, 1], True), batch
+
+
+def test_a_flip_off_that_leaves_the_draft_input_on_the_batch_is_recorded_as_it_left_it(
+        runtime: Any, model_dir: Path) -> None:
+    """A flip-off (notified as the switch does, `shim.guard.api.notify_flip`) that leaves the running batch's draft
+    input and algorithm in place, where this design clears them at the flip: the guard's state after the flip holds
+    the running batch as the flip left it (`Guard.flip` overlaying `running`), which the next plain launch is checked
+    against, not the model's cleared batch."""
+    import shim.guard.api
+    from statemodel.state import SpecInfoKind
+
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.spec_on = False
+    shim.guard.api.notify_flip(False, drv.batch)  # the batch's spec_info and spec_algorithm left as they were
+    guard = runtime.guard
+    assert guard.last_action is not None and guard.last_action.name == "flip_off"
+    running = guard.state.running
+    assert (running.spec_info.kind, running.spec_info.rows, running.spec_algorithm_on) == \
+        (SpecInfoKind.DRAFT_INPUT, 2, True), running
