@@ -88,16 +88,18 @@ C8_ROUND_1, C8_ROUND_2 = (127.577, 244, (3373.0, 3270.0)), (247.732, 181, (3437.
 
 def run_tie(state: ap.AutoState) -> ap.AutoState:
     """`state` with speculation at 2 requests in the long context band as the run's learner valued it (its decisions
-    in round 2's 2-long phase: 293 tok/s at 2,771 tokens, 260.3 at 3,481; plain decoding 275): within the margin of
-    plain at 3,221 tokens (271 tok/s), so `_outgrown` does not hold there, as the run's probe shows. The replay spreads a
-    window's seconds evenly, and the windows with a long prompt's prefill in one step's interval put about twice a
-    step's seconds on each of its 8 steps (clipped): it has that speculation 8 % below plain, and `_outgrown` holds."""
+    in round 2's 2-long phase: 293 tok/s at 2,771 tokens, 260.3 at 3,481; plain decoding 275): 271 tok/s at 3,221
+    tokens, within the margin of plain, where c93100f's `_outgrown` (plain ahead by the margin) did not hold, as the
+    run's probe shows. The replay spreads a window's seconds evenly, and the windows with a long prompt's prefill in
+    one step's interval put about twice a step's seconds on each of its 8 steps (clipped): it has that speculation
+    8 % below plain."""
     key, (s1, c1), (s2, c2) = (1, ap.bucket_of(2), 4), (4 / 293.0, 2771.0), (4 / 260.3, 3481.0)
     est = state.estimate(*key)
     assert est is not None
     slope, mid, mean, var = (s2 - s1) / (c2 - c1), (c1 + c2) / 2, (s1 + s2) / 2, 355.0 ** 2  # a line through both
     line = attrs.evolve(est, mean=mean, ctx=mid, ctx_sq=var + mid * mid, ctx_s=mid * mean + slope * var)
-    return attrs.evolve(state, estimates=tuple(sorted([(k, e) for k, e in state.estimates if k != key] + [(key, line)])))
+    others = [(k, e) for k, e in state.estimates if k != key]
+    return attrs.evolve(state, estimates=tuple(sorted([*others, (key, line)])))
 
 
 def c8_long(state: ap.AutoState, waves: tuple[float, ...]) -> tuple[float, list[tuple[int, str]]]:
