@@ -1234,3 +1234,20 @@ def test_a_tie_at_half_the_batch_or_less_outgrows_speculation() -> None:
         assert d.action is None and d.reason == "prior" and not d.wants_flip and d.spec_value is None, (load, d)
     d = ap.decide(state, False, 12, 12, 48, context=2500.0)
     assert d.reason == "confirming" and d.wants_flip and d.spec_value is None, d  # the prior's speculation, confirming
+
+
+def test_plain_is_left_on_a_clear_win_over_a_stale_estimate_of_itself() -> None:
+    """The other side of `_refresh_first`: plain decoding's estimate at 2 requests is stale (a burst ran since), and
+    speculation's, fresh, wins by far: speculation comes on at once. A later probe of plain, from speculation, retracts
+    nothing, so plain need not re-measure itself first (the quiet phase after a burst: tests/auto_quiet_phase.py)."""
+    state = ap.initial_state()
+    for _ in range(40):
+        state = ap.observe(state, ap.Observation(False, 2, 2.0, 0.0058, context=60.0))
+    for _ in range(ap.AutoParams().stale_after + 10):
+        state = ap.observe(state, ap.Observation(False, 128, 128.0, 0.0074, context=60.0))
+    for _ in range(40):
+        state = ap.observe(state, ap.Observation(True, 2, 4.0, 0.0073, context=60.0))
+    state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - 100, want_since=None)
+    assert ap._stale(state, ap.PLAIN, 2, 48, 60.0) and not ap._stale(state, 1, 2, 48, 60.0)
+    d = ap.decide(state, False, 2, 2, 48, context=60.0)
+    assert (d.action, d.reason) == (ap.FLIP_ON, "measured"), d
