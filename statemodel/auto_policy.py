@@ -647,20 +647,20 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
 
 
 def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: int, context: float | None) -> bool:
-    """Whether speculation (`cur`), which the numbers would leave for plain decoding (`want`) on a clear win, must
-    first re-measure itself here: its own estimate at this load and context is stale (`_stale`: older than
-    `stale_after`). A stale estimate is probed again because it may have drifted, and leaving speculation on it leaves
-    it stale: the next steady point with requests running probes it from plain, and a flip-on retracts every running
-    request and re-prefills it (its catch-up), which grows with their contexts and which the catch-up line, fit on the
-    small catch-ups seen before, does not predict. The H100 (2026-12-06, c93100f; the context trace's 8 clients of
-    2,000-3,500-token prompts, its second round): speculation's estimate at 8 requests and that context was round
-    one's, 4,673 steps old; the first decision flipped plain on at once on it (a clear win: 1,072 against 814 tok/s),
-    and 126 steps later, the next wave's 8 requests running, the stale estimate was probed: 20,645 tokens re-prefilled
-    in 0.489 s (the largest catch-up before: 5,705 tokens, 12 ms), then 30 speculative steps at 20.1 ms for two tokens
-    a request against plain decoding's 7.6 ms a token: the phase took 4.04 s against plain's 3.20 s, p99 1.24x. So
-    such a win waits for the dwell and confirmation, whose speculative steps re-measure it (the first window of 8
-    refreshes the estimate, and the win is clear again). Only speculation's: a probe of plain, from speculation,
-    retracts nothing, and a tier's re-probe from another tier is no flip."""
+    """Whether speculation (`cur`), which the numbers would leave for plain decoding (`want`) on a clear win, must first
+    re-measure itself here: its own estimate at this load and context is stale (`_stale`: older than `stale_after`). A
+    stale estimate is probed again because it may have drifted, and leaving speculation on it leaves it stale: the next
+    steady point with requests running probes it from plain, and a flip-on retracts every running request and
+    re-prefills it (its catch-up), which grows with their contexts and which the catch-up line, fit on the small
+    catch-ups seen before, does not predict. The H100 (2026-12-06, c93100f; the context trace's 8 clients of
+    2,000-3,500-token prompts, its run.log's round 1): speculation's estimate at 8 requests and that context was round
+    0's, 4,673 steps old; the first decision flipped plain on at once on it (a clear win: 1,072 against 814 tok/s), and
+    126 steps later, the next wave's 8 requests running, the stale estimate was probed: 20,645 tokens re-prefilled in
+    0.489 s (the largest catch-up before: 5,705 tokens, 12 ms), then 30 speculative steps at 20.1 ms for two tokens a
+    request against plain decoding's 7.6 ms a token: the phase took 4.04 s against plain's 3.20 s, p99 1.24x. So such a
+    win waits for the dwell and confirmation, whose speculative steps re-measure it (the first window of 8 refreshes the
+    estimate, and the win is clear again). Only speculation's: a probe of plain, from speculation, retracts nothing, and
+    a tier's re-probe from another tier is no flip."""
     return cur != PLAIN and want == PLAIN and _stale(state, cur, load, spec_cap, context)
 
 

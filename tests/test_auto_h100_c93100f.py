@@ -1,20 +1,20 @@
 """Held out for the learner of aad690c: the auto learner fed the decode-step windows an H100 measured with that learner
 running (2026-12-06, code c93100f; the 8B-class pair, TP 1, SGLang 0.5.16, one NVIDIA H100 80GB; plain, always on and
-`auto` side by side; the traces context, accept_shift, bursty_contrast, two rounds each, in that order:
-bench/gpu/results/2026-12-06_c93100f/traces_h100/traces.tar.gz, tr/auto/switch-2285.jsonl, the auto server's
+`auto` side by side; the traces context, accept_shift, bursty_contrast, two rounds each (run.log's rounds 0 and 1), in
+that order: bench/gpu/results/2026-12-06_c93100f/traces_h100/traces.tar.gz, tr/auto/switch-2285.jsonl, the auto server's
 scheduler; switch-2077.jsonl is its other process's, one config line). Each `auto_observe` window in the replays' form
-(tests/test_auto_h200_shifts.py `extract_windows`, segments split where the windows pause over 10 s: 0 the warm-ups,
-1 context, 2 accept_shift, 3 bursty_contrast, 4-6 the same in round 2) is in tests/data/h100_auto_windows_c93100f.json;
+(tests/test_auto_h200_shifts.py `extract_windows`, segments split where the windows pause over 10 s: 0 the warm-ups, 1
+context, 2 accept_shift, 3 bursty_contrast, 4-6 the same in round 1) is in tests/data/h100_auto_windows_c93100f.json;
 the catch-ups the windows carry are fed too (`observe_catch_up`).
 
 What that run showed (run.log): auto 0.962x the per-phase best over the context trace, its miss the 8-long phase
 (8 clients of 2,000-3,500-token prompts, two waves of 8 requests of 128 tokens): plain 3.14 / 3.20 s, always on
-3.87 / 4.02 s, auto 3.29 s in round 1 and 4.04 s in round 2, p99 1.237x the better static's. The trace says why:
-- round 1 (learner steps 2,145-2,374): speculation on from the 8-short phase; at the phase's first decision with its 8
+3.87 / 4.02 s, auto 3.29 s in round 0 and 4.04 s in round 1, p99 1.237x the better static's. The trace says why:
+- round 0 (learner steps 2,145-2,374): speculation on from the 8-short phase; at the phase's first decision with its 8
   requests running (127.577 s, their longest request 3,373 tokens) speculation at 8 requests had not run near that
   context, and the prior ran plain (`_outgrown`: the 2-long phase's probe had measured plain decoding 285 tok/s
   against speculation's 158 at 2 requests); plain after 23 confirming steps (step 2,168), then held on the numbers;
-- round 2 (steps 6,841-7,060): both modes' estimates at 8 requests and that context were round 1's, speculation's
+- round 1 (steps 6,841-7,060): both modes' estimates at 8 requests and that context were round 0's, speculation's
   4,673 steps old, past `stale_after` (1,024). The first decision with the 8 requests running (247.732 s, 3,437 tokens)
   flipped plain on at once on them, a clear win (1,072 against 814 tok/s), which left speculation's estimate stale;
   126 steps later (249.298 s, step 6,967), the next wave's 8 requests running (3,221 tokens), the learner probed it:
@@ -23,7 +23,7 @@ What that run showed (run.log): auto 0.962x the per-phase best over the context 
   probe, and probes pay no catch-up gate. The flip-on retracted the 8 requests: 20,645 tokens re-prefilled in 0.489 s
   (the learned catch-up line, fit on catch-ups of at most 5,705 tokens in 12-21 ms, had it at 15 ms), then 30
   speculative steps at 20.1 ms for two tokens a request against plain decoding's 7.6 ms for one, and back to plain
-  (`probe_end`, step 6,997). The probe and its catch-up are the round's 0.75 s over round 1.
+  (`probe_end`, step 6,997). The probe and its catch-up are the round's 0.75 s over round 0.
 The learner now re-measures speculation before leaving it on a stale estimate of itself (`_refresh_first`): the
 first window of speculative steps refreshes it, the win is clear again, and no probe comes back for it."""
 
@@ -83,12 +83,12 @@ def replay(until: float) -> ap.AutoState:
 C8_PLAIN_S, C8_SPEC_S, C8_CATCH_UP = 0.0607 / 8, 0.1609 / 8, (20645, 0.488758)
 # each round's first decision with the 8 requests running: (seconds since the trace's first record, steps since the
 # last flip, the wave's longest request: the first wave's, then the second's)
-C8_ROUND_1, C8_ROUND_2 = (127.577, 244, (3373.0, 3270.0)), (247.732, 181, (3437.0, 3221.0))
+C8_ROUND_0, C8_ROUND_1 = (127.577, 244, (3373.0, 3270.0)), (247.732, 181, (3437.0, 3221.0))
 
 
 def run_tie(state: ap.AutoState) -> ap.AutoState:
     """`state` with speculation at 2 requests in the long context band as the run's learner valued it (its decisions
-    in round 2's 2-long phase: 293 tok/s at 2,771 tokens, 260.3 at 3,481; plain decoding 275): 271 tok/s at 3,221
+    in round 1's 2-long phase: 293 tok/s at 2,771 tokens, 260.3 at 3,481; plain decoding 275): 271 tok/s at 3,221
     tokens, within the margin of plain, where c93100f's `_outgrown` (plain ahead by the margin) did not hold, as the
     run's probe shows. The replay spreads a window's seconds evenly, and the windows with a long prompt's prefill in
     one step's interval put about twice a step's seconds on each of its 8 steps (clipped): it has that speculation
@@ -143,12 +143,12 @@ def at_c8_long(start: float, since_flip: int, tie: bool) -> ap.AutoState:
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["replayed", "as_the_run_valued_2_requests"])
-def test_round_2_leaves_speculation_after_re_measuring_it_and_never_probes_it(tie: bool) -> None:
-    """Round 2: speculation's estimate at 8 requests and this context is round 1's, stale. The first decision does
+def test_round_1_leaves_speculation_after_re_measuring_it_and_never_probes_it(tie: bool) -> None:
+    """Round 1: speculation's estimate at 8 requests and this context is round 0's, stale. The first decision does
     not flip plain on at once on it (the run did, and probed it 126 steps later with the next wave's 8 requests
     running: their catch-up 0.489 s); the first window of speculative steps refreshes it, plain comes on on the
     numbers, and the phase has that one flip: at least 0.97x plain decoding held (the run: 0.79x)."""
-    start, since_flip, waves = C8_ROUND_2
+    start, since_flip, waves = C8_ROUND_1
     state = at_c8_long(start, since_flip, tie)
     assert ap._stale(state, 1, 8, CAP, waves[0])
     d = ap.decide(state, True, 8, 8, CAP, context=waves[0])
@@ -159,14 +159,14 @@ def test_round_2_leaves_speculation_after_re_measuring_it_and_never_probes_it(ti
     assert plain / seconds >= 0.97, plain / seconds
 
 
-def test_round_1_goes_plain_within_a_probe_and_stays() -> None:
-    """Round 1: speculation at 8 requests has not run near this context. The run's prior ran plain (`_outgrown`: its
+def test_round_0_goes_plain_within_a_probe_and_stays() -> None:
+    """Round 0: speculation at 8 requests has not run near this context. The run's prior ran plain (`_outgrown`: its
     2-long probe had valued speculation at 2 requests at 158 tok/s, a window with a long prompt's prefill in one
     step's interval among its first samples); the replay, whose windows spread that step's seconds over 8 steps and
     their contexts, has it within the margin there, so speculation runs on the prior, and plain decoding, not known
     at 8 requests at this context, is probed: a flip off either way, within 24 steps, and no other flip: at least
     0.95x plain decoding held (the run: 3.29 s against plain's 3.14 / 3.20 s)."""
-    start, since_flip, waves = C8_ROUND_1
+    start, since_flip, waves = C8_ROUND_0
     seconds, flips = c8_long(at_c8_long(start, since_flip, False), waves)
     assert len(flips) == 1 and flips[0][1] in ("flip_off:prior", "flip_off:probe") and flips[0][0] <= 24, flips
     plain = len(waves) * 127 * C8_PLAIN_S
@@ -193,3 +193,22 @@ def test_24_mixed_clients_stay_plain(start: float, since_flip: int, longest: flo
     state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - since_flip, want_since=None)
     tokens, seconds, flips = h200.run_phase(state, False, 24, 256, longest, C24_SPEC_S, C24_PLAIN_S, C24_CATCH_UP_S)
     assert flips == [] and (tokens / seconds) / (24 / C24_PLAIN_S) >= 0.97, flips
+
+
+# --- bursty_contrast: the quiet phase after each burst (2 clients) ----------------------------------------------------
+
+# each burst's end: (the quiet phase's first scheduling point, s; steps since the burst's flip off, a probe of plain at
+# its first point). The run flipped speculation on at the quiet phase's first point with its 2 requests running, plain
+# decoding 5.7 ms a step there (0.0457 s a window, the 59347e0 run's): the quiet phases at 0.985x / 0.984x the best
+QUIET_STARTS, QUIET_PLAIN_S = [(217.018, 127), (338.811, 127)], 0.0457 / 8
+
+
+@pytest.mark.parametrize(("start", "since_flip"), QUIET_STARTS)
+def test_the_quiet_phase_after_a_burst_speculates_within_a_window(start: float, since_flip: int) -> None:
+    """Both rounds' quiet phase after the first burst: the hold ends once the demand settled (`calm_points`), and
+    speculation, a clear win at 2 requests, comes on within one window of plain steps."""
+    state = replay(start)
+    state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - since_flip, want_since=None, peak=192,
+                         peak_step=state.step, last_demand=192, calm=0)
+    steps = h200.auto_quiet_phase.steps_to_flip_on(state, QUIET_PLAIN_S, CAP)
+    assert steps is not None and steps <= 8, steps
