@@ -82,9 +82,13 @@ per context band (`context_band`), each its own line of seconds against context 
 values every mode at the running requests' context (`context=`: the switch gives the longest request's, which paces
 a speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
 long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
-decoding won by the margin at a smaller batch at this context, the prior runs plain and speculation is not probed
-(`_outgrown`). The hold ends early where the demand settled below its peak (`calm_points`: a quiet phase after a
-burst is not a turnover). The 2026-12-06 (59347e0) H100 traces' findings: docs/auto-switch.md.
+decoding won by the margin at a smaller batch at this context, or speculation was not ahead by the margin at half the
+batch or less (its gain falls by more than that over a doubling), the prior runs plain and speculation is not probed
+(`_outgrown`). Speculation is not left for plain on a clear win over a stale estimate of itself: its next steps
+re-measure it first (`_refresh_first`), so no probe with the requests running, paying their catch-up, comes back for
+it (the H100, 2026-12-06, c93100f). The hold ends early where the demand settled below its peak (`calm_points`: a
+quiet phase after a burst is not a turnover). The 2026-12-06 (59347e0, c93100f) H100 traces' findings:
+docs/auto-switch.md.
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
@@ -642,6 +646,24 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     return state.step - accept.updated >= max(p.recheck_steps, loss / (p.recheck_fraction * plain_step))
 
 
+def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: int, context: float | None) -> bool:
+    """Whether speculation (`cur`), which the numbers would leave for plain decoding (`want`) on a clear win, must first
+    re-measure itself here: its own estimate at this load and context is stale (`_stale`: older than `stale_after`). A
+    stale estimate is probed again because it may have drifted, and leaving speculation on it leaves it stale: the next
+    steady point with requests running probes it from plain, and a flip-on retracts every running request and
+    re-prefills it (its catch-up), which grows with their contexts and which the catch-up line, fit on the small
+    catch-ups seen before, does not predict. The H100 (2026-12-06, c93100f; the context trace's 8 clients of
+    2,000-3,500-token prompts, its run.log's round 1): speculation's estimate at 8 requests and that context was round
+    0's, 4,673 steps old; the first decision flipped plain on at once on it (a clear win: 1,072 against 814 tok/s), and
+    126 steps later, the next wave's 8 requests running, the stale estimate was probed: 20,645 tokens re-prefilled in
+    0.489 s (the largest catch-up before: 5,705 tokens, 12 ms), then 30 speculative steps at 20.1 ms for two tokens a
+    request against plain decoding's 7.6 ms a token: the phase took 4.04 s against plain's 3.20 s, p99 1.24x. So such a
+    win waits for the dwell and confirmation, whose speculative steps re-measure it (the first window of 8 refreshes the
+    estimate, and the win is clear again). Only speculation's: a probe of plain, from speculation, retracts nothing, and
+    a tier's re-probe from another tier is no flip."""
+    return cur != PLAIN and want == PLAIN and _stale(state, cur, load, spec_cap, context)
+
+
 def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
     """The mode the prior runs at `load`: speculation (the ladder's first tier) while the load fits under its cap,
     plain above, and plain also where speculation is outgrown there (`_outgrown`)."""
@@ -660,8 +682,18 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
     interpolated value is no evidence), and speculation is valued at the highest accept length the traffic has drafted
     at: a fallen accept length is the rechecks' to follow (`_recheck_due`), this rule only the step costs. Where
     speculation is outgrown, the prior runs plain and speculation is not probed (from plain, with requests running,
-    a probe pays their catch-up)."""
-    own = bucket_of(_batch(1, load, spec_cap))
+    a probe pays their catch-up).
+
+    At a batch of half the load's or less, speculation not ahead of plain decoding by the margin (a tie within the
+    noise) is outgrown too: its gain falls by more than the margin over every doubling of the batch that was measured.
+    The H100, the 8B pair (2026-12-06, b3a9830, 32-token prompts: specflip.auto_sim.H100_PLAIN / H100_SPEC): 1.59x at
+    2 requests, 1.48x at 8, 1.15x at 32; at 2,000-3,500-token prompts (2026-12-06, c93100f) a tie at 2 requests (13.3-
+    14.9 ms a step for two tokens a request against plain's 7.2 ms for one) and 0.76x at 8 (20.1 against 7.6 ms). So a
+    tie at 8 requests is a loss beyond the margin at 24: the replay of that run's context trace valued speculation at
+    8 requests and 2,500 tokens at 1,062 tok/s against plain's 1,058, and the prior flipped it on at 24 (0.90x there,
+    tests/test_auto_h100_c93100f.py)."""
+    batch = _batch(1, load, spec_cap)
+    own = bucket_of(batch)
     for bucket in sorted({b for (m, b, _), _e in state.estimates if m == PLAIN and b < own}):  # below the load's own
         smaller = bucket_floor(bucket)
         plain = _value(state, PLAIN, smaller, spec_cap, context)
@@ -674,7 +706,10 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
                 break
             best = max(best, max(accept.mean, state.accept_peak(m) or 0.0) * smaller / line[0])
         else:
-            if plain[0] >= best * (1 + state.params.margin):  # beyond the noise: the margin
+            # beyond the noise: the margin; at half the batch or less, speculation not ahead by the margin (its gain
+            # falls by more than the margin over a doubling of the batch: `_outgrown`)
+            margin = 1 + state.params.margin
+            if plain[0] * (margin if 2 * smaller <= batch else 1.0) >= best * (1.0 if 2 * smaller <= batch else margin):
                 return True
     return False
 
@@ -732,8 +767,10 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         held = state.incumbent if state.incumbent in known else cur if cur in known else None
         best = _best(known)
         want = best if held is None or known[best] > known[held] * (1 + p.margin) else held
-        # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win
-        clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win)
+        # an interpolated value is an inference: it flips only after dwell and confirmation, never as a clear win;
+        # and speculation is not left for plain on a stale estimate of itself (`_refresh_first`)
+        clear = cur in measured and want in measured and known[want] >= known[cur] * (1 + p.clear_win) \
+            and not _refresh_first(state, cur, want, load, spec_cap, context)
         reason = "measured"
     elif probing and (state.incumbent in known or (state.incumbent != PLAIN) == (prior() != PLAIN)):
         want, reason = state.incumbent, "probe_end"

@@ -1196,3 +1196,58 @@ def test_an_accept_length_that_fell_near_the_crossover_is_rechecked_at_a_bounded
     assert not res.modes[-1] and 0 < res.state.rechecks <= 110
     assert len(res.decisions) <= 2 * (res.state.rechecks + res.state.probes) + 2
     assert phase_seconds(res, slice(1000, None)) / phase_seconds(held, slice(1000, None)) - 1 <= 0.03
+
+
+def test_speculation_is_re_measured_before_it_is_left_on_a_stale_estimate() -> None:
+    """auto_sim on the H100's costs (H100_PLAIN / H100_SPEC / H100_COST): 8 requests of 3,000-token contexts (plain
+    decoding wins: 744 against 994 tok/s), then 1,200 steps of 2 short requests (speculation), then the 8 long ones
+    again, entered in speculation, both modes' estimates there stale. Speculation is not left at once on its stale
+    estimate: its first window of steps re-measures it (8 steps), then plain comes on, and no probe of speculation
+    follows in the phase. Left at once, speculation stays stale and is probed 48 steps later with the 8 requests
+    running, each retracted and re-prefilled (auto_sim has no catch-up cost; on the H100 of 2026-12-06 (c93100f) those
+    8 requests' catch-up took 0.489 s: tests/test_auto_h100_c93100f.py)."""
+    from specflip import auto_sim as sim
+
+    first, between, last = 200, 1200, 300
+    demands = [8] * first + [2] * between + [8] * last
+    context = [3000.0] * first + [60.0] * between + [3000.0] * last
+    res = sim.simulate(sim.H100_PLAIN, sim.H100_SPEC, demands, context=context, cost=sim.H100_COST)
+    phase = [d for d in res.decisions if d.step >= first + between]
+    assert [(d.action, d.reason) for d in phase] == [(ap.FLIP_OFF, "measured")], phase
+    assert phase[0].step - (first + between) <= 16 and sum(res.modes[first + between:]) <= 16
+
+
+def test_a_tie_at_half_the_batch_or_less_outgrows_speculation() -> None:
+    """At 2,500 tokens a request, speculation at 8 requests within the margin of plain decoding (15.1 ms a step for
+    two tokens a request against 7.6 ms for one: 1,060 against 1,053 tok/s), speculation at larger batches not run
+    there: at 16 and 24 requests (twice the batch and more) the prior runs plain, since speculation's gain falls by
+    more than the margin over a doubling of the batch; at 12 it still speculates (the tie bounds only batches at least
+    twice as large; within one doubling plain must be ahead by the margin)."""
+    state = ap.initial_state()
+    for _ in range(40):
+        state = ap.observe(state, ap.Observation(True, 8, 16.0, 0.0151, context=2500.0))
+    for _ in range(40):
+        state = ap.observe(state, ap.Observation(False, 8, 8.0, 0.0076, context=2500.0))
+    state = attrs.evolve(state, incumbent=ap.PLAIN)  # plain held on the numbers
+    for load in (16, 24):
+        d = ap.decide(state, False, load, load, 48, context=2500.0)
+        assert d.action is None and d.reason == "prior" and not d.wants_flip and d.spec_value is None, (load, d)
+    d = ap.decide(state, False, 12, 12, 48, context=2500.0)
+    assert d.reason == "confirming" and d.wants_flip and d.spec_value is None, d  # the prior's speculation, confirming
+
+
+def test_plain_is_left_on_a_clear_win_over_a_stale_estimate_of_itself() -> None:
+    """The other side of `_refresh_first`: plain decoding's estimate at 2 requests is stale (a burst ran since), and
+    speculation's, fresh, wins by far: speculation comes on at once. A later probe of plain, from speculation, retracts
+    nothing, so plain need not re-measure itself first (the quiet phase after a burst: tests/auto_quiet_phase.py)."""
+    state = ap.initial_state()
+    for _ in range(40):
+        state = ap.observe(state, ap.Observation(False, 2, 2.0, 0.0058, context=60.0))
+    for _ in range(ap.AutoParams().stale_after + 10):
+        state = ap.observe(state, ap.Observation(False, 128, 128.0, 0.0074, context=60.0))
+    for _ in range(40):
+        state = ap.observe(state, ap.Observation(True, 2, 4.0, 0.0073, context=60.0))
+    state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - 100, want_since=None)
+    assert ap._stale(state, ap.PLAIN, 2, 48, 60.0) and not ap._stale(state, 1, 2, 48, 60.0)
+    d = ap.decide(state, False, 2, 2, 48, context=60.0)
+    assert (d.action, d.reason) == (ap.FLIP_ON, "measured"), d
