@@ -181,12 +181,12 @@ class GuardRuntime:
         trace_path = trace_path_for(self.trace_template, rank) if self.trace_template else None
         self.guard = Guard(GuardConfig(mode=self.mode, design=design, scope=scope, rank=rank, release=release,
                                        trace_path=trace_path, slot_values=self.slot_values))
-        if metrics and self.metrics is None:
-            from shim.guard.metrics import GuardMetrics
+        if metrics:  # the rank's metrics made at the start-up decision, or here where it did not run
+            if self.metrics is None:
+                from shim.guard.metrics import GuardMetrics
 
-            self.metrics = GuardMetrics(rank)
-            self.metrics.set_checking(True)
-        if self.metrics is not None:
+                self.metrics = GuardMetrics(rank)
+                self.metrics.set_checking(True)
             self.guard.metrics = self.metrics
         if self.mode is not Mode.ASSERT and self.reporter is None:
             self.reporter = FindingsReporter(self, every_s=self.guard.config.warn_interval_s)
