@@ -122,15 +122,16 @@ class GuardRuntime:
     def active(self) -> bool:
         return self.mode is not Mode.OFF and self.disabled_reason is None and not self.paused
 
-    def disable(self, reason: str) -> None:
-        """Turn the guard off for this process, with one message (and `specflip_guard_checking` 0 where metrics are
-        exported)."""
+    def disable(self, reason: str, *, said: bool = False) -> None:
+        """Turn the guard off for this process, with one message (`said`: its one line was logged already), and
+        `specflip_guard_checking` 0 where metrics are exported."""
         if self.disabled_reason is None:
             self.disabled_reason = reason
             rank = "" if self.rank is None else f" on TP rank {self.rank}"
-            logger.warning("specflip guard off%s: %s (%s=%s: serving goes on without the guard's checks%s)", rank,
-                           reason, ENV_MODE, self.mode.value,
-                           f"; /metrics: {CHECKING_NAME} 0" if self.metrics is not None else "")
+            if not said:
+                logger.warning("specflip guard off%s: %s (%s=%s: serving goes on without the guard's checks%s)", rank,
+                               reason, ENV_MODE, self.mode.value,
+                               f"; /metrics: {CHECKING_NAME} 0" if self.metrics is not None else "")
             if self.metrics is not None:
                 self.metrics.set_checking(False)
             if self.guard is not None:
@@ -152,12 +153,12 @@ class GuardRuntime:
 
             self.metrics = GuardMetrics(rank)
         if unsupported is not None:
-            if self.mode is Mode.ASSERT:
+            if self.mode is Mode.ASSERT:  # returns only where SPECFLIP_ON_BAD_CONFIG=warn (its one error line said it)
                 on_bad_config(ConfigError(f"{ENV_MODE}=assert asks for a guard that stops faults, but the guard does "
                                           f"not check this server: {unsupported}"), feature="guard",
                               remedy=f"Change that setting, or set {ENV_MODE}=warn to serve without the guard's "
                                      f"checks, or {ENV_MODE}=off")
-            self.disable(unsupported)
+            self.disable(unsupported, said=self.mode is Mode.ASSERT)
         elif self.metrics is not None:
             self.metrics.set_checking(self.disabled_reason is None)
         return self.active
