@@ -24,7 +24,12 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
   * Measurement only: `SPECFLIP_COUNT_SYNCS=1` counts the guard steps' host-device syncs (CUDA);
     `SPECFLIP_GUARD_CLOCK=1` (or the seconds per line) logs the guard steps' thread CPU time per hook and their
     share of the thread's (shim/guard/clock.py).
-  An unsupported configuration logs one message and leaves the guard off.
+  A configuration the guard does not describe (page_size > 1, topk > 1, DP attention, ...: the release adapter's
+  `unsupported_reason`) is decided in each scheduler process at its start-up (`Scheduler.init_model_worker`, before
+  the weights load): with SPECFLIP_MODE=assert start-up stops with one line naming the setting and what to do (as
+  for a bad setting below, SPECFLIP_ON_BAD_CONFIG=warn included); in warn or trace mode one warning line, the server
+  serves without the guard's checks, and with `--enable-metrics` `specflip_guard_checking{tp_rank} 0` says so
+  (shim/guard/metrics.py). Hook targets missing from the installed SGLang stop start-up the same way in assert mode.
 * Every SPECFLIP_* setting is declared in shim/settings.py (`specflip settings`, docs/settings.md). Each entry point
   parses and checks all the settings of its features before it installs anything (`check_settings`): a bad value of
   any of them stops start-up with one line naming the variable and what it allows, unless
@@ -164,6 +169,11 @@ def register_guard() -> None:
     adapter = line.adapter()
     problem = adapter.install(runtime)
     if problem:
+        if runtime.mode is Mode.ASSERT:  # a guard asked to stop faults that could not be installed: no start-up
+            on_bad_config(ConfigError(f"{table.settings.MODE.name}=assert asks for the guard, which cannot be "
+                                      f"installed: {problem}"), feature="guard",
+                          remedy=f"Set {table.settings.MODE.name}=warn to serve without the guard's checks, or "
+                                 f"{table.settings.MODE.name}=off")
         logger.warning("specflip guard off: %s", problem)
         return
     install(runtime)

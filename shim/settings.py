@@ -277,7 +277,9 @@ class Settings:
     MODE = Choice(
         ("off", "warn", "assert", "trace"), "off",
         "The runtime guard: off (no hook registered), warn (log findings), assert (stop the server at a finding), "
-        "trace (record every checked step).", features=(FEATURE_GUARD,))
+        "trace (record every checked step). A server configuration the guard does not check (page_size > 1, topk > 1, "
+        "DP attention, ...) stops start-up in assert mode; in warn and trace mode the server starts without the "
+        "guard's checks, with one warning line and specflip_guard_checking 0 in /metrics.", features=(FEATURE_GUARD,))
     TRACE = Parsed(
         parse_trace_template, None,
         "The guard's trace file (JSONL, appended to); `{rank}` and `{pid}` are filled in.", features=(FEATURE_GUARD,),

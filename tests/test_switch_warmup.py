@@ -270,3 +270,24 @@ def test_refused_warmup_requests_are_one_warning_and_the_server_starts(caplog: A
     with caplog.at_level("INFO", logger="specflip.switch"):
         asyncio.run(registered("null", TokenizerManagerCpuStandIn()))
     assert [r.getMessage() for r in caplog.records][-1].startswith("specflip warm-up: 7 + 16 requests in ")
+
+
+@pytest.mark.parametrize(("given", "flip_wave"), [(None, 48), (100, 100), (1000, warmup.MAX_FLIP_WAVE)])
+def test_the_flip_wave_follows_the_running_cap_the_launch_resolved(model_dir: Path, given: int | None,
+                                                                   flip_wave: int) -> None:
+    """The registered warm-up sizes its flip wave from the server's running-request cap as the launch resolved it:
+    without `--max-running-requests` SGLang's resolution of a speculative launch sets 48 (0.5.23 keeps it in its
+    resolution view; the ServerArgs record keeps the operator's None), which the scheduler starts from. Read as the
+    HTTP server holds it: the real ServerArgs after `resolve_once`, then published."""
+    from sglang.srt.entrypoints import warmup as sglang_warmup
+
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", max_running_requests=given)
+    sa.resolve_once()
+    h.publish_server_args(sa)
+    assert sa.max_running_requests == given  # the operator's input: None when not given
+    assert warmup.install(RecordingRegistry(), CONFIG)
+    tm = TokenizerManagerCpuStandIn()
+    tm.server_args = sa
+    asyncio.run(sglang_warmup._warmup_registry[warmup.WARMUP_NAME]("null", tm))
+    spec_wave, flips = warmup.warmup_waves(CONFIG, warmup.launch_running_cap(sa))
+    assert len(flips) == flip_wave and len(tm.requests) == len(spec_wave) + flip_wave

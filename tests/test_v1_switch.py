@@ -819,6 +819,60 @@ def test_the_v1_loop_defaults_to_overlap_unless_the_guard_is_asked_for() -> None
     sw.set_runtime(None)
 
 
+# --- the guard's start-up decision on 0.5.12 (shim/guard/runtime.py decide_at_start_up) ----------------------------
+
+
+class ModelWorkerBuilt(Exception):
+    """Raised by the stand-in for the model worker's build: start-up went on past the guard's decision."""
+
+
+@pytest.mark.parametrize("mode", ["assert", "warn"])
+def test_the_v2_worker_on_0_5_12_is_decided_at_start_up(plugin: Any, tmp_path: Path, mode: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """0.5.12 under the overlap schedule runs EAGLEWorkerV2, which its adapter does not cover: through SGLang's real
+    (hooked) `Scheduler.init_model_worker`, assert mode stops start-up with one line before the model worker is
+    built; warn mode turns the guard off there, with one line, and start-up goes on."""
+    import os
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from shim.guard.core import Mode
+
+    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
+    sa.disable_overlap_schedule = False  # the overlap schedule, as a GPU launch resolves it
+    reached: list[bool] = []
+
+    def init_tp_model_worker_cpu_stand_in() -> None:
+        reached.append(plugin.active)
+        raise ModelWorkerBuilt
+
+    scheduler = Scheduler.__new__(Scheduler)
+    scheduler.tp_rank = 0
+    scheduler.init_tp_model_worker = init_tp_model_worker_cpu_stand_in
+    plugin.reset()
+    plugin.paused, plugin.mode, plugin.decided, plugin.disabled_reason = False, Mode(mode), False, None
+    try:
+        with mock.patch.dict(os.environ, {}), caplog.at_level("WARNING", logger="specflip.guard"):
+            os.environ.pop("SPECFLIP_ON_BAD_CONFIG", None)
+            if mode == "assert":
+                with pytest.raises(SystemExit) as stop:
+                    scheduler.init_model_worker()
+                line = str(stop.value.code)
+                assert "\n" not in line and reached == []
+                assert line.startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults, but the "
+                                       "guard does not check this server: sglang 0.5.12: the overlap schedule runs "
+                                       "EAGLEWorkerV2 on 0.5.12")
+            else:
+                with pytest.raises(ModelWorkerBuilt):
+                    scheduler.init_model_worker()
+                assert reached == [False]
+                off = [r.getMessage() for r in caplog.records if "specflip guard off" in r.getMessage()]
+                assert len(off) == 1 and "the overlap schedule runs EAGLEWorkerV2 on 0.5.12" in off[0]
+    finally:
+        plugin.mode, plugin.decided, plugin.disabled_reason, plugin.rank = Mode.ASSERT, False, None, None
+        plugin.reset()
+
+
 # --- long clean runs (issue 51): both v1 candidates, 2,000 iterations with flips -----------------------------------
 
 # the candidate designs these runs cover (tests/test_guard_long_run.py checks that every shipped and candidate design

@@ -1,9 +1,10 @@
 """The guard's process-wide runtime: mode, the live Guard, and the all-or-nothing switch-off.
 
 SGLang-free. The adapter's hooks call `GuardRuntime.run(fn, ...)`; this owns the rules that keep a
-guard from half-working: an unsupported configuration turns it off once, with one message; an error
-inside the guard itself turns it off in warn/trace mode (logged once) and propagates only in assert
-mode, where the point is to stop.
+guard from half-working or silently absent: a configuration it does not describe is decided at the scheduler's
+start-up (`decide_at_start_up`): in assert mode start-up stops with one line, in warn/trace mode the guard is off with
+one line and `specflip_guard_checking 0` in /metrics; an error inside the guard itself turns it off in warn/trace
+mode (logged once, the same gauge 0) and propagates only in assert mode, where the point is to stop.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import attrs
 
 from shim.guard.clock import GuardClock, hook_name
 from shim.guard.core import Guard, GuardConfig, Mode, SpecFlipViolation
+from shim.guard.metrics import CHECKING_NAME
 from shim.guard.trace import trace_path_for
 from shim.settings import SettingError, settings
 from statemodel.design import Design, Scope
@@ -47,10 +49,11 @@ class ConfigError(ValueError):
 
 
 def on_bad_config(problem: ConfigError | SettingError, environ: Mapping[str, str] | None = None,
-                  feature: str = "guard") -> None:
+                  feature: str = "guard", remedy: str = "Fix the setting") -> None:
     """A setting specflip cannot honour stops start-up (SystemExit: SGLang's plugin loader logs and ignores a
     plugin's Exceptions, and a feature silently absent is worse than none), unless SPECFLIP_ON_BAD_CONFIG=warn asks
-    to serve without `feature` (the feature the bad setting belongs to); then it logs one error line and returns."""
+    to serve without `feature` (the feature the bad setting belongs to); then it logs one error line and returns.
+    `remedy`: what the line tells the operator to do first (the opt-out is always named after it)."""
     try:
         choice, why = settings.ON_BAD_CONFIG.get(environ), ""
     except SettingError as exc:
@@ -60,7 +63,7 @@ def on_bad_config(problem: ConfigError | SettingError, environ: Mapping[str, str
                      feature)
         return
     raise SystemExit(f"specflip: {problem}; the server does not start with a setting specflip cannot honour{why}. "
-                     f"Fix the setting, or set {ENV_ON_BAD_CONFIG}=warn to serve without the {feature}")
+                     f"{remedy}, or set {ENV_ON_BAD_CONFIG}=warn to serve without the {feature}")
 
 
 def mode_from_env(environ: Mapping[str, str] | None = None) -> Mode:
@@ -90,6 +93,11 @@ class GuardRuntime:
         self.slot_values = "auto"  # SPECFLIP_GUARD_SLOT_VALUES: when slot values are judged (shim/guard/slot_values.py)
         self.rank_check = True  # SPECFLIP_RANK_CHECK: the per-step rank agreement check where TP > 1
         self.reporter: FindingsReporter | None = None  # warn/trace: held-back findings and totals on a timer
+        # --enable-metrics: this rank's findings counter and `specflip_guard_checking` gauge (shim/guard/metrics.py),
+        # made at the start-up decision (or when the guard is built) and handed to the Guard
+        self.metrics: Any = None
+        self.rank: int | None = None  # this process's TP rank, once the start-up decision read it
+        self.decided = False  # decide_at_start_up ran in this process
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GuardRuntime:
@@ -114,13 +122,46 @@ class GuardRuntime:
     def active(self) -> bool:
         return self.mode is not Mode.OFF and self.disabled_reason is None and not self.paused
 
-    def disable(self, reason: str) -> None:
-        """Turn the guard off for this process, with one message."""
+    def disable(self, reason: str, *, said: bool = False) -> None:
+        """Turn the guard off for this process, with one message (`said`: its one line was logged already), and
+        `specflip_guard_checking` 0 where metrics are exported."""
         if self.disabled_reason is None:
             self.disabled_reason = reason
-            logger.warning("specflip guard off: %s", reason)
+            rank = "" if self.rank is None else f" on TP rank {self.rank}"
+            if not said:
+                logger.warning("specflip guard off%s: %s (%s=%s: serving goes on without the guard's checks%s)", rank,
+                               reason, ENV_MODE, self.mode.value,
+                               f"; /metrics: {CHECKING_NAME} 0" if self.metrics is not None else "")
+            if self.metrics is not None:
+                self.metrics.set_checking(False)
             if self.guard is not None:
                 self.guard.close()
+
+    def decide_at_start_up(self, unsupported: str | None, *, rank: int, metrics: bool) -> bool:
+        """Whether the guard checks this server, decided once per process at the scheduler's start-up (the release
+        adapter's hook before the model worker is built: the server arguments are published, nothing is served
+        yet). `unsupported`: the configuration the model does not describe (None: checked). Assert mode (the
+        operator asked for a guard that stops faults) stops start-up on it with one line naming the setting and what
+        to do, through the same path as a bad SPECFLIP_* setting (`on_bad_config`; SPECFLIP_ON_BAD_CONFIG=warn
+        serves on without the guard). Warn and trace mode serve on: one warning line. `metrics`: the server exports
+        Prometheus metrics (`--enable-metrics`): `specflip_guard_checking{tp_rank}` says 1 or 0 from here on."""
+        if self.decided or self.mode is Mode.OFF:
+            return self.active
+        self.decided, self.rank = True, rank
+        if metrics and self.metrics is None:
+            from shim.guard.metrics import GuardMetrics
+
+            self.metrics = GuardMetrics(rank)
+        if unsupported is not None:
+            if self.mode is Mode.ASSERT:  # returns only where SPECFLIP_ON_BAD_CONFIG=warn (its one error line said it)
+                on_bad_config(ConfigError(f"{ENV_MODE}=assert asks for a guard that stops faults, but the guard does "
+                                          f"not check this server: {unsupported}"), feature="guard",
+                              remedy=f"Change that setting, or set {ENV_MODE}=warn to serve without the guard's "
+                                     f"checks, or {ENV_MODE}=off")
+            self.disable(unsupported, said=self.mode is Mode.ASSERT)
+        elif self.metrics is not None:
+            self.metrics.set_checking(self.disabled_reason is None)
+        return self.active
 
     def start(self, *, design: Design, scope: Scope, rank: int, release: str, num_steps: int | None = None,
               metrics: bool = False) -> Guard:
@@ -141,10 +182,13 @@ class GuardRuntime:
         trace_path = trace_path_for(self.trace_template, rank) if self.trace_template else None
         self.guard = Guard(GuardConfig(mode=self.mode, design=design, scope=scope, rank=rank, release=release,
                                        trace_path=trace_path, slot_values=self.slot_values))
-        if metrics:
-            from shim.guard.metrics import GuardMetrics
+        if metrics:  # the rank's metrics made at the start-up decision, or here where it did not run
+            if self.metrics is None:
+                from shim.guard.metrics import GuardMetrics
 
-            self.guard.metrics = GuardMetrics(rank)
+                self.metrics = GuardMetrics(rank)
+                self.metrics.set_checking(True)
+            self.guard.metrics = self.metrics
         if self.mode is not Mode.ASSERT and self.reporter is None:
             self.reporter = FindingsReporter(self, every_s=self.guard.config.warn_interval_s)
         # the line an operator looks for: "guard on" at registration can come before the scheduler process sets up

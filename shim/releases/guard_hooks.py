@@ -102,8 +102,34 @@ class V2Adapter(LiveReading, RankCheckHooks):
             HookRegistry.register(target, getattr(self, method), HookType[kind])
         return None
 
+    def before_init_model_worker(self, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+        """`Scheduler.init_model_worker` BEFORE: the scheduler process's start-up, its server arguments published and
+        its logging set up, before the weights load and before anything is served. Whether the guard checks this
+        configuration is decided here (`GuardRuntime.decide_at_start_up`): in assert mode one that the model does
+        not describe stops start-up with one line; in warn and trace mode the guard is off with one line and, with
+        `--enable-metrics`, `specflip_guard_checking{tp_rank} 0`."""
+        rt = self.runtime
+        if rt is None or rt.paused:
+            return None
+        sa = self.server_args()
+        reason = self.unsupported_reason(sa)
+        rt.decide_at_start_up(None if reason is None else f"sglang {self.release}: {reason}",
+                              rank=self.scheduler_tp_rank(scheduler),
+                              metrics=bool(getattr(sa, "enable_metrics", False)))
+        return None
+
+    def scheduler_tp_rank(self, scheduler: Any) -> int:
+        """The scheduler's TP rank at its start-up, before the model worker sets up the TP group: its own record
+        (`ps.tp_rank`, or `tp_rank` where it keeps no ParallelState), else the process-wide one (`tp_rank`)."""
+        for rank in (getattr(getattr(scheduler, "ps", None), "tp_rank", None), getattr(scheduler, "tp_rank", None)):
+            if isinstance(rank, int):
+                return rank
+        return self.tp_rank()
+
     def guard(self) -> Guard | None:
-        """The live Guard, built at the first hooked step once the server's numbers are known."""
+        """The live Guard, built at the first hooked step once the server's numbers are known. Whether the guard
+        checks this configuration was decided at start-up (`before_init_model_worker`); where that hook did not run
+        in this process, an unsupported configuration is met here and turns the guard off (one line, gauge 0)."""
         rt = self.runtime
         if rt is None or not rt.active:
             return None
@@ -123,20 +149,21 @@ class V2Adapter(LiveReading, RankCheckHooks):
         if sa is None:
             return None
         if getattr(sa, "page_size", 1) not in (None, 1):
-            return f"page_size {sa.page_size} (the model counts KV in single slots; supported: 1)"
+            return f"page_size {sa.page_size} (--page-size; the model counts KV in single slots; supported: 1)"
         algo = getattr(sa, "speculative_algorithm", None)
         if algo not in (None, "EAGLE", "EAGLE3"):
-            return f"speculative algorithm {algo} (supported: EAGLE, EAGLE3, none)"
+            return f"speculative algorithm {algo} (--speculative-algorithm; supported: EAGLE, EAGLE3, none)"
         if algo is not None and (getattr(sa, "speculative_eagle_topk", 1) or 1) != 1:
-            return f"speculative_eagle_topk {sa.speculative_eagle_topk} (the model drafts a chain: topk 1)"
+            return (f"speculative_eagle_topk {sa.speculative_eagle_topk} (--speculative-eagle-topk; the model drafts "
+                    f"a chain: topk 1)")
         if (getattr(sa, "pp_size", 1) or 1) > 1:
-            return f"pipeline parallel size {sa.pp_size} (supported: 1)"
+            return f"pipeline parallel size {sa.pp_size} (--pp-size; supported: 1)"
         if getattr(sa, "enable_dp_attention", False):
-            return "DP attention (not modelled)"
+            return "DP attention (--enable-dp-attention; not modelled)"
         if getattr(sa, "enable_mixed_chunk", False):
-            return "mixed chunked prefill (MIXED batches are not modelled)"
+            return "mixed chunked prefill (--enable-mixed-chunk; MIXED batches are not modelled)"
         if getattr(sa, "disaggregation_mode", "null") not in (None, "null"):
-            return f"PD disaggregation ({sa.disaggregation_mode})"
+            return f"PD disaggregation (--disaggregation-mode {sa.disaggregation_mode})"
         return None
 
     def reference_design(self, sa: Any) -> Design:

@@ -90,6 +90,8 @@ class Adapter(V2Adapter):
         # own loop (shim/switch/v1_loop.py); a no-op in the normal loop
         ("sglang.srt.managers.scheduler_output_processor_mixin.SchedulerOutputProcessorMixin."
          "process_batch_result_decode", "BEFORE", "before_process_batch_result_decode"),
+        # the scheduler's start-up, before the model worker is built: whether the guard checks this configuration
+        ("sglang.srt.managers.scheduler.Scheduler.init_model_worker", "BEFORE", "before_init_model_worker"),
     )
 
     def __init__(self) -> None:

@@ -73,6 +73,8 @@ class Adapter(V2Adapter):
         ("sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc", "AFTER", "after_allocator_alloc"),
         # the error a slot-value check's device assert raises, met anywhere in the loop: its finding is raised from it
         ("sglang.srt.managers.scheduler.Scheduler.run_event_loop", "AROUND", "around_event_loop"),
+        # the scheduler's start-up, before the model worker is built: whether the guard checks this configuration
+        ("sglang.srt.managers.scheduler.Scheduler.init_model_worker", "BEFORE", "before_init_model_worker"),
         # the free group one result's processing releases its finished requests in: their finishes are checked as
         # one step at its end (Guard.end_release_group), after SGLang streamed their outputs
         (f"{_ALLOC}.free_group_begin", "AFTER", "after_free_group_begin"),

@@ -13,8 +13,9 @@ one request at a time:
 
 1. **speculation**: as many requests as speculation serves (below `t_off`; `auto`: the speculative cap), so
    speculative decode runs at every batch size from there down to 1;
-2. **the flips**: more than the switch serves speculatively (`t_off` + 8, at least the server's
-   `--max-running-requests` up to 256), so the switch flips off, plain decode runs as the batch drains, and the switch
+2. **the flips**: more than the switch serves speculatively (`t_off` + 8, at least the server's running-request cap
+   as its launch resolved it, up to 256: `--max-running-requests`, or SGLang's own 48 for a speculative launch
+   without it), so the switch flips off, plain decode runs as the batch drains, and the switch
    flips on with requests running: their retraction, their re-prefill with the draft (the catch-up) and speculative
    decode down to 1 again.
 
@@ -63,7 +64,8 @@ class WarmupRequest:
 
 
 def warmup_waves(config: SwitchConfig, max_running: int | None = None) -> tuple[list[WarmupRequest], ...]:
-    """The two waves for this configuration (`max_running`: the server's --max-running-requests, if set). Each
+    """The two waves for this configuration (`max_running`: the server's running-request cap as the launch resolved
+    it, `launch_running_cap`; None: the smallest flip wave). Each
     request's output is `max_new_tokens` long (EOS ignored), so the order in which they finish is fixed; two tokens
     apart, one finishes per speculative step at the counter pair's accept length of 2."""
     served = max(1, config.spec_cap if config.auto else config.t_off - 1)  # the largest batch speculation runs
@@ -81,6 +83,20 @@ def warmup_waves(config: SwitchConfig, max_running: int | None = None) -> tuple[
     lengths += [top + TAIL_MARGIN + 2 * j for j in range(back_on)]
     flip_wave = [WarmupRequest(f"{WARMUP_RID_PREFIX}f{i}", PROMPT_TOKENS + i % 16, n) for i, n in enumerate(lengths)]
     return spec_wave, flip_wave
+
+
+def launch_running_cap(server_args: Any) -> int | None:
+    """The running-request cap the scheduler starts from: `--max-running-requests` as the launch resolved it (the
+    operator's value, or the 48 SGLang's resolution sets for a speculative launch without one), read where the release
+    line keeps resolved values (`Release.launch_value`: on the older lines resolution writes it into the ServerArgs
+    record; on the newer ones the record keeps the operator's input, None when unset, and the resolved value lives in
+    the line's resolution view). None: resolution left it to the scheduler's memory sizing (a launch without
+    speculation). The scheduler then takes at most half its KV pool's tokens per worker, which the HTTP server's
+    warm-up cannot see; a pool that small is not one the warm-up's 256-request wave at most is meant for."""
+    if server_args is None:
+        return None
+    value = release_line().launch_value(server_args, "max_running_requests")
+    return int(value) if value else None
 
 
 def is_warmup_batch(batch: Any) -> bool:
@@ -156,8 +172,7 @@ def install(registry: Any, config: SwitchConfig) -> bool:
         if disaggregation_mode != "null":
             logger.info("specflip warm-up skipped: disaggregation mode %s", disaggregation_mode)
             return
-        server_args = getattr(tokenizer_manager, "server_args", None)
-        waves = warmup_waves(config, getattr(server_args, "max_running_requests", None))
+        waves = warmup_waves(config, launch_running_cap(getattr(tokenizer_manager, "server_args", None)))
         took, failed = await run_waves(waves, tokenizer_manager)
         sizes, seconds = " + ".join(str(len(w)) for w in waves), " + ".join(f"{t:.1f}" for t in took)
         if failed:  # the server still starts (SGLang's own warm-up request tells whether it serves at all)
