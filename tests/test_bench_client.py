@@ -664,6 +664,17 @@ def test_named_traces_make_their_prompts_and_summarize_reports_issue_52s_ratios(
     for r in shift + context:
         assert r["errors"] == 0 and r["exact"] == r["requests"] and len(r["phase_s"]) == len(r["phase_labels"])
         assert len(r["phase_p99"]) == len(r["phase_labels"]) and r["trace"] in ("accept_shift", "context")
+        # each request's [phase, start s after the round's, latency s, output tokens], in start order: a phase's
+        # slowest is its p99 (16-48 requests), every request of a phase starts after the earlier phases' ended
+        req = r["req"]
+        assert len(req) == r["requests"] and req == sorted(req) and {q[3] for q in req} == {4}
+        ends = [sum(r["phase_s"][:i + 1]) for i in range(len(r["phase_s"]))]
+        for i, p99 in enumerate(r["phase_p99"]):
+            mine = [q for q in req if q[0] == i]
+            assert len(mine) == dict((lab, n) for lab, _, n, _, _ in bursty_client.TRACES[r["trace"]])[
+                r["phase_labels"][i]]
+            assert max(q[2] for q in mine) == p99
+            assert all((ends[i - 1] if i else 0.0) - 0.002 <= q[1] and q[1] + q[2] <= ends[i] + 0.002 for q in mine)
     assert shift[0]["phase_labels"] == ["predictable", "unpredictable", "predictable_again"]
     # each server got the same prompts: the fast stand-in twice (plain, auto), in the order of the phases
     per_run = sum(n for _, _, n, _, _ in bursty_client.TRACES["accept_shift"] + bursty_client.TRACES["context"])

@@ -38,7 +38,8 @@ workload, one after the other, each its own rows (`trace`: the name) in --out wi
 extension (e.g. trace.jsonl -> trace_accept_shift.jsonl): load (concurrency); acceptance (predictable prompts, whose
 counter outputs stay inside the draft's 1,024-token vocabulary, accept about 2; unpredictable ones, whose outputs
 stay above it, accept 1.0); context (short prompts of 32 tokens, long ones of 2,000-3,500). TRACES lists them. Rows
-then carry each phase's label, p99 latency and mean accept length (`phase_labels`, `phase_p99`, `phase_accept`).
+then carry each phase's label, p99 latency and mean accept length (`phase_labels`, `phase_p99`, `phase_accept`),
+and each request's [phase index, start s after the round's, latency s, output tokens] (`req`, in start order).
 
 bursty_contrast (issue 52's ">= 1.3x the better static setting on a bursty trace"): no policy beats the better static
 setting by more than the per-phase best does, and on `bursty` that was 1.243x (the H100, 2026-12-06 (b3a9830): quiet
@@ -143,7 +144,8 @@ def lone_starts(starts, within=LONE_START_S):
 
 def run_schedule(url, phases, vocab, timeout):
     """Run the phases [(label, concurrency, prompts, new tokens of each)] in order: (total s, per-phase s, results
-    tagged by label, (label, lone starts) of each phase: None where one request was in flight)."""
+    tagged by label, (label, lone starts) of each phase: None where one request was in flight). Each result is
+    bench_client.gen's tuple with the request's start, seconds after the schedule's, appended."""
     results, phase_s, lone = [], [], []
     phase = 0
     t_start = time.time()
@@ -152,8 +154,9 @@ def run_schedule(url, phases, vocab, timeout):
         starts = []
 
         def timed(q, n, starts=starts):
-            starts.append(time.time())
-            return gen(url, q, n, vocab, timeout)
+            t = time.time()
+            starts.append(t)
+            return (*gen(url, q, n, vocab, timeout), t - t_start)
 
         with ThreadPoolExecutor(conc) as ex:
             res = list(ex.map(timed, prompts, lengths))
@@ -183,7 +186,8 @@ def row(name, k, total, phase_s, results, lone, trace=None):
         phases = [(label, i) for i, (label, _) in enumerate(lone)]
         extra = dict(trace=trace, phase_labels=[label for label, _ in phases],
                      phase_p99=[round(percentile([r[0] for lab, r in results if lab == ph], 99), 4) for ph in phases],
-                     phase_accept=[mean_accept(results, ph) for ph in phases])
+                     phase_accept=[mean_accept(results, ph) for ph in phases],
+                     req=request_records(results))
     return dict(cfg=name, round=k, total_s=round(total, 6), tok_s=round(sum(r[1] for _, r in results) / total, 1),
                 lat_p50=round(statistics.median(lats), 4), lat_p99=round(percentile(lats, 99), 4),
                 quiet_lat_p50=opt(quiet, statistics.median), quiet_lat_p99=opt(quiet, lambda x: percentile(x, 99)),
@@ -193,6 +197,13 @@ def row(name, k, total, phase_s, results, lone, trace=None):
                 burst_hit=hit_rate(results, "burst"),
                 # the quiet phases' requests that reached the server alone (None: one request in flight there)
                 quiet_lone=None if None in quiet_lone or not quiet_lone else sum(quiet_lone), **extra)
+
+
+def request_records(results):
+    """Per request, in start order: [phase index, start (s after the round's), latency s, output tokens]. The
+    slowest request of a phase is its p99 at 16-32 requests; with its start and the server's switch trace
+    (bench/gpu/p99_account.py) the flips, probes and catch-ups inside its life are named directly."""
+    return sorted([phase, round(r[7], 4), round(r[0], 4), r[1]] for (_, phase), r in results)
 
 
 def hit_rate(results, label):
