@@ -15,7 +15,8 @@ seconds, decode-step windows per mode) and the excess those cost the requests ru
 - a flip costs its ms and its catch-up seconds (every running request waits for both).
 The slowest request of a phase lives about the better static's p99 seconds; the most excess inside any stretch of
 that length is what the switch can have added to it ("max in one life"). What the switch's decisions do not explain
-(the residual: auto's p99 minus the better static's minus that excess) is the per-step cost of the switch or noise.
+(the residual: auto's p99 minus the better static's minus that excess) is the per-step cost of the switch or noise;
+so is what the excess leaves of the phase's seconds over the faster static's in the same round.
 Rows with per-request records (bursty_client.py's `req`, since 2026-12-06) also get the slowest request's own
 start, latency and the excess inside its own life.
 """
@@ -211,6 +212,12 @@ def account(call_dir, cfg="auto", base="spec", gap=5.0):
             lines.append(f"  excess (wrong-mode windows + flips + catch-ups): {total:.3f} s in the phase, "
                          f"max in one life ({best_p99:.2f} s) {life:.3f} s; p99 over the better static "
                          f"{p99 - best_p99:+.3f} s, residual {p99 - best_p99 - life:+.3f} s")
+            same = rows.get((trace, fast, k))  # the faster static's own round: the phase's seconds beside auto's
+            if same is not None:
+                d = sec - same["phase_s"][i]
+                lines.append(f"  seconds: {cfg} {sec:.3f} against {fast} {same['phase_s'][i]:.3f} in the same round "
+                             f"({d:+.3f} s); the excess explains {total:.3f} s, unexplained {d - total:+.3f} s "
+                             f"({100 * (d - total) / same['phase_s'][i]:+.1f} %: the switch's per-step cost, or noise)")
             reqs = [q for q in row.get("req", []) if q[0] == i]
             if reqs:
                 q = max(reqs, key=lambda q: q[2])
