@@ -191,3 +191,23 @@ def test_the_unpredictable_phase_is_rechecked_at_a_bounded_rate(round_: str) -> 
     assert abs(rechecks - run_rechecks) <= 1 and rechecks * 1000 / n <= 5 and len(flips) * 1000 / n <= 11, flips
     plain = (WAVES * 127 - 24) * PLAIN_S
     assert seconds / plain - 1 <= 0.03 + rechecks * CATCH_UP_S / plain, (seconds / plain, n, steps)
+
+
+def test_closed_loop_the_return_is_seen_wherever_the_recheck_cycle_stands() -> None:
+    """Each round closed-loop from its unpredictable phase's flip off through predictable_again (8 waves at accept 1.0,
+    then 8 at 2.0): the first recheck that keeps speculation comes 0 to 254 steps into predictable_again, as the
+    cycle stands when the predictable requests come (the replays: 232, 0, 127 and 80 steps; 0.885x, 1.000x, 0.935x,
+    0.955x always on's decode seconds), never later than one cycle and a wave, and at least one round not within the
+    phase's first wave: no round of the run is special, the cycle is."""
+    delays = []
+    for round_ in sorted(UNPREDICTABLE):
+        call, start, _step, _steps, _rechecks = UNPREDICTABLE[round_]
+        state = replay(call, start + 0.001)
+        state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step, want_since=None)
+        _s, flips, _n, state = run_waves(state, 1.0, WAVES, first_made=24)
+        spec_on = bool(flips) and flips[-1][1].startswith(ap.FLIP_ON)
+        _s, flips, _n, _state = run_waves(state, 2.0, WAVES, spec_on=spec_on)
+        kept = [s for s, f in flips if f == "flip_on:recheck"]
+        delays.append(kept[-1] if kept else 0 if spec_on and not flips else None)
+        assert [f for _s, f in flips if f != "flip_off:probe_end"][-1:] in ([], ["flip_on:recheck"]), flips
+    assert all(d is not None and d <= 254 for d in delays) and max(delays) > 127 and min(delays) == 0, delays
