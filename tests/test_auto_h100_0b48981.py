@@ -1,0 +1,213 @@
+"""Held out for the learner of 933e7d3: the auto learner fed the decode-step windows an H100 measured with that learner
+running (2026-12-06, code 0b48981; the 8B-class pair, TP 1, SGLang 0.5.16, one NVIDIA H100 80GB; plain, always on and
+`auto` side by side; two calls on one warm machine, each the traces context, accept_shift, bursty_contrast, two paired
+rounds: bench/gpu/results/2026-12-06_0b48981/call_a and call_b, `traces.tar.gz`, the auto server's scheduler
+`tr/auto/switch-903.jsonl` (call a) and `tr/auto/switch-5578.jsonl` (call b)). Each `auto_observe` window in the
+replays' form (tests/test_auto_h200_shifts.py `extract_windows`, segments split where the windows pause over 10 s: 0
+the warm-ups, 1 context, 2 accept_shift, 3 bursty_contrast, 4-6 the same in round 1) is in
+tests/data/h100_auto_windows_0b48981_a.json and _b.json; the catch-ups the windows carry are fed too.
+
+What the run showed (run.log): accept_shift, auto over the per-phase best, 0.982 (call a) and 0.967 (call b); call b
+missed it in round 1's `predictable_again` (predictable requests at 2 clients after the unpredictable phase, accept
+length 1.0 to 2.0): 4.31 s against always-on's 3.88 s (the call's median over both rounds 4.12 / 3.89 s, 0.947; p99
+1.268x); every other round of that phase within 1 % of always on. The trace says why: plain held at accept 1.0 sees
+predictable requests only at its next recheck of speculation (`_recheck_due`), and the rechecks form a cycle of
+221-253 learner steps through the unpredictable phase (each a recheck's estimated loss, 16 steps at accept 1.0 and
+the catch-up of the requests running, over `recheck_fraction`, 3 %, of plain decoding's time: about 2 waves of 2
+requests of 128 tokens, 127 plain steps each). Where that cycle stood when the predictable requests came decided the
+phase:
+- call a round 0 (learner steps 3,162-4,151) and call b round 0 (3,170-4,159): the rechecks fell at wave starts (2
+  admitted, none running: nothing retracted), 253 steps apart, and one fell at the phase's first scheduling point:
+  speculation from the phase's first step;
+- call a round 1 (7,858-8,843): a recheck began 15 steps before the phase's first point, mid-wave, and its last steps
+  drafted the new requests at 2.0: kept, speculation from the phase's first step;
+- call b round 1 (7,858-8,834): the rechecks fell mid-wave with the 2 requests running (catch-up 10.5 ms each, at
+  steps 8,064, 8,308, 8,552, 8,804); the last ended at step 8,827, 7 steps before the predictable requests came
+  (272.194 s, step 8,834), so the next came 222 steps into the phase (9,056, 273.450 s, 1.26 s in): its first wave and
+  most of its second ran plain, 0.947x.
+The replay below reproduces both: the recheck at the phase's first point from rounds 0's state, 216 steps in from
+call b round 1's."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+
+from statemodel import auto_policy as ap
+
+h200 = importlib.import_module("test_auto_h200_shifts")
+
+DATA = Path(__file__).parent / "data"
+TARBALLS = {"a": ("bench/gpu/results/2026-12-06_0b48981/call_a/traces.tar.gz", "tr/auto/switch-903.jsonl"),
+            "b": ("bench/gpu/results/2026-12-06_0b48981/call_b/traces.tar.gz", "tr/auto/switch-5578.jsonl")}
+WINDOWS = {call: json.loads((DATA / f"h100_auto_windows_0b48981_{call}.json").read_text()) for call in TARBALLS}
+CAP = 48
+# the catch-ups each switch trace recorded (seconds since its first record, tokens re-prefilled, seconds)
+CATCH_UPS = {
+    "a": [(112.57, 5, 0.018074), (113.185, 37, 0.016763), (121.95, 348, 0.011798), (122.757, 3296, 0.019205),
+          (165.17, 100, 0.014907), (171.272, 408, 0.013221), (212.094, 74, 0.01652), (259.803, 88, 0.012333),
+          (280.337, 74, 0.019811), (282.842, 5689, 0.011241), (286.479, 272, 0.016402), (287.153, 392, 0.012526),
+          (325.426, 74, 0.018021), (330.791, 312, 0.018648), (332.326, 314, 0.012359), (333.804, 300, 0.011429),
+          (335.296, 286, 0.011081), (376.024, 74, 0.010367)],
+    "b": [(50.208, 5, 0.020178), (50.808, 37, 0.011165), (59.551, 348, 0.011688), (60.358, 3296, 0.017557),
+          (102.667, 100, 0.015221), (108.756, 408, 0.012283), (149.511, 90, 0.011916), (196.695, 74, 0.009123),
+          (217.273, 74, 0.011196), (219.662, 5661, 0.010279), (223.348, 272, 0.010573), (224.013, 296, 0.010738),
+          (262.277, 82, 0.010406), (267.467, 268, 0.010504), (268.955, 254, 0.010723), (270.441, 240, 0.010936),
+          (271.973, 242, 0.010512), (273.505, 244, 0.010586), (312.946, 74, 0.009436)]}
+
+
+@pytest.mark.parametrize("call", sorted(TARBALLS))
+def test_the_windows_and_catch_ups_are_the_switch_traces(call: str) -> None:
+    """The replayed windows and catch-ups are what each call's switch trace recorded (the H200 file's extractor)."""
+    lines = h200._trace(*TARBALLS[call])
+    assert h200.extract_windows(lines, 10.0) == WINDOWS[call]
+    records = [json.loads(line) for line in lines]
+    assert [(round(r["t"] - records[0]["t"], 3), r["catch_up_tokens"], r["catch_up_s"]) for r in records
+            if r.get("action") == "auto_observe" and "catch_up_s" in r] == CATCH_UPS[call]
+
+
+def replay(call: str, until: float, params: ap.AutoParams | None = None) -> ap.AutoState:
+    """The learner after every window (and catch-up) call `call` recorded before `until`, each window's seconds
+    spread evenly over its steps."""
+    state = ap.initial_state(params)
+    catch_ups = [c for c in CATCH_UPS[call] if c[0] < until]
+    for spec, n, seconds, accept, context, batch, _segment, t in WINDOWS[call]:
+        if t >= until:
+            break
+        while catch_ups and catch_ups[0][0] <= t:
+            _, tokens, cost = catch_ups.pop(0)
+            state = ap.observe_catch_up(state, tokens, cost)
+        for _ in range(n):
+            tokens = (None if accept is None else batch * accept) if spec else float(batch)
+            state = ap.observe(state, ap.Observation(bool(spec), batch, tokens, seconds / n, context=context or 0.0))
+    return state
+
+
+# --- accept_shift at 2 clients: the unpredictable phase, then predictable_again ------------------------------------
+
+# measured at 2 requests (the windows of segments 2 and 5, medians): plain decoding 0.0456 s a window of 8 steps,
+# speculation 0.0582 s at accept 2.0 and 0.0572-0.0593 s at accept 1.0; a mid-wave recheck's catch-up (2 requests):
+# 10.4-10.9 ms. Each phase: 8 waves of 2 requests of 128 tokens (the first from the prefill)
+PLAIN_S, SPEC_S, SPEC_1_S, CATCH_UP_S, WAVES = 0.0456 / 8, 0.0582 / 8, 0.0576 / 8, 0.0106, 8
+# predictable_again's first scheduling point (2 waiting, none running) per round: (call, seconds since the trace's
+# first record, learner steps since speculation last drafted there: the last recheck's end)
+PREDICTABLE_AGAIN = {"a0": ("a", 222.006, 230), "b0": ("b", 159.386, 230), "b1": ("b", 272.194, 7)}
+# the unpredictable phase's flip off on the numbers (the first wave's 16 confirming steps at accept 1.0 behind it):
+# (call, seconds, its learner step, the phase's steps until predictable_again's first point, the run's rechecks there)
+UNPREDICTABLE = {"a0": ("a", 216.087, 3162, 989, 3), "b0": ("b", 153.464, 3170, 989, 3),
+                 "a1": ("a", 329.376, 7858, 985, 4), "b1": ("b", 266.216, 7858, 976, 4)}
+
+
+def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = False,
+              first_made: int = 0) -> tuple[float, list[tuple[int, str]], int, ap.AutoState]:
+    """`waves` waves of 2 requests closed-loop from `state` (the trace's scheduling points between waves: idle, 2
+    waiting, then both running), 127 decode tokens each (the first wave from token `first_made`), every step at its
+    mode's measured seconds (speculation drafting at `accept`), a flip-on with the 2 running paying the measured
+    catch-up, fed in windows of 8. (decode and catch-up seconds, [(step, action:reason)], steps, the state)."""
+    spec_s = SPEC_S if accept >= 2.0 else SPEC_1_S
+    seconds, step, flips = 0.0, 0, []
+    pending: list[ap.Observation] = []
+    for wave in range(waves):
+        if wave or not first_made:
+            for running, waiting in ((0, 0), (0, 2)):
+                d = ap.decide(state, spec_on, running + waiting, running, CAP, context=159.0)
+                if d.action is not None:
+                    flips.append((step, f"{d.action}:{d.reason}"))
+                    spec_on = d.action == ap.FLIP_ON
+                state = ap.commit(state, d)
+        made = first_made if not wave else 0
+        while made < 127:
+            context = 32.0 + made
+            d = ap.decide(state, spec_on, 2, 2, CAP, context=context)
+            if d.action is not None:
+                flips.append((step, f"{d.action}:{d.reason}"))
+                spec_on = d.action == ap.FLIP_ON
+                if spec_on:
+                    seconds += CATCH_UP_S
+                    state = ap.observe_catch_up(state, int(2 * context), CATCH_UP_S)
+            state = ap.commit(state, d)
+            s, tokens = (spec_s, 2 * accept) if spec_on else (PLAIN_S, 2.0)
+            made, seconds, step = made + int(tokens // 2), seconds + s, step + 1
+            pending.append(ap.Observation(spec_on, 2, tokens, s, context=context))
+            if len(pending) == 8:
+                for obs in pending:
+                    state = ap.observe(state, obs)
+                pending = []
+    return seconds, flips, step, state
+
+
+def at_predictable_again(round_: str) -> ap.AutoState:
+    """The learner at the round's predictable_again first point, plain held on the numbers since the last recheck
+    ended as many steps before as in the run."""
+    call, start, since = PREDICTABLE_AGAIN[round_]
+    state = replay(call, start)
+    return attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - since, want_since=None)
+
+
+@pytest.mark.parametrize("round_", ["a0", "b0"])
+def test_predictable_again_is_rechecked_at_its_first_point_where_the_cycle_was_due(round_: str) -> None:
+    """Rounds 0 of both calls: 230 steps since the last recheck ended, the next is due at the phase's first point (2
+    admitted, none running, nothing to retract), finds accept 2.0 and stays: always on's decode seconds within 1 %."""
+    seconds, flips, _steps, _state = run_waves(at_predictable_again(round_), 2.0, WAVES)
+    assert flips == [(0, "flip_on:recheck")], flips
+    assert WAVES * 64 * SPEC_S / seconds >= 0.99, seconds
+
+
+def test_predictable_again_waits_for_the_recheck_cycle_in_call_b_round_1() -> None:
+    """Call b round 1: the last recheck ended 7 steps before the predictable requests came, and the next is due only
+    when the steps since cover its estimated loss over 3 % of plain's time: past the phase's first wave (127 steps;
+    the run's recheck 222 steps in, the replay's 216), then kept. A recheck rule that reached the phase's first wave
+    would fail this test (and pass the strict xfail below)."""
+    seconds, flips, _steps, _state = run_waves(at_predictable_again("b1"), 2.0, WAVES)
+    assert [f for _s, f in flips] == ["flip_on:recheck"], flips
+    assert 127 < flips[0][0] <= 254, flips
+
+
+@pytest.mark.xfail(strict=True, reason="measured (H100, 0b48981, call b round 1): the recheck cycle (221-253 steps, "
+                   "3 % of plain's time) stood 7 steps past a recheck when the predictable requests came; the replay's "
+                   "recheck 216 steps in, 0.89x always on's decode seconds (the run's phase 0.90x, the call's median "
+                   "0.947x); a shorter cycle spends more where the traffic still drafts badly (docs/auto-switch.md)")
+def test_predictable_again_within_3_percent_of_always_on_in_call_b_round_1() -> None:
+    """Issue 52's target in the phase: at least 0.97x always on's decode seconds."""
+    seconds, _flips, _steps, _state = run_waves(at_predictable_again("b1"), 2.0, WAVES)
+    assert WAVES * 64 * SPEC_S / seconds >= 0.97, seconds
+
+
+@pytest.mark.parametrize("round_", sorted(UNPREDICTABLE))
+def test_the_unpredictable_phase_is_rechecked_at_a_bounded_rate(round_: str) -> None:
+    """Each round's unpredictable phase from its flip off (the first wave 24 tokens in) to predictable_again's first
+    point, replayed: rechecks as often as the run's, at most 5 per 1,000 steps (each a flip on and its return: at
+    most 11 flips per 1,000), the time against plain decoding held throughout within `recheck_fraction` (3 %) and
+    the rechecks' catch-ups."""
+    call, start, _step, steps, run_rechecks = UNPREDICTABLE[round_]
+    state = replay(call, start + 0.001)
+    state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step, want_since=None)
+    seconds, flips, n, end = run_waves(state, 1.0, WAVES, first_made=24)
+    rechecks = end.rechecks - state.rechecks
+    assert abs(rechecks - run_rechecks) <= 1 and rechecks * 1000 / n <= 5 and len(flips) * 1000 / n <= 11, flips
+    plain = (WAVES * 127 - 24) * PLAIN_S
+    assert seconds / plain - 1 <= 0.03 + rechecks * CATCH_UP_S / plain, (seconds / plain, n, steps)
+
+
+def test_closed_loop_the_return_is_seen_wherever_the_recheck_cycle_stands() -> None:
+    """Each round closed-loop from its unpredictable phase's flip off through predictable_again (8 waves at accept 1.0,
+    then 8 at 2.0): the first recheck that keeps speculation comes 0 to 254 steps into predictable_again, as the
+    cycle stands when the predictable requests come (the replays: 232, 0, 127 and 80 steps; 0.885x, 1.000x, 0.935x,
+    0.955x always on's decode seconds), never later than one cycle and a wave, and at least one round not within the
+    phase's first wave: no round of the run is special, the cycle is."""
+    delays = []
+    for round_ in sorted(UNPREDICTABLE):
+        call, start, _step, _steps, _rechecks = UNPREDICTABLE[round_]
+        state = replay(call, start + 0.001)
+        state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step, want_since=None)
+        _s, flips, _n, state = run_waves(state, 1.0, WAVES, first_made=24)
+        spec_on = bool(flips) and flips[-1][1].startswith(ap.FLIP_ON)
+        _s, flips, _n, _state = run_waves(state, 2.0, WAVES, spec_on=spec_on)
+        kept = [s for s, f in flips if f == "flip_on:recheck"]
+        delays.append(kept[-1] if kept else 0 if spec_on and not flips else None)
+        assert [f for _s, f in flips if f != "flip_off:probe_end"][-1:] in ([], ["flip_on:recheck"]), flips
+    assert all(d is not None and d <= 254 for d in delays) and max(delays) > 127 and min(delays) == 0, delays
