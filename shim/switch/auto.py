@@ -40,10 +40,11 @@ identically on every rank, the window's seconds and accept sums are all-reduced 
 only the learner's state, which is a function of agreed observations, and the counts every rank has, so every
 rank flips at the same scheduler step. The decision's context (`next_context`) is read from host lists every rank
 has alike: the running requests' and the waiting queue's token ids (SGLang broadcasts each received request over
-the TP group before any rank queues it: 0.5.23's scheduler_components/request_receiver.py, `broadcast_pyobj` from
-the group's first rank; so the queue, whose length the load counts, is the same on every rank). The switch trace
-records each window (`auto_observe`) and each flip with the learner's inputs and a digest of its state;
-`specflip.ranks.check_switch_agreement` compares them across ranks.
+the TP group before any rank queues it: `broadcast_pyobj` from the group's first rank, in
+scheduler_components/request_receiver.py as read in the line of shim/releases/v0_5_23.py; so the queue, whose
+length the load counts, is the same on every rank). The switch trace records each window (`auto_observe`) and each
+flip with the learner's inputs and a digest of its state; `specflip.ranks.check_switch_agreement` compares them
+across ranks.
 """
 
 from __future__ import annotations
