@@ -430,3 +430,99 @@ def test_unpredictable_requests_flip_plain_and_predictable_ones_are_rechecked_ba
     prompt = len(gf.SYSTEM_PROMPT) + 3
     assert all(f["context"] is not None and prompt <= f["context"] <= prompt + 12 for f in rechecks)
     assert all(f["context"] is None or prompt <= f["context"] <= prompt + 12 for f in flips)
+
+
+# --- issue 52: a decision is valued at the batch that runs next ---------------------------------------------------
+
+
+def long_prompt(tag: int, tokens: int) -> list[int]:
+    """A prompt of `tokens` tokens (the shared system prompt, then ids below the tiny model's vocabulary)."""
+    return gf.SYSTEM_PROMPT + [200 + (tag * 37 + i) % 700 for i in range(tokens - len(gf.SYSTEM_PROMPT))]
+
+
+def test_a_decision_is_valued_at_the_longest_running_or_waiting_request(runtime: Any, model_dir: Path) -> None:
+    """Through the real `plain_path_flip`: two short requests decode, then a request with a 400-token prompt arrives.
+    The decision at the scheduling point where it waits (the running batch still short) is valued at its prompt, not
+    at the last decode batch's context (the short requests'); at every scheduling point the context is the longest
+    unfinished request's (running, prefilled, or waiting), which with nothing waiting is the running batch's own.
+    Outputs greedy-exact, the guard (assert) finds nothing."""
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    auto = drv.switch.policy.auto
+    reqs = [h.make_req(f"s{i}", gf.SYSTEM_PROMPT + [300 + i] * 3, max_new_tokens=40 + 4 * i) for i in range(2)]
+    # (the decision's context, the last decode batch's, the waiting requests' contexts, the longest unfinished's)
+    seen: list[tuple[float | None, float | None, list[float], float]] = []
+    decide = auto.decide
+
+    def recording_decide(*args: Any, **kwargs: Any) -> ap.Decision:
+        d = decide(*args, **kwargs)
+        live = [auto_switch.request_context(r) for r in reqs if not r.finished()]
+        seen.append((d.context, auto.context, [auto_switch.request_context(r) for r in drv.waiting],
+                     max(live, default=0.0)))
+        return d
+
+    auto.decide = recording_decide  # type: ignore[method-assign]
+    drv.add(reqs)
+    for _ in range(8):
+        drv.iteration()
+    long = h.make_req("long", long_prompt(0, 400), max_new_tokens=8)
+    reqs.append(long)
+    arrived = len(seen)
+    drv.add([long])
+    drv.run_until_idle()
+    assert runtime.guard.found == [] and ol_greedy(reqs) == [] and drv.switch.policy.refused == 0
+    # (a) where it waits beside the short running batch: valued at its prompt, not the last decode batch's context
+    ctx, last_decode, waiting, _ = seen[arrived]
+    assert waiting == [400.0] and last_decode is not None and last_decode < 100 and ctx == 400.0
+    # every scheduling point with a request in flight: the longest of them, running or waiting
+    assert all(ctx == longest for ctx, _, _, longest in seen if longest > 0)
+    # (b) nothing waiting: the running batch's longest request (prompt and output), as it grows: the last decode
+    # batch's context and the tokens committed since (at most num_steps + 1 = 4 a request); the first, after the
+    # prefill, had no decode before it
+    steady = [(ctx, last) for ctx, last, waiting, longest in seen[:arrived] if not waiting and longest > 0]
+    assert len(steady) >= 6 and len({ctx for ctx, _ in steady}) > 1 and steady[0][1] is None
+    assert all(last is not None and 0 <= ctx - last <= 4 for ctx, last in steady[1:])
+    # once the long request finished: the short ones' again, not the 400-token request's
+    assert seen[-1][0] is not None and seen[-1][0] < 100
+
+
+def test_eight_long_prompts_arriving_after_a_short_phase_are_valued_long(runtime: Any, model_dir: Path) -> None:
+    """The H100's c8_long (2026-12-06, 0b48981): a short phase ends (its last decode batch's context is short), then 8
+    requests of 2,000-3,500-token prompts wait. The learner knows both contexts at 8 requests, as it did there:
+    at short contexts speculation 1,982 tok/s against plain's 1,444, at long ones 366.7 against 1,102.9. The real
+    `plain_path_flip` (decide only) values the waiting requests at their longest prompt and flips speculation off at
+    once (a clear win); valued at the last decode batch's context, as before, it kept speculation. The same state
+    with 8 short requests waiting keeps speculation."""
+    from shim.switch import core
+    from shim.switch import v2 as switch_v2
+
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    auto = drv.switch.policy.auto
+    reqs, _ = drive_phases(drv, [(2, 30)])  # the short phase, through the real hooks, then idle
+    assert runtime.guard.found == [] and ol_greedy(reqs) == []
+    short = auto.context
+    assert short is not None and short < 100 and drv.switch.policy.spec_on
+    # the estimates at 8 requests: (context, speculation's tok/s, plain's), accept length 2
+    state = ap.initial_state(PARAMS)
+    for context, spec_tps, plain_tps in [(40.0, 1982.0, 1444.0), (2800.0, 366.7, 1102.9)]:
+        for spec_on, tps in [(True, spec_tps)] * 8 + [(False, plain_tps)] * 8:
+            tokens = 8 * (2.0 if spec_on else 1.0)
+            state = ap.observe(state, ap.Observation(spec_on, 8, tokens, tokens / tps, context=context))
+    auto.state = attrs.evolve(state, incumbent=ap.PLAIN + 1, flip_step=state.step, peak=0, want_since=None)
+
+    def decide_with_waiting(prompts: list[int]) -> str | None:
+        drv.waiting = [h.make_req(f"w{i}", long_prompt(i, n), max_new_tokens=8) for i, n in enumerate(prompts)]
+        try:
+            return core.plain_path_flip(drv.switch, switch_v2.SIDE, drv, drv.running, drv.last_batch,
+                                        decide_only=True)
+        finally:
+            drv.waiting = []
+
+    longs = [2000 + 214 * i for i in range(8)]  # 2,000 to 3,498 tokens
+    assert decide_with_waiting(longs) == "flip_off"
+    d = auto.last
+    assert d.context == max(longs) and d.reason == "measured" and d.plain_value > d.spec_value
+    assert decide_with_waiting([30] * 8) is None
+    d = auto.last
+    assert d.context == 30 and d.reason == "measured" and d.spec_value > d.plain_value

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shim.switch import auto as auto_switch
 from shim.switch import policy as switch_policy
 from shim.switch import v2 as switch_v2
 from statemodel import policy as model_policy
@@ -89,14 +90,20 @@ def test_plain_path_decision_reads_shared_scheduler_state_only() -> None:
     unfinished requests, the waiting queue's length; the fault injection's rank read comes after the decision."""
     part = decision_part(switch_v2.plain_path_flip, "action")
     assert per_rank_reads(part) == set()
-    # auto: the running requests' remaining and re-prefill tokens (catch_up_work), python ints every rank holds alike
+    # auto: the running requests' remaining and re-prefill tokens (catch_up_work), python ints every rank holds alike;
+    # the context the decision is valued at (next_context): the longest of the running requests and the waiting
+    # queue's, from their token lists, which every rank holds alike (each request is broadcast before it is queued)
     allowed = {"scheduler", "chunked_req", "last_batch", "_pending_prefill", "pending", "running_batch", "in_batch",
                "r", "reqs", "finished", "waiting", "waiting_queue", "len", "action", "rt", "policy", "wants", "None",
-               "batch_work", "catch_up_work"}
+               "batch_work", "catch_up_work", "auto", "context", "next_context"}
     read = set().union(*(names_read(s) for s in part))
     assert read <= allowed, read - allowed
     assert per_rank_reads(function_ast(switch_v2._pending_prefill)) == set()
     assert per_rank_reads(function_ast(switch_v2.catch_up_work)) == set()
+    for fn in (auto_switch.next_context, auto_switch.request_context):  # token lists' lengths only
+        read = set().union(*(names_read(s) for s in function_ast(fn).body))
+        assert read <= {"max", "map", "chain", "request_context", "running", "waiting", "default", "float", "len",
+                        "getattr", "req"}, (fn.__qualname__, read)
     whole = function_ast(switch_v2.plain_path_flip)
     assert "late_flip" in names_read(whole)  # the fault injection, after the decision (shim/switch/faults.py)
     # the normal-loop switch (draft modes sync and none) decides in flip() on the same kind of counts

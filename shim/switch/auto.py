@@ -9,8 +9,13 @@ What it observes, on the host, with no host-device sync:
   (and at high concurrency a prefill runs between most decode steps, so leaving those out would leave little);
 - the batch size of that step, and its context: the KV tokens of its longest request (prompt and output,
   `len(origin_input_ids) + len(output_ids)`, host lists; the same on every rank, so not agreed; `batch_context` says
-  why the longest), which the learner takes into its estimates and every decision is valued at (the last decode
-  batch's; issue 52: with long prompts a step reads much more KV, and where speculation pays moves);
+  why the longest), which the learner takes into its estimates (issue 52: with long prompts a step reads much more
+  KV, and where speculation pays moves). A decision values the modes at the context of the batch that runs next, as
+  far as the host knows it (`next_context`): the longest of the running requests (prompt and output) and of the
+  waiting ones (`Scheduler.waiting_queue`, which the load already counts: prompt, and output for a retracted one),
+  not the last decode batch's: that is the previous phase's when a new phase's requests arrive (the H100,
+  2026-12-06, 0b48981, bench/gpu/p99_account.py: 8 requests of 2,000-3,500-token prompts valued at the short phase's
+  159 tokens kept speculation for 23 steps at 18.5 ms against plain's 7.6 ms);
 - the tokens it committed: plain, one per request; speculative, the batch size times the mean accept length of the
   verify results processed since the last agreement (`result.accept_lens`, which SGLang has copied to the host and
   checked `is_cpu` before `process_batch_result` returns; read after it, summed on the CPU: SGLang's
@@ -33,15 +38,21 @@ sizes are the same on every rank; the seconds are not (per-rank clocks). Every `
 identically on every rank, the window's seconds and accept sums are all-reduced (MAX) over SGLang's CPU group
 (`scheduler.tp_cpu_group`, gloo) and only then fed to the learner; at TP 1 no collective runs. Every decision reads
 only the learner's state, which is a function of agreed observations, and the counts every rank has, so every
-rank flips at the same scheduler step. The switch trace records each window (`auto_observe`) and each flip with the
-learner's inputs and a digest of its state; `specflip.ranks.check_switch_agreement` compares them across ranks.
+rank flips at the same scheduler step. The decision's context (`next_context`) is read from host lists every rank
+has alike: the running requests' and the waiting queue's token ids (SGLang broadcasts each received request over
+the TP group before any rank queues it: `broadcast_pyobj` from the group's first rank, in
+scheduler_components/request_receiver.py as read in the line of shim/releases/v0_5_23.py; so the queue, whose
+length the load counts, is the same on every rank). The switch trace records each window (`auto_observe`) and each
+flip with the learner's inputs and a digest of its state; `specflip.ranks.check_switch_agreement` compares them
+across ranks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from shim.switch.warmup import is_warmup_batch
@@ -92,13 +103,15 @@ class AutoSwitch:
     # --- decisions ------------------------------------------------------------------------------------------
 
     def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0, steps: int | None = None,
-               batch_work: Callable[[], tuple[int, int, frozenset[str]]] | None = None) -> ap.Decision:
+               batch_work: Callable[[], tuple[int, int, frozenset[str]]] | None = None,
+               context: float | None = None) -> ap.Decision:
         """The learner's decision for these counts (the switch checks it against the model and performs it);
         `steps`: with tiers, the step count speculation runs at now; `batch_work`: (output tokens the running requests
         may still ask for, tokens their re-prefill would run, their rids), read only for a flip-on with requests
-        running."""
+        running; `context`: the context of the batch that runs next (`next_context`; None or 0, none known: the last
+        decode batch's)."""
         d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps,
-                      context=self.context)
+                      context=context or self.context)
         if d.action == ap.FLIP_ON and d.reason == "measured" and running + chunked > 0 and batch_work is not None:
             remaining, catch_up, rids = batch_work()
             # held before, and every request held then has finished: the batch turned over (a steady load)
@@ -294,10 +307,25 @@ def batch_context(batch: Any) -> float:
     mean (757 and 332 tokens there) valued such a batch as nearly short: at 24 clients the learner found no step near
     that context, and the prior flipped speculation on (issue 52). Plain decoding's step hardly moved either way
     (6.9-7.3 ms)."""
-    reqs = getattr(batch, "reqs", None)
-    if not reqs:
-        return 0.0
-    return float(max(len(getattr(r, "origin_input_ids", ())) + len(getattr(r, "output_ids", ())) for r in reqs))
+    return max(map(request_context, getattr(batch, "reqs", None) or ()), default=0.0)
+
+
+def next_context(running: Iterable[Any], waiting: Iterable[Any]) -> float:
+    """The context a decision values the modes at: that of the batch that runs next, as far as the host knows it,
+    the KV tokens of its longest request, among the running requests (prompt and output) and the waiting ones
+    (`Scheduler.waiting_queue`: a new request's prompt; a retracted one's prompt and output, which its re-prefill
+    runs); 0 where none is known. Host lists only, the same on every rank. The waiting requests are the ones a new
+    phase brings: valued at the last decode batch's context, 8 requests of 2,000-3,500-token prompts arriving after
+    a short phase were valued at its 159 tokens and kept speculation (23 steps at 18.5 ms against plain's 7.6 ms),
+    and 8 short ones after a long phase at its 3,340-3,592 tokens and ran plain, then flipped on with 8 running and
+    paid a catch-up (the H100, 2026-12-06, 0b48981; bench/gpu/p99_account.py on
+    bench/gpu/results/2026-12-06_0b48981/call_a)."""
+    return max(map(request_context, chain(running, waiting)), default=0.0)
+
+
+def request_context(req: Any) -> float:
+    """A request's KV tokens from the host's lists: prompt and output (0 for one that carries no such lists)."""
+    return float(len(getattr(req, "origin_input_ids", ())) + len(getattr(req, "output_ids", ())))
 
 
 def tp_rank(scheduler: Any) -> int:
