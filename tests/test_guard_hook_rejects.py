@@ -305,6 +305,8 @@ NOT_JUDGED = {
     "after_normalize_decode_outputs": "the overlap schedule's process_result; a no-op in the normal loop "
                                       "(tests/test_guard_overlap.py drives the overlap loop)",
     "after_get_next_batch_to_run": "the TP > 1 rank agreement check (tests/test_rank_check.py, gloo processes)",
+    "before_init_model_worker": "judges the server's settings at start-up, not a step: whether the guard checks this "
+                                "configuration (tests/test_guard_start_up.py: assert mode stops, warn mode serves on)",
 }
 
 
