@@ -127,3 +127,74 @@ def test_waves_near_the_crossover_arriving_at_an_empty_server_do_not_thrash(seed
     running too: 369-409 (the test can fail)."""
     flips, free, steps = waves(seed)
     assert free <= 300 and flips * 1000 / steps <= 3, (flips, free, steps)
+
+
+# --- idle time and the demand hold --------------------------------------------------------------------------------
+
+
+def held_at_128() -> ap.AutoState:
+    """`learned()` with a decision at 128 requests just committed: the hold's peak, 128, at this step."""
+    state = learned()
+    return ap.commit(state, ap.decide(state, False, 128, 128, CAP))
+
+
+def test_idle_time_counts_toward_the_hold_as_steps_of_the_held_batch() -> None:
+    """After a decision at 128 requests (plain, a step of 128 at the table's 7.5 ms), the hold values the next
+    decisions at 128 for `hold_steps` (16) decode steps. Idle time counts as the steps the held batch would have run
+    in it: up to 16 steps' worth (120 ms) the 2 requests arriving at the empty server are still valued at 128 (a
+    wave's turnover: its next requests arrive over a few ms), from 17 steps' worth on at 2, where speculation wins
+    and comes on at once (nothing running). No hold, or no step known, nothing to age."""
+    state = held_at_128()
+    step_s = step_seconds(False, 128)
+    assert ap.decide(state, False, 2, 0, CAP).load == 128
+    for seconds, load in [(0.010, 128), (16.5 * step_s, 128), (17.01 * step_s, 2), (15.0, 2)]:
+        d = ap.decide(ap.observe_idle(state, seconds, CAP), False, 2, 0, CAP)
+        assert d.load == load, (seconds, d)
+        assert (d.action, d.running) == ((ap.FLIP_ON, 0) if load == 2 else (None, 0)), (seconds, d)
+    # the idle time is counted once: the decision that ended the hold resets it at its own demand
+    ended = ap.observe_idle(state, 15.0, CAP)
+    after = ap.commit(ended, ap.decide(ended, False, 2, 0, CAP))
+    assert (after.peak, ap.decide(after, True, 2, 2, CAP).load) == (2, 2)
+    # part of the hold spent on decode steps: the idle time ends it sooner
+    stepped = run_steps(state, False, 128, 10)
+    assert ap.decide(ap.observe_idle(stepped, 7.01 * step_s, CAP), False, 2, 0, CAP).load == 2
+    assert ap.decide(ap.observe_idle(stepped, 6.5 * step_s, CAP), False, 2, 0, CAP).load == 128
+    unheld = run_steps(state, False, 128, 17)
+    assert ap.observe_idle(unheld, 15.0, CAP) == unheld
+    bare = ap.commit(ap.initial_state(), ap.decide(ap.initial_state(), True, 128, 48, CAP))
+    assert ap.holding(bare) and ap.observe_idle(bare, 15.0, CAP) == bare
+
+
+# The H100 run's phase rounds whose first decision was valued at a burst's load after the idle time between traces
+# (the switch traces' `auto_decide` records, tests/test_auto_h100_0b48981.py's TARBALLS): (call, seconds since the
+# trace's first record, the idle seconds before it, requests waiting, the load valued, its context, the learner's
+# last flip step). 164.987 s / 102.479 s: context's c2_short round 0; 211.982 / 149.368: accept_shift's predictable
+# round 0; 280.271 / 217.209: context round 1 (after bursty_contrast's burst of 192); 325.309 / 262.159: accept_shift
+# round 1. Each ran its first requests plain at 2 clients (bench/gpu/p99_account.py)
+HELD_PHASE_STARTS = [("a", 164.987, 30.89, 1, 128, 159.0, 866), ("a", 211.982, 33.17, 1, 24, 3267.0, 2168),
+                     ("a", 280.271, 15.42, 2, 192, 159.0, 5821), ("a", 325.309, 31.02, 1, 24, 3599.0, 6832),
+                     ("b", 102.479, 30.90, 1, 128, 159.0, 866), ("b", 149.368, 33.08, 1, 24, 3267.0, 2168),
+                     ("b", 217.209, 15.43, 1, 192, 159.0, 5821), ("b", 262.159, 30.98, 1, 24, 3599.0, 6832)]
+
+
+@pytest.mark.parametrize(("call", "t", "idle_s", "waiting", "held", "context", "flip_step"), HELD_PHASE_STARTS)
+def test_a_phase_after_seconds_of_idle_time_is_valued_at_its_own_demand(
+        call: str, t: float, idle_s: float, waiting: int, held: int, context: float, flip_step: int) -> None:
+    """The learner replayed to each such phase start (every window and catch-up before it), plain the incumbent as
+    the run had it, the hold's peak at the recorded load and as young as it can be: without the idle time the first
+    decision is the run's (the prior, plain, at the held load); a wave's 10 ms turnover keeps the hold; the seconds of
+    idle time end it, and speculation comes on at once, before any request runs (the run: 16 confirmation steps
+    and then a flip with the requests running, or the prior held plain at 24 until the requests ran)."""
+    state = h100.replay(call, t)
+    state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=flip_step, want_since=None, peak=held,
+                         peak_step=state.step, last_demand=0, calm=0)
+    as_run = ap.decide(state, False, waiting, 0, CAP, context=context)
+    assert (as_run.action, as_run.reason, as_run.load) == (None, "prior", held), as_run
+    turnover = ap.decide(ap.observe_idle(state, 0.010, CAP), False, waiting, 0, CAP, context=context)
+    assert (turnover.action, turnover.load) == (None, held), turnover
+    idle = ap.decide(ap.observe_idle(state, idle_s, CAP), False, waiting, 0, CAP, context=context)
+    assert (idle.action, idle.load, idle.running) == (ap.FLIP_ON, waiting, 0), idle
+    # the phase's first wave closed-loop (tests/test_auto_h100_0b48981.py `run_waves`: 2 clients, the measured step
+    # seconds): speculation from its first step
+    _s, flips, _n, _state = h100.run_waves(ap.observe_idle(state, idle_s, CAP), 2.0, 1)
+    assert flips[0] == (0, "flip_on:measured"), flips
