@@ -23,7 +23,9 @@ change are not used (the flip-on's re-prefill and the first steps of a mode are 
 What it decides. The demand d a decision values is the most requests (running + waiting) any decision saw within the
 last `hold_steps` steps, or now's when more: a closed loop's requests of equal length finish together and their
 clients' next ones arrive one by one, so at a wave's turnover the demand reads 1 for a moment (the H200, 2026-12-03
-(eeb8707): speculation, a clear win at 1, came on at every wave at 48). At demand d a mode's throughput is the batch it
+(eeb8707): speculation, a clear win at 1, came on at every wave at 48); idle time counts toward the hold as the steps
+the held batch would have run in it (`observe_idle`: a turnover of a few ms keeps it, seconds between phases end it).
+At demand d a mode's throughput is the batch it
 would run over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec
 cap) requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side
 of it (a decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
@@ -50,7 +52,8 @@ below, never for a clear win, and the bucket is still probed. Then:
   last `confirm_steps` steps wanted it (demand jumping across the crossover flips nothing), unless the numbers
   say the other mode wins by `clear_win` or more (far from the crossover: a burst begins or ends, not noise), or
   speculation holds requests waiting beyond its cap and plain is wanted (each step held costs them their wait),
-  which wait for neither; a probe's return does not wait;
+  which wait for neither; nor does a flip with nothing running (it retracts nothing: about 0.1 ms), except where
+  speculation would be left on a stale estimate of itself (`_refresh_first`); a probe's return does not wait;
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
