@@ -101,3 +101,36 @@ def test_the_idle_seconds_reach_the_learner_only_agreed_across_ranks() -> None:
     assert clock_reads_outside(source) == []
     raw = source.replace("all_reduce_max(scheduler, [self.clock() - since])[0]", "self.clock() - since")
     assert raw != source and clock_reads_outside(raw) != []
+
+
+def run_two_ranks(tmp_path: Path, agree: bool) -> dict[int, list[Any]]:
+    """Two rank processes (tests/auto_idle_rank_worker.py, a fresh interpreter each), a gloo group between them through
+    a file store (as tests/test_switch_auto.py runs tests/auto_rank_worker.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    init = tmp_path / f"init-idle-{agree}"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "stand_ins" / "cpu"), str(root)])}
+    procs = [subprocess.Popen([sys.executable, str(root / "tests" / "auto_idle_rank_worker.py"), str(r), str(init),
+                               "1" if agree else "0", str(tmp_path / f"idle-{agree}-{r}.json")], env=env)
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    return {r: [tuple(x) for x in json.loads((tmp_path / f"idle-{agree}-{r}.json").read_text())] for r in range(2)}
+
+
+def test_two_ranks_whose_clocks_saw_different_idle_times_take_the_same_decisions(tmp_path: Path) -> None:
+    """Two real gloo ranks: after a phase of 100 requests (plain), rank 0's clock saw 10 ms of idle time and rank 1's
+    5 s, on either side of where the idle time ends the hold (16 steps of about 13 ms). With the idle seconds agreed
+    (MAX) both value the 2 arriving requests at 2 and flip speculation on there, nothing running, and end in the same
+    state; each rank with its own seconds (no collective), rank 0 keeps the hold (plain at 100) and rank 1 flips:
+    the decisions split, which would hang a tensor-parallel server."""
+    agreed = run_two_ranks(tmp_path, agree=True)
+    assert agreed[0] == agreed[1]
+    arrival = agreed[0][201]
+    assert arrival[1:4] == (ap.FLIP_ON, "prior", 2), arrival
+    apart = run_two_ranks(tmp_path, agree=False)
+    assert apart[0][201][1:4] == (None, "prior", 100) and apart[1][201][1:4] == (ap.FLIP_ON, "prior", 2), apart
