@@ -23,7 +23,9 @@ change are not used (the flip-on's re-prefill and the first steps of a mode are 
 What it decides. The demand d a decision values is the most requests (running + waiting) any decision saw within the
 last `hold_steps` steps, or now's when more: a closed loop's requests of equal length finish together and their
 clients' next ones arrive one by one, so at a wave's turnover the demand reads 1 for a moment (the H200, 2026-12-03
-(eeb8707): speculation, a clear win at 1, came on at every wave at 48). At demand d a mode's throughput is the batch it
+(eeb8707): speculation, a clear win at 1, came on at every wave at 48); idle time counts toward the hold as the steps
+the held batch would have run in it (`observe_idle`: a turnover of a few ms keeps it, seconds between phases end it).
+At demand d a mode's throughput is the batch it
 would run over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec
 cap) requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side
 of it (a decode step costs about a fixed part plus one per request), flat beyond the outermost point of the batch's own
@@ -50,7 +52,8 @@ below, never for a clear win, and the bucket is still probed. Then:
   last `confirm_steps` steps wanted it (demand jumping across the crossover flips nothing), unless the numbers
   say the other mode wins by `clear_win` or more (far from the crossover: a burst begins or ends, not noise), or
   speculation holds requests waiting beyond its cap and plain is wanted (each step held costs them their wait),
-  which wait for neither; a probe's return does not wait;
+  which wait for neither; nor does a flip with nothing running (it retracts nothing: about 0.1 ms), except where
+  speculation would be left on a stale estimate of itself (`_refresh_first`); a probe's return does not wait;
 - speculation comes back on only while the running batch fits under its cap (statemodel.policy.within_spec_cap,
   the model's rule), probes included.
 
@@ -282,7 +285,7 @@ class AutoState:
     flip_step: int = -(1 << 30)  # `step` at the last mode change (none yet: no dwell owed)
     want_since: int | None = None  # `step` since which every decision wanted another mode
     peak: int = 0  # the most requests a decision saw within `hold_steps` steps before `peak_step`
-    peak_step: int = -(1 << 30)
+    peak_step: int = -(1 << 30)  # (moved back by idle time: `observe_idle`)
     # committed decisions in a row with requests running, none waiting and the demand unchanged (`calm_points`), and
     # the last one's demand
     calm: int = 0
@@ -459,6 +462,49 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
                 and accept.mean > (state.accept_peak(mode) or 0.0):
             peaks = tuple(sorted([(m, v) for m, v in peaks if m != mode] + [(mode, accept.mean)]))
     return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks, accept_runs=runs)
+
+
+def observe_idle(state: AutoState, seconds: float, spec_cap: int) -> AutoState:
+    """The state after `seconds` more of idle time (nothing running, nothing waiting; agreed across ranks like the
+    steps) while the demand hold is live: they count toward the hold as the steps the held batch would have run in
+    them, `seconds` over the learned seconds of a step at the hold's peak (the mode the last step ran in; `_line`, or
+    the mode's nearest known point), so a turnover of a few ms keeps the hold and seconds of idle time end it. The
+    hold counts decode steps, and an idle server runs none: after the H100's bursts of 128-192 requests (2026-12-06,
+    0b48981; bench/gpu/p99_account.py) 8 phase rounds' first decisions, 15-45 s later, were valued at the burst's
+    load, and their first requests ran plain at 2 clients. Nothing changes where no hold is live or no step of any
+    mode is known."""
+    if not seconds > 0 or not holding(state):
+        return state
+    step_s = _held_step_seconds(state, spec_cap)
+    if step_s is None or seconds < step_s:
+        return state
+    # the hold's peak moves back by whole steps (rounded down: a turnover is never aged by more than it lasted)
+    return attrs.evolve(state, peak_step=state.peak_step - int(seconds / step_s))
+
+
+def holding(state: AutoState) -> bool:
+    """Whether the demand hold is live: a decision now would value the most requests seen within `hold_steps`."""
+    return _hold_age(state) <= state.params.hold_steps
+
+
+def _hold_age(state: AutoState) -> int:
+    """The hold's age: decode steps since its peak, and idle time as steps (`observe_idle`)."""
+    return state.step - state.peak_step
+
+
+def _held_step_seconds(state: AutoState, spec_cap: int) -> float | None:
+    """The seconds of a step at the hold's peak in the mode the last step ran in (else the incumbent, then the other
+    modes): its line (`_line`), else its known point nearest that batch; None where no mode has a known point."""
+    first = state.run_mode if state.run_mode is not None else state.incumbent
+    for mode in [first, *(m for m in state.modes if m != first)]:
+        batch = _batch(mode, max(1, state.peak), spec_cap)
+        line = _line(state, mode, batch)
+        if line is not None:
+            return line[0]
+        points = [e for (m, _b, _band), e in state.estimates if m == mode and e.samples >= state.params.min_samples]
+        if points:
+            return min(points, key=lambda e: (abs(e.at - batch), -e.updated)).mean
+    return None
 
 
 def observe_catch_up(state: AutoState, tokens: int, seconds: float) -> AutoState:
@@ -723,7 +769,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
-    load = max(demand, state.peak) if state.step - state.peak_step <= p.hold_steps else demand
+    load = max(demand, state.peak) if holding(state) else demand
     context = context if context and context > 0 else None
     valued = [_value(state, m, load, spec_cap, context) for m in state.modes]
     values = tuple(None if v is None else v[0] for v in valued)
@@ -808,7 +854,14 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     # H200, 2026-12-03 (9d1af93): tiers at 64 flipped on at every wave's tail of 16 and dwelt 40 steps at 48 of 64,
     # 0.78x)
     overflowing = cur != PLAIN and want == PLAIN and past_cap
-    if not probing and not (reason == "measured" and clear) and not overflowing:
+    # nothing running: the flip retracts nothing, pays no catch-up and costs about 0.1 ms (the H100, 2026-12-06
+    # (0b48981): a median 0.10 ms over 15 such flips), while each step the dwell or the confirmation holds runs the
+    # arriving requests in the mode the numbers say loses, and the flip then comes with them running (4.4-8.8 ms and
+    # a 9-20 ms catch-up to turn speculation on: bench/gpu/p99_account.py). So it waits for neither: such a point
+    # comes once per arrival at an empty server, and what the new mode is worth is measured by its own steps.
+    # Not where speculation would be left on a stale estimate of itself (`_refresh_first`: its steps re-measure it)
+    idle = running <= 0 and not _refresh_first(state, cur, want, load, spec_cap, context)
+    if not probing and not (reason == "measured" and clear) and not overflowing and not idle:
         # a clear win on the numbers is far from the crossover (a burst starts or ends): no dwell, no confirmation.
         # The H200 (2026-12-01, 25a6220): a lull of one request at a burst's start flipped speculation on, and the dwell
         # then held 80 requests waiting behind 48 speculative steps
@@ -842,7 +895,7 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     # turnover's first (the H100, 2026-12-06 (59347e0): the hold valued a quiet phase's first 2 requests at the
     # burst's 128 to 192 for 15-23 steps, plain, and then flipped speculation on with them running: their p99 1.08-1.11x
     # always-on's)
-    if decision.demand >= state.peak or state.step - state.peak_step > p.hold_steps \
+    if decision.demand >= state.peak or not holding(state) \
             or (p.calm_points and calm >= p.calm_points):
         state = attrs.evolve(state, peak=decision.demand, peak_step=state.step)
     if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand

@@ -1037,7 +1037,8 @@ def test_no_probe_of_speculation_starts_with_the_demand_past_its_cap() -> None:
     # speculation is still unknown at 48: at a turnover with 64 waiting nothing is visited, under the cap it is
     turnover = ap.decide(run.state, False, 64, 0, 48, steps=3)
     assert turnover.action is None and not turnover.wants_flip
-    assert ap.decide(attrs.evolve(run.state, peak=0), False, 40, 0, 48, steps=3).wants_flip
+    under = ap.decide(attrs.evolve(run.state, peak=0), False, 40, 0, 48, steps=3)  # nothing running: no wait
+    assert under.wants_flip or under.action == ap.FLIP_ON
 
 
 # the learner's values on the H200, 2026-12-03 (9d1af93), call 3 (`auto` with tiers 3,1; tok/s by concurrency)

@@ -99,6 +99,9 @@ class AutoSwitch:
     held_rids: frozenset[str] | None = None  # the requests running when the current hold began
     warming: bool = False  # the start-up warm-up's decodes are running (shim/switch/warmup.py): nothing learned
     traced: tuple[Any, ...] | None = None  # the last decision's key written by `trace_decision`
+    # the clock at the first idle iteration since the last decode step (None: none since): the idle time the hold
+    # counts (`before_decision`)
+    idle_since: float | None = None
 
     # --- decisions ------------------------------------------------------------------------------------------
 
@@ -196,6 +199,7 @@ class AutoSwitch:
             self.catch_up_seen = (tokens, now - started) if spec_on else self.catch_up_seen
             self.catch_up_started = None
         bs = batch.batch_size()
+        self.idle_since = None
         self.context = batch_context(batch)
         prev = self.prev
         if prev is not None and prev[1] == spec_on and prev[3] == flips:
@@ -227,9 +231,27 @@ class AutoSwitch:
 
     def on_idle(self) -> None:
         """An iteration with nothing to run: the next decode's interval would contain the idle time (and so would a
-        catch-up being timed)."""
+        catch-up being timed); the idle time starts here for the hold (`before_decision`)."""
         self.prev = None
         self.catch_up_started = None
+        if self.idle_since is None:
+            self.idle_since = self.clock()
+
+    def before_decision(self, scheduler: Any, waiting: int) -> None:
+        """At a scheduling point, before its decision: the first one with requests waiting after idle iterations
+        (`on_idle`) ages the learner's demand hold by the idle time (statemodel.auto_policy.observe_idle: a few ms of
+        a wave's turnover keep it, seconds between phases end it). The seconds are each rank's own clock, so they are
+        agreed first (MAX over the TP CPU group, as a window is): every rank calls this at the same scheduling point,
+        since the idle iterations (no batch to run), the waiting queue (SGLang broadcasts every received request from
+        the group's first rank before any rank queues it, once per loop iteration) and the learner's state (agreed)
+        are the same on every rank. One collective per idle stretch, none where no hold is live or at TP 1."""
+        if self.idle_since is None or waiting <= 0:
+            return
+        since, self.idle_since = self.idle_since, None
+        if self.warming or not ap.holding(self.state):
+            return
+        seconds = all_reduce_max(scheduler, [self.clock() - since])[0]
+        self.state = ap.observe_idle(self.state, seconds, self.spec_cap)
 
     def on_launched(self, result: Any, steps: int) -> None:
         """After `Scheduler.run_batch` launched a speculative decode at `steps` (tiers): its result's step count,

@@ -239,6 +239,8 @@ def _next_batch_around(orig: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     faults.before_next_batch(running_batch, rt.policy.spec_on)  # SPECFLIP_FAULT only (tests); else a no-op
     if rt.config.radix == "keep_out":
         resume_chunk_kept_out(self)  # before SGLang's stash: on some lines it would not advance a kept-out chunk
+    if rt.policy.auto is not None:  # after idle iterations, the idle time ages the learner's demand hold
+        rt.policy.auto.before_decision(self, len(self.waiting_queue))
     plain_path_flip(rt, SIDE, self, running_batch, last_batch)
     plan = orig(self, running_batch=running_batch, last_batch=last_batch)
     batch = plan.batch_to_run  # a NextBatchPlan: the batch to launch and the running batch
