@@ -82,9 +82,9 @@ last drafted cover a recheck's estimated loss over `recheck_fraction` of the tim
 construction). A window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread,
 starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate
 per context band (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide`
-values every mode at the next batch's context (`context=`: the switch gives the longest running or waiting request's,
-which paces a speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
-long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
+values every mode at the next batch's context (`context=`: the switch gives the longest running or waiting
+request's, which paces a speculative step) from the buckets that ran near it; a mode none of whose buckets did is
+probed there, so a phase of long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
 decoding won by the margin at a smaller batch at this context, or speculation was not ahead by the margin at half the
 batch or less (its gain falls by more than that over a doubling), the prior runs plain and speculation is not probed
 (`_outgrown`). Speculation is not left for plain on a clear win over a stale estimate of itself: its next steps
