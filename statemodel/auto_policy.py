@@ -74,24 +74,23 @@ retract. R counts only the requests running now, but speculation also serves tho
 that ran at the first hold has finished and the numbers still want speculation, the load is steady, not draining, and
 the flip-on goes through (`turned_over`; without it a steady low load of long prompts would stay plain for good).
 
-Acceptance that shifts and the context (issue 52). No plain step shows the accept length: after requests the draft
-could not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went
-stale. Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by
-`clear_win` below the highest it reached, speculation at that peak would win at this load, and the steps since it
-last drafted cover a recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by
-construction). A window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread,
-starts the estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate
-per context band (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide`
-values every mode at the next batch's context (`context=`: the switch gives the longest running or waiting
-request's, which paces a speculative step) from the buckets that ran near it; a mode none of whose buckets did is
-probed there, so a phase of long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
+Acceptance that shifts and the context (issue 52). No plain step shows the accept length: after requests the draft could
+not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went stale.
+Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by `clear_win` below
+the highest it reached, speculation at that peak would win at this load, and the steps since it last drafted cover a
+recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by construction). A window's
+accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the estimate afresh
+(`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
+(`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
+at the next batch's context (`context=`: the switch gives the longest running or waiting request's, which paces a
+speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
+long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
 decoding won by the margin at a smaller batch at this context, or speculation was not ahead by the margin at half the
 batch or less (its gain falls by more than that over a doubling), the prior runs plain and speculation is not probed
 (`_outgrown`). Speculation is not left for plain on a clear win over a stale estimate of itself: its next steps
-re-measure it first (`_refresh_first`), so no probe with the requests running, paying their catch-up, comes back for
-it (the H100, 2026-12-06, c93100f). The hold ends early where the demand settled below its peak (`calm_points`: a
-quiet phase after a burst is not a turnover). The 2026-12-06 (59347e0, c93100f) H100 traces' findings:
-docs/auto-switch.md.
+re-measure it first (`_refresh_first`), so no probe with the requests running, paying their catch-up, comes back for it
+(the H100, 2026-12-06, c93100f). The hold ends early where the demand settled below its peak (`calm_points`: a quiet
+phase after a burst is not a turnover). The 2026-12-06 (59347e0, c93100f) H100 traces' findings: docs/auto-switch.md.
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
