@@ -241,3 +241,42 @@ def test_a_flip_off_that_leaves_the_draft_input_on_the_batch_is_recorded_as_it_l
     running = guard.state.running
     assert (running.spec_info.kind, running.spec_info.rows, running.spec_algorithm_on) == \
         (SpecInfoKind.DRAFT_INPUT, 2, True), running
+
+
+def test_a_round_that_leaves_the_draft_input_a_row_short_is_found_at_its_draft_extend(
+        runtime: Any, model_dir: Path) -> None:
+    """After a round, the running batch's draft input one row short of its requests (the draft-extend's next draft
+    input built for one request of two): the round's draft-extend, settled at the scheduler's next hook, reads the
+    running batch the round left (`settle_round` overlaying `running`) and names it there, not the
+    `prepare_for_decode` that follows in the same hook."""
+    import torch
+
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    drv.batch.spec_info.filter_batch(new_indices=torch.tensor([0]))
+    with pytest.raises(SpecFlipViolation) as excinfo, h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    exc = excinfo.value
+    assert "after_prepare_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action) == ("spec_info_matches_batch", "draft_extend"), str(exc)
+    assert str(exc).rstrip().endswith(" [process_batch_result (verify result)]"), str(exc)
+
+
+def test_a_merge_whose_draft_input_keeps_only_the_running_rows_is_found_at_the_merge(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`merge_batch` ran, but the draft input's merge did nothing (`EagleDraftInput.merge_batch` kept the running
+    batch's rows only): the guard's look at the batch the merge produced (`refine_running`, from the merge hook's
+    after-part) names it there, before any later step reads the running batch."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    late.forward_mode = late.forward_mode.DECODE
+    monkeypatch.setattr(EagleDraftInput, "merge_batch", lambda self, other: None)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.batch.merge_batch(late)
+    exc = excinfo.value
+    assert "around_merge_batch" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action) == ("spec_info_matches_batch", "merge_batch"), str(exc)
+    assert "seen at: ScheduleBatch.merge_batch (result)" in str(exc), str(exc)
