@@ -280,3 +280,23 @@ def test_a_merge_whose_draft_input_keeps_only_the_running_rows_is_found_at_the_m
     assert "around_merge_batch" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert (exc.invariant, exc.action) == ("spec_info_matches_batch", "merge_batch"), str(exc)
     assert "seen at: ScheduleBatch.merge_batch (result)" in str(exc), str(exc)
+
+
+def test_a_draft_extend_run_again_while_off_is_named_a_draft_sync(runtime: Any, model_dir: Path) -> None:
+    """Speculation off under `plain_off_sync` (a draft sync after every plain step): the flip implementation runs
+    the draft-extend a second time after one plain step. While off, a draft-extend outside a round is the design's
+    draft sync (`draft_extend_starts`: stage decoded or speculation off), and a second one finds the stage moved on:
+    `legal_transition` on `draft_sync`, not a catch-up that speculation off forbids."""
+    from statemodel.designs import SYNC_V2
+
+    gf.configure_guard(runtime, SYNC_V2)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), SYNC_V2)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.flip_off()
+    drv.decode()  # the plain step and its draft sync
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.draft_extend_outside_round()
+    exc = excinfo.value
+    assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action) == ("legal_transition", "draft_sync"), str(exc)
+    assert "ran at stage schedule; the model runs it only from decoded" in str(exc), str(exc)
