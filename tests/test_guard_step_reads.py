@@ -300,3 +300,56 @@ def test_a_draft_extend_run_again_while_off_is_named_a_draft_sync(runtime: Any, 
     assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert (exc.invariant, exc.action) == ("legal_transition", "draft_sync"), str(exc)
     assert "ran at stage schedule; the model runs it only from decoded" in str(exc), str(exc)
+
+
+def _two_finishing_together(runtime: Any, model_dir: Path, **guard: Any) -> Any:
+    """Two requests (speculation off: one token a step) that finish at the same step: their releases run in one
+    allocator free group, checked as one `finish` step at the group's end (`Guard._check_releases`)."""
+    gf.configure_guard(runtime, CATCH_UP, **guard)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=4, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.flip_off()
+    for _ in range(3):
+        drv.decode()
+    assert all(req.finished() for req in drv.batch.reqs)
+    return drv
+
+
+def test_a_finish_that_keeps_its_row_is_found_in_its_free_group(runtime: Any, model_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of two finishes in one free group, one release gives its slots back but not its req_to_token row (the row's
+    free skipped): the request still holds a row after its finish. The group's step reads the finished requests
+    (`_check_releases` overlaying each release's reading) and names it there: no later step reads a finished
+    request again."""
+    drv = _two_finishing_together(runtime, model_dir)
+    pool = drv.pools.req_to_token_pool
+    free, kept = pool.free, drv.batch.reqs[0]
+
+    def free_all_rows_but_one(req: Any, *args: Any, **kwargs: Any) -> Any:
+        return None if req is kept else free(req, *args, **kwargs)
+
+    monkeypatch.setattr(pool, "free", free_all_rows_but_one)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.finish_and_filter()
+    exc = excinfo.value
+    assert "before_free_group_end" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action, exc.rids) == ("kv_conservation", "finish", ("r0",)), str(exc)
+    assert "request 'r0' is finished but still holds" in str(exc), str(exc)
+
+
+def test_a_free_groups_finishes_are_traced_as_one_step_where_they_ran(runtime: Any, model_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """Trace mode: the two finishes of one free group are one `finish` step record, with the place of the releases
+    (what a finding there names), and the steps are numbered 1, 2, 3, ... in the order they ran."""
+    import json
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "finish.jsonl"
+    drv = _two_finishing_together(runtime, model_dir, mode=Mode.TRACE, trace=trace)
+    drv.finish_and_filter()
+    runtime.reset()
+    steps = [r for r in map(json.loads, trace.read_text().splitlines()) if r["kind"] == "step"]
+    assert len(steps) > 5 and [r["step"] for r in steps] == list(range(1, len(steps) + 1)), [r["step"] for r in steps]
+    finishes = [(r["args"], r["where"]) for r in steps if r["action"] == "finish"]
+    assert finishes == [([0, 1], "mem_cache.common.release_kv_cache")], finishes
