@@ -353,3 +353,38 @@ def test_a_free_groups_finishes_are_traced_as_one_step_where_they_ran(runtime: A
     assert len(steps) > 5 and [r["step"] for r in steps] == list(range(1, len(steps) + 1)), [r["step"] for r in steps]
     finishes = [(r["args"], r["where"]) for r in steps if r["action"] == "finish"]
     assert finishes == [([0, 1], "mem_cache.common.release_kv_cache")], finishes
+
+
+@pytest.mark.parametrize("chunk_size", [None, 16], ids=["whole", "chunked"])
+def test_a_steps_0_round_over_a_tree_prefix_without_draft_kv_waits_for_the_first_real_draft(
+        runtime: Any, model_dir: Path, chunk_size: int | None) -> None:
+    """Radix cache on: a request p prefilled and finished while speculation was off leaves its prompt in the tree
+    without draft KV (no catch-up covers a request gone by flip-on); after flip-on, q's prompt hits it. A round at
+    steps 0 (the trivial one-token verify) runs no draft over that prefix: no finding there (`Guard.draft` passes the
+    round's steps to the tree check). The first round that drafts (steps 3) names q and the positions missing: all
+    20 of p's own, also when p's prompt went in chunk by chunk, its first chunk into the tree while p was still
+    prefilling (`Guard.prefill` noting each chunk run without the draft under p's rid)."""
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True), CATCH_UP)
+    drv.admit(gf.make_reqs("a", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    drv.flip_off()
+    prompt = gf.SYSTEM_PROMPT + [400 + i for i in range(20)]
+    drv.admit_all([h.make_req("p", prompt, max_new_tokens=2)], chunk_size=chunk_size)
+    for _ in range(3):
+        drv.decode()
+        drv.finish_and_filter()
+    assert [str(req.rid) for req in drv.batch.reqs] == ["a0", "a1"]  # p finished while off
+    drv.flip_on()
+    drv.admit([h.make_req("q", prompt + [500, 501, 502], max_new_tokens=20)])
+    guard = runtime.guard
+    assert set(guard.tree_missing) == {"q"}
+    gf.set_steps(drv.worker, 0)
+    drv.decode(accepts=[1, 1, 1])
+    assert guard.found == [] and set(guard.tree_missing) == {"q"}  # still to be named at a real draft
+    gf.set_steps(drv.worker, 3)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.decode()
+    exc = excinfo.value
+    assert (exc.invariant, exc.action, exc.rids) == ("draft_kv_covers_prefix", "draft", ("q",)), str(exc)
+    assert "20 of them without draft KV" in str(exc), str(exc)
