@@ -388,3 +388,38 @@ def test_a_steps_0_round_over_a_tree_prefix_without_draft_kv_waits_for_the_first
     exc = excinfo.value
     assert (exc.invariant, exc.action, exc.rids) == ("draft_kv_covers_prefix", "draft", ("q",)), str(exc)
     assert "20 of them without draft KV" in str(exc), str(exc)
+
+
+def test_a_retracted_request_re_prefilled_onto_a_tree_prefix_without_draft_kv_is_named_again(
+        runtime: Any, model_dir: Path) -> None:
+    """Warn mode, the run above up to q's first draft (named: 20 positions without draft KV). Then q is retracted
+    (the real `retract_decode`) and prefilled again: it matches the tree afresh, the same 20 positions without draft
+    KV among them. Its release forgot what the guard knew of its tree prefix (`Guard.release` -> `tree_forget_request`),
+    so its next draft names it again: the same fault seen again (a repeat, not a new count), and nothing of the
+    earlier hold is left behind."""
+    from shim.guard.core import Mode
+
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.WARN)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True), CATCH_UP)
+    drv.admit(gf.make_reqs("a", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    drv.flip_off()
+    prompt = gf.SYSTEM_PROMPT + [400 + i for i in range(20)]
+    drv.admit([h.make_req("p", prompt, max_new_tokens=2)])
+    for _ in range(3):
+        drv.decode()
+        drv.finish_and_filter()
+    drv.flip_on()
+    drv.admit([h.make_req("q", prompt + [500, 501, 502], max_new_tokens=20)])
+    guard = runtime.guard
+    drv.decode()
+    assert [(a, v.invariant, v.rids, v.actual) for a, found in guard.found for v in found] == [
+        ("draft", "draft_kv_covers_prefix", (2,), "20 positions without draft KV")]
+    with h.patch_assign_req_to_token_pool():
+        retracted, _, aborted = drv.batch.retract_decode()
+    assert [str(req.rid) for req in retracted] == ["q"] and not aborted
+    drv.admit(retracted)
+    drv.decode()
+    assert guard.finding_counts["draft_kv_covers_prefix"] == 1
+    assert guard.repeat_counts["draft_kv_covers_prefix"] == 1  # q's new hold, named at its next draft
+    assert guard.tree_missing == {}
