@@ -423,3 +423,51 @@ def test_a_retracted_request_re_prefilled_onto_a_tree_prefix_without_draft_kv_is
     assert guard.finding_counts["draft_kv_covers_prefix"] == 1
     assert guard.repeat_counts["draft_kv_covers_prefix"] == 1  # q's new hold, named at its next draft
     assert guard.tree_missing == {}
+
+
+def test_a_leak_just_before_a_catch_up_is_found_at_the_catch_up(runtime: Any, model_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the test above, with three slots leaked (allocated, owned by nobody) just before the catch-up: the
+    catch-up reads the pool (`draft_extend_starts` overlaying `pool`) and names the leak there."""
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    catch_up = drv.draft_extend_outside_round
+
+    def leak_then_catch_up() -> None:
+        drv.pools.allocator.alloc(3)
+        catch_up()
+
+    monkeypatch.setattr(drv, "draft_extend_outside_round", leak_then_catch_up)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.flip_on()
+    exc = excinfo.value
+    assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action) == ("kv_conservation", "draft_catch_up"), str(exc)
+    assert "3 slots leaked" in str(exc), str(exc)
+
+
+def test_a_merge_result_found_at_fault_is_traced_with_the_requests_it_names(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Trace mode, the merge above whose draft input keeps only the running rows: the `refine` record of the
+    merge's result holds the violation with the requests it names, by their SGLang rids."""
+    import json
+
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    from shim.guard.core import Mode
+
+    trace = tmp_path / "merge.jsonl"
+    gf.configure_guard(runtime, CATCH_UP, mode=Mode.TRACE, trace=trace)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir), CATCH_UP)
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.decode()
+    late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    late.forward_mode = late.forward_mode.DECODE
+    monkeypatch.setattr(EagleDraftInput, "merge_batch", lambda self, other: None)
+    drv.batch.merge_batch(late)
+    runtime.reset()
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    found = [(v["invariant"], v["rids"]) for r in records if r["kind"] == "refine"
+             and r["where"] == "ScheduleBatch.merge_batch (result)" for v in r["violations"]]
+    assert found == [("spec_info_matches_batch", ["r0", "r1", "late0"])], found
