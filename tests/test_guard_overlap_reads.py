@@ -78,3 +78,25 @@ def test_a_leak_in_an_overlap_verify_is_found_at_its_draft_extend(runtime: Any, 
     assert (exc.invariant, exc.action) == ("kv_conservation", "draft_extend"), str(exc)
     assert "3 slots leaked" in str(exc), str(exc)
     assert str(exc).rstrip().endswith(f" [{DRAFT_EXTEND_WHERE}]"), str(exc)
+
+
+def test_a_result_processed_with_a_seq_len_one_too_far_is_found_at_its_processing(runtime: Any, model_dir: Path,
+                                                                                  ) -> None:
+    """Overlap loop: the queued copy of a launched speculative step carries one request's host seq_len one past what
+    the step launched from, so its result gives that request one token more than its accepted run. The result's
+    processing compares the seq_len of every request the result grows (`Guard.process_result`'s `seq_rids`) and names
+    it there: `seq_lens_growth` on `process_result`."""
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), CATCH_UP)
+    drv.accepts = gf.accept_cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("o", 2, max_new_tokens=30))
+    for _ in range(3):
+        drv.iteration()
+    queued, _ = drv.sched.result_queue[-1]
+    assert queued.forward_mode.is_decode() and not queued.spec_algorithm.is_none()
+    queued.seq_lens_cpu[0] += 1
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.iteration()
+    exc = excinfo.value
+    assert "after_normalize_decode_outputs" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action) == ("seq_lens_growth", "process_result"), str(exc)
