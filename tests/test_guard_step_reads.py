@@ -471,3 +471,66 @@ def test_a_merge_result_found_at_fault_is_traced_with_the_requests_it_names(
     found = [(v["invariant"], v["rids"]) for r in records if r["kind"] == "refine"
              and r["where"] == "ScheduleBatch.merge_batch (result)" for v in r["violations"]]
     assert found == [("spec_info_matches_batch", ["r0", "r1", "late0"])], found
+
+
+def test_a_request_wrong_just_before_a_filter_is_found_at_the_filter(runtime: Any, model_dir: Path) -> None:
+    """Speculation off, three running requests: one leaves the batch while another's allocated length is one past
+    what it holds (no slot allocated for it). The filter reads the requests left (`Guard.filter` overlaying `reqs`)
+    and names it there."""
+    drv = _driver(runtime, model_dir, n=3)
+    drv.flip_off()
+    drv.decode()
+    drv.batch.reqs[0].kv.kv_allocated_len += 1
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.batch.filter_batch(keep_indices=[0, 1])
+    exc = excinfo.value
+    assert "around_filter_batch" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "filter_batch", str(exc)
+    assert str(exc).rstrip().endswith(" [ScheduleBatch.filter_batch]"), str(exc)
+
+
+def test_a_retraction_that_keeps_its_row_is_found_at_the_retraction(runtime: Any, model_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculation off: a retraction gives its slots back but not its req_to_token row (the row's free skipped): the
+    retracted request still holds a row. The retraction reads the request it released (`Guard.release` passing
+    `reqs` to the `retract` step) and names it there."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    pool, victim = drv.pools.req_to_token_pool, drv.batch.reqs[0]
+    free = pool.free
+    monkeypatch.setattr(pool, "free", lambda req, *a, **k: None if req is victim else free(req, *a, **k))
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        release_kv_cache(victim, drv.batch.tree_cache, checkpoint=False)
+    exc = excinfo.value
+    assert "around_release_kv_cache" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.action, exc.rids) == ("retract", ("r0",)), str(exc)
+
+
+def test_a_finish_that_frees_anothers_slot_in_a_balanced_free_group_is_blamed_on_it(
+        runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slot values off. Of two finishes in one free group, r0's release frees r1's newest slot instead of its own
+    (views of the rows, as SGLang frees); r1's release then frees its whole row. The group's counts balance (as many
+    slots freed as the two held), but what r0's release itself was found to do (`slots_freed_owned`) is reported on
+    r0's finish: `_check_releases` takes the group as one step only when no release was found at fault."""
+    monkeypatch.setattr(runtime, "slot_values", "off")
+    drv = _two_finishing_together(runtime, model_dir)
+    r0, r1 = drv.batch.reqs
+    allocator, rows = drv.pools.allocator, drv.pools.req_to_token_pool.req_to_token
+    free = allocator.free
+    newest = r1.kv.kv_committed_len - 1
+    stolen = rows[r1.kv.req_pool_idx, newest:newest + 1]
+
+    def free_anothers_instead(slots: Any) -> Any:
+        monkeypatch.setattr(allocator, "free", free)  # r0's release only
+        free(slots[:-1])
+        return free(stolen)
+
+    release = h.release_finished_cpu_stand_in
+    monkeypatch.setattr(allocator, "free", free_anothers_instead)
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        release(drv.pools, drv.batch)
+    exc = excinfo.value
+    assert (exc.invariant, exc.action) == ("slots_freed_owned", "finish"), str(exc)
