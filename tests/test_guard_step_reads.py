@@ -534,3 +534,24 @@ def test_a_finish_that_frees_anothers_slot_in_a_balanced_free_group_is_blamed_on
         release(drv.pools, drv.batch)
     exc = excinfo.value
     assert (exc.invariant, exc.action) == ("slots_freed_owned", "finish"), str(exc)
+
+
+def test_a_plain_decode_prepared_with_a_draft_input_a_row_short_is_found_at_its_prepare(
+        runtime: Any, model_dir: Path) -> None:
+    """Speculation off (this design takes the draft input off the batch at the flip): a draft input of one row put
+    on the running batch of two before `prepare_for_decode`. The step's look at the running batch it prepared
+    (`Guard.prepare_for_decode` overlaying `running`) names it there, as `spec_info_matches_batch`, not the plain
+    launch after it."""
+    import torch
+
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    draft_input = h.make_eagle_draft_input(drv.batch)
+    draft_input.filter_batch(new_indices=torch.tensor([0]))
+    drv.batch.spec_info = draft_input
+    with pytest.raises(SpecFlipViolation) as excinfo, h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    exc = excinfo.value
+    assert "after_prepare_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert (exc.invariant, exc.action) == ("spec_info_matches_batch", "prepare_for_decode"), str(exc)
