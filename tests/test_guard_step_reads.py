@@ -555,3 +555,24 @@ def test_a_plain_decode_prepared_with_a_draft_input_a_row_short_is_found_at_its_
     exc = excinfo.value
     assert "after_prepare_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert (exc.invariant, exc.action) == ("spec_info_matches_batch", "prepare_for_decode"), str(exc)
+
+
+def _one_past(req: Any) -> None:
+    """The request's allocated length one past the slots it holds (none allocated for it)."""
+    req.kv.kv_allocated_len += 1
+
+
+def test_a_request_wrong_just_before_a_merge_is_found_at_the_merge(runtime: Any, model_dir: Path) -> None:
+    """A running request wrong just before `merge_batch` takes a prefilled one in: the merge reads the requests of
+    both batches (`Guard.merge` passing `reqs` on) and names it there."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    late = drv.prefill(gf.make_reqs("late", 1, shared_prefix=gf.SYSTEM_PROMPT))
+    late.forward_mode = late.forward_mode.DECODE
+    _one_past(drv.batch.reqs[0])
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.batch.merge_batch(late)
+    exc = excinfo.value
+    assert "around_merge_batch" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "merge_batch", str(exc)
+    assert str(exc).rstrip().endswith(" [ScheduleBatch.merge_batch]"), str(exc)
