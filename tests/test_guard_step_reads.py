@@ -340,7 +340,8 @@ def test_a_finish_that_keeps_its_row_is_found_in_its_free_group(runtime: Any, mo
 def test_a_free_groups_finishes_are_traced_as_one_step_where_they_ran(runtime: Any, model_dir: Path,
                                                                       tmp_path: Path) -> None:
     """Trace mode: the two finishes of one free group are one `finish` step record, with the place of the releases
-    (what a finding there names), and the steps are numbered 1, 2, 3, ... in the order they ran."""
+    (what a finding there names), and the steps are numbered 1, 2, 3, ... in the order they ran; the guard keeps
+    only the last `config.history` of them in memory."""
     import json
 
     from shim.guard.core import Mode
@@ -348,6 +349,8 @@ def test_a_free_groups_finishes_are_traced_as_one_step_where_they_ran(runtime: A
     trace = tmp_path / "finish.jsonl"
     drv = _two_finishing_together(runtime, model_dir, mode=Mode.TRACE, trace=trace)
     drv.finish_and_filter()
+    guard = runtime.guard  # the history a report lists: the last `config.history` steps only
+    assert len(guard.history) == guard.config.history < guard.step_number, (len(guard.history), guard.step_number)
     runtime.reset()
     steps = [r for r in map(json.loads, trace.read_text().splitlines()) if r["kind"] == "step"]
     assert len(steps) > 5 and [r["step"] for r in steps] == list(range(1, len(steps) + 1)), [r["step"] for r in steps]
