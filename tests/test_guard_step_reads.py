@@ -218,6 +218,7 @@ def test_a_prefilled_batch_is_traced_with_the_draft_input_it_carries(runtime: An
     steps = [json.loads(line) for line in trace.read_text().splitlines()]
     prefill = next(r for r in steps if r["kind"] == "step" and r["action"] == "prefill")
     merged = next(r for r in steps if r["kind"] == "step" and r["action"] == "merge_batch")
+    assert merged["where"] == "scheduler (running batch := prefilled batch)", merged["where"]  # no merge_batch call
     for batch in (prefill["delta"]["pending"], merged["delta"]["running"]):
         seen = (batch["rids"], batch["spec_info"], batch["spec_algorithm_on"])
         assert seen == ([0, 1], ["draft_input", 2, 1], True), batch
