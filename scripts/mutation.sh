@@ -33,6 +33,7 @@ declare -A TESTS=(
           tests/test_guard_overlap.py tests/test_guard_prepared_reading.py tests/test_guard_slot_values.py
           tests/test_guard_tree_draft.py tests/test_guard_warn_mode.py tests/test_switch_retract.py
           tests/test_guard_clock.py tests/test_guard_step_observes.py tests/test_guard_step_reads.py
+          tests/test_guard_overlap_reads.py
           --deselect tests/test_guard_warn_mode.py::test_sigterm_reports_the_held_back_findings_before_the_process_ends
           --deselect tests/test_guard_sglang.py::test_mode_off_registers_no_hook"
   [invariants]="tests/test_invariants.py tests/test_known_bad_coverage.py tests/test_guard_hook_rejects.py"

@@ -377,6 +377,7 @@ def test_plain_launch_with_device_seq_lens_moved_alone(runtime: Any, model_dir: 
     exc = caught.value
     print(exc)
     assert exc.invariant == "seq_lens_mirrored" and exc.action == "plain_decode" and len(exc.rids) == 3
+    assert "the plain DECODE at TpModelWorker.forward_batch_generation (plain DECODE) launches" in str(exc), str(exc)
     assert gf.STAND_IN_CALLS.get("target_forward", 0) == forwards  # stopped before the forward
 
 

@@ -252,9 +252,12 @@ def test_sigterm_reports_the_held_back_findings_before_the_process_ends(tmp_path
     assert f"specflip guard: {UPSHIFTS} findings in all on TP rank 0 since start" in out.stderr
 
 
-def test_a_flip_with_a_finding_of_its_own_still_ends_every_open_finding(warn_guard: Any, model_dir: Path) -> None:
-    """A flip ends the open findings whether it passed clean or was found at fault itself (its identity checks:
-    the positions it freed): the same fault seen after it is a new finding, not a repeat of one from before it."""
+@pytest.mark.parametrize("flip", ["flip_off", "flip_on"])
+def test_a_flip_with_a_finding_of_its_own_still_ends_every_open_finding(warn_guard: Any, model_dir: Path,
+                                                                        flip: str) -> None:
+    """A flip, off or on, ends the open findings whether it passed clean or was found at fault itself (its identity
+    checks: the positions it freed): the same fault seen after it is a new finding, not a repeat of one from before
+    it."""
     upshifts_after_skipped_extends(warn_guard, model_dir, n=1)  # one finding, open at `draft`
     guard = warn_guard.guard
     draft = Action("draft", (2,))
@@ -263,7 +266,7 @@ def test_a_flip_with_a_finding_of_its_own_still_ends_every_open_finding(warn_gua
     assert counts["draft_kv_covers_prefix"] == 1
     freed = Violation("slots_freed_owned", "the flip freed a slot another request owns", (open_rids[0],))
     state = guard.state
-    guard._record(state, Action("flip_off"), state, "switch", extra=[freed], checked=True)  # found at the flip
+    guard._record(state, Action(flip), state, "switch", extra=[freed], checked=True)  # found at the flip
     assert counts["slots_freed_owned"] == 1 and not guard._open
     guard._report(draft, (Violation("draft_kv_covers_prefix", "short", tuple(open_rids[:1])),))
     assert counts["draft_kv_covers_prefix"] == 2 and guard.repeat_counts["draft_kv_covers_prefix"] == 0
