@@ -60,20 +60,8 @@ def test_the_windows_and_catch_ups_are_the_switch_trace() -> None:
 
 
 def replay(until: float) -> ap.AutoState:
-    """The learner after every window (and catch-up) recorded before `until`, each window's seconds spread evenly
-    over its steps."""
-    state = ap.initial_state()
-    catch_ups = [c for c in CATCH_UPS if c[0] < until]
-    for spec, n, seconds, accept, context, batch, _segment, t in WINDOWS:
-        if t >= until:
-            break
-        while catch_ups and catch_ups[0][0] <= t:
-            _, tokens, cost = catch_ups.pop(0)
-            state = ap.observe_catch_up(state, tokens, cost)
-        for _ in range(n):
-            tokens = (None if accept is None else batch * accept) if spec else float(batch)
-            state = ap.observe(state, ap.Observation(bool(spec), batch, tokens, seconds / n, context=context or 0.0))
-    return state
+    """This run's learner before `until` (`replay_windows`)."""
+    return h200.replay_windows(WINDOWS, CATCH_UPS, until)
 
 
 # --- the 8-long phase (c8_long) --------------------------------------------------------------------------------------

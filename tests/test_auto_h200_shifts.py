@@ -89,21 +89,27 @@ def test_the_catch_ups_are_the_switch_trace() -> None:
             if r.get("action") == "auto_observe" and "catch_up_s" in r] == CATCH_UPS
 
 
-def replay(until: float) -> ap.AutoState:
-    """The learner after every window (and catch-up) recorded before `until`, each window's seconds spread evenly
-    over its steps."""
-    state = ap.initial_state()
-    catch_ups = [c for c in CATCH_UPS if c[0] < until]
-    for spec, n, seconds, accept, context, batch, _segment, t in WINDOWS:
+def replay_windows(windows: list[list], catch_ups: list[tuple[float, int, float]], until: float,
+                   params: ap.AutoParams | None = None) -> ap.AutoState:
+    """The learner after every window (and catch-up) of a run's trace recorded before `until`, each window's seconds
+    spread evenly over its steps (every card's replay tests read their traces through this one)."""
+    state = ap.initial_state(params)
+    pending = [c for c in catch_ups if c[0] < until]
+    for spec, n, seconds, accept, context, batch, _segment, t in windows:
         if t >= until:
             break
-        while catch_ups and catch_ups[0][0] <= t:
-            _, tokens, cost = catch_ups.pop(0)
+        while pending and pending[0][0] <= t:
+            _, tokens, cost = pending.pop(0)
             state = ap.observe_catch_up(state, tokens, cost)
         for _ in range(n):
             tokens = (None if accept is None else batch * accept) if spec else float(batch)
             state = ap.observe(state, ap.Observation(bool(spec), batch, tokens, seconds / n, context=context or 0.0))
     return state
+
+
+def replay(until: float) -> ap.AutoState:
+    """This H200 run's learner before `until` (`replay_windows`)."""
+    return replay_windows(WINDOWS, CATCH_UPS, until)
 
 
 # --- context: 8 clients of long prompts (c8_long), then 24 with every 8th prompt long (c24_mixed) --------------------
