@@ -580,3 +580,49 @@ def test_a_request_wrong_just_before_a_merge_is_found_at_the_merge(runtime: Any,
     assert "around_merge_batch" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert exc.action == "merge_batch", str(exc)
     assert str(exc).rstrip().endswith(" [ScheduleBatch.merge_batch]"), str(exc)
+
+
+def test_a_request_wrong_just_before_a_draft_is_found_at_the_draft(runtime: Any, model_dir: Path) -> None:
+    """A running request's allocated length one past what it holds, set after `prepare_for_decode` and before the
+    round's draft, on a reqs list the prepare's reading did not read (so the draft reads its requests afresh,
+    `_take_prepared_reading`): the draft reads them (`Guard.draft` passing `reqs` to its step) and names it there,
+    not the verify launch after it."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    drv.batch.reqs = list(drv.batch.reqs)
+    _one_past(drv.batch.reqs[0])
+    drv.worker.accept_lens_cpu_stand_in = [1, 1]
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.worker.forward_batch_generation(drv.batch)
+    exc = excinfo.value
+    assert "before_draft" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "draft", str(exc)
+    assert str(exc).rstrip().endswith(" [EagleDraftWorker.draft]"), str(exc)
+
+
+def test_a_request_wrong_just_before_a_verify_launch_is_found_at_its_launch(runtime: Any, model_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running request's allocated length one past what it holds, set inside the draft (after its step was
+    checked, before the verify launches), on a reqs list the draft's reading did not read: the launch's look at
+    the batch (`Guard.verify_launch` overlaying `reqs`) names it there, not the round's settling after it."""
+    drv = _driver(runtime, model_dir)
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():
+        drv.batch.prepare_for_decode()
+    build = h.make_eagle_verify_input
+
+    def build_then_wrong(batch: Any, **kwargs: Any) -> Any:
+        verify_input = build(batch, **kwargs)
+        batch.reqs = list(batch.reqs)
+        _one_past(batch.reqs[0])
+        return verify_input
+
+    monkeypatch.setattr(h, "make_eagle_verify_input", build_then_wrong)
+    drv.worker.accept_lens_cpu_stand_in = [1, 1]
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        drv.worker.forward_batch_generation(drv.batch)
+    exc = excinfo.value
+    assert "before_verify" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)" in str(exc), str(exc)
