@@ -100,3 +100,39 @@ def test_a_result_processed_with_a_seq_len_one_too_far_is_found_at_its_processin
     exc = excinfo.value
     assert "after_normalize_decode_outputs" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert (exc.invariant, exc.action) == ("seq_lens_growth", "process_result"), str(exc)
+
+
+def test_a_request_wrong_in_an_overlap_verify_is_found_at_its_draft_extend(runtime: Any, model_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlap loop: inside the verify forward (after its launch was checked, before the draft-extend behind it) a
+    request's allocated length goes one past what it holds, on a reqs list the launch's reading did not read (so the
+    draft-extend reads its requests afresh, `observe_requests_in_worker_call`). The draft-extend's step reads them
+    (`Guard.draft_extend_starts` passing `reqs` to its step) and names it there, not the result's processing."""
+    build, token = h.make_eagle_verify_input, h._stand_in_token
+    armed: list[Any] = []
+
+    def build_and_arm(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        armed.append(batch)  # the draft built the verify input: the verify forward comes next
+        return build(batch, *args, **kwargs)
+
+    def token_and_wrong(*args: Any, **kwargs: Any) -> Any:
+        if armed and armed[-1] is not None:
+            batch = armed.pop()
+            batch.reqs = list(batch.reqs)
+            batch.reqs[0].kv.kv_allocated_len += 1  # no slot allocated for it
+            armed.append(None)  # once
+        return token(*args, **kwargs)
+
+    monkeypatch.setattr(h, "make_eagle_verify_input", build_and_arm)
+    monkeypatch.setattr(h, "_stand_in_token", token_and_wrong)
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), CATCH_UP)
+    drv.accepts = gf.accept_cycle([1, 2, 3, 4])
+    drv.add(gf.make_reqs("o", 2, max_new_tokens=30))
+    with pytest.raises(SpecFlipViolation) as excinfo:
+        for _ in range(6):
+            drv.iteration()
+    exc = excinfo.value
+    assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
+    assert exc.action == "draft_extend", str(exc)
+    assert str(exc).rstrip().endswith(f" [{DRAFT_EXTEND_WHERE}]"), str(exc)
