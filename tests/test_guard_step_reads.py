@@ -626,3 +626,27 @@ def test_a_request_wrong_just_before_a_verify_launch_is_found_at_its_launch(runt
     exc = excinfo.value
     assert "before_verify" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert "seen at: EAGLEWorkerV2.verify (TARGET_VERIFY launch)" in str(exc), str(exc)
+
+
+def test_a_release_of_a_request_retracted_already_is_no_step(runtime: Any, model_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculation off: a request retracted (its KV released, the guard holds it as waiting), then released again
+    before any re-prefill. SGLang's `release_kv_cache` returns at once for a request holding no KV where the tree cache
+    is mamba-capable (it may free a mamba state allocated before the KV); the cache's `supports_mamba` answer is stood
+    in here (a hybrid mamba model's cache is not built on this CPU). The guard's `release` takes that as no step: a
+    request it holds as holding no KV releases nothing, no second `retract` is recorded (`Guard.release`'s early
+    return)."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    drv = _driver(runtime, model_dir)
+    drv.flip_off()
+    drv.decode()
+    victim, tree_cache = drv.batch.reqs[0], drv.batch.tree_cache
+    release_kv_cache(victim, tree_cache, checkpoint=False)  # the retraction: a step of its own
+    guard = runtime.guard
+    steps, last = guard.step_number, guard.history[-1]
+    assert last[1].name == "retract", last
+    monkeypatch.setattr(tree_cache, "supports_mamba", lambda: True, raising=False)
+    release_kv_cache(victim, tree_cache, checkpoint=False)
+    # no second retraction recorded of a request that held nothing (and, raise mode, no finding raised)
+    assert (guard.step_number, guard.history[-1]) == (steps, last), guard.history[-1]
