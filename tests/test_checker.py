@@ -533,6 +533,11 @@ def test_search_on_a_small_graph_yields_every_edge_in_order_and_shortest_paths()
     assert [(y, new, kept) for _, _, y, new, kept in bounded.edges()] == [(1, True, 1), (2, False, None),
                                                                           (3, False, None)]
     assert bounded.truncated and len(bounded) == 2
+    # an edge after a dropped one is still yielded (the checker still judges its step): here into a node kept before
+    # (mutation testing: `continue` made `break` there survived every test)
+    after_drop = {0: [(a, 1), (b, 2), (c, 0)], 1: []}
+    assert [(y, new, kept) for _, _, y, new, kept in Search([0], lambda n: after_drop[n], max_nodes=2).edges()] == [
+        (1, True, 1), (2, False, None), (0, False, 0)]
 
 
 def test_check_reports_progress_every_n_new_states() -> None:
