@@ -482,13 +482,9 @@ def observe_idle(state: AutoState, seconds: float, spec_cap: int) -> AutoState:
 
 
 def holding(state: AutoState) -> bool:
-    """Whether the demand hold is live: a decision now would value the most requests seen within `hold_steps`."""
-    return _hold_age(state) <= state.params.hold_steps
-
-
-def _hold_age(state: AutoState) -> int:
-    """The hold's age: decode steps since its peak, and idle time as steps (`observe_idle`)."""
-    return state.step - state.peak_step
+    """Whether the demand hold is live: a decision now would value the most requests seen within `hold_steps` (decode
+    steps since its peak, and idle time as steps: `observe_idle`)."""
+    return state.step - state.peak_step <= state.params.hold_steps
 
 
 def _held_step_seconds(state: AutoState, spec_cap: int) -> float | None:
@@ -751,10 +747,10 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
                 break
             best = max(best, max(accept.mean, state.accept_peak(m) or 0.0) * smaller / line[0])
         else:
-            # beyond the noise: the margin; at half the batch or less, speculation not ahead by the margin (its gain
-            # falls by more than the margin over a doubling of the batch: `_outgrown`)
+            # beyond the noise: plain ahead by the margin; at half the batch or less, speculation not ahead by it
+            # (its gain falls by more than the margin over a doubling of the batch: `_outgrown`)
             margin = 1 + state.params.margin
-            if plain[0] * (margin if 2 * smaller <= batch else 1.0) >= best * (1.0 if 2 * smaller <= batch else margin):
+            if plain[0] * margin >= best if 2 * smaller <= batch else plain[0] >= best * margin:
                 return True
     return False
 

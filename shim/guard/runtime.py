@@ -137,6 +137,14 @@ class GuardRuntime:
             if self.guard is not None:
                 self.guard.close()
 
+    def _rank_metrics(self, rank: int) -> Any:
+        """This rank's GuardMetrics, made once (prometheus_client imported only here, where metrics are exported)."""
+        if self.metrics is None:
+            from shim.guard.metrics import GuardMetrics
+
+            self.metrics = GuardMetrics(rank)
+        return self.metrics
+
     def decide_at_start_up(self, unsupported: str | None, *, rank: int, metrics: bool) -> bool:
         """Whether the guard checks this server, decided once per process at the scheduler's start-up (the release
         adapter's hook before the model worker is built: the server arguments are published, nothing is served
@@ -148,10 +156,8 @@ class GuardRuntime:
         if self.decided or self.mode is Mode.OFF:
             return self.active
         self.decided, self.rank = True, rank
-        if metrics and self.metrics is None:
-            from shim.guard.metrics import GuardMetrics
-
-            self.metrics = GuardMetrics(rank)
+        if metrics:
+            self._rank_metrics(rank)
         if unsupported is not None:
             if self.mode is Mode.ASSERT:  # returns only where SPECFLIP_ON_BAD_CONFIG=warn (its one error line said it)
                 on_bad_config(ConfigError(f"{ENV_MODE}=assert asks for a guard that stops faults, but the guard does "
@@ -184,10 +190,7 @@ class GuardRuntime:
                                        trace_path=trace_path, slot_values=self.slot_values))
         if metrics:  # the rank's metrics made at the start-up decision, or here where it did not run
             if self.metrics is None:
-                from shim.guard.metrics import GuardMetrics
-
-                self.metrics = GuardMetrics(rank)
-                self.metrics.set_checking(True)
+                self._rank_metrics(rank).set_checking(True)
             self.guard.metrics = self.metrics
         if self.mode is not Mode.ASSERT and self.reporter is None:
             self.reporter = FindingsReporter(self, every_s=self.guard.config.warn_interval_s)
