@@ -95,14 +95,18 @@ def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = Fa
     """`waves` waves of 2 requests closed-loop from `state` (the trace's scheduling points between waves: idle, 2
     waiting, then both running), 127 decode tokens each (the first wave from token `first_made`), every step at its
     mode's measured seconds (speculation drafting at `accept`), a flip-on with the 2 running paying the measured
-    catch-up, fed in windows of 8. (decode and catch-up seconds, [(step, action:reason)], steps, the state)."""
+    catch-up, fed in windows of 8; each decision is given its requests' arrivals as the switch stamps them (the
+    learner step of the wave's first scheduling point; the first wave's, `first_made` steps before the start). (decode
+    and catch-up seconds, [(step, action:reason)], steps, the state)."""
     spec_s = SPEC_S if accept >= 2.0 else SPEC_1_S
     seconds, step, flips = 0.0, 0, []
     pending: list[ap.Observation] = []
     for wave in range(waves):
+        arrivals = (state.step - (first_made if not wave else 0),) * 2
         if wave or not first_made:
             for running, waiting in ((0, 0), (0, 2)):
-                d = ap.decide(state, spec_on, running + waiting, running, CAP, context=159.0)
+                d = ap.decide(state, spec_on, running + waiting, running, CAP, context=159.0,
+                              arrivals=arrivals[:waiting])
                 if d.action is not None:
                     flips.append((step, f"{d.action}:{d.reason}"))
                     spec_on = d.action == ap.FLIP_ON
@@ -110,7 +114,7 @@ def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = Fa
         made = first_made if not wave else 0
         while made < 127:
             context = 32.0 + made
-            d = ap.decide(state, spec_on, 2, 2, CAP, context=context)
+            d = ap.decide(state, spec_on, 2, 2, CAP, context=context, arrivals=arrivals)
             if d.action is not None:
                 flips.append((step, f"{d.action}:{d.reason}"))
                 spec_on = d.action == ap.FLIP_ON
