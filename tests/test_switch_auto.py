@@ -410,7 +410,9 @@ def test_unpredictable_requests_flip_plain_and_predictable_ones_are_rechecked_ba
     gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
     drv = auto_driver(model_dir)
     auto = drv.switch.policy.auto
-    auto.state = ap.initial_state(attrs.evolve(PARAMS, recheck_steps=6))
+    # a recheck of 5 learner steps runs 6 decode steps in windows of 2 (AutoParams.recheck_span), as 6 did before the
+    # learner priced it by its windows (0a54b11)
+    auto.state = ap.initial_state(attrs.evolve(PARAMS, recheck_steps=5, agree_window=auto.window))
     reqs: list[Any] = []
     ends: list[int] = []
     for accepts in ([2, 3, 2, 3], [1], [2, 3, 2, 3]):

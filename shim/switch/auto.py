@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+import attrs
+
 from shim.switch.warmup import is_warmup_batch
 from statemodel import auto_policy as ap
 
@@ -106,6 +108,11 @@ class AutoSwitch:
     # waiting, for the requests of the last decision's next batch: when each arrived, for the recheck's turnover
     # (statemodel.auto_policy `_recheck_due`); the same on every rank (the requests and the agreed steps are)
     first_seen: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the learner prices a recheck by the windows this switch agrees at (AutoParams.recheck_span)
+        if self.state.params.agree_window != self.window:
+            self.state = attrs.evolve(self.state, params=attrs.evolve(self.state.params, agree_window=self.window))
 
     # --- decisions ------------------------------------------------------------------------------------------
 
