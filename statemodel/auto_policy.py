@@ -78,9 +78,11 @@ Acceptance that shifts and the context (issue 52). No plain step shows the accep
 not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went stale.
 Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by `clear_win` below
 the highest it reached, speculation at that peak would win at this load, and the steps since it last drafted cover a
-recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by construction). A window's
-accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the estimate afresh
-(`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
+recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fraction` of the time (the rechecks' cost
+is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after the
+recheck was affordable: the accept length belongs to the requests, and new ones are where it may have changed). A
+window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the
+estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
 (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
 at the next batch's context (`context=`: the switch gives the longest running or waiting request's, which paces a
 speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of

@@ -25,8 +25,11 @@ phase:
   steps 8,064, 8,308, 8,552, 8,804); the last ended at step 8,827, 7 steps before the predictable requests came
   (272.194 s, step 8,834), so the next came 222 steps into the phase (9,056, 273.450 s, 1.26 s in): its first wave and
   most of its second ran plain, 0.947x.
-The replay below reproduces both: the recheck at the phase's first point from rounds 0's state, 216 steps in from
-call b round 1's."""
+The replay below reproduced both with the rule of 0b48981: the recheck at the phase's first point from rounds 0's
+state, 216 steps in from call b round 1's. Since 0a54b11 a recheck is priced at the 24 decode steps the switch's
+windows make it (`AutoParams.recheck_span`) and waits for the requests to turn over (`_recheck_due`'s arrivals):
+closed-loop from each round's unpredictable phase the rechecks fall at admissions and predictable_again's first
+admission is rechecked in all four rounds (docs/auto-switch.md, "Rechecks at a turnover")."""
 
 from __future__ import annotations
 
