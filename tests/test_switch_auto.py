@@ -528,3 +528,33 @@ def test_eight_long_prompts_arriving_after_a_short_phase_are_valued_long(runtime
     assert decide_with_waiting([30] * 8) is None
     d = auto.last
     assert d.context == 30 and d.reason == "measured" and d.spec_value > d.plain_value
+
+
+def test_the_switch_stamps_each_request_with_the_step_it_first_saw_it_and_a_recheck_waits_for_new_ones() -> None:
+    """`AutoSwitch.decide` with the next batch's rids (`request_ids`, host lists every rank holds alike): each request
+    keeps the learner step of the first decision that saw it, finished ones are dropped, and the decision is given
+    those steps as arrivals: plain held at a fallen accept length does not recheck while the requests running arrived
+    before a recheck was affordable, though the steps now afford one, and does at the scheduling point where new
+    ones wait."""
+    def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int) -> ap.AutoState:
+        for _ in range(count):
+            state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
+                                                     0.0072 if spec_on else 0.0057))
+        return state
+
+    state = steps(steps(ap.initial_state(), 2.0, True, 80), 1.0, True, 40)
+    auto = auto_switch.AutoSwitch(spec_cap=48, state=attrs.evolve(steps(state, 1.0, False, 16), incumbent=ap.PLAIN,
+                                                                   flip_step=state.step))
+    assert auto.state.params.agree_window == auto.window == auto_switch.AGREE_WINDOW
+    first = auto.decide(False, 2, 0, rids=["a", "b"])  # 16 plain steps in: no recheck affordable yet
+    arrived = auto.state.step
+    assert auto.first_seen == {"a": arrived, "b": arrived} and first.reason == "measured", first
+    auto.state = steps(auto.state, 1.0, False, 400)
+    held = auto.decide(False, 2, 0, rids=["a", "b"])  # a and b still running: stamped as they were
+    assert auto.first_seen == {"a": arrived, "b": arrived}
+    assert held.action is None and held.reason == "measured", held
+    assert ap.decide(auto.state, False, 2, 2, 48).reason == "recheck"  # the steps alone would recheck here
+    new = auto.decide(False, 0, 2, rids=["c", "d"])  # a wave's admission: a and b gone, c and d new
+    assert auto.first_seen == {"c": auto.state.step, "d": auto.state.step}
+    assert new.action == ap.FLIP_ON and new.reason == "recheck", new
+    assert auto_switch.request_ids([type("R", (), {"rid": 7})()], [type("R", (), {"rid": "w"})()]) == ["7", "w"]
