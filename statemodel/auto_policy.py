@@ -79,8 +79,8 @@ not predict flipped plain on, predictable ones that came back were not seen unti
 Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by `clear_win` below
 the highest it reached, speculation at that peak would win at this load, and the steps since it last drafted cover a
 recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fraction` of the time (the rechecks' cost
-is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after the
-recheck was affordable: the accept length belongs to the requests, and new ones are where it may have changed). A
+is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after
+speculation last drafted: the accept length belongs to the requests, and new ones are where it may have changed). A
 window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the
 estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
 (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
@@ -681,14 +681,12 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     if the traffic still drafts as now over `recheck_fraction` of the time: the `recheck_span` decode steps a recheck
     runs, at the current accept length against plain decoding (at least a clear win's loss), plus the catch-up
     of the running requests (their re-prefill, the learned `CatchUpCost` at running x context tokens), and the
-    requests have turned over since then: most of the next batch's requests (`arrivals`: the learner step at which
-    the switch first saw each, running and waiting; None: not known, the steps alone decide) arrived once the
-    recheck was affordable. The accept length belongs to the requests, and the requests a recheck would find running
-    since before that point ran through the steps that made it affordable without a new population among them; new
-    ones are where the traffic may have changed, and at their arrival a recheck that finds them drafting well serves
-    their whole lives (and, at an emptied server, retracts nothing). So the rechecks keep the budget's bound (a recheck
-    only comes later than the steps alone allow) and fall where the traffic turns over, not at a point of a cycle
-    (the H100, 2026-12-06, 0b48981: a recheck 7 steps before predictable requests returned, the next 222 steps in).
+    requests have turned over since speculation last drafted: most of the next batch's requests (`arrivals`: the
+    learner step at which the switch first saw each, running and waiting; None: not known, the steps alone decide)
+    arrived after it. The accept length belongs to the requests: a batch speculation measured is measured, however
+    many steps ago, and a recheck of it would spend the budget on what is known; new requests are where the traffic
+    may have changed. So the rechecks keep the budget's bound (a recheck only comes later than the steps alone allow)
+    and measure each population of requests at most once.
     No plain step shows the accept length, so this is how the learner sees requests that draft well again; its cost
     is bounded by construction, and where speculation would lose even at its best (high load) it never rechecks."""
     p = state.params
@@ -710,10 +708,9 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     if running > 0 and context and state.catch_up is not None:
         loss += state.catch_up.seconds_for(running * context)
     plain_step = load / plain_value
-    affordable = accept.updated + max(p.recheck_steps, loss / (p.recheck_fraction * plain_step))
-    if state.step < affordable:
+    if state.step - accept.updated < max(p.recheck_steps, loss / (p.recheck_fraction * plain_step)):
         return False
-    return arrivals is None or 2 * sum(1 for a in arrivals if a >= affordable) > len(arrivals)
+    return arrivals is None or 2 * sum(1 for a in arrivals if a > accept.updated) > len(arrivals)
 
 
 def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: int, context: float | None) -> bool:

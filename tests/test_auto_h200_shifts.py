@@ -278,9 +278,8 @@ def test_predictable_requests_returning_are_rechecked_and_kept() -> None:
                    "recheck_fraction (3 %) of the time; the replay's recheck comes 104 plain steps into the "
                    "phase's first wave of 127 (the run's: 134), 0.944x always on's decode seconds; a recheck's "
                    "cost is what the unpredictable phase paid (0.948x plain there); since 0a54b11 a recheck "
-                   "also waits for the requests to turn over (an admission) and is priced at the 24 steps it runs: "
-                   "from this state (the rule of 886650f's mid-wave recheck 142 steps before) it comes at the third "
-                   "wave, 254 steps in, 0.880x")
+                   "is priced at the 24 steps it runs (and waits for requests speculation has not drafted): from this "
+                   "state (886650f's mid-wave recheck 142 steps before) it comes 176 steps in, 0.913x")
 def test_predictable_again_runs_within_3_percent_of_always_on() -> None:
     """Issue 52's target in the phase: at least 0.97x always on's decode seconds (the run: 0.934x)."""
     seconds, _flips = predictable_again(at_predictable_again())

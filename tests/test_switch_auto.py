@@ -533,24 +533,22 @@ def test_eight_long_prompts_arriving_after_a_short_phase_are_valued_long(runtime
 def test_the_switch_stamps_each_request_with_the_step_it_first_saw_it_and_a_recheck_waits_for_new_ones() -> None:
     """`AutoSwitch.decide` with the next batch's rids (`request_ids`, host lists every rank holds alike): each request
     keeps the learner step of the first decision that saw it, finished ones are dropped, and the decision is given
-    those steps as arrivals: plain held at a fallen accept length does not recheck while the requests running arrived
-    before a recheck was affordable, though the steps now afford one, and does at the scheduling point where new
-    ones wait."""
+    those steps as arrivals: plain held at a fallen accept length does not recheck the requests speculation drafted
+    (they arrived before it last drafted), though the steps now afford a recheck, and does at the scheduling point
+    where new ones wait."""
     def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int) -> ap.AutoState:
         for _ in range(count):
             state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
                                                      0.0072 if spec_on else 0.0057))
         return state
 
-    state = steps(steps(ap.initial_state(), 2.0, True, 80), 1.0, True, 40)
-    auto = auto_switch.AutoSwitch(spec_cap=48, state=attrs.evolve(steps(state, 1.0, False, 16), incumbent=ap.PLAIN,
-                                                                   flip_step=state.step))
+    auto = auto_switch.AutoSwitch(spec_cap=48, state=steps(steps(ap.initial_state(), 2.0, True, 80), 1.0, True, 32))
     assert auto.state.params.agree_window == auto.window == auto_switch.AGREE_WINDOW
-    first = auto.decide(False, 2, 0, rids=["a", "b"])  # 16 plain steps in: no recheck affordable yet
+    auto.decide(True, 2, 0, rids=["a", "b"])  # speculation drafts a and b (at 1.0)
     arrived = auto.state.step
-    assert auto.first_seen == {"a": arrived, "b": arrived} and first.reason == "measured", first
-    auto.state = steps(auto.state, 1.0, False, 400)
-    held = auto.decide(False, 2, 0, rids=["a", "b"])  # a and b still running: stamped as they were
+    auto.state = steps(auto.state, 1.0, True, 8)
+    auto.state = attrs.evolve(steps(auto.state, 1.0, False, 400), incumbent=ap.PLAIN, flip_step=auto.state.step)
+    held = auto.decide(False, 2, 0, rids=["a", "b"])  # a and b still running, plain since: stamped as they were
     assert auto.first_seen == {"a": arrived, "b": arrived}
     assert held.action is None and held.reason == "measured", held
     assert ap.decide(auto.state, False, 2, 2, 48).reason == "recheck"  # the steps alone would recheck here
