@@ -78,9 +78,11 @@ Acceptance that shifts and the context (issue 52). No plain step shows the accep
 not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went stale.
 Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by `clear_win` below
 the highest it reached, speculation at that peak would win at this load, and the steps since it last drafted cover a
-recheck's estimated loss over `recheck_fraction` of the time (the rechecks' cost is bounded by construction). A window's
-accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the estimate afresh
-(`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
+recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fraction` of the time (the rechecks' cost
+is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after
+speculation last drafted: the accept length belongs to the requests, and new ones are where it may have changed). A
+window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the
+estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
 (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
 at the next batch's context (`context=`: the switch gives the longest running or waiting request's, which paces a
 speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
@@ -120,6 +122,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 
 import attrs
 
@@ -161,6 +164,20 @@ class AutoParams:
     # as badly (0: no rechecks)
     recheck_fraction: float = 0.03
     recheck_steps: int = 16  # a recheck's length: settle + the agreement window's lag (8) + 6 accept samples
+    # decode steps between the switch's agreements across ranks (shim.switch.auto.AutoSwitch.window): the learner
+    # observes steps a window at a time, so a probe's or a recheck's end falls on a window's end (`recheck_span`)
+    agree_window: int = 8
+
+    @property
+    def recheck_span(self) -> int:
+        """The decode steps a recheck runs in the switch, which its estimated loss counts (`_recheck_due`): it ends at
+        the first agreement at which the learner has counted `recheck_steps` steps since the flip, and the first
+        window after a flip counts one step fewer than it runs (the interval across the flip is not measured). With
+        the defaults 24 (16 counted: 7, 15, then 23 at the third window's end); the H100 (2026-12-06, 0b48981): every
+        recheck's windows held 7, 8 and 8 speculative steps (tests/data/h100_auto_windows_0b48981_b.json), where the
+        learner had priced 16."""
+        w = max(1, self.agree_window)
+        return w * -(-(self.recheck_steps + 1) // w)
 
     def __attrs_post_init__(self) -> None:
         if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 < self.step_alpha <= 1
@@ -168,8 +185,9 @@ class AutoParams:
                 and 0 <= self.recheck_fraction < 1):
             raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
-               self.stale_after, self.hold_steps, self.recheck_steps, self.calm_points) < 0 or self.min_samples < 1:
-            raise ValueError(f"auto policy: step counts must be >= 0 (min_samples >= 1): {self}")
+               self.stale_after, self.hold_steps, self.recheck_steps, self.calm_points) < 0 or self.min_samples < 1 \
+                or self.agree_window < 1:
+            raise ValueError(f"auto policy: step counts must be >= 0 (min_samples, agree_window >= 1): {self}")
 
 
 @attrs.frozen
@@ -655,16 +673,22 @@ def _best(known: dict[int, float]) -> int:
 
 
 def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap: int, context: float | None,
-                 plain_value: float) -> bool:
+                 plain_value: float, arrivals: Sequence[int] | None = None) -> bool:
     """Whether plain decoding, held on the numbers, should recheck speculative `mode` now: its accept length has
     fallen by `clear_win` or more below the highest the traffic drafted at (the traffic changed, not noise: issue 52,
     requests the draft cannot predict), speculation at that highest accept length would beat plain decoding by the
-    margin at this load (it may pay again), and the steps since speculation last drafted cover what a recheck loses
-    if the traffic still drafts as now over `recheck_fraction` of the time: the recheck's `recheck_steps` at the
-    current accept length against plain decoding (at least a clear win's loss), plus the catch-up
-    of the running requests (their re-prefill, the learned `CatchUpCost` at running x context tokens). No plain step
-    shows the accept length, so this is how the learner sees requests that draft well again; its cost is bounded by
-    construction, and where speculation would lose even at its best (high load) it never rechecks."""
+    margin at this load (it may pay again), the steps since speculation last drafted cover what a recheck loses
+    if the traffic still drafts as now over `recheck_fraction` of the time: the `recheck_span` decode steps a recheck
+    runs, at the current accept length against plain decoding (at least a clear win's loss), plus the catch-up
+    of the running requests (their re-prefill, the learned `CatchUpCost` at running x context tokens), and the
+    requests have turned over since speculation last drafted: most of the next batch's requests (`arrivals`: the
+    learner step at which the switch first saw each, running and waiting; None: not known, the steps alone decide)
+    arrived after it. The accept length belongs to the requests: a batch speculation measured is measured, however
+    many steps ago, and a recheck of it would spend the budget on what is known; new requests are where the traffic
+    may have changed. So the rechecks keep the budget's bound (a recheck only comes later than the steps alone allow)
+    and measure each population of requests at most once.
+    No plain step shows the accept length, so this is how the learner sees requests that draft well again; its cost
+    is bounded by construction, and where speculation would lose even at its best (high load) it never rechecks."""
     p = state.params
     accept, peak = state.accept_of(mode), state.accept_peak(mode)
     if p.recheck_fraction <= 0 or accept is None or peak is None or peak < accept.mean * (1 + p.clear_win):
@@ -680,11 +704,13 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     # nothing by the numbers and recur at every dwell, a flip pair each time (the flips' own host work is not in the
     # numbers)
     now = accept.mean * batch / seconds
-    loss = p.recheck_steps * seconds * max(1.0 - now / plain_value, p.clear_win / (1 + p.clear_win))
+    loss = p.recheck_span * seconds * max(1.0 - now / plain_value, p.clear_win / (1 + p.clear_win))
     if running > 0 and context and state.catch_up is not None:
         loss += state.catch_up.seconds_for(running * context)
     plain_step = load / plain_value
-    return state.step - accept.updated >= max(p.recheck_steps, loss / (p.recheck_fraction * plain_step))
+    if state.step - accept.updated < max(p.recheck_steps, loss / (p.recheck_fraction * plain_step)):
+        return False
+    return arrivals is None or 2 * sum(1 for a in arrivals if a > accept.updated) > len(arrivals)
 
 
 def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: int, context: float | None) -> bool:
@@ -756,11 +782,15 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
 
 
 def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int,
-           steps: int | None = None, context: float | None = None) -> Decision:
+           steps: int | None = None, context: float | None = None,
+           arrivals: Sequence[int] | None = None) -> Decision:
     """The mode change for the scheduling point at hand (or none), from the state alone. `demand`: running + waiting
     requests; `running`: requests in flight (the running batch, prefilled and chunked ones included); `steps`: with
     tiers, the step count speculation runs at now (one off the ladder counts as the ladder's first); `context`: the
-    KV tokens per running request (prompt and output), the same on every rank (None: values as learned)."""
+    KV tokens per running request (prompt and output), the same on every rank (None: values as learned);
+    `arrivals`: per request of the next batch (running and waiting), the learner step (`state.step`) at which the
+    switch first saw it, the same on every rank (None: not known; a recheck then waits for the steps alone:
+    `_recheck_due`)."""
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
@@ -841,7 +871,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         if cur == PLAIN and not probing and reason == "measured" and values[PLAIN] is not None \
                 and dwell >= p.min_dwell and load == demand and not past_cap:
             for other in state.modes[1:]:
-                if _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN]):
+                if _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals):
                     return answer(_flip(cur, other), "recheck", incumbent=settled, to=other)
         return answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the

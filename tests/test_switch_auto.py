@@ -410,7 +410,9 @@ def test_unpredictable_requests_flip_plain_and_predictable_ones_are_rechecked_ba
     gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
     drv = auto_driver(model_dir)
     auto = drv.switch.policy.auto
-    auto.state = ap.initial_state(attrs.evolve(PARAMS, recheck_steps=6))
+    # a recheck of 5 learner steps runs 6 decode steps in windows of 2 (AutoParams.recheck_span), as 6 did before the
+    # learner priced it by its windows (0a54b11)
+    auto.state = ap.initial_state(attrs.evolve(PARAMS, recheck_steps=5, agree_window=auto.window))
     reqs: list[Any] = []
     ends: list[int] = []
     for accepts in ([2, 3, 2, 3], [1], [2, 3, 2, 3]):
@@ -526,3 +528,31 @@ def test_eight_long_prompts_arriving_after_a_short_phase_are_valued_long(runtime
     assert decide_with_waiting([30] * 8) is None
     d = auto.last
     assert d.context == 30 and d.reason == "measured" and d.spec_value > d.plain_value
+
+
+def test_the_switch_stamps_each_request_with_the_step_it_first_saw_it_and_a_recheck_waits_for_new_ones() -> None:
+    """`AutoSwitch.decide` with the next batch's rids (`request_ids`, host lists every rank holds alike): each request
+    keeps the learner step of the first decision that saw it, finished ones are dropped, and the decision is given
+    those steps as arrivals: plain held at a fallen accept length does not recheck the requests speculation drafted
+    (they arrived before it last drafted), though the steps now afford a recheck, and does at the scheduling point
+    where new ones wait."""
+    def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int) -> ap.AutoState:
+        for _ in range(count):
+            state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
+                                                     0.0072 if spec_on else 0.0057))
+        return state
+
+    auto = auto_switch.AutoSwitch(spec_cap=48, state=steps(steps(ap.initial_state(), 2.0, True, 80), 1.0, True, 32))
+    assert auto.state.params.agree_window == auto.window == auto_switch.AGREE_WINDOW
+    auto.decide(True, 2, 0, rids=["a", "b"])  # speculation drafts a and b (at 1.0)
+    arrived = auto.state.step
+    auto.state = steps(auto.state, 1.0, True, 8)
+    auto.state = attrs.evolve(steps(auto.state, 1.0, False, 400), incumbent=ap.PLAIN, flip_step=auto.state.step)
+    held = auto.decide(False, 2, 0, rids=["a", "b"])  # a and b still running, plain since: stamped as they were
+    assert auto.first_seen == {"a": arrived, "b": arrived}
+    assert held.action is None and held.reason == "measured", held
+    assert ap.decide(auto.state, False, 2, 2, 48).reason == "recheck"  # the steps alone would recheck here
+    new = auto.decide(False, 0, 2, rids=["c", "d"])  # a wave's admission: a and b gone, c and d new
+    assert auto.first_seen == {"c": auto.state.step, "d": auto.state.step}
+    assert new.action == ap.FLIP_ON and new.reason == "recheck", new
+    assert auto_switch.request_ids([type("R", (), {"rid": 7})()], [type("R", (), {"rid": "w"})()]) == ["7", "w"]

@@ -92,10 +92,11 @@ def test_plain_path_decision_reads_shared_scheduler_state_only() -> None:
     assert per_rank_reads(part) == set()
     # auto: the running requests' remaining and re-prefill tokens (catch_up_work), python ints every rank holds alike;
     # the context the decision is valued at (next_context): the longest of the running requests and the waiting
-    # queue's, from their token lists, which every rank holds alike (each request is broadcast before it is queued)
+    # queue's, from their token lists, which every rank holds alike (each request is broadcast before it is queued);
+    # and those requests' rids (request_ids), which the learner stamps with its agreed step (a recheck's turnover)
     allowed = {"scheduler", "chunked_req", "last_batch", "_pending_prefill", "pending", "running_batch", "in_batch",
                "r", "reqs", "finished", "waiting", "waiting_queue", "len", "action", "rt", "policy", "wants", "None",
-               "batch_work", "catch_up_work", "auto", "context", "next_context"}
+               "batch_work", "catch_up_work", "auto", "context", "next_context", "rids", "request_ids"}
     read = set().union(*(names_read(s) for s in part))
     assert read <= allowed, read - allowed
     assert per_rank_reads(function_ast(switch_v2._pending_prefill)) == set()
@@ -104,6 +105,8 @@ def test_plain_path_decision_reads_shared_scheduler_state_only() -> None:
         read = set().union(*(names_read(s) for s in function_ast(fn).body))
         assert read <= {"max", "map", "chain", "request_context", "running", "waiting", "default", "float", "len",
                         "getattr", "req"}, (fn.__qualname__, read)
+    read = set().union(*(names_read(s) for s in function_ast(auto_switch.request_ids).body))
+    assert read <= {"str", "req", "rid", "chain", "running", "waiting"}, read  # the requests' ids only
     whole = function_ast(switch_v2.plain_path_flip)
     assert "late_flip" in names_read(whole)  # the fault injection, after the decision (shim/switch/faults.py)
     # the normal-loop switch (draft modes sync and none) decides in flip() on the same kind of counts

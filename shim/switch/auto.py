@@ -55,10 +55,12 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+import attrs
+
 from shim.switch.warmup import is_warmup_batch
 from statemodel import auto_policy as ap
 
-AGREE_WINDOW = 8  # decode steps between agreements (AutoParams.probe_steps counts it in)
+AGREE_WINDOW = ap.AutoParams().agree_window  # decode steps between agreements (the learner prices rechecks by it)
 
 
 @dataclass
@@ -102,19 +104,34 @@ class AutoSwitch:
     # the clock at the first idle iteration since the last decode step (None: none since): the idle time the hold
     # counts (`before_decision`)
     idle_since: float | None = None
+    # rid -> the learner step (`state.step`, agreed) at the first scheduling point that saw the request, running or
+    # waiting, for the requests of the last decision's next batch: when each arrived, for the recheck's turnover
+    # (statemodel.auto_policy `_recheck_due`); the same on every rank (the requests and the agreed steps are)
+    first_seen: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the learner prices a recheck by the windows this switch agrees at (AutoParams.recheck_span)
+        if self.state.params.agree_window != self.window:
+            self.state = attrs.evolve(self.state, params=attrs.evolve(self.state.params, agree_window=self.window))
 
     # --- decisions ------------------------------------------------------------------------------------------
 
     def decide(self, spec_on: bool, running: int, waiting: int, chunked: int = 0, steps: int | None = None,
                batch_work: Callable[[], tuple[int, int, frozenset[str]]] | None = None,
-               context: float | None = None) -> ap.Decision:
+               context: float | None = None, rids: Iterable[str] | None = None) -> ap.Decision:
         """The learner's decision for these counts (the switch checks it against the model and performs it);
         `steps`: with tiers, the step count speculation runs at now; `batch_work`: (output tokens the running requests
         may still ask for, tokens their re-prefill would run, their rids), read only for a flip-on with requests
         running; `context`: the context of the batch that runs next (`next_context`; None or 0, none known: the last
-        decode batch's)."""
+        decode batch's); `rids`: the requests of the batch that runs next, running and waiting (`request_ids`; None:
+        not known, no arrivals given)."""
+        arrivals = None
+        if rids is not None:
+            step, seen = self.state.step, self.first_seen
+            self.first_seen = {rid: seen.get(rid, step) for rid in rids}
+            arrivals = tuple(self.first_seen.values())
         d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps,
-                      context=context or self.context)
+                      context=context or self.context, arrivals=arrivals)
         if d.action == ap.FLIP_ON and d.reason == "measured" and running + chunked > 0 and batch_work is not None:
             remaining, catch_up, rids = batch_work()
             # held before, and every request held then has finished: the batch turned over (a steady load)
@@ -187,6 +204,7 @@ class AutoSwitch:
             self.accept_tokens = self.accept_rows = 0
             self.accept_by_steps = {}
             self.held_rids = None
+            self.first_seen = {}
         if batch is None or not batch.forward_mode.is_decode():
             if batch is not None and self.catch_up_started is not None and batch.forward_mode.is_extend():
                 self._count_admitted(batch)
@@ -343,6 +361,14 @@ def next_context(running: Iterable[Any], waiting: Iterable[Any]) -> float:
     paid a catch-up (the H100, 2026-12-06, 0b48981; bench/gpu/p99_account.py on
     bench/gpu/results/2026-12-06_0b48981/call_a)."""
     return max(map(request_context, chain(running, waiting)), default=0.0)
+
+
+def request_ids(running: Iterable[Any], waiting: Iterable[Any]) -> list[str]:
+    """The rids of the batch that runs next, as far as the host knows it: the running requests and the waiting ones
+    (`Scheduler.waiting_queue`); host lists only, the same on every rank (each request is broadcast before any rank
+    queues it). The learner stamps each with the step it was first seen at (`AutoSwitch.decide`): the recheck's
+    turnover of the requests (statemodel.auto_policy `_recheck_due`)."""
+    return [str(req.rid) for req in chain(running, waiting)]
 
 
 def request_context(req: Any) -> float:

@@ -41,7 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 from shim.guard import api as guard_api
 from shim.releases.registry import installed_line
 from shim.switch import faults, warmup
-from shim.switch.auto import next_context
+from shim.switch.auto import next_context, request_ids
 from shim.switch.config import SwitchConfig
 from shim.switch.faults import LateFlipFault
 from shim.switch.policy import SwitchPolicy
@@ -177,7 +177,10 @@ def plain_path_flip(rt: SwitchCore, side: WorkerSide, scheduler: Any, running_ba
     waiting = len(scheduler.waiting_queue)
     # auto values the modes at the longest request of the batch that runs next: the running ones and those waiting
     context = None if rt.policy.auto is None else next_context(in_batch, scheduler.waiting_queue)
-    action = rt.policy.wants(len(in_batch), waiting, 0, batch_work=lambda: catch_up_work(in_batch), context=context)
+    # ... and stamps each of those requests with the step it first saw it at (a recheck waits for new ones)
+    rids = None if rt.policy.auto is None else request_ids(in_batch, scheduler.waiting_queue)
+    action = rt.policy.wants(len(in_batch), waiting, 0, batch_work=lambda: catch_up_work(in_batch), context=context,
+                             rids=rids)
     if decide_only:
         return action
     if rt.policy.auto is not None and rt.trace.enabled:

@@ -54,17 +54,18 @@ class SwitchPolicy:
 
     def wants(self, running: int, waiting: int, chunked: int = 0,
               batch_work: Callable[[], tuple[int, int, frozenset[str]]] | None = None,
-              context: float | None = None) -> Flip | None:
+              context: float | None = None, rids: list[str] | None = None) -> Flip | None:
         """The flip for these counts (`running` running, `chunked` prefilling, `waiting` waiting requests), or
         None, without changing the mode. A Flip is a str: "flip_off" / "flip_on", the model action's name.
         `batch_work` (auto only): the running requests' remaining output and re-prefill tokens and rids, on demand.
-        `context` (auto only): the context of the batch that runs next (shim.switch.auto.next_context)."""
+        `context` (auto only): the context of the batch that runs next (shim.switch.auto.next_context); `rids` (auto
+        only): its requests' rids (shim.switch.auto.request_ids)."""
         c = self.config
         if self.auto is None:
             return decide_flip(self.spec_on, running + chunked + waiting, running + chunked, c.t_off, c.t_on,
                                c.spec_cap if self.clamp else None)
         decision = self.auto.decide(self.spec_on, running, waiting, chunked, steps=self.tier, batch_work=batch_work,
-                                    context=context)
+                                    context=context, rids=rids)
         ladder = c.tiers.steps if c.tiers is not None and self.tier is not None else ()
         if (decision.action is not None and decision.action not in model_free_flips(
                 self.design_name or c.design_name, self.spec_on, running, waiting, chunked, c.spec_cap)) \
