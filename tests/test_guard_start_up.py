@@ -19,7 +19,6 @@ import importlib
 import logging
 import os
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,7 +272,7 @@ def test_hook_targets_missing_stop_start_up_in_assert_mode(monkeypatch: pytest.M
 
 
 SCHEDULER_SCRIPT = textwrap.dedent("""
-    import multiprocessing, sys, tempfile
+    import multiprocessing, os, sys, tempfile
     from pathlib import Path
     sys.path[:0] = ["tests", "stand_ins/cpu"]
     import importlib
@@ -281,21 +280,30 @@ SCHEDULER_SCRIPT = textwrap.dedent("""
     gf = importlib.import_module("guard_fixtures")
     import sglang_cpu as h
     gf._install_gpu_stand_ins()
-    plugins.load_plugins()  # the guard through SGLang's entry point, assert mode from SPECFLIP_MODE
+    plugins.load_plugins()  # the guard through SGLang's entry point, its mode from SPECFLIP_MODE
+    import shim.guard.runtime as r
     from sglang.srt.managers.scheduler import Scheduler
-    sa = h.make_server_args(h.write_tiny_model_config(Path(tempfile.mkdtemp())), speculative_algorithm="EAGLE",
-                            page_size=16)
-    # nothing published (0.5.12 ... 0.5.16 publish only inside the model worker's build): the Scheduler's own
-    # server arguments, as Scheduler.__init__ sets them before it calls init_model_worker
-    from sglang.srt.runtime_context import reset_context
-    reset_context()
+    from prometheus_client import REGISTRY
+
+    class WithMetrics:  # the real ServerArgs as --enable-metrics resolves it (0.5.23's is read-only once resolved)
+        def __init__(self, sa):
+            self._sa, self.enable_metrics = sa, True
+
+        def __getattr__(self, name):
+            return getattr(self._sa, name)
+
+    sa = WithMetrics(h.make_server_args(h.write_tiny_model_config(Path(tempfile.mkdtemp())),
+                                        speculative_algorithm="EAGLE", page_size=16))
+    # nothing published, as 0.5.12 ... 0.5.16 have it here (they publish inside the model worker's build)
+    print("PUBLISHED", r.current().adapter.server_args(), flush=True)
 
     def model_worker_cpu_stand_in():
-        print("MODEL WORKER BUILT", flush=True)
+        print("MODEL WORKER BUILT", r.current().active,
+              REGISTRY.get_sample_value("specflip_guard_checking", {"tp_rank": "0"}), flush=True)
         sys.exit(0)
 
     scheduler = Scheduler.__new__(Scheduler)
-    scheduler.server_args = sa
+    scheduler.server_args = sa  # Scheduler.__init__'s, before it calls init_model_worker
     scheduler.init_tp_model_worker = model_worker_cpu_stand_in
     # a scheduler process as SGLang starts one (multiprocessing), its start-up up to the model worker's build
     proc = multiprocessing.get_context("fork").Process(target=scheduler.init_model_worker)
@@ -305,16 +313,44 @@ SCHEDULER_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_the_scheduler_process_ends_with_the_one_line_and_no_traceback(tmp_path: Path) -> None:
-    """In a scheduler process (a multiprocessing child, as SGLang starts one) the stop is a SystemExit that SGLang's
-    `run_scheduler_process` does not catch (it catches Exception): the process writes the one line and exits 1 (its
-    launcher then reports the scheduler died during initialization)."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}, "SPECFLIP_MODE": "assert",
-           "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", SCHEDULER_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+def run_scheduler_process(line: str, mode: str) -> subprocess.CompletedProcess[str]:
+    """SCHEDULER_SCRIPT on SGLang `line` as the release conformance run installs it (its interpreter, its folders of
+    .cache/sglang-lines first on PYTHONPATH), the guard in `mode`; skips where the line is not installed."""
+    from test_release_conformance import SETUPS, STAND_INS
+
+    setup = SETUPS[line]
+    if setup.missing():
+        pytest.skip(f"SGLang {line} is not installed: {', '.join(setup.missing())}")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}, "SPECFLIP_MODE": mode,
+           "PYTHONPATH": os.pathsep.join([*map(str, setup.folders()), str(STAND_INS), str(REPO)])}
+    return subprocess.run([str(REPO / setup.venv / "bin" / "python"), "-c", SCHEDULER_SCRIPT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+# 0.5.16: the GPU host's line, which publishes its server arguments only inside the model worker's build; 0.5.23: the
+# development venv's, which publishes them before the Scheduler is built (not done here: the same order as 0.5.16)
+@pytest.mark.parametrize("line", ["0.5.16", "0.5.23"])
+def test_the_scheduler_process_ends_with_the_one_line_and_no_traceback(line: str) -> None:
+    """In a scheduler process (a multiprocessing child, as SGLang starts one) on the line's real (hooked)
+    `Scheduler.init_model_worker`, nothing published: the stop is a SystemExit that SGLang's `run_scheduler_process`
+    does not catch (it catches Exception): the process writes the one line and exits 1 (its launcher then reports
+    the scheduler died during initialization), before the model worker is built."""
+    out = run_scheduler_process(line, "assert")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "PUBLISHED None" in out.stdout, out.stdout
     assert "EXIT 1" in out.stdout and "MODEL WORKER BUILT" not in out.stdout, out.stdout
     ours = [line for line in out.stderr.splitlines() if "specflip" in line and "guard on" not in line]
     assert len(ours) == 1 and ours[0].startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults")
-    assert "page_size 16" in ours[0] and "Traceback" not in out.stderr
+    assert f"sglang {line}: page_size 16" in ours[0] and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("line", ["0.5.16", "0.5.23"])
+def test_the_scheduler_process_in_warn_mode_starts_with_the_gauge_at_0(line: str) -> None:
+    """Warn mode with --enable-metrics, the same scheduler process: the model worker is built (start-up goes on),
+    the guard is already off then, and prometheus_client's registry (what SGLang's /metrics serves) has
+    `specflip_guard_checking{tp_rank="0"} 0`; one line, no traceback."""
+    out = run_scheduler_process(line, "warn")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "PUBLISHED None" in out.stdout and "EXIT 0" in out.stdout, out.stdout
+    assert "MODEL WORKER BUILT False 0.0" in out.stdout, out.stdout
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
