@@ -3,7 +3,15 @@ start-up (the 0.5.23 adapter's hook BEFORE SGLang's real `Scheduler.init_model_w
 `load_plugins()` and HookRegistry), not at the first step. A configuration the model does not describe stops start-up
 in assert mode with one line; in warn mode the server starts, with one line and `specflip_guard_checking{tp_rank} 0`
 in the Prometheus registry SGLang's `/metrics` serves (shim/guard/metrics.py). The server arguments are real 0.5.23
-ServerArgs; the model worker's build is a stand-in (it loads weights), named so, that records when it ran."""
+ServerArgs; the model worker's build is a stand-in (it loads weights), named so, that records when it ran.
+
+The hook reads the server arguments where SGLang has them at that point on every line: the Scheduler's own
+(`Scheduler.__init__` sets `self.server_args` before `self.init_model_worker()`; each line's source is read below).
+Nothing is published first: 0.5.12 ... 0.5.16 publish the global server arguments only inside the model worker's
+build (0.5.16: ModelRunner.__init__, model_runner.py:311), so at this hook there are none (the H200 run of 0943833
+with SGLang 0.5.16 and `--page-size 16`: assert mode served, the guard turned itself off only at the first step, and
+/metrics had no specflip gauge, because the hook read the published ones). Each start-up here runs with SGLang's
+published context cleared (`nothing_published`)."""
 
 from __future__ import annotations
 
@@ -11,7 +19,6 @@ import importlib
 import logging
 import os
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,8 +54,21 @@ class WithMetrics:
 
 
 @pytest.fixture()
-def fresh(runtime: Any) -> Iterator[Any]:
-    """The installed runtime as a fresh scheduler process has it: nothing decided, no metrics, no guard built."""
+def nothing_published() -> Iterator[None]:
+    """SGLang's process-wide published config cleared, as a 0.5.12 ... 0.5.16 scheduler process has it before its
+    model worker is built (the adapter's `server_args()` then reads nothing); put back as it was afterwards."""
+    from sglang.srt.runtime_context import reset_context, restore_context, snapshot_context
+
+    state = snapshot_context()
+    reset_context()
+    yield
+    restore_context(state)
+
+
+@pytest.fixture()
+def fresh(runtime: Any, nothing_published: None) -> Iterator[Any]:
+    """The installed runtime as a fresh scheduler process has it: nothing decided, no metrics, no guard built,
+    nothing published."""
     def clear() -> None:
         runtime.reset()
         runtime.disabled_reason, runtime.decided, runtime.metrics, runtime.rank = None, False, None, None
@@ -58,13 +78,13 @@ def fresh(runtime: Any) -> Iterator[Any]:
     clear()
 
 
-def start_up(runtime: Any, sa: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """SGLang's real `Scheduler.init_model_worker` (hooked) on a scheduler whose server arguments are `sa`, up to
-    the model worker's build (a stand-in that records the guard's state when it is reached, then stops start-up
-    there). Returns what the stand-in recorded (empty: never reached)."""
+def start_up(runtime: Any, sa: Any) -> list[Any]:
+    """SGLang's real `Scheduler.init_model_worker` (hooked) on a scheduler whose server arguments are `sa` (set as
+    `Scheduler.__init__` sets them before it calls `init_model_worker`), up to the model worker's build (a stand-in
+    that records the guard's state when it is reached, then stops start-up there). Returns what the stand-in
+    recorded (empty: never reached)."""
     from sglang.srt.managers.scheduler import Scheduler
 
-    monkeypatch.setattr(runtime.adapter, "server_args", lambda: sa)
     seen: list[Any] = []
 
     def init_tp_model_worker_cpu_stand_in() -> None:
@@ -72,6 +92,7 @@ def start_up(runtime: Any, sa: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any
         raise ModelWorkerBuilt
 
     scheduler = Scheduler.__new__(Scheduler)
+    scheduler.server_args = sa  # Scheduler.__init__'s `self.server_args = server_args`
     scheduler.init_tp_model_worker = init_tp_model_worker_cpu_stand_in
     with pytest.raises(ModelWorkerBuilt):
         scheduler.init_model_worker()
@@ -84,6 +105,15 @@ def gauge(rank: str = "0") -> float | None:
     return REGISTRY.get_sample_value(CHECKING, {"tp_rank": rank})
 
 
+def gauge_at_1() -> None:
+    """The rank-0 gauge set to 1 in the process-wide registry (an earlier test may have left it at 0), so a 0 read
+    afterwards was written by the code under test."""
+    from shim.guard.metrics import GuardMetrics
+
+    GuardMetrics(0).set_checking(True)
+    assert gauge() == 1
+
+
 @pytest.mark.parametrize(("setting", "kwargs", "named"), [
     ("page size", {"page_size": 16}, "page_size 16 (--page-size;"),
     ("topk", {"topk": 2, "num_draft_tokens": 6}, "speculative_eagle_topk 2 (--speculative-eagle-topk;"),
@@ -94,7 +124,7 @@ def test_assert_mode_stops_start_up_before_the_model_loads_with_one_line(
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", **kwargs)
     monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
     with pytest.raises(SystemExit) as stop:
-        start_up(fresh, sa, monkeypatch)
+        start_up(fresh, sa)
     line = str(stop.value.code)
     assert "\n" not in line and line.startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults, "
                                                 "but the guard does not check this server: sglang 0.5.23: ")
@@ -110,7 +140,7 @@ def test_assert_mode_with_on_bad_config_warn_serves_without_the_guard(
     monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", page_size=16)
     with caplog.at_level(logging.WARNING, logger="specflip.guard"):
-        seen = start_up(fresh, sa, monkeypatch)
+        seen = start_up(fresh, sa)
     assert seen == [(False, "sglang 0.5.23: page_size 16 (--page-size; the model counts KV in single slots; "
                             "supported: 1)")]
     ours = [r for r in caplog.records if r.name == "specflip.guard"]
@@ -122,8 +152,9 @@ def test_warn_mode_serves_on_with_one_line_and_the_gauge_at_0(
         fresh: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     fresh.mode = Mode.WARN
     sa = WithMetrics(h.make_server_args(model_dir, speculative_algorithm="EAGLE", page_size=16))
+    gauge_at_1()
     with caplog.at_level(logging.WARNING, logger="specflip.guard"):
-        seen = start_up(fresh, sa, monkeypatch)
+        seen = start_up(fresh, sa)
     assert seen and seen[0][0] is False  # off before the model worker was built: decided at start-up
     lines = [r.getMessage() for r in caplog.records if "specflip guard off" in r.getMessage()]
     assert lines == ["specflip guard off on TP rank 0: sglang 0.5.23: page_size 16 (--page-size; the model counts KV "
@@ -138,12 +169,81 @@ def test_a_supported_server_exports_checking_1_until_the_guard_turns_itself_off(
         fresh: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fresh.mode = Mode.WARN
     sa = WithMetrics(h.make_server_args(model_dir, speculative_algorithm="EAGLE"))
-    seen = start_up(fresh, sa, monkeypatch)
+    seen = start_up(fresh, sa)
     assert seen == [(True, None)] and gauge() == 1
+    monkeypatch.setattr(fresh.adapter, "server_args", published_by_the_model_worker_cpu_stand_in(sa))
     guard = fresh.adapter.guard()  # built at the first step: it counts into the same rank's metrics
     assert guard is not None and guard.metrics is fresh.metrics
     fresh.disable("internal error (logged above)")  # what GuardRuntime.run does with an error inside the guard
     assert gauge() == 0
+
+
+def published_by_the_model_worker_cpu_stand_in(sa: Any) -> Any:
+    """The adapter's `server_args()` once the model worker's build (weights, a GPU's: skipped here) has published
+    `sa` (0.5.12 ... 0.5.16 publish in ModelRunner.__init__); `sa` carries --enable-metrics, which 0.5.23's read-only
+    record cannot take after resolution, so it is not published through SGLang's own `publish` here."""
+    return lambda: sa
+
+
+@pytest.mark.parametrize("mode", [Mode.ASSERT, Mode.WARN])
+def test_the_first_step_turns_the_guard_off_with_the_gauge_at_0_where_start_up_decided_nothing(
+        fresh: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        mode: Mode) -> None:
+    """The fallback where the start-up hook decided nothing in this process (it did not run: a guard installed after
+    the scheduler was built, batches driven directly): the first step meets the unsupported configuration, turns the
+    guard off with one line that says serving goes on (assert mode included: start-up is over) and, with
+    --enable-metrics, exports `specflip_guard_checking 0` (before: no gauge at all)."""
+    fresh.mode = mode
+    sa = WithMetrics(h.make_server_args(model_dir, speculative_algorithm="EAGLE", page_size=16))
+    monkeypatch.setattr(fresh.adapter, "server_args", published_by_the_model_worker_cpu_stand_in(sa))
+    gauge_at_1()
+    with caplog.at_level(logging.WARNING, logger="specflip.guard"):
+        assert fresh.adapter.guard() is None and fresh.guard is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "specflip.guard"]
+    assert lines == ["specflip guard off on TP rank 0: sglang 0.5.23: page_size 16 (--page-size; the model counts KV "
+                     f"in single slots; supported: 1) (SPECFLIP_MODE={mode.value}: serving goes on without the "
+                     f"guard's checks; /metrics: {CHECKING} 0)"]
+    assert gauge() == 0 and not fresh.active
+
+
+def _line_scheduler_source(line: str) -> Path | None:
+    """SGLang `line`'s managers/scheduler.py as the release conformance run installs the line
+    (scripts/sglang-lines.txt: its own folder of .cache/sglang-lines, else its venv's sglang); None: not installed."""
+    from test_release_conformance import SETUPS
+
+    setup = SETUPS[line]
+    roots = [f for f in setup.folders() if f.name.startswith("sglang-")] or \
+        sorted((REPO / setup.venv / "lib").glob("python3*/site-packages"))
+    for root in roots:
+        path = root / "sglang" / "srt" / "managers" / "scheduler.py"
+        if path.exists():
+            return path
+    return None
+
+
+def _lines() -> list[str]:
+    from test_release_conformance import SETUPS
+
+    return list(SETUPS)
+
+
+@pytest.mark.parametrize("line", _lines())
+def test_every_lines_scheduler_has_its_server_args_before_the_start_up_hook(line: str) -> None:
+    """What the start-up hook reads (`V2Adapter.scheduler_server_args`): in each line's `Scheduler.__init__`,
+    `self.server_args = server_args` runs unconditionally before `self.init_model_worker()` (the hooked call)."""
+    import ast
+
+    path = _line_scheduler_source(line)
+    if path is None:
+        pytest.skip(f"SGLang {line} is not installed (bash scripts/setup-lines.sh)")
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    sets = [st.lineno for st in init.body if isinstance(st, ast.Assign) and ast.unparse(st) ==
+            "self.server_args = server_args"]  # a statement of __init__'s own body: not inside a branch
+    calls = [n.lineno for n in ast.walk(init) if isinstance(n, ast.Call) and ast.unparse(n.func) ==
+             "self.init_model_worker"]
+    assert sets and calls and sets[0] < min(calls), (path, sets, calls)
 
 
 def test_hook_targets_missing_stop_start_up_in_assert_mode(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,7 +272,7 @@ def test_hook_targets_missing_stop_start_up_in_assert_mode(monkeypatch: pytest.M
 
 
 SCHEDULER_SCRIPT = textwrap.dedent("""
-    import multiprocessing, sys, tempfile
+    import multiprocessing, os, sys, tempfile
     from pathlib import Path
     sys.path[:0] = ["tests", "stand_ins/cpu"]
     import importlib
@@ -180,17 +280,30 @@ SCHEDULER_SCRIPT = textwrap.dedent("""
     gf = importlib.import_module("guard_fixtures")
     import sglang_cpu as h
     gf._install_gpu_stand_ins()
-    plugins.load_plugins()  # the guard through SGLang's entry point, assert mode from SPECFLIP_MODE
+    plugins.load_plugins()  # the guard through SGLang's entry point, its mode from SPECFLIP_MODE
+    import shim.guard.runtime as r
     from sglang.srt.managers.scheduler import Scheduler
-    sa = h.make_server_args(h.write_tiny_model_config(Path(tempfile.mkdtemp())), speculative_algorithm="EAGLE",
-                            page_size=16)
-    h.publish_server_args(sa)  # what SGLang's run_scheduler_process publishes before it builds the Scheduler
+    from prometheus_client import REGISTRY
+
+    class WithMetrics:  # the real ServerArgs as --enable-metrics resolves it (0.5.23's is read-only once resolved)
+        def __init__(self, sa):
+            self._sa, self.enable_metrics = sa, True
+
+        def __getattr__(self, name):
+            return getattr(self._sa, name)
+
+    sa = WithMetrics(h.make_server_args(h.write_tiny_model_config(Path(tempfile.mkdtemp())),
+                                        speculative_algorithm="EAGLE", page_size=16))
+    # nothing published, as 0.5.12 ... 0.5.16 have it here (they publish inside the model worker's build)
+    print("PUBLISHED", r.current().adapter.server_args(), flush=True)
 
     def model_worker_cpu_stand_in():
-        print("MODEL WORKER BUILT", flush=True)
+        print("MODEL WORKER BUILT", r.current().active,
+              REGISTRY.get_sample_value("specflip_guard_checking", {"tp_rank": "0"}), flush=True)
         sys.exit(0)
 
     scheduler = Scheduler.__new__(Scheduler)
+    scheduler.server_args = sa  # Scheduler.__init__'s, before it calls init_model_worker
     scheduler.init_tp_model_worker = model_worker_cpu_stand_in
     # a scheduler process as SGLang starts one (multiprocessing), its start-up up to the model worker's build
     proc = multiprocessing.get_context("fork").Process(target=scheduler.init_model_worker)
@@ -200,16 +313,44 @@ SCHEDULER_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_the_scheduler_process_ends_with_the_one_line_and_no_traceback(tmp_path: Path) -> None:
-    """In a scheduler process (a multiprocessing child, as SGLang starts one) the stop is a SystemExit that SGLang's
-    `run_scheduler_process` does not catch (it catches Exception): the process writes the one line and exits 1 (its
-    launcher then reports the scheduler died during initialization)."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}, "SPECFLIP_MODE": "assert",
-           "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", SCHEDULER_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+def run_scheduler_process(line: str, mode: str) -> subprocess.CompletedProcess[str]:
+    """SCHEDULER_SCRIPT on SGLang `line` as the release conformance run installs it (its interpreter, its folders of
+    .cache/sglang-lines first on PYTHONPATH), the guard in `mode`; skips where the line is not installed."""
+    from test_release_conformance import SETUPS, STAND_INS
+
+    setup = SETUPS[line]
+    if setup.missing():
+        pytest.skip(f"SGLang {line} is not installed: {', '.join(setup.missing())}")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}, "SPECFLIP_MODE": mode,
+           "PYTHONPATH": os.pathsep.join([*map(str, setup.folders()), str(STAND_INS), str(REPO)])}
+    return subprocess.run([str(REPO / setup.venv / "bin" / "python"), "-c", SCHEDULER_SCRIPT], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+# 0.5.16: the GPU host's line, which publishes its server arguments only inside the model worker's build; 0.5.23: the
+# development venv's, which publishes them before the Scheduler is built (not done here: the same order as 0.5.16)
+@pytest.mark.parametrize("line", ["0.5.16", "0.5.23"])
+def test_the_scheduler_process_ends_with_the_one_line_and_no_traceback(line: str) -> None:
+    """In a scheduler process (a multiprocessing child, as SGLang starts one) on the line's real (hooked)
+    `Scheduler.init_model_worker`, nothing published: the stop is a SystemExit that SGLang's `run_scheduler_process`
+    does not catch (it catches Exception): the process writes the one line and exits 1 (its launcher then reports
+    the scheduler died during initialization), before the model worker is built."""
+    out = run_scheduler_process(line, "assert")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "PUBLISHED None" in out.stdout, out.stdout
     assert "EXIT 1" in out.stdout and "MODEL WORKER BUILT" not in out.stdout, out.stdout
     ours = [line for line in out.stderr.splitlines() if "specflip" in line and "guard on" not in line]
     assert len(ours) == 1 and ours[0].startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults")
-    assert "page_size 16" in ours[0] and "Traceback" not in out.stderr
+    assert f"sglang {line}: page_size 16" in ours[0] and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("line", ["0.5.16", "0.5.23"])
+def test_the_scheduler_process_in_warn_mode_starts_with_the_gauge_at_0(line: str) -> None:
+    """Warn mode with --enable-metrics, the same scheduler process: the model worker is built (start-up goes on),
+    the guard is already off then, and prometheus_client's registry (what SGLang's /metrics serves) has
+    `specflip_guard_checking{tp_rank="0"} 0`; one line, no traceback."""
+    out = run_scheduler_process(line, "warn")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "PUBLISHED None" in out.stdout and "EXIT 0" in out.stdout, out.stdout
+    assert "MODEL WORKER BUILT False 0.0" in out.stdout, out.stdout
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -147,8 +147,8 @@ class GuardRuntime:
 
     def decide_at_start_up(self, unsupported: str | None, *, rank: int, metrics: bool) -> bool:
         """Whether the guard checks this server, decided once per process at the scheduler's start-up (the release
-        adapter's hook before the model worker is built: the server arguments are published, nothing is served
-        yet). `unsupported`: the configuration the model does not describe (None: checked). Assert mode (the
+        adapter's hook before the model worker is built, on the Scheduler's own server arguments; nothing is
+        served yet). `unsupported`: the configuration the model does not describe (None: checked). Assert mode (the
         operator asked for a guard that stops faults) stops start-up on it with one line naming the setting and what
         to do, through the same path as a bad SPECFLIP_* setting (`on_bad_config`; SPECFLIP_ON_BAD_CONFIG=warn
         serves on without the guard). Warn and trace mode serve on: one warning line. `metrics`: the server exports
@@ -168,6 +168,17 @@ class GuardRuntime:
         elif self.metrics is not None:
             self.metrics.set_checking(self.disabled_reason is None)
         return self.active
+
+    def off_at_first_step(self, unsupported: str, *, rank: int, metrics: bool) -> None:
+        """`decide_at_start_up`'s fallback, where it decided nothing in this process (the adapter's `guard`): the
+        configuration the model does not describe, met at the first hooked step, turns the guard off with one line
+        and, where metrics are exported, `specflip_guard_checking{tp_rank} 0`. Assert mode cannot stop start-up any
+        more (the server is serving): its line says serving goes on without the guard's checks."""
+        if self.rank is None:
+            self.rank = rank
+        if metrics:
+            self._rank_metrics(self.rank)
+        self.disable(unsupported)
 
     def start(self, *, design: Design, scope: Scope, rank: int, release: str, num_steps: int | None = None,
               metrics: bool = False) -> Guard:

@@ -103,20 +103,33 @@ class V2Adapter(LiveReading, RankCheckHooks):
         return None
 
     def before_init_model_worker(self, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-        """`Scheduler.init_model_worker` BEFORE: the scheduler process's start-up, its server arguments published and
-        its logging set up, before the weights load and before anything is served. Whether the guard checks this
-        configuration is decided here (`GuardRuntime.decide_at_start_up`): in assert mode one that the model does
-        not describe stops start-up with one line; in warn and trace mode the guard is off with one line and, with
-        `--enable-metrics`, `specflip_guard_checking{tp_rank} 0`."""
+        """`Scheduler.init_model_worker` BEFORE: the scheduler process's start-up, its logging set up, before the
+        weights load and before anything is served. Whether the guard checks this configuration is decided here
+        (`GuardRuntime.decide_at_start_up`), on the scheduler's own server arguments (`scheduler_server_args`): in
+        assert mode one that the model does not describe stops start-up with one line; in warn and trace mode the
+        guard is off with one line and, with `--enable-metrics`, `specflip_guard_checking{tp_rank} 0`. Where no
+        server arguments can be read here, nothing is decided: the first step does (`guard`)."""
         rt = self.runtime
         if rt is None or rt.paused:
             return None
-        sa = self.server_args()
+        sa = self.scheduler_server_args(scheduler)
+        if sa is None:
+            return None
         reason = self.unsupported_reason(sa)
         rt.decide_at_start_up(None if reason is None else f"sglang {self.release}: {reason}",
                               rank=self.scheduler_tp_rank(scheduler),
                               metrics=bool(getattr(sa, "enable_metrics", False)))
         return None
+
+    def scheduler_server_args(self, scheduler: Any) -> Any:
+        """The server arguments at the scheduler's start-up: the Scheduler's own (`Scheduler.__init__` sets
+        `self.server_args` before it calls `self.init_model_worker()` on every line 0.5.12 ... 0.5.23, read in each
+        line's source by tests/test_guard_start_up.py), else the published ones (`server_args`). The published ones
+        alone are not enough here: 0.5.12 ... 0.5.16 publish them (`set_global_server_args_for_scheduler`) only in
+        `ModelRunner.__init__`, inside `init_model_worker`, after this hook (0.5.16: model_runner.py:311); 0.5.17 on
+        publish them in `run_scheduler_process` before the Scheduler is built."""
+        sa = getattr(scheduler, "server_args", None)
+        return sa if sa is not None else self.server_args()
 
     def scheduler_tp_rank(self, scheduler: Any) -> int:
         """The scheduler's TP rank at its start-up, before the model worker sets up the TP group: its own record
@@ -128,8 +141,12 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def guard(self) -> Guard | None:
         """The live Guard, built at the first hooked step once the server's numbers are known. Whether the guard
-        checks this configuration was decided at start-up (`before_init_model_worker`); where that hook did not run
-        in this process, an unsupported configuration is met here and turns the guard off (one line, gauge 0)."""
+        checks this configuration was decided at start-up (`before_init_model_worker`). Where nothing was decided
+        there (the hook did not run in this process: a guard installed after the scheduler was built, a test driving
+        batches directly; or it read no server arguments, which no line 0.5.12 ... 0.5.23 leaves it), an unsupported
+        configuration is met here and turns the guard off: one line and, with `--enable-metrics`,
+        `specflip_guard_checking{tp_rank} 0` (`GuardRuntime.off_at_first_step`; assert mode cannot stop start-up any
+        more, the line says serving goes on)."""
         rt = self.runtime
         if rt is None or not rt.active:
             return None
@@ -137,7 +154,8 @@ class V2Adapter(LiveReading, RankCheckHooks):
             sa = self.server_args()
             reason = self.unsupported_reason(sa)
             if reason:
-                rt.disable(f"sglang {self.release}: {reason}")
+                rt.off_at_first_step(f"sglang {self.release}: {reason}", rank=self.tp_rank(),
+                                     metrics=bool(getattr(sa, "enable_metrics", False)))
                 return None
             rt.start(design=self.reference_design(sa), scope=self.scope(sa), rank=self.tp_rank(),
                      release=self.release, num_steps=int(getattr(sa, "speculative_num_steps", None) or 0),

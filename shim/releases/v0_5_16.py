@@ -81,8 +81,8 @@ class Adapter(V2Adapter):
 
         try:
             return int(get_parallel().tp_rank)
-        except (RuntimeError, AttributeError):  # not written in this process
-            return 0
+        except (RuntimeError, AttributeError, AssertionError):  # not written in this process (0.5.16's
+            return 0  # get_tp_group asserts its group is set up: no TP group yet, at start-up)
 
     def server_args(self) -> Any:
         from sglang.srt.server_args import get_global_server_args
