@@ -102,6 +102,60 @@ def spec_info_matches_batch(state: State, scope: Scope) -> list[Violation]:
     return problems
 
 
+_PLACED_STATUSES = frozenset({Status.RUNNING, Status.FINISHED})  # a request in a batch runs, or finished there
+
+
+def requests_in_one_place(state: State, scope: Scope) -> list[Violation]:
+    """Every running request not yet done is in exactly one of the running batch and the prefilled batch, once; no
+    waiting, prefilling or not-arrived request is in either (they are the waiting queue's). Exempt: a running
+    request whose queued result finishes it (under overlap 0.5.23 leaves it out of the next step,
+    `_reqs_finishing_inflight`: its output is one token short of max_new_tokens and an unprocessed step names it).
+    A live request dropped from a batch keeps its KV, so `kv_conservation` holds: it is never decoded again."""
+    running = state.running.rids
+    pending = state.pending.rids if state.pending is not None else ()
+    requests = state.requests
+    statuses = [r.status for r in requests]  # list.count: the loops in C
+    placed = running + pending if pending else running
+    held = [statuses[rid] for rid in placed]
+    in_batch_running = held.count(Status.RUNNING)
+    if (in_batch_running == statuses.count(Status.RUNNING) and in_batch_running + held.count(Status.FINISHED)
+            == len(placed) and len(set(placed)) == len(placed)):
+        return []  # the common case: each running request held once, nothing else held
+    return _misplaced(state, running, pending)
+
+
+def _misplaced(state: State, running: tuple[int, ...], pending: tuple[int, ...]) -> list[Violation]:
+    requests = state.requests
+    problems: list[Violation] = []
+    seen: dict[int, str] = {}
+    for label, rids in (("running batch", running), ("prefilled batch", pending)):
+        for rid in rids:
+            r = requests[rid]
+            if rid in seen:
+                where = "twice" if seen[rid] == label else f"and in the {seen[rid]}"
+                problems.append(Violation(
+                    "requests_in_one_place", f"request {rid} is in the {label} {where}",
+                    (rid,), expected="in one batch once", actual=f"the {seen[rid]} and the {label}",
+                ))
+            seen.setdefault(rid, label)
+            if r.status not in _PLACED_STATUSES:
+                problems.append(Violation(
+                    "requests_in_one_place", f"request {rid} is {r.status.value} but in the {label}",
+                    (rid,), expected=f"{r.status.value}: in no batch", actual=f"in the {label}",
+                ))
+    queued = {rid for u in state.unprocessed for rid in u.rids}
+    for r in requests:
+        if (r.status is Status.RUNNING and r.rid not in seen and not r.done
+                and not (r.committed + 1 >= r.max_new_tokens and r.rid in queued)):
+            problems.append(Violation(
+                "requests_in_one_place",
+                f"request {r.rid} is running ({r.committed} of {r.max_new_tokens} output tokens, {r.kv_held} KV "
+                "slots held) but in neither the running batch nor the prefilled batch: it is never decoded again",
+                (r.rid,), expected="in the running or the prefilled batch", actual="in no batch",
+            ))
+    return problems
+
+
 def shapes_agree(state: State, scope: Scope) -> list[Violation]:
     """out_cache_loc width == tokens the forward writes == the replayed CUDA graph's shape."""
     batch = _launched(state)
@@ -440,6 +494,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("draft_kv_covers_prefix", draft_kv_covers_prefix.__doc__ or "", draft_kv_covers_prefix, True),
     Invariant("spec_info_matches_mode", spec_info_matches_mode.__doc__ or "", spec_info_matches_mode, False),
     Invariant("spec_info_matches_batch", spec_info_matches_batch.__doc__ or "", spec_info_matches_batch, False),
+    Invariant("requests_in_one_place", requests_in_one_place.__doc__ or "", requests_in_one_place, False),
     Invariant("shapes_agree", shapes_agree.__doc__ or "", shapes_agree, False),
     Invariant("kv_reserve_covers_writes", kv_reserve_covers_writes.__doc__ or "", kv_reserve_covers_writes, False),
     Invariant("kv_conservation", kv_conservation.__doc__ or "", kv_conservation, False),
