@@ -515,7 +515,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         if found:
             self._report(action, found)
             if action.name in ("flip_on", "flip_off"):
-                self.close_open_findings(action)
+                self.close_open_findings(action, clean=False)
             return
         if self._open:
             self.close_open_findings(action)
