@@ -494,7 +494,6 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("draft_kv_covers_prefix", draft_kv_covers_prefix.__doc__ or "", draft_kv_covers_prefix, True),
     Invariant("spec_info_matches_mode", spec_info_matches_mode.__doc__ or "", spec_info_matches_mode, False),
     Invariant("spec_info_matches_batch", spec_info_matches_batch.__doc__ or "", spec_info_matches_batch, False),
-    Invariant("requests_in_one_place", requests_in_one_place.__doc__ or "", requests_in_one_place, False),
     Invariant("shapes_agree", shapes_agree.__doc__ or "", shapes_agree, False),
     Invariant("kv_reserve_covers_writes", kv_reserve_covers_writes.__doc__ or "", kv_reserve_covers_writes, False),
     Invariant("kv_conservation", kv_conservation.__doc__ or "", kv_conservation, False),
@@ -502,6 +501,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("committed_never_lost", committed_never_lost.__doc__ or "", committed_never_lost, True),
     Invariant("result_not_after_reprefill", result_not_after_reprefill.__doc__ or "", result_not_after_reprefill,
               True),
+    Invariant("requests_in_one_place", requests_in_one_place.__doc__ or "", requests_in_one_place, False),
     Invariant("running_within_cap", running_within_cap.__doc__ or "", running_within_cap, False),
 )
 

@@ -457,21 +457,16 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self._record(before, action, after, where, new_rids=names, trace_base=base)
 
     def _merge_pending_implicitly(self, running: ObservedBatch | None) -> None:
-        """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch
-        call): seen as the pending requests turning up in the running batch. A running batch of prefilled requests
-        only is that batch, whichever of them it lacks: the merge takes it as observed, and a live request it lacks
-        (dropped by the prefilled batch's filter; done ones the newest line's `_reqs_finishing_inflight` leaves out,
-        their queued prefill result finishes them) is the model's `requests_in_one_place` to judge, at this hook."""
+        """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch call): the first
+        hook that observes the running batch (`running`; None: a prefill, which sees no running batch) while the model
+        has a prefilled batch and nothing running sees that assignment, and takes the batch as observed. What it lacks
+        of the prefilled batch is the model's `requests_in_one_place` to judge, at this hook: a live request dropped
+        (by the prefilled batch's own filter, say) is a finding; those SGLang leaves out on purpose are finished at
+        their prefill (released before), still being chunked (prefilling: never in the prefilled batch) or done (the
+        newest line's `_reqs_finishing_inflight`: their queued prefill result finishes them)."""
         pending = self.state.pending
         if pending is None or self.state.running.rids:
             return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
-        if running is not None:
-            live, observed = self._live(pending), set(self._indices(running.rids)[0])
-            # short of a live request: a batch with a request the prefilled batch does not hold is another batch, and
-            # an empty one is the assignment only where every live request is done (all of them left out)
-            if not live <= observed and (not observed <= set(pending.rids)
-                                         or not (observed or all(self.state.req(rid).done for rid in live))):
-                return
         self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)
 
 
