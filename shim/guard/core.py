@@ -162,26 +162,34 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self._refine(new, where)
 
     def filter(self, running: ObservedBatch, observe: Callable[[], tuple[list[ObservedRequest], ObservedPool]],
-               *, where: str = "ScheduleBatch.filter_batch") -> None:
+               *, where: str = "ScheduleBatch.filter_batch", held: tuple[str, ...] | None = None) -> bool:
         """`running.filter_batch()` ran. `observe` reads the batch's requests and the pool: only when the filter is
-        a step (SGLang filters the running batch every iteration; mostly nothing leaves it)."""
+        a step (SGLang filters the running batch every iteration; mostly nothing leaves it). `held`: the batch's
+        requests before the filter, where the adapter cannot tell which batch is the running one. Returns whether it
+        was the running batch (or the prefilled batch becoming it)."""
         self.settle_round()
         observed = self._indices(running.rids)[0]
-        pending = self.state.pending
-        if pending is not None and self.state.running.rids and set(observed) <= set(pending.rids):
-            state = self.state
-            if observed or any(state.req(rid).status is not Status.FINISHED for rid in state.running.rids):
+        state = self.state
+        pending = state.pending
+        if state.running.rids:
+            prefilled = pending is not None and set(observed) <= set(pending.rids)
+            # a batch that held none of the running requests is another batch: a prefill batch dropping its chunked
+            # request before the merge (one of a middle chunk only, with nothing completed, is left empty)
+            other = held is not None and set(self._indices(held)[0]).isdisjoint(state.running.rids)
+            if other or (prefilled and (observed or any(
+                    state.req(rid).status is not Status.FINISHED for rid in state.running.rids))):
                 # the prefilled batch filtering itself before merge_batch (get_next_batch_to_run); left empty
                 # (every request done at its prefill), SGLang drops it: the model's merge of finished requests
-                if not observed:
+                if not observed and pending is not None:
                     self._transition(Action("merge_batch"), where, pool=observe()[1])
-                return
+                return False
         self._merge_pending_implicitly(running)
         if observed == self.state.running.rids:
-            return  # nothing left the batch (retract already shrank it): not a transition
+            return True  # nothing left the batch (retract already shrank it): not a transition
         reqs, pool = observe()
         self._transition(Action("filter_batch"), where, running=running, reqs=reqs, pool=pool)
         self._compact()
+        return True
 
     def tree_cache_update(self, reqs: list[ObservedRequest], pool: ObservedPool, *, where: str) -> None:
         """The tree cache took part of these requests' KV (the adapter's `around_tree_cache_keep`): their own
