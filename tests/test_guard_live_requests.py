@@ -135,3 +135,23 @@ def test_requests_leaving_a_batch_on_purpose_run_clean(runtime: Any, model_dir: 
     covered = runtime.guard.covered
     assert covered["retract"] == len(retracted) and covered["finish"] == len(reqs)
     assert not runtime.guard.finding_counts and not drv.batch.reqs and gf.pool_accounted(drv.pools)
+
+
+def test_a_prefill_batch_of_a_middle_chunk_is_not_taken_for_the_running_batch(runtime: Any, model_dir: Path) -> None:
+    """SGLang 0.5.23's overlap loop (tests/overlap_loop.py): a wave ends, and the next wave's prefilled batch is
+    assigned in place of the emptied running batch, whose object SGLang then drops; the guard's adapter has lost
+    track of the running batch. The next prefill runs a middle chunk of a long request only; the iteration after
+    filters that prefill batch (its chunked request left out: empty). It held none of the running requests, so it is
+    not the running batch dropping them (the guard once took it for that: silently, before `requests_in_one_place`)."""
+    ol = importlib.import_module("overlap_loop")
+    gf.configure_guard(runtime, V2_SWITCH)
+    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), V2_SWITCH)
+    drv.add(gf.make_reqs("a", 1, max_new_tokens=3, shared_prefix=gf.SYSTEM_PROMPT))
+    drv.run_until_idle()
+    drv.chunk_size = 40
+    short = gf.make_reqs("c", 1, max_new_tokens=8, shared_prefix=gf.SYSTEM_PROMPT)[0]
+    long = h.make_req("long", [*gf.SYSTEM_PROMPT, *range(400, 500)], max_new_tokens=4)
+    drv.add([short, long])
+    drv.run_until_idle()
+    assert short.finished() and long.finished()
+    assert not runtime.guard.finding_counts and gf.pool_accounted(drv.pools)
