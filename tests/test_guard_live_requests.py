@@ -92,11 +92,15 @@ def test_a_live_request_dropped_from_the_prefilled_batch_is_found_at_a_flip(runt
 
 
 def test_in_warn_mode_the_dropped_request_is_counted_and_serving_goes_on(runtime: Any, model_dir: Path) -> None:
-    """Warn mode: the drop is counted once and the batch that lacks it decodes on."""
+    """Warn mode: the drop is counted once, across flips, and the batch that lacks it decodes on."""
     drv = _after_a_wave(runtime, model_dir, mode=Mode.WARN)
     _prefilled_pair(drv)
     for _ in range(3):
         drv.decode()
+    drv.flip_off()  # a flip that finds it again ends no episode of it
+    drv.decode()
+    drv.flip_on()
+    drv.decode()
     # one dropped request, one finding: every later step finds it again (an episode, shim/guard/report.py)
     assert runtime.guard.finding_counts == {"requests_in_one_place": 1}
     assert runtime.guard.repeat_counts["requests_in_one_place"] > 0

@@ -501,9 +501,12 @@ def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_bat
     [v] = requests_in_one_place(waiting, SCOPE)
     assert (v.message, v.rids, v.expected, v.actual) == (
         "request 1 is waiting but in the running batch", (1,), "waiting: in no batch", "in the running batch")
-    # a finished request not yet filtered out is in its batch rightly
+    # a finished request not yet filtered out is in its batch rightly, once
     finished = make_state((running_req(0), running_req(1)._replace(status=Status.FINISHED, kv_held=0)), RUNNING_SPEC)
     assert not requests_in_one_place(finished, SCOPE)
+    finished_twice = finished.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
+    assert [(v.message, v.rids) for v in requests_in_one_place(finished_twice, SCOPE)] == [
+        ("request 1 is in the running batch twice", (1,))]
 
 
 def test_requests_in_one_place_lets_a_request_done_or_finished_by_its_queued_result_leave() -> None:
@@ -518,5 +521,5 @@ def test_requests_in_one_place_lets_a_request_done_or_finished_by_its_queued_res
     assert not requests_in_one_place(queued, SCOPE)
     assert [v.rids for v in requests_in_one_place(queued.replace(unprocessed=(Unprocessed(rids=(0,), steps=None),)),
                                                   SCOPE)] == [(1,)]
-    two_short = queued.replace(requests=TWO)
+    two_short = queued.replace(requests=(running_req(0), running_req(1, seq_len=5, committed=3)))
     assert [v.rids for v in requests_in_one_place(two_short, SCOPE)] == [(1,)]
