@@ -523,3 +523,17 @@ def test_requests_in_one_place_lets_a_request_done_or_finished_by_its_queued_res
                                                   SCOPE)] == [(1,)]
     two_short = queued.replace(requests=(running_req(0), running_req(1, seq_len=5, committed=3)))
     assert [v.rids for v in requests_in_one_place(two_short, SCOPE)] == [(1,)]
+
+
+def test_requests_in_one_place_answers_each_state_afresh_past_its_memo() -> None:
+    """Its memos (the very objects found clean last; whether the batches' rids repeat) never answer for another
+    state: the same batches with a request's status changed, and the same requests with the batch changed."""
+    clean = make_state(TWO, RUNNING_SPEC)
+    assert not requests_in_one_place(clean, SCOPE) and not requests_in_one_place(clean, SCOPE)
+    waiting = clean.replace(requests=(TWO[0], TWO[1]._replace(status=Status.WAITING, kv_held=0, seq_len=0)))
+    assert [v.rids for v in requests_in_one_place(waiting, SCOPE)] == [(1,)]
+    dropped = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0,), spec_info=draft_input(1)))
+    assert [v.rids for v in requests_in_one_place(dropped, SCOPE)] == [(1,)]
+    twice = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 0), spec_info=draft_input(3)))
+    assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
+    assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
