@@ -144,10 +144,10 @@ def _misplaced(state: State, running: tuple[int, ...], pending: tuple[int, ...])
         for rid in rids:
             r = requests[rid]
             if rid in seen:
-                where = "twice" if seen[rid] == label else f"and in the {seen[rid]}"
+                where = "twice in the " + label if seen[rid] == label else f"in the {seen[rid]} and the {label}"
                 problems.append(Violation(
-                    "requests_in_one_place", f"request {rid} is in the {label} {where}",
-                    (rid,), expected="in one batch once", actual=f"the {seen[rid]} and the {label}",
+                    "requests_in_one_place", f"request {rid} is {where}", (rid,), expected="in one batch once",
+                    actual=where,
                 ))
             seen.setdefault(rid, label)
             if r.status not in _PLACED_STATUSES:

@@ -491,11 +491,12 @@ def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_bat
     both = make_state(TWO, RUNNING_SPEC).replace(pending=Batch(rids=(1,), forward_mode=ForwardMode.DECODE))
     [v] = requests_in_one_place(both, SCOPE)
     assert (v.message, v.rids, v.expected, v.actual) == (
-        "request 1 is in the prefilled batch and in the running batch", (1,), "in one batch once",
-        "the running batch and the prefilled batch")
+        "request 1 is in the running batch and the prefilled batch", (1,), "in one batch once",
+        "in the running batch and the prefilled batch")
     twice = make_state(TWO, attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
     [v] = requests_in_one_place(twice, SCOPE)
-    assert (v.message, v.rids) == ("request 1 is in the running batch twice", (1,))
+    assert (v.message, v.rids, v.actual) == (
+        "request 1 is twice in the running batch", (1,), "twice in the running batch")
     waiting = make_state((running_req(0), running_req(1)._replace(status=Status.WAITING, kv_held=0, seq_len=0)),
                          RUNNING_SPEC)
     [v] = requests_in_one_place(waiting, SCOPE)
@@ -506,7 +507,7 @@ def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_bat
     assert not requests_in_one_place(finished, SCOPE)
     finished_twice = finished.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
     assert [(v.message, v.rids) for v in requests_in_one_place(finished_twice, SCOPE)] == [
-        ("request 1 is in the running batch twice", (1,))]
+        ("request 1 is twice in the running batch", (1,))]
 
 
 def test_requests_in_one_place_lets_a_request_done_or_finished_by_its_queued_result_leave() -> None:
