@@ -664,7 +664,9 @@ def _merge_batch(state: State, action: Action, design: Design, scope: Scope) -> 
     assert pending is not None
     # get_next_batch_to_run filters the prefilled batch first: requests done at their prefill never join,
     # and a batch left empty is dropped without a merge
-    pending = _shrink(pending, tuple(rid for rid in pending.rids if state.req(rid).status is not Status.FINISHED))
+    pending = _shrink(pending, tuple(rid for rid in pending.rids if state.req(rid).status is not Status.FINISHED
+                                     and not (design.merge_drops_last_chunked
+                                              and state.req(rid).prefilled_len > scope.chunk_size)))
     if not pending.rids:
         return state.replace(pending=None, launched=None)
     running = state.running

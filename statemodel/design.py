@@ -186,6 +186,10 @@ class Design:
     free_reserved_on_finish: bool = True
     release_reserve_at_flip_off: bool = True
     plain_step_advances_seq_lens_twice: bool = False
+    # the prefilled batch leaves out, as it joins the running batch, a request whose prefill took more than one chunk
+    # (a stale reference to the scheduler's chunked request after its last chunk ran): no design does; the
+    # `merge_drops_last_chunked` known-bad design of `requests_in_one_place`
+    merge_drops_last_chunked: bool = False
     # a retraction (ScheduleBatch.release_req, and flip-on by retraction) keeps the request's output: Req.output_ids
     # survives reset_for_retract and the re-prefill runs over prompt + output
     retract_keeps_output: bool = True

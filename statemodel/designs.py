@@ -375,8 +375,19 @@ INVARIANT_KNOWN_BAD: tuple[Design, ...] = (
         "keeps output_ids",
         retract_keeps_output=False,
     ),
+    _known_bad(
+        CATCH_UP, name="merge_drops_last_chunked", expected_invariant="requests_in_one_place",
+        summary="The prefilled batch, as it joins the running batch, leaves out the request whose last chunk it just "
+        "prefilled (the scheduler's exclusion of its chunked request still names it): the request keeps its KV and "
+        "its first token, and is never decoded again.",
+        source="issue 51 (a live request dropped from the prefilled batch as it becomes the running batch, found by "
+        "the guard's mutants, docs/mutation.md); sglang 0.5.23 Scheduler.get_next_batch_to_run excludes the chunked "
+        "request from the prefilled batch by identity (`reqs_to_exclude`)",
+        merge_drops_last_chunked=True,
+    ),
 )
-INVARIANT_KNOWN_BAD_BASES: dict[str, Design] = {"retract_drops_output": RETRACT_CATCH_UP}
+INVARIANT_KNOWN_BAD_BASES: dict[str, Design] = {"retract_drops_output": RETRACT_CATCH_UP,
+                                                "merge_drops_last_chunked": CATCH_UP}
 
 ALL_DESIGNS: tuple[Design, ...] = (SHIPPED + CANDIDATES + KNOWN_BAD + RADIX_KNOWN_BAD + TIERS_KNOWN_BAD
                                    + INVARIANT_KNOWN_BAD)

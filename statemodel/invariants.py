@@ -102,6 +102,72 @@ def spec_info_matches_batch(state: State, scope: Scope) -> list[Violation]:
     return problems
 
 
+_PLACED_STATUSES = frozenset({Status.RUNNING, Status.FINISHED})  # a request in a batch runs, or finished there
+
+
+def requests_in_one_place(state: State, scope: Scope) -> list[Violation]:
+    """Every running request not yet done is in exactly one of the running batch and the prefilled batch, once; no
+    waiting, prefilling or not-arrived request is in either (they are the waiting queue's). Exempt: a running
+    request whose queued result finishes it (under overlap 0.5.23 leaves it out of the next step,
+    `_reqs_finishing_inflight`: its output is one token short of max_new_tokens and an unprocessed step names it).
+    A live request dropped from a batch keeps its KV, so `kv_conservation` holds: it is never decoded again."""
+    running = state.running.rids
+    pending = state.pending.rids if state.pending is not None else ()
+    requests = state.requests
+    last = _LAST_PLACED
+    if last[3] and requests is last[0] and running is last[1] and pending is last[2]:
+        return []  # the very objects found clean last (the guard's looks at one step ask in turn)
+    statuses = list(map(_STATUS, requests))  # map, list.count: the loops in C
+    placed = running + pending if pending else running
+    held = list(map(statuses.__getitem__, placed))
+    distinct = _LAST_DISTINCT
+    if running is not distinct[0] or pending is not distinct[1]:  # the batches keep their rids across most steps
+        distinct[:] = (running, pending, len(set(placed)) == len(placed))
+    in_batch_running = held.count(Status.RUNNING)
+    if (distinct[2] and in_batch_running == statuses.count(Status.RUNNING)
+            and in_batch_running + held.count(Status.FINISHED) == len(placed)):
+        last[:] = (requests, running, pending, True)  # held, so that their ids are not reused while remembered
+        return []  # the common case: each running request held once, nothing else held
+    return _misplaced(state, running, pending)
+
+
+_STATUS = operator.itemgetter(Request._fields.index("status"))  # Request.status, as map's C call
+_LAST_PLACED: list = [None, None, None, False]  # (requests, running rids, pending rids, clean) of the last check
+_LAST_DISTINCT: list = [None, None, False]  # (running rids, pending rids, no rid twice) of the last check
+
+
+def _misplaced(state: State, running: tuple[int, ...], pending: tuple[int, ...]) -> list[Violation]:
+    requests = state.requests
+    problems: list[Violation] = []
+    seen: dict[int, str] = {}
+    for label, rids in (("running batch", running), ("prefilled batch", pending)):
+        for rid in rids:
+            r = requests[rid]
+            if rid in seen:
+                where = "twice in the " + label if seen[rid] == label else f"in the {seen[rid]} and the {label}"
+                problems.append(Violation(
+                    "requests_in_one_place", f"request {rid} is {where}", (rid,), expected="in one batch once",
+                    actual=where,
+                ))
+            seen.setdefault(rid, label)
+            if r.status not in _PLACED_STATUSES:
+                problems.append(Violation(
+                    "requests_in_one_place", f"request {rid} is {r.status.value} but in the {label}",
+                    (rid,), expected=f"{r.status.value}: in no batch", actual=f"in the {label}",
+                ))
+    queued = {rid for u in state.unprocessed for rid in u.rids}
+    for r in requests:
+        if (r.status is Status.RUNNING and r.rid not in seen and not r.done
+                and not (r.committed + 1 >= r.max_new_tokens and r.rid in queued)):
+            problems.append(Violation(
+                "requests_in_one_place",
+                f"request {r.rid} is running ({r.committed} of {r.max_new_tokens} output tokens, {r.kv_held} KV "
+                "slots held) but in neither the running batch nor the prefilled batch: it is never decoded again",
+                (r.rid,), expected="in the running or the prefilled batch", actual="in no batch",
+            ))
+    return problems
+
+
 def shapes_agree(state: State, scope: Scope) -> list[Violation]:
     """out_cache_loc width == tokens the forward writes == the replayed CUDA graph's shape."""
     batch = _launched(state)
@@ -447,6 +513,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("committed_never_lost", committed_never_lost.__doc__ or "", committed_never_lost, True),
     Invariant("result_not_after_reprefill", result_not_after_reprefill.__doc__ or "", result_not_after_reprefill,
               True),
+    Invariant("requests_in_one_place", requests_in_one_place.__doc__ or "", requests_in_one_place, False),
     Invariant("running_within_cap", running_within_cap.__doc__ or "", running_within_cap, False),
 )
 

@@ -36,16 +36,19 @@ BAD = {d.name: d for d in KNOWN_BAD}
 UPSHIFTS = 4
 
 
-def upshifts_after_skipped_extends(runtime: Any, model_dir: Path, n: int = UPSHIFTS) -> None:
+def upshifts_after_skipped_extends(runtime: Any, model_dir: Path, n: int = UPSHIFTS, drv: Any = None) -> Any:
     """`n` rounds of steps 0 (the draft-extend skipped by SGLang's own stub) then steps 2: each upshift drafts over a
-    KV the draft never extended, one finding each, on a warn-mode guard that goes on serving."""
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["zero_steps_skip_draft_extend"])
-    drv.admit(gf.make_reqs("w", 3, max_new_tokens=64, shared_prefix=gf.SYSTEM_PROMPT))
+    KV the draft never extended, one finding each, on a warn-mode guard that goes on serving. `drv`: the driver of an
+    earlier call, whose requests go on (one guard sees one scheduler's requests); returns the driver."""
+    if drv is None:
+        drv = gf.DesignDriver(gf.eagle_pools(model_dir), BAD["zero_steps_skip_draft_extend"])
+        drv.admit(gf.make_reqs("w", 3, max_new_tokens=64, shared_prefix=gf.SYSTEM_PROMPT))
     for _ in range(n):
         gf.set_steps(drv.worker, 0)
         drv.decode(accepts=[1, 1, 1])
         gf.set_steps(drv.worker, 2)
         drv.decode()
+    return drv
 
 
 @pytest.fixture()
@@ -95,9 +98,9 @@ def test_findings_are_exported_as_a_prometheus_counter(warn_guard: Any, model_di
     from shim.guard.metrics import GuardMetrics
 
     registry = CollectorRegistry()
-    upshifts_after_skipped_extends(warn_guard, model_dir, n=1)  # builds the guard
+    drv = upshifts_after_skipped_extends(warn_guard, model_dir, n=1)  # builds the guard
     warn_guard.guard.metrics = GuardMetrics(0, registry)
-    upshifts_after_skipped_extends(warn_guard, model_dir, n=3)
+    upshifts_after_skipped_extends(warn_guard, model_dir, n=3, drv=drv)
     value = registry.get_sample_value("specflip_guard_findings_total",
                                       {"invariant": "draft_kv_covers_prefix", "tp_rank": "0"})
     assert value == 3 and warn_guard.guard.finding_counts["draft_kv_covers_prefix"] == 4

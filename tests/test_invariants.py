@@ -22,6 +22,7 @@ from statemodel.invariants import (
     draft_kv_covers_prefix,
     kv_conservation,
     kv_reserve_covers_writes,
+    requests_in_one_place,
     result_not_after_reprefill,
     running_within_cap,
     seq_lens_growth,
@@ -76,7 +77,7 @@ def test_names_are_unique_and_stable() -> None:
     assert set(INVARIANT_NAMES) == {
         "spec_info_matches_mode", "spec_info_matches_batch", "shapes_agree", "kv_reserve_covers_writes",
         "kv_conservation", "draft_kv_covers_prefix", "seq_lens_growth", "committed_never_lost",
-        "result_not_after_reprefill", "running_within_cap",
+        "result_not_after_reprefill", "running_within_cap", "requests_in_one_place",
     }
     assert all(inv.summary for inv in INVARIANTS)
 
@@ -468,3 +469,72 @@ def test_kv_reserve_covers_writes_says_steps_for_a_plain_steps_reserve_slot_and_
     assert [v.message for v in found] == [
         "launched steps whose results are unprocessed may write 1 tokens of request 0, "
         "but only 0 slots are reserved"]
+
+
+def test_requests_in_one_place_names_a_running_request_in_no_batch() -> None:
+    """Request 1 left the running batch unfinished (the guard's mutants' fault: dropped as the prefilled batch became
+    the running batch): it keeps its KV, so kv_conservation holds, and only this invariant names it."""
+    state = make_state(TWO, attrs.evolve(RUNNING_SPEC, rids=(0,), spec_info=draft_input(1)))
+    assert not kv_conservation(state, SCOPE)
+    [v] = requests_in_one_place(state, SCOPE)
+    assert (v.invariant, v.rids, v.expected, v.actual) == (
+        "requests_in_one_place", (1,), "in the running or the prefilled batch", "in no batch")
+    assert v.message == ("request 1 is running (2 of 5 output tokens, 4 KV slots held) but in neither the running "
+                         "batch nor the prefilled batch: it is never decoded again")
+    assert [x.invariant for x in check_state(state, SCOPE)] == ["requests_in_one_place"]
+    # in the prefilled batch instead, it is in one place
+    assert not requests_in_one_place(state.replace(pending=Batch(rids=(1,), forward_mode=ForwardMode.DECODE)), SCOPE)
+    assert not requests_in_one_place(make_state(TWO, RUNNING_SPEC), SCOPE)
+
+
+def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_batch() -> None:
+    both = make_state(TWO, RUNNING_SPEC).replace(pending=Batch(rids=(1,), forward_mode=ForwardMode.DECODE))
+    [v] = requests_in_one_place(both, SCOPE)
+    assert (v.message, v.rids, v.expected, v.actual) == (
+        "request 1 is in the running batch and the prefilled batch", (1,), "in one batch once",
+        "in the running batch and the prefilled batch")
+    twice = make_state(TWO, attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
+    [v] = requests_in_one_place(twice, SCOPE)
+    assert (v.message, v.rids, v.actual) == (
+        "request 1 is twice in the running batch", (1,), "twice in the running batch")
+    waiting = make_state((running_req(0), running_req(1)._replace(status=Status.WAITING, kv_held=0, seq_len=0)),
+                         RUNNING_SPEC)
+    [v] = requests_in_one_place(waiting, SCOPE)
+    assert (v.message, v.rids, v.expected, v.actual) == (
+        "request 1 is waiting but in the running batch", (1,), "waiting: in no batch", "in the running batch")
+    # a finished request not yet filtered out is in its batch rightly, once
+    finished = make_state((running_req(0), running_req(1)._replace(status=Status.FINISHED, kv_held=0)), RUNNING_SPEC)
+    assert not requests_in_one_place(finished, SCOPE)
+    finished_twice = finished.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
+    assert [(v.message, v.rids) for v in requests_in_one_place(finished_twice, SCOPE)] == [
+        ("request 1 is twice in the running batch", (1,))]
+
+
+def test_requests_in_one_place_lets_a_request_done_or_finished_by_its_queued_result_leave() -> None:
+    """A request done (its output complete, released next) may be out of the batches, and so may one whose queued
+    result finishes it (0.5.23's `_reqs_finishing_inflight` leaves it out of the next step): one output token short
+    and named by an unprocessed step. Two short, or not named, it is a finding."""
+    batch = attrs.evolve(RUNNING_SPEC, rids=(0,), spec_info=draft_input(1))
+    done = make_state((running_req(0), running_req(1, seq_len=7, committed=5)), batch)
+    assert not requests_in_one_place(done, SCOPE)
+    one_short = (running_req(0), running_req(1, seq_len=6, committed=4))
+    queued = make_state(one_short, batch).replace(unprocessed=(Unprocessed(rids=(0, 1), steps=None),))
+    assert not requests_in_one_place(queued, SCOPE)
+    assert [v.rids for v in requests_in_one_place(queued.replace(unprocessed=(Unprocessed(rids=(0,), steps=None),)),
+                                                  SCOPE)] == [(1,)]
+    two_short = queued.replace(requests=(running_req(0), running_req(1, seq_len=5, committed=3)))
+    assert [v.rids for v in requests_in_one_place(two_short, SCOPE)] == [(1,)]
+
+
+def test_requests_in_one_place_answers_each_state_afresh_past_its_memo() -> None:
+    """Its memos (the very objects found clean last; whether the batches' rids repeat) never answer for another
+    state: the same batches with a request's status changed, and the same requests with the batch changed."""
+    clean = make_state(TWO, RUNNING_SPEC)
+    assert not requests_in_one_place(clean, SCOPE) and not requests_in_one_place(clean, SCOPE)
+    waiting = clean.replace(requests=(TWO[0], TWO[1]._replace(status=Status.WAITING, kv_held=0, seq_len=0)))
+    assert [v.rids for v in requests_in_one_place(waiting, SCOPE)] == [(1,)]
+    dropped = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0,), spec_info=draft_input(1)))
+    assert [v.rids for v in requests_in_one_place(dropped, SCOPE)] == [(1,)]
+    twice = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 0), spec_info=draft_input(3)))
+    assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
+    assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]

@@ -162,26 +162,34 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self._refine(new, where)
 
     def filter(self, running: ObservedBatch, observe: Callable[[], tuple[list[ObservedRequest], ObservedPool]],
-               *, where: str = "ScheduleBatch.filter_batch") -> None:
+               *, where: str = "ScheduleBatch.filter_batch", held: tuple[str, ...] | None = None) -> bool:
         """`running.filter_batch()` ran. `observe` reads the batch's requests and the pool: only when the filter is
-        a step (SGLang filters the running batch every iteration; mostly nothing leaves it)."""
+        a step (SGLang filters the running batch every iteration; mostly nothing leaves it). `held`: the batch's
+        requests before the filter, where the adapter cannot tell which batch is the running one. Returns whether it
+        was the running batch (or the prefilled batch becoming it)."""
         self.settle_round()
         observed = self._indices(running.rids)[0]
-        pending = self.state.pending
-        if pending is not None and self.state.running.rids and set(observed) <= set(pending.rids):
-            state = self.state
-            if observed or any(state.req(rid).status is not Status.FINISHED for rid in state.running.rids):
+        state = self.state
+        pending = state.pending
+        if state.running.rids:
+            prefilled = pending is not None and set(observed) <= set(pending.rids)
+            # a batch that held none of the running requests is another batch: a prefill batch dropping its chunked
+            # request before the merge (one of a middle chunk only, with nothing completed, is left empty)
+            other = held is not None and set(self._indices(held)[0]).isdisjoint(state.running.rids)
+            if other or (prefilled and (observed or any(
+                    state.req(rid).status is not Status.FINISHED for rid in state.running.rids))):
                 # the prefilled batch filtering itself before merge_batch (get_next_batch_to_run); left empty
                 # (every request done at its prefill), SGLang drops it: the model's merge of finished requests
-                if not observed:
+                if not observed and pending is not None:
                     self._transition(Action("merge_batch"), where, pool=observe()[1])
-                return
+                return False
         self._merge_pending_implicitly(running)
         if observed == self.state.running.rids:
-            return  # nothing left the batch (retract already shrank it): not a transition
+            return True  # nothing left the batch (retract already shrank it): not a transition
         reqs, pool = observe()
         self._transition(Action("filter_batch"), where, running=running, reqs=reqs, pool=pool)
         self._compact()
+        return True
 
     def tree_cache_update(self, reqs: list[ObservedRequest], pool: ObservedPool, *, where: str) -> None:
         """The tree cache took part of these requests' KV (the adapter's `around_tree_cache_keep`): their own
@@ -457,19 +465,16 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         self._record(before, action, after, where, new_rids=names, trace_base=base)
 
     def _merge_pending_implicitly(self, running: ObservedBatch | None) -> None:
-        """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch
-        call): seen as the pending requests turning up in the running batch."""
+        """SGLang assigns the prefilled batch as the running batch when nothing runs (no merge_batch call): the first
+        hook that observes the running batch (`running`; None: a prefill, which sees no running batch) while the model
+        has a prefilled batch and nothing running sees that assignment, and takes the batch as observed. What it lacks
+        of the prefilled batch is the model's `requests_in_one_place` to judge, at this hook: a live request dropped
+        (by the prefilled batch's own filter, say) is a finding; those SGLang leaves out on purpose are finished at
+        their prefill (released before), still being chunked (prefilling: never in the prefilled batch) or done (the
+        newest line's `_reqs_finishing_inflight`: their queued prefill result finishes them)."""
         pending = self.state.pending
         if pending is None or self.state.running.rids:
             return  # SGLang only assigns when its running batch is empty; otherwise it calls merge_batch
-        if running is not None:
-            live, observed = self._live(pending), set(self._indices(running.rids)[0])
-            # every live pending request turned up, but for done ones the newest line's exclusion
-            # (`_reqs_finishing_inflight`) filtered out of the assigned batch (their queued prefill result finishes
-            # them)
-            if not live <= observed and (not observed <= live
-                                         or any(not self.state.req(rid).done for rid in live - observed)):
-                return
         self._transition(Action("merge_batch"), "scheduler (running batch := prefilled batch)", running=running)
 
 
@@ -513,7 +518,7 @@ class Guard(ObservedStateSync, GuardReporting, IdentityChecks, TreeDraftChecks):
         if found:
             self._report(action, found)
             if action.name in ("flip_on", "flip_off"):
-                self.close_open_findings(action)
+                self.close_open_findings(action, clean=False)
             return
         if self._open:
             self.close_open_findings(action)

@@ -17,9 +17,12 @@ adaptive steps-0 draft-extend skip (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1): 
 goes back up, the guard sees the draft KV short by the steps-0 results processed so far; the last steps-0 step's
 result, still in flight, is processed after that draft launched, and the next draft finds those same requests short
 by its position too (H100, 2026-12-06, b3a9830: 8 findings for 4 re-enables; tests/test_guard_warn_mode.py reproduces
-the two looks on real objects of the CPU test line in the overlap loop). Assert mode raises at the first look, as
-before. Every other invariant judges what a step did, or a state the guard takes from the objects at that step, so
-each of its findings is a new fault (a bug that repeats every step is found every step).
+the two looks on real objects of the CPU test line in the overlap loop). `requests_in_one_place`: a live request
+dropped from every batch stays dropped, and every later step finds it; its episode spans every action and flips
+(`ANY_ACTION_EPISODES`), so one dropped request is one finding until a step passes clean
+(tests/test_guard_live_requests.py). Assert mode raises at the first look, as before. Every other invariant judges
+what a step did, or a state the guard takes from the objects at that step, so each of its findings is a new fault (a
+bug that repeats every step is found every step).
 """
 
 from __future__ import annotations
@@ -62,8 +65,12 @@ _NAMED_ACTIONS = ("arrive", "finish", "retract")  # actions on requests, describ
 _NAMES_SHOWN = 4  # an arrival of a whole wave names this many
 FOUND_KEPT = 256  # findings kept whole in `found` (tests and explain read them); every one is counted beyond that
 # invariants that judge the state a step starts from, which stays broken until repaired (module docstring):
-# draft_kv_covers_prefix, the draft KV a draft step starts from, short until a draft-extend covers it
-EPISODE_INVARIANTS = frozenset({"draft_kv_covers_prefix"})
+# draft_kv_covers_prefix, the draft KV a draft step starts from, short until a draft-extend covers it;
+# requests_in_one_place, a live request in no batch, which every later step finds there until it leaves
+EPISODE_INVARIANTS = frozenset({"draft_kv_covers_prefix", "requests_in_one_place"})
+# of those, the ones whose episode spans every action (and flips): a request dropped from the batches is the same
+# fault at whichever step looks, until a step passes clean
+ANY_ACTION_EPISODES = frozenset({"requests_in_one_place"})
 
 
 class GuardReporting:
@@ -137,7 +144,7 @@ class GuardReporting:
         if not rids and action.name in _NAMED_ACTIONS and action.args:
             rids = tuple(rid_name(self.names, r) for r in action.args)  # a pool-wide violation seen at their step
         key = first.invariant
-        episode = (key, action.name)
+        episode = (key, "" if key in ANY_ACTION_EPISODES else action.name)
         if self.config.mode is not Mode.ASSERT and rids and key in EPISODE_INVARIANTS:
             named = frozenset(rids)
             if named <= self._open.get(episode, frozenset()):  # the same fault seen again (module docstring)
@@ -169,14 +176,13 @@ class GuardReporting:
         if self._suppressed:
             self._flush_suppressed(now)  # another invariant's held-back findings whose interval has passed
 
-    def close_open_findings(self, action: Action) -> None:
-        """A step of `action` passed its check clean: the findings open at that action are over (a later one is a new
-        fault); a flip ends them all."""
-        if action.name in ("flip_on", "flip_off"):
-            self._open.clear()
-        else:
-            for episode in [e for e in self._open if e[1] == action.name]:
-                del self._open[episode]
+    def close_open_findings(self, action: Action, *, clean: bool = True) -> None:
+        """A step of `action` passed its check clean: the findings open at that action, and those open at any action
+        (`ANY_ACTION_EPISODES`), are over (a later one is a new fault); a flip, `clean` or not, ends those open at an
+        action."""
+        flip = action.name in ("flip_on", "flip_off")
+        for episode in [e for e in self._open if e[1] == action.name or (flip and e[1]) or (clean and not e[1])]:
+            del self._open[episode]
 
     def _flush_suppressed(self, now: float | None = None, *, force: bool = False) -> None:
         """Warn mode never goes silent after a first report: once an invariant's interval has passed, the findings

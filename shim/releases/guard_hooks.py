@@ -362,14 +362,18 @@ class V2Adapter(LiveReading, RankCheckHooks):
             # before it ever held a request: nothing the model tracks
             return original(batch, *args, **kwargs)
         self._run(self._settle)
+        held = batch.reqs  # filter_batch builds a new list: this one keeps what the batch held before
         result = original(batch, *args, **kwargs)
 
         def after(g: Guard) -> None:
             ref = self._running_ref() if self._running_ref else None
             if ref is not None and ref is not batch:
                 return  # a batch other than the running one (e.g. a prefill batch dropping its chunked req)
-            self.remember_running(batch)
-            g.filter(self.observe_batch(batch), lambda: (self.observe_requests(batch), self.batch_pool(batch)))
+            # where the running batch it knew is gone (SGLang assigned a prefilled batch in its place), the guard
+            # tells a prefill batch from it by what the batch held
+            if g.filter(self.observe_batch(batch), lambda: (self.observe_requests(batch), self.batch_pool(batch)),
+                        held=tuple([str(r.rid) for r in held]) if ref is None else None):
+                self.remember_running(batch)
         self._with_guard(after)
         return result
 
