@@ -62,6 +62,10 @@ class V2Adapter(LiveReading, RankCheckHooks):
         # (seq_lens_cpu, its _version, seq_lens, its _version) as the last prepare_for_decode left them: a plain launch
         # whose device seq_lens moved alone since is caught (`_device_seq_lens_findings`)
         self._seq_lens_prepared: tuple[Any, int, Any, int] | None = None
+        # (batch, pool) read with the worker call's reading, for its later hooks (`pool_in_worker_call`), and with
+        # `prepare_for_decode`'s, for that batch's launch; dropped with those readings and at every alloc and free
+        self._worker_pool: tuple[Any, ObservedPool] | None = None
+        self._prepared_pool: tuple[Any, ObservedPool] | None = None
         # row -> the request prefilled into it (`after_prepare_for_extend`): the live rows whose slots a free of a copy
         # or an alloc must not hit (shim/guard/slot_values.py); an entry whose request left the row is dropped on read
         self._live_reqs: dict[int, Any] = {}
@@ -214,6 +218,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
     def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self._worker_reading = None  # any hook but a worker call's own: the worker call's readings end
         self._prepared_reading = None  # and so does prepare_for_decode's (its own hook sets it after this)
+        self._worker_pool = self._prepared_pool = None
         self._run_in_worker_call(fn, *args, **kwargs)
 
     def _run_in_worker_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -335,6 +340,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
             # for the launch of this batch (the worker call's first hook: before_target_forward for a plain batch,
             # before_draft / before_trivial_verify_input for a speculative one) and this iteration's result hook
             self._prepared_reading = (batch, batch_reqs, len(batch_reqs), seq_lens, reqs)
+            self._prepared_pool = (batch, pool)
         self._with_guard(step)
 
     def around_merge_batch(self, original: Callable[..., Any], batch: Any, other: Any, *args: Any,
@@ -420,6 +426,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
         positions `index` views, from tensor metadata only."""
         self._worker_reading = None  # a free moves the pool (none happens inside a worker call; if one did: re-read)
         self._prepared_reading = None
+        self._worker_pool = self._prepared_pool = None
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
         if g is None or self._req_to_token is None:
@@ -446,6 +453,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
     def after_allocator_alloc(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, and the copies freed since the last alloc,
         against the live rows' allocations (by value: shim/guard/slot_values.py)."""
+        self._worker_pool = self._prepared_pool = None  # an alloc moves the pool: a held pool reading ends
         rt = self.runtime
         g = rt.guard if rt is not None and rt.active else None
         if g is None or allocator is not self._live_allocator or not g.slot_values.on:
@@ -583,7 +591,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
             self._take_prepared_reading(batch)
             reqs = self.observe_requests_in_worker_call(batch)
             launched = self.observe_batch(batch, graph=graph, reqs=reqs)
-            g.plain_decode(launched, reqs, self.batch_pool(batch),
+            g.plain_decode(launched, reqs, self.pool_in_worker_call(batch),
                            where="TpModelWorker.forward_batch_generation (plain DECODE)",
                            seq_observed=getattr(batch, "seq_lens_cpu", None) is not None,
                            device_seq_lens_moved=self._device_seq_lens_moved(batch))
@@ -610,7 +618,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
         def step(g: Guard) -> None:
             n = steps()
             self._take_prepared_reading(batch)
-            g.draft(n, self.observe_requests_in_worker_call(batch), self.batch_pool(batch),
+            g.draft(n, self.observe_requests_in_worker_call(batch), self.pool_in_worker_call(batch),
                     self._round_observer(batch), where=where)
         self._with_guard_in_worker_call(step)
 
@@ -624,7 +632,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
             reqs = self.observe_requests_in_worker_call(batch)
             launched = self.observe_batch(batch, forward_mode=ForwardMode.TARGET_VERIFY, graph=graph,
                                           out_cache_loc_width=tensor_width(verify_input.draft_token), reqs=reqs)
-            g.verify_launch(launched, reqs, self.batch_pool(batch),
+            g.verify_launch(launched, reqs, self.pool_in_worker_call(batch),
                             where="EAGLEWorkerV2.verify (TARGET_VERIFY launch)")
         self._with_guard_in_worker_call(step)
         return None
@@ -643,7 +651,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
             # called now or never (a round in flight only notes the extend): inside this worker call; the steps it
             # feeds (draft_extend, draft_sync, draft_catch_up) take no seq_len from it
             reqs = self.observe_requests_in_worker_call(batch, lengths=False)
-            return self.observe_batch(batch, reqs=reqs), reqs, self.batch_pool(batch)
+            return self.observe_batch(batch, reqs=reqs), reqs, self.pool_in_worker_call(batch)
 
         def step(g: Guard) -> None:
             g.draft_extend_starts(skipped=skipped, observe=observe, where=where)

@@ -176,6 +176,8 @@ class LiveReading:
     _req_to_token: Any
     _live_reqs: dict[int, Any]
     _seq_lens_prepared: tuple[Any, int, Any, int] | None
+    _worker_pool: tuple[Any, ObservedPool] | None
+    _prepared_pool: tuple[Any, ObservedPool] | None
 
     # a plain decode result's processing writes nothing a reading takes before `_normalize_decode_outputs` returns
     # (checked against this release's source: tests/test_guard_adapters.py), so the result hook may take the reading
@@ -289,6 +291,20 @@ class LiveReading:
     def batch_pool(self, batch: Any) -> ObservedPool:
         return self.observe_pool(batch.token_to_kv_pool_allocator, getattr(batch, "tree_cache", None))
 
+    def pool_in_worker_call(self, batch: Any) -> ObservedPool:
+        """`batch_pool(batch)` for a hook inside the speculative worker's call: the pool the call's first hook read
+        (or `prepare_for_decode`'s hook, taken with its reading: `_take_prepared_reading`) while the worker call's
+        reading of this batch stands. The worker allocates and frees nothing (`observe_requests_in_worker_call`),
+        and every alloc and free drops the held pool (the allocator hooks), as does every other hook of the
+        guard's (`_run`); the tree cache's lock moves shift slots between its evictable and protected sizes, whose
+        sum is what the pool counts. A speculative round's draft, verify and draft-extend read it once."""
+        held = self._worker_pool
+        if held is not None and held[0] is batch and self._worker_reading is not None:
+            return held[1]
+        pool = self.batch_pool(batch)
+        self._worker_pool = (batch, pool)
+        return pool
+
     def spec_shape(self, spec_info: Any) -> tuple[SpecInfoKind, int, int]:
         if spec_info is None:
             return SpecInfoKind.NONE, 0, 0
@@ -394,10 +410,13 @@ class LiveReading:
         batch also EAGLEWorkerV2.forward_batch_generation up to its draft (an idle draft input made when the batch
         has none), which writes nothing a reading takes (tests/test_guard_adapters.py, the worker call's scan)."""
         held, self._prepared_reading = self._prepared_reading, None
+        pool, self._prepared_pool = self._prepared_pool, None
         if held is None or held[0] is not batch or held[1] is not batch.reqs or self._worker_reading is not None:
             return
         if _no_output_grew(held[1], held[4]):
             self._worker_reading = held
+            if pool is not None and pool[0] is batch:
+                self._worker_pool = pool  # the pool read with it (`pool_in_worker_call`)
 
     def _result_reading(self, batch: Any, held: tuple[Any, Any, int, list[int] | None, list[ObservedRequest]] | None,
                         ) -> list[ObservedRequest] | None:
