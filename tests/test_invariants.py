@@ -16,9 +16,11 @@ from statemodel.designs import CATCH_UP, SEEDS_FINAL
 from statemodel.invariants import (
     INVARIANT_NAMES,
     INVARIANTS,
+    Violation,
     check_state,
     check_step,
     committed_never_lost,
+    draft_extend_leaves_behind,
     draft_kv_covers_prefix,
     kv_conservation,
     kv_reserve_covers_writes,
@@ -468,3 +470,23 @@ def test_kv_reserve_covers_writes_says_steps_for_a_plain_steps_reserve_slot_and_
     assert [v.message for v in found] == [
         "launched steps whose results are unprocessed may write 1 tokens of request 0, "
         "but only 0 slots are reserved"]
+
+
+def test_draft_extend_leaves_behind_names_the_running_requests_the_catch_up_left_out() -> None:
+    """A catch-up over part of the running batch: the running requests outside it whose draft is not current, the first
+    of them named with its draft KV; a current one left out, or a stale one inside, is no fault."""
+    reqs = (running_req(0, seq_len=6, draft_kv=3), running_req(1, seq_len=5, draft_kv=2),
+            running_req(2, seq_len=4, draft_kv=1), running_req(3))
+    state = make_state(reqs, Batch(rids=(0, 1, 2, 3), forward_mode=ForwardMode.DECODE))
+    assert draft_extend_leaves_behind(state, {0}, "draft_catch_up") == [Violation(
+        "draft_kv_covers_prefix",
+        "draft_catch_up runs the draft over 2 of 4 running requests: request 1's draft KV stays at 2 of 5 committed "
+        "tokens", (1, 2), expected="every running request in the draft_catch_up's batch", actual="2 left out")]
+    assert draft_extend_leaves_behind(state, {0, 1, 2}, "draft_catch_up") == []  # request 3, left out, is current
+    assert draft_extend_leaves_behind(state, {0, 1, 2, 3}, "draft_catch_up") == []
+
+
+def test_a_violation_describes_itself_with_its_requests() -> None:
+    assert Violation("kv_conservation", "2 slots lost", (3, 1)).describe() == \
+        "kv_conservation: 2 slots lost (requests [3, 1])"
+    assert Violation("kv_conservation", "2 slots lost").describe() == "kv_conservation: 2 slots lost"
