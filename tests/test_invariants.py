@@ -490,3 +490,17 @@ def test_a_violation_describes_itself_with_its_requests() -> None:
     assert Violation("kv_conservation", "2 slots lost", (3, 1)).describe() == \
         "kv_conservation: 2 slots lost (requests [3, 1])"
     assert Violation("kv_conservation", "2 slots lost").describe() == "kv_conservation: 2 slots lost"
+
+
+def test_kv_reserve_covers_writes_names_the_launched_verify_beside_the_unprocessed_verifies() -> None:
+    """A request in the launched verify and in an unprocessed verify: the message names both writes. An unprocessed
+    plain step without a reserve slot (it writes nothing more) does not make the verifies "steps"."""
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    reqs = (running_req(0, reserved=3), running_req(1, reserved=6))
+    verify = Unprocessed(rids=(0, 1), steps=2, draft_extended=True)
+    plain = Unprocessed(rids=(1,), steps=None)
+    state = attrs.evolve(make_state(reqs, RUNNING_SPEC, _verify_of((0, 1))), unprocessed=(plain, verify))
+    assert kv_reserve_covers_writes(state, overlap) == [Violation(
+        "kv_reserve_covers_writes",
+        "the verify step writes 3 tokens and launched verifies whose results are unprocessed may write 3 tokens of "
+        "request 0, but only 3 slots are reserved", (0,), expected="6", actual="3")]
