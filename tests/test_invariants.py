@@ -504,3 +504,22 @@ def test_kv_reserve_covers_writes_names_the_launched_verify_beside_the_unprocess
         "kv_reserve_covers_writes",
         "the verify step writes 3 tokens and launched verifies whose results are unprocessed may write 3 tokens of "
         "request 0, but only 3 slots are reserved", (0,), expected="6", actual="3")]
+
+
+def test_a_plain_steps_result_that_grows_seq_len_is_named() -> None:
+    """Under overlap a plain step grows seq_len at its launch; its result, processed later, grows nothing: a request
+    grown there is named (the all-zero expected growth taken as no growth at all)."""
+    from statemodel.designs import get_design
+
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    design = get_design("v2_switch_reserve_sync_overlap")
+    plain = attrs.evolve(RUNNING_SPEC, spec_info=SpecInfo(SpecInfoKind.NONE, 0, 0), spec_algorithm_on=False)
+    before = attrs.evolve(make_state((running_req(0, reserved=1), running_req(1, reserved=1)), plain,
+                                     mode=SpecMode.OFF), unprocessed=(Unprocessed(rids=(0, 1), steps=None),))
+    action = Action("process_result", (1, 1))
+    kept = attrs.evolve(before, unprocessed=())
+    assert seq_lens_growth(before, action, kept, overlap, design) == []
+    grown = attrs.evolve(kept, requests=(kept.req(0), kept.req(1).replace(seq_len=5)))
+    assert seq_lens_growth(before, action, grown, overlap, design) == [Violation(
+        "seq_lens_growth", "process_result moved seq_len of request 1 from 4 to 5; it must grow by 0", (1,),
+        expected="4", actual="5")]
