@@ -19,6 +19,7 @@ generates them first (mutmut's own generation step, no test runs)."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -58,7 +59,8 @@ def main(argv: list[str]) -> int:
     for path in paths:
         meta = Path("mutants") / (path + ".meta")
         if not meta.exists():
-            generate()
+            with contextlib.redirect_stdout(sys.stderr):  # stdout holds the names only
+                generate()
         if not meta.exists():
             print(f"mutation-sample: mutmut made no mutants of {path} (is it in [tool.mutmut] only_mutate?)",
                   file=sys.stderr)

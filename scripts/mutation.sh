@@ -105,7 +105,8 @@ for target in "${targets[@]}"; do
   # the selection goes into pyproject's [tool.mutmut] for this run only (mutmut reads it from there)
   cp pyproject.toml .pyproject.toml.mutation-backup
   trap 'mv -f .pyproject.toml.mutation-backup pyproject.toml' EXIT
-  extra=${EXTRA_MUTATE[$target]:-}
+  # shellcheck disable=SC2116,SC2086  # one space between the names
+  extra=$(echo ${EXTRA_MUTATE[$target]:-})
   # another target's extra files, mutated by an earlier run, back to plain copies (mutmut copies a missing source)
   for other in "${EXTRA_MUTATE[@]}"; do
     for f in $other; do
