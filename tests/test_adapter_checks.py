@@ -118,3 +118,13 @@ def test_the_scheduler_tp_rank_at_start_up() -> None:
     assert adapter.scheduler_tp_rank(SimpleNamespace(tp_rank=5)) == 5
     assert adapter.scheduler_tp_rank(SimpleNamespace(tp_rank="1")) == 0  # not an int: not a rank
     assert adapter.scheduler_tp_rank(SimpleNamespace()) == 0
+
+
+def test_a_release_no_line_describes_runs_v1_only_before_the_first_line_without_it_and_only_when_asked() -> None:
+    from shim.releases.registry import worker_kind
+
+    off = {"SGLANG_ENABLE_SPEC_V2": "off"}
+    assert worker_kind("0.5.11", off) == "v1"
+    assert worker_kind("0.5.11", {}) == "v2"  # both ship; v2 is the default
+    assert worker_kind("0.5.11", {"SGLANG_ENABLE_SPEC_V2": "1"}) == "v2"
+    assert worker_kind("0.5.99", off) == "v2"  # no v1 worker left there
