@@ -128,3 +128,22 @@ def test_a_release_no_line_describes_runs_v1_only_before_the_first_line_without_
     assert worker_kind("0.5.11", {}) == "v2"  # both ship; v2 is the default
     assert worker_kind("0.5.11", {"SGLANG_ENABLE_SPEC_V2": "1"}) == "v2"
     assert worker_kind("0.5.99", off) == "v2"  # no v1 worker left there
+
+
+def test_a_free_is_placed_in_its_req_to_token_row_from_the_view_alone(eagle: Any) -> None:
+    """`row_range`: the row positions a free's index views in the real ReqToTokenPool's `req_to_token`; a copy, a
+    strided view, a 2-D view, or a view of another tensor of the same shape places nothing (the guard then judges the
+    freed slots by value)."""
+    import torch
+
+    from shim.releases.guard_reading import row_range
+    from statemodel.identity import RowRange
+
+    req_to_token = h.build_pools(eagle).req_to_token_pool.req_to_token
+    assert row_range(req_to_token[2, 3:7], req_to_token) == RowRange(2, 3, 7)
+    assert row_range(req_to_token[0, :1], req_to_token) == RowRange(0, 0, 1)
+    assert row_range(req_to_token[2, 3:7].clone(), req_to_token) is None
+    assert row_range(req_to_token[2, 3:9:2], req_to_token) is None
+    assert row_range(req_to_token[1:3, 0:2], req_to_token) is None
+    other = torch.zeros_like(req_to_token)
+    assert row_range(other[2, 3:7], req_to_token) is None
