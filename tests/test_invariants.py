@@ -16,9 +16,11 @@ from statemodel.designs import CATCH_UP, SEEDS_FINAL
 from statemodel.invariants import (
     INVARIANT_NAMES,
     INVARIANTS,
+    Violation,
     check_state,
     check_step,
     committed_never_lost,
+    draft_extend_leaves_behind,
     draft_kv_covers_prefix,
     kv_conservation,
     kv_reserve_covers_writes,
@@ -538,3 +540,56 @@ def test_requests_in_one_place_answers_each_state_afresh_past_its_memo() -> None
     twice = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 0), spec_info=draft_input(3)))
     assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
     assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
+
+
+def test_draft_extend_leaves_behind_names_the_running_requests_the_catch_up_left_out() -> None:
+    """A catch-up over part of the running batch: the running requests outside it whose draft is not current, the first
+    of them named with its draft KV; a current one left out, or a stale one inside, is no fault."""
+    reqs = (running_req(0, seq_len=6, draft_kv=3), running_req(1, seq_len=5, draft_kv=2),
+            running_req(2, seq_len=4, draft_kv=1), running_req(3))
+    state = make_state(reqs, Batch(rids=(0, 1, 2, 3), forward_mode=ForwardMode.DECODE))
+    assert draft_extend_leaves_behind(state, {0}, "draft_catch_up") == [Violation(
+        "draft_kv_covers_prefix",
+        "draft_catch_up runs the draft over 2 of 4 running requests: request 1's draft KV stays at 2 of 5 committed "
+        "tokens", (1, 2), expected="every running request in the draft_catch_up's batch", actual="2 left out")]
+    assert draft_extend_leaves_behind(state, {0, 1, 2}, "draft_catch_up") == []  # request 3, left out, is current
+    assert draft_extend_leaves_behind(state, {0, 1, 2, 3}, "draft_catch_up") == []
+
+
+def test_a_violation_describes_itself_with_its_requests() -> None:
+    assert Violation("kv_conservation", "2 slots lost", (3, 1)).describe() == \
+        "kv_conservation: 2 slots lost (requests [3, 1])"
+    assert Violation("kv_conservation", "2 slots lost").describe() == "kv_conservation: 2 slots lost"
+
+
+def test_kv_reserve_covers_writes_names_the_launched_verify_beside_the_unprocessed_verifies() -> None:
+    """A request in the launched verify and in an unprocessed verify: the message names both writes. An unprocessed
+    plain step without a reserve slot (it writes nothing more) does not make the verifies "steps"."""
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    reqs = (running_req(0, reserved=3), running_req(1, reserved=6))
+    verify = Unprocessed(rids=(0, 1), steps=2, draft_extended=True)
+    plain = Unprocessed(rids=(1,), steps=None)
+    state = attrs.evolve(make_state(reqs, RUNNING_SPEC, _verify_of((0, 1))), unprocessed=(plain, verify))
+    assert kv_reserve_covers_writes(state, overlap) == [Violation(
+        "kv_reserve_covers_writes",
+        "the verify step writes 3 tokens and launched verifies whose results are unprocessed may write 3 tokens of "
+        "request 0, but only 3 slots are reserved", (0,), expected="6", actual="3")]
+
+
+def test_a_plain_steps_result_that_grows_seq_len_is_named() -> None:
+    """Under overlap a plain step grows seq_len at its launch; its result, processed later, grows nothing: a request
+    grown there is named (the all-zero expected growth taken as no growth at all)."""
+    from statemodel.designs import get_design
+
+    overlap = attrs.evolve(SCOPE, overlap=True)
+    design = get_design("v2_switch_reserve_sync_overlap")
+    plain = attrs.evolve(RUNNING_SPEC, spec_info=SpecInfo(SpecInfoKind.NONE, 0, 0), spec_algorithm_on=False)
+    before = attrs.evolve(make_state((running_req(0, reserved=1), running_req(1, reserved=1)), plain,
+                                     mode=SpecMode.OFF), unprocessed=(Unprocessed(rids=(0, 1), steps=None),))
+    action = Action("process_result", (1, 1))
+    kept = attrs.evolve(before, unprocessed=())
+    assert seq_lens_growth(before, action, kept, overlap, design) == []
+    grown = attrs.evolve(kept, requests=(kept.req(0), kept.req(1).replace(seq_len=5)))
+    assert seq_lens_growth(before, action, grown, overlap, design) == [Violation(
+        "seq_lens_growth", "process_result moved seq_len of request 1 from 4 to 5; it must grow by 0", (1,),
+        expected="4", actual="5")]

@@ -1,0 +1,149 @@
+"""The 0.5.23 adapter's own judgements of a server (shim/releases/guard_hooks.py): which settings put it beyond what the
+model describes, and the line that names each; the scope and design the guard checks it against; the overlap loop;
+the scheduler's TP rank at start-up. Over real 0.5.23 ServerArgs (tests/sglang_cpu.py), one setting changed at a
+time (`Changed`: the resolved record is read-only). These decide whether the guard checks a server at all: mutation
+testing (docs/mutation.md, target `releases`) found the branches and lines no test held."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from real_sglang_cpu import require_sglang_cpu
+
+require_sglang_cpu()
+
+h = importlib.import_module("sglang_cpu")
+
+from shim.guard import api as guard_api  # noqa: E402
+from shim.releases.guard_hooks import NO_CAP  # noqa: E402
+from shim.releases.v0_5_23 import Adapter  # noqa: E402
+from statemodel.design import Scope  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+class Changed:
+    """A real ServerArgs with some attributes read otherwise."""
+
+    def __init__(self, sa: Any, **values: Any) -> None:
+        self._sa = sa
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sa, name)
+
+
+@pytest.fixture(scope="module")
+def eagle(model_dir: Path) -> Any:
+    return h.make_server_args(model_dir, speculative_algorithm="EAGLE")
+
+
+@pytest.mark.parametrize(("values", "line"), [
+    ({"page_size": 16}, "page_size 16 (--page-size; the model counts KV in single slots; supported: 1)"),
+    ({"speculative_algorithm": "NGRAM"},
+     "speculative algorithm NGRAM (--speculative-algorithm; supported: EAGLE, EAGLE3, none)"),
+    ({"speculative_eagle_topk": 2},
+     "speculative_eagle_topk 2 (--speculative-eagle-topk; the model drafts a chain: topk 1)"),
+    ({"pp_size": 2}, "pipeline parallel size 2 (--pp-size; supported: 1)"),
+    ({"enable_dp_attention": True}, "DP attention (--enable-dp-attention; not modelled)"),
+    ({"enable_mixed_chunk": True}, "mixed chunked prefill (--enable-mixed-chunk; MIXED batches are not modelled)"),
+    ({"disaggregation_mode": "prefill"}, "PD disaggregation (--disaggregation-mode prefill)"),
+], ids=["page", "algorithm", "topk", "pp", "dp_attention", "mixed_chunk", "disaggregation"])
+def test_each_setting_beyond_the_model_is_named_with_its_flag(eagle: Any, values: dict[str, Any], line: str) -> None:
+    adapter = Adapter()
+    assert adapter.unsupported_reason(eagle) is None
+    assert adapter.unsupported_reason(Changed(eagle, **values)) == line
+
+
+@pytest.mark.parametrize("values", [
+    {"speculative_algorithm": "EAGLE3"},
+    {"speculative_algorithm": None, "speculative_eagle_topk": 4},  # no speculation: its topk is not read
+    {"speculative_eagle_topk": None},
+    {"page_size": None},
+    {"pp_size": None},
+    {"pp_size": 1},
+    {"disaggregation_mode": None},
+], ids=["eagle3", "plain_topk", "topk_none", "page_none", "pp_none", "pp_1", "disaggregation_none"])
+def test_settings_the_model_describes_leave_the_guard_on(eagle: Any, values: dict[str, Any]) -> None:
+    assert Adapter().unsupported_reason(Changed(eagle, **values)) is None
+
+
+def test_a_server_whose_arguments_say_nothing_is_judged_by_the_defaults() -> None:
+    """Unpublished server arguments (None) or a record without the fields: SGLang's defaults, all supported."""
+    adapter = Adapter()
+    assert adapter.unsupported_reason(None) is None
+    assert adapter.unsupported_reason(SimpleNamespace()) is None
+    assert adapter.unsupported_reason(SimpleNamespace(speculative_algorithm="EAGLE")) is None
+
+
+def test_the_overlap_loop_is_read_from_disable_overlap_schedule(eagle: Any) -> None:
+    assert Adapter.runs_overlap_loop(eagle) is False  # the harness's normal loop
+    assert Adapter.runs_overlap_loop(Changed(eagle, disable_overlap_schedule=False)) is True
+    assert Adapter.runs_overlap_loop(None) is False
+    assert Adapter.runs_overlap_loop(SimpleNamespace()) is False
+
+
+def test_the_scope_holds_the_servers_caps_and_chunk(eagle: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    adapter = Adapter()
+    sa = Changed(eagle, chunked_prefill_size=64)
+    assert adapter.scope(sa) == Scope(requests=(), kv_pool_size=0, spec_cap=16, plain_cap=16, chunk_size=64,
+                                      graph_capture_sizes=(), overlap=False)
+    unbounded = Changed(eagle, max_running_requests=None, chunked_prefill_size=None, disable_overlap_schedule=False)
+    assert adapter.scope(unbounded) == Scope(requests=(), kv_pool_size=0, spec_cap=NO_CAP, plain_cap=NO_CAP,
+                                             chunk_size=NO_CAP, graph_capture_sizes=(), overlap=True)
+    guard_api.announce_switch("v2_switch_reserve_sync", 8)
+    assert (adapter.scope(sa).spec_cap, adapter.scope(sa).plain_cap) == (8, 16)
+    assert adapter.scope(Changed(sa, max_running_requests=4)).spec_cap == 4  # the launch cap bounds the switch's
+
+
+def test_the_reference_design_is_sglangs_adaptive_one_for_an_adaptive_server(eagle: Any,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    adapter = Adapter()
+    assert adapter.reference_design(Changed(eagle, speculative_adaptive=True)).name == "sglang_adaptive_warm"
+    assert adapter.reference_design(Changed(eagle, speculative_adaptive=False)).name == "plain_off_catch_up"
+    assert adapter.reference_design(SimpleNamespace()).name == "plain_off_catch_up"
+
+
+def test_the_scheduler_tp_rank_at_start_up() -> None:
+    """The scheduler's own record (`ps.tp_rank`), else its `tp_rank`, else the process-wide rank (0 here)."""
+    adapter = Adapter()
+    assert adapter.scheduler_tp_rank(SimpleNamespace(ps=SimpleNamespace(tp_rank=3), tp_rank=1)) == 3
+    assert adapter.scheduler_tp_rank(SimpleNamespace(ps=SimpleNamespace(tp_rank=None), tp_rank=2)) == 2
+    assert adapter.scheduler_tp_rank(SimpleNamespace(tp_rank=5)) == 5
+    assert adapter.scheduler_tp_rank(SimpleNamespace(tp_rank="1")) == 0  # not an int: not a rank
+    assert adapter.scheduler_tp_rank(SimpleNamespace()) == 0
+
+
+def test_a_release_no_line_describes_runs_v1_only_before_the_first_line_without_it_and_only_when_asked() -> None:
+    from shim.releases.registry import worker_kind
+
+    off = {"SGLANG_ENABLE_SPEC_V2": "off"}
+    assert worker_kind("0.5.11", off) == "v1"
+    assert worker_kind("0.5.11", {}) == "v2"  # both ship; v2 is the default
+    assert worker_kind("0.5.11", {"SGLANG_ENABLE_SPEC_V2": "1"}) == "v2"
+    assert worker_kind("0.5.99", off) == "v2"  # no v1 worker left there
+
+
+def test_a_free_is_placed_in_its_req_to_token_row_from_the_view_alone(eagle: Any) -> None:
+    """`row_range`: the row positions a free's index views in the real ReqToTokenPool's `req_to_token`; a copy, a
+    strided view, a 2-D view, or a view of another tensor of the same shape places nothing (the guard then judges the
+    freed slots by value)."""
+    import torch
+
+    from shim.releases.guard_reading import row_range
+    from statemodel.identity import RowRange
+
+    req_to_token = h.build_pools(eagle).req_to_token_pool.req_to_token
+    assert row_range(req_to_token[2, 3:7], req_to_token) == RowRange(2, 3, 7)
+    assert row_range(req_to_token[0, :1], req_to_token) == RowRange(0, 0, 1)
+    assert row_range(req_to_token[2, 3:7].clone(), req_to_token) is None
+    assert row_range(req_to_token[2, 3:9:2], req_to_token) is None
+    assert row_range(req_to_token[1:3, 0:2], req_to_token) is None
+    other = torch.zeros_like(req_to_token)
+    assert row_range(other[2, 3:7], req_to_token) is None
