@@ -147,3 +147,58 @@ def test_a_free_is_placed_in_its_req_to_token_row_from_the_view_alone(eagle: Any
     assert row_range(req_to_token[1:3, 0:2], req_to_token) is None
     other = torch.zeros_like(req_to_token)
     assert row_range(other[2, 3:7], req_to_token) is None
+
+
+def _adapter_over(sa: Any, runtime: Any) -> Adapter:
+    """A 0.5.23 adapter whose published server arguments are `sa` (what `runtime_context.get_server_args` returns in a
+    scheduler), with `runtime` as `install` would set it."""
+    adapter = Adapter()
+    adapter.server_args = lambda: sa  # type: ignore[method-assign]
+    adapter.runtime = runtime
+    runtime.adapter = adapter
+    return adapter
+
+
+def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`V2Adapter.guard` where no start-up decision ran: a paused or off runtime builds nothing; a setting beyond the
+    model turns the guard off with its line; a supported server gets SGLang's adaptive design when adaptive, and the
+    server's `speculative_num_steps` as the step count of a one-step-count design."""
+    from shim.guard.runtime import GuardRuntime
+    from shim.guard.config import Mode
+
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    paused = GuardRuntime(Mode.WARN)
+    paused.paused = True
+    assert _adapter_over(eagle, paused).guard() is None and paused.guard is None
+    off = GuardRuntime(Mode.WARN)
+    off.disable("off for the test")
+    assert _adapter_over(eagle, off).guard() is None and off.guard is None
+
+    paged = GuardRuntime(Mode.WARN)
+    assert _adapter_over(Changed(eagle, page_size=16), paged).guard() is None and paged.guard is None
+    assert paged.disabled_reason == ("sglang 0.5.23: page_size 16 (--page-size; the model counts KV in single "
+                                     "slots; supported: 1)")
+
+    adaptive = _adapter_over(Changed(eagle, speculative_adaptive=True), GuardRuntime(Mode.WARN)).guard()
+    assert adaptive is not None and adaptive.config.design.name == "sglang_adaptive_warm"
+    static = _adapter_over(Changed(eagle, speculative_num_steps=3), GuardRuntime(Mode.WARN)).guard()
+    assert static is not None
+    assert (static.config.design.name, static.config.design.num_steps) == ("plain_off_catch_up", 3)
+
+
+def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(eagle: Any) -> None:
+    """`tensor_width(None)`: a real ScheduleBatch before `prepare_for_extend` has no `out_cache_loc`; it writes no
+    slot (the guard's `out_cache_loc_width` 0), where a 0-d tensor is one slot."""
+    import torch
+
+    from shim.releases.guard_reading import tensor_width
+
+    pools = h.build_pools(eagle)
+    batch = h.new_batch(pools, [h.make_req("a", [1, 2, 3])])
+    assert batch.out_cache_loc is None
+    from statemodel.state import ForwardMode
+
+    read = Adapter().observe_batch(batch, forward_mode=ForwardMode.EXTEND, spec_info=None)
+    assert read.out_cache_loc_width == 0
+    assert tensor_width(torch.tensor(7)) == 1
+    assert tensor_width(torch.zeros(5, dtype=torch.int64)) == 5
