@@ -163,8 +163,8 @@ def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkey
     """`V2Adapter.guard` where no start-up decision ran: a paused or off runtime builds nothing; a setting beyond the
     model turns the guard off with its line; a supported server gets SGLang's adaptive design when adaptive, and the
     server's `speculative_num_steps` as the step count of a one-step-count design."""
-    from shim.guard.runtime import GuardRuntime
     from shim.guard.config import Mode
+    from shim.guard.runtime import GuardRuntime
 
     monkeypatch.setattr(guard_api, "_SWITCH", None)
     paused = GuardRuntime(Mode.WARN)
@@ -186,14 +186,14 @@ def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkey
     assert (static.config.design.name, static.config.design.num_steps) == ("plain_off_catch_up", 3)
 
 
-def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(eagle: Any) -> None:
+def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(model_dir: Path) -> None:
     """`tensor_width(None)`: a real ScheduleBatch before `prepare_for_extend` has no `out_cache_loc`; it writes no
     slot (the guard's `out_cache_loc_width` 0), where a 0-d tensor is one slot."""
     import torch
 
     from shim.releases.guard_reading import tensor_width
 
-    pools = h.build_pools(eagle)
+    pools = h.build_pools(h.make_server_args(model_dir, speculative_algorithm="EAGLE"))  # its own: pools publish it
     batch = h.new_batch(pools, [h.make_req("a", [1, 2, 3])])
     assert batch.out_cache_loc is None
     from statemodel.state import ForwardMode
@@ -202,3 +202,23 @@ def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(eagle: Any) -> N
     assert read.out_cache_loc_width == 0
     assert tensor_width(torch.tensor(7)) == 1
     assert tensor_width(torch.zeros(5, dtype=torch.int64)) == 5
+
+
+@pytest.mark.parametrize("chunk", [-1, 0, None])
+def test_chunked_prefill_off_is_an_unbounded_chunk(eagle: Any, chunk: int | None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang turns chunked prefill off for `chunked_prefill_size` None or <= 0 (`Scheduler.init_chunked_prefill`:
+    `chunked_prefill_size <= 0` -> None; `--chunked-prefill-size -1` is the documented off): a prefill batch then
+    extends a whole prompt, so the model's `Scope.chunk_size` (tokens one prefill batch extends at most) is unbounded,
+    not 1 token."""
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    from sglang.srt.server_args import ServerArgs
+
+    # -1 as an operator passes it (a real ServerArgs keeps it); 0 and None as a resolved record may hold them
+    sa = ServerArgs(model_path=eagle.model_path, device="cpu", dtype="float32", attention_backend="torch_native",
+                    skip_tokenizer_init=True, disable_cuda_graph=True, disable_overlap_schedule=True,
+                    speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=4, chunked_prefill_size=-1) if chunk == -1 \
+        else Changed(eagle, chunked_prefill_size=chunk)
+    assert sa.chunked_prefill_size == chunk
+    assert Adapter().scope(sa).chunk_size == NO_CAP
