@@ -222,3 +222,49 @@ def test_chunked_prefill_off_is_an_unbounded_chunk(eagle: Any, chunk: int | None
         else Changed(eagle, chunked_prefill_size=chunk)
     assert sa.chunked_prefill_size == chunk
     assert Adapter().scope(sa).chunk_size == NO_CAP
+
+
+def _cuda_launch(model_dir: Path, *flags: str) -> Any:
+    """Real 0.5.23 ServerArgs of a CUDA launch (lint's input: graphs on), resolved as lint reads them."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from shim.releases import release_line
+
+    sa = release_line("0.5.23").build_server_args([
+        "--model-path", str(model_dir), "--speculative-draft-model-path", str(model_dir), "--device", "cuda",
+        "--speculative-algorithm", "EAGLE", *flags])
+    return sa, resolving_view(sa)
+
+
+def test_lint_captures_the_sizes_sglangs_decode_runner_captures(model_dir: Path) -> None:
+    """`_capture_bs` (`get_batch_sizes_to_capture`): sizes above the request pool are dropped and the pool's own size
+    added; a pool of one request captures only 1; a size 0 is no graph (SGLang's runner asserts every captured size
+    is positive)."""
+    from shim.releases.v0_5_23 import _capture_bs
+
+    _, cfg = _cuda_launch(model_dir, "--cuda-graph-bs-decode", "1", "2", "4", "--max-running-requests", "1")
+    assert list(cfg.cuda_graph_config.decode.bs) == [1, 2, 4] and int(cfg.max_running_requests) == 1
+    assert _capture_bs(cfg, 1) == [1]
+    assert _capture_bs(cfg, 3) == [1, 2, 3]
+    _, cfg = _cuda_launch(model_dir, "--cuda-graph-bs-decode", "0", "1", "2")
+    assert list(cfg.cuda_graph_config.decode.bs) == [0, 1, 2]  # resolution keeps it
+    assert _capture_bs(cfg, int(cfg.max_running_requests)) == [1, 2]
+
+
+def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: Path) -> None:
+    """`_logits_rows` (ModelRunner.max_decode_logits_rows): the widest of the launch bound and each adaptive tier,
+    each at its own draft-token count, not at the count published now."""
+    from sglang.srt import runtime_context
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from shim.releases.v0_5_23 import _logits_rows
+
+    sa, cfg = _cuda_launch(model_dir, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                              "--speculative-num-draft-tokens", "4")
+    runtime_context.publish(sa, role="scheduler")
+    assert runtime_context.get_spec().speculative_num_draft_tokens == 4
+    algo = SpeculativeAlgorithm.from_string("EAGLE")
+    assert _logits_rows(cfg, algo, [1, 8], [], 4) == 8 * 4
+    assert _logits_rows(cfg, algo, [1, 8], [2, 6], 4) == 8 * 6  # a tier wider than the launch
+    assert _logits_rows(cfg, algo, [1, 8], [2, 3], None) == 8 * 3  # no launch bound: 1
+    assert _logits_rows(cfg, algo, [], [2, 6], 4) == 0  # graphs off
