@@ -268,3 +268,41 @@ def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: 
     assert _logits_rows(cfg, algo, [1, 8], [2, 6], 4) == 8 * 6  # a tier wider than the launch
     assert _logits_rows(cfg, algo, [1, 8], [2, 3], None) == 8 * 3  # no launch bound: 1
     assert _logits_rows(cfg, algo, [], [2, 6], 4) == 0  # graphs off
+
+
+_FREE_GROUP_0_5_12 = """
+import sys
+sys.path.insert(0, "tests")
+import sglang12_cpu as h12
+h12.install_import_stand_ins()
+from shim.releases.guard_reading import pending_free_slots
+allocator = h12.build_pools(h12.make_server_args(h12.write_tiny_model_config()), kv_size=64).allocator
+seen = [pending_free_slots(allocator)]
+slots = allocator.alloc(4)
+allocator.free_group_begin()
+allocator.free(slots)
+seen.append((pending_free_slots(allocator), allocator.available_size()))
+allocator.free_group_end()
+seen.append((pending_free_slots(allocator), allocator.available_size(), len(allocator.free_group)))
+print(seen)
+"""
+
+
+def test_a_free_group_that_ended_queues_nothing_on_0_5_12() -> None:
+    """`pending_free_slots` on a real 0.5.12 TokenToKVPoolAllocator (its `.venv12`, in a subprocess: one process holds
+    one SGLang): inside a free group the queued slots count as free; after `free_group_end` the group's list outlives
+    it (0.5.12 / 0.5.16 flag the group with `is_not_in_free_group` only), and nothing is pending."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    python = Path(sys.executable).parents[2] / ".venv12" / "bin" / "python"  # beside this interpreter's venv
+    if not python.exists():
+        pytest.skip(f"no {python} (bash scripts/setup-v1.sh)")
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    env.pop("SPECFLIP_REQUIRE_SGLANG_V1", None)
+    run = subprocess.run([str(python), "-c", _FREE_GROUP_0_5_12], cwd=repo, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[0, (4, 60), (0, 64, 1)]"
