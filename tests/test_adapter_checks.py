@@ -1,8 +1,10 @@
 """The 0.5.23 adapter's own judgements of a server (shim/releases/guard_hooks.py): which settings put it beyond what the
 model describes, and the line that names each; the scope and design the guard checks it against; the overlap loop;
 the scheduler's TP rank at start-up. Over real 0.5.23 ServerArgs (tests/sglang_cpu.py), one setting changed at a
-time (`Changed`: the resolved record is read-only). These decide whether the guard checks a server at all: mutation
-testing (docs/mutation.md, target `releases`) found the branches and lines no test held."""
+time (`Changed`: the resolved record is read-only); the guard built at the first step; host readings of sizes
+(`tensor_width`, 0.5.12's free group in its own `.venv12`); lint's graph sizes over real CUDA-launch arguments. These
+decide whether the guard checks a server at all and what it and lint read: mutation testing (docs/mutation.md, target
+`releases`) found the branches and lines no test held."""
 
 from __future__ import annotations
 
