@@ -1,8 +1,10 @@
 """The 0.5.23 adapter's own judgements of a server (shim/releases/guard_hooks.py): which settings put it beyond what the
 model describes, and the line that names each; the scope and design the guard checks it against; the overlap loop;
 the scheduler's TP rank at start-up. Over real 0.5.23 ServerArgs (tests/sglang_cpu.py), one setting changed at a
-time (`Changed`: the resolved record is read-only). These decide whether the guard checks a server at all: mutation
-testing (docs/mutation.md, target `releases`) found the branches and lines no test held."""
+time (`Changed`: the resolved record is read-only); the guard built at the first step; host readings of sizes
+(`tensor_width`, 0.5.12's free group in its own `.venv12`); lint's graph sizes over real CUDA-launch arguments. These
+decide whether the guard checks a server at all and what it and lint read: mutation testing (docs/mutation.md, target
+`releases`) found the branches and lines no test held."""
 
 from __future__ import annotations
 
@@ -147,3 +149,162 @@ def test_a_free_is_placed_in_its_req_to_token_row_from_the_view_alone(eagle: Any
     assert row_range(req_to_token[1:3, 0:2], req_to_token) is None
     other = torch.zeros_like(req_to_token)
     assert row_range(other[2, 3:7], req_to_token) is None
+
+
+def _adapter_over(sa: Any, runtime: Any) -> Adapter:
+    """A 0.5.23 adapter whose published server arguments are `sa` (what `runtime_context.get_server_args` returns in a
+    scheduler), with `runtime` as `install` would set it."""
+    adapter = Adapter()
+    adapter.server_args = lambda: sa  # type: ignore[method-assign]
+    adapter.runtime = runtime
+    runtime.adapter = adapter
+    return adapter
+
+
+def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`V2Adapter.guard` where no start-up decision ran: a paused or off runtime builds nothing; a setting beyond the
+    model turns the guard off with its line; a supported server gets SGLang's adaptive design when adaptive, and the
+    server's `speculative_num_steps` as the step count of a one-step-count design."""
+    from shim.guard.config import Mode
+    from shim.guard.runtime import GuardRuntime
+
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    paused = GuardRuntime(Mode.WARN)
+    paused.paused = True
+    assert _adapter_over(eagle, paused).guard() is None and paused.guard is None
+    off = GuardRuntime(Mode.WARN)
+    off.disable("off for the test")
+    assert _adapter_over(eagle, off).guard() is None and off.guard is None
+
+    paged = GuardRuntime(Mode.WARN)
+    assert _adapter_over(Changed(eagle, page_size=16), paged).guard() is None and paged.guard is None
+    assert paged.disabled_reason == ("sglang 0.5.23: page_size 16 (--page-size; the model counts KV in single "
+                                     "slots; supported: 1)")
+
+    adaptive = _adapter_over(Changed(eagle, speculative_adaptive=True), GuardRuntime(Mode.WARN)).guard()
+    assert adaptive is not None and adaptive.config.design.name == "sglang_adaptive_warm"
+    static = _adapter_over(Changed(eagle, speculative_num_steps=3), GuardRuntime(Mode.WARN)).guard()
+    assert static is not None
+    assert (static.config.design.name, static.config.design.num_steps) == ("plain_off_catch_up", 3)
+
+
+def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(model_dir: Path) -> None:
+    """`tensor_width(None)`: a real ScheduleBatch before `prepare_for_extend` has no `out_cache_loc`; it writes no
+    slot (the guard's `out_cache_loc_width` 0), where a 0-d tensor is one slot."""
+    import torch
+
+    from shim.releases.guard_reading import tensor_width
+
+    pools = h.build_pools(h.make_server_args(model_dir, speculative_algorithm="EAGLE"))  # its own: pools publish it
+    batch = h.new_batch(pools, [h.make_req("a", [1, 2, 3])])
+    assert batch.out_cache_loc is None
+    from statemodel.state import ForwardMode
+
+    read = Adapter().observe_batch(batch, forward_mode=ForwardMode.EXTEND, spec_info=None)
+    assert read.out_cache_loc_width == 0
+    assert tensor_width(torch.tensor(7)) == 1
+    assert tensor_width(torch.zeros(5, dtype=torch.int64)) == 5
+
+
+@pytest.mark.parametrize("chunk", [-1, 0, None])
+def test_chunked_prefill_off_is_an_unbounded_chunk(eagle: Any, chunk: int | None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang turns chunked prefill off for `chunked_prefill_size` None or <= 0 (`Scheduler.init_chunked_prefill`:
+    `chunked_prefill_size <= 0` -> None; `--chunked-prefill-size -1` is the documented off): a prefill batch then
+    extends a whole prompt, so the model's `Scope.chunk_size` (tokens one prefill batch extends at most) is unbounded,
+    not 1 token."""
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    from sglang.srt.server_args import ServerArgs
+
+    # -1 as an operator passes it (a real ServerArgs keeps it); 0 and None as a resolved record may hold them
+    sa = ServerArgs(model_path=eagle.model_path, device="cpu", dtype="float32", attention_backend="torch_native",
+                    skip_tokenizer_init=True, disable_cuda_graph=True, disable_overlap_schedule=True,
+                    speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=4, chunked_prefill_size=-1) if chunk == -1 \
+        else Changed(eagle, chunked_prefill_size=chunk)
+    assert sa.chunked_prefill_size == chunk
+    assert Adapter().scope(sa).chunk_size == NO_CAP
+
+
+def _cuda_launch(model_dir: Path, *flags: str) -> Any:
+    """Real 0.5.23 ServerArgs of a CUDA launch (lint's input: graphs on), resolved as lint reads them."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from shim.releases import release_line
+
+    sa = release_line("0.5.23").build_server_args([
+        "--model-path", str(model_dir), "--speculative-draft-model-path", str(model_dir), "--device", "cuda",
+        "--speculative-algorithm", "EAGLE", *flags])
+    return sa, resolving_view(sa)
+
+
+def test_lint_captures_the_sizes_sglangs_decode_runner_captures(model_dir: Path) -> None:
+    """`_capture_bs` (`get_batch_sizes_to_capture`): sizes above the request pool are dropped and the pool's own size
+    added; a pool of one request captures only 1; a size 0 is no graph (SGLang's runner asserts every captured size
+    is positive)."""
+    from shim.releases.v0_5_23 import _capture_bs
+
+    _, cfg = _cuda_launch(model_dir, "--cuda-graph-bs-decode", "1", "2", "4", "--max-running-requests", "1")
+    assert list(cfg.cuda_graph_config.decode.bs) == [1, 2, 4] and int(cfg.max_running_requests) == 1
+    assert _capture_bs(cfg, 1) == [1]
+    assert _capture_bs(cfg, 3) == [1, 2, 3]
+    _, cfg = _cuda_launch(model_dir, "--cuda-graph-bs-decode", "0", "1", "2")
+    assert list(cfg.cuda_graph_config.decode.bs) == [0, 1, 2]  # resolution keeps it
+    assert _capture_bs(cfg, int(cfg.max_running_requests)) == [1, 2]
+
+
+def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: Path) -> None:
+    """`_logits_rows` (ModelRunner.max_decode_logits_rows): the widest of the launch bound and each adaptive tier,
+    each at its own draft-token count, not at the count published now."""
+    from sglang.srt import runtime_context
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from shim.releases.v0_5_23 import _logits_rows
+
+    sa, cfg = _cuda_launch(model_dir, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                              "--speculative-num-draft-tokens", "4")
+    runtime_context.publish(sa, role="scheduler")
+    assert runtime_context.get_spec().speculative_num_draft_tokens == 4
+    algo = SpeculativeAlgorithm.from_string("EAGLE")
+    assert _logits_rows(cfg, algo, [1, 8], [], 4) == 8 * 4
+    assert _logits_rows(cfg, algo, [1, 8], [2, 6], 4) == 8 * 6  # a tier wider than the launch
+    assert _logits_rows(cfg, algo, [1, 8], [2, 3], None) == 8 * 3  # no launch bound: 1
+    assert _logits_rows(cfg, algo, [], [2, 6], 4) == 0  # graphs off
+
+
+_FREE_GROUP_0_5_12 = """
+import sys
+sys.path.insert(0, "tests")
+import sglang12_cpu as h12
+h12.install_import_stand_ins()
+from shim.releases.guard_reading import pending_free_slots
+allocator = h12.build_pools(h12.make_server_args(h12.write_tiny_model_config()), kv_size=64).allocator
+seen = [pending_free_slots(allocator)]
+slots = allocator.alloc(4)
+allocator.free_group_begin()
+allocator.free(slots)
+seen.append((pending_free_slots(allocator), allocator.available_size()))
+allocator.free_group_end()
+seen.append((pending_free_slots(allocator), allocator.available_size(), len(allocator.free_group)))
+print(seen)
+"""
+
+
+def test_a_free_group_that_ended_queues_nothing_on_0_5_12() -> None:
+    """`pending_free_slots` on a real 0.5.12 TokenToKVPoolAllocator (its `.venv12`, in a subprocess: one process holds
+    one SGLang): inside a free group the queued slots count as free; after `free_group_end` the group's list outlives
+    it (0.5.12 / 0.5.16 flag the group with `is_not_in_free_group` only), and nothing is pending."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    python = Path(sys.executable).parents[2] / ".venv12" / "bin" / "python"  # beside this interpreter's venv
+    if not python.exists():
+        pytest.skip(f"no {python} (bash scripts/setup-v1.sh)")
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    env.pop("SPECFLIP_REQUIRE_SGLANG_V1", None)
+    run = subprocess.run([str(python), "-c", _FREE_GROUP_0_5_12], cwd=repo, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[0, (4, 60), (0, 64, 1)]"

@@ -198,11 +198,14 @@ class V2Adapter(LiveReading, RankCheckHooks):
 
     def scope(self, sa: Any) -> Scope:
         cap = int(getattr(sa, "max_running_requests", None) or NO_CAP)
-        chunk = int(getattr(sa, "chunked_prefill_size", None) or NO_CAP)
+        # chunked prefill off (None, or <= 0: `--chunked-prefill-size -1`; SGLang's `init_chunked_prefill` makes
+        # it None) lets one prefill batch extend a whole prompt: the model's chunk is then unbounded, not 1 token
+        chunk = int(getattr(sa, "chunked_prefill_size", None) or 0)
+        chunk = chunk if chunk > 0 else NO_CAP
         switch = announced_switch()
         # with the switch installed, speculation holds the switch's cap and plain decoding the launch cap
         spec_cap = min(cap, switch.spec_cap) if switch is not None else cap
-        return Scope(requests=(), kv_pool_size=0, spec_cap=spec_cap, plain_cap=cap, chunk_size=max(chunk, 1),
+        return Scope(requests=(), kv_pool_size=0, spec_cap=spec_cap, plain_cap=cap, chunk_size=chunk,
                      graph_capture_sizes=(), overlap=self.runs_overlap_loop(sa))
 
     @staticmethod
