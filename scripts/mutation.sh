@@ -80,7 +80,7 @@ declare -A TESTS=(
   # the test files that call those functions (grep, 2026-12-06), without the start-up test that reaches them only in a
   # scheduler subprocess and test_release_conformance.py (launches; minutes on two shared cores)
   # (not those that name the adapter method a finding is raised from: a mutated method's frame has mutmut's name)
-  [releases]="tests/test_guard_adapters.py tests/test_guard_start_up.py tests/test_releases.py
+  [releases]="tests/test_adapter_checks.py tests/test_guard_adapters.py tests/test_guard_start_up.py tests/test_releases.py
               tests/test_release_graph_for.py tests/test_lint.py tests/test_guard_sglang.py
               --deselect tests/test_guard_start_up.py::test_the_scheduler_process_ends_with_the_one_line_and_no_traceback"
 )
