@@ -44,7 +44,10 @@ below, never for a clear win, and the bucket is still probed. Then:
   observed (2 %), with `probe_credit` probes' worth at start; an estimate older than `stale_after` steps is probed
   again (when the budget allows), so a drifting host is followed, and so is a traffic that drafts better than the
   accept length learned last, which no plain step shows (the H200, 2026-12-02 (eedb8cd): the warm-up's traffic drafted
-  at 1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). No probe starts while the demand is
+  at 1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). A first visit (the other mode never
+  ran near this batch and context, and entering it re-prefills no running request) may borrow the budget's whole
+  holding (`_probe_price`: the H200, 2026-12-06 (3a41e11): probes at short prompts had spent it, and plain decoding
+  was never run at long ones). No probe starts while the demand is
   below the hold's peak (a wave's tail: its batch shrinks step by step), nor one of speculation with the demand past
   its cap (it would end at once). A flip on the prior into an unknown mode
   happens at most once per bucket and mode (after it the mode is known);

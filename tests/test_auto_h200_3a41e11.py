@@ -204,3 +204,21 @@ def test_a_stale_estimate_still_waits_for_the_budget(credit: float) -> None:
     d = ap.decide(state, True, 2, 2, CAP, context=100.0)
     assert d.plain_value is not None and d.spec_value is not None, d
     assert (d.action == ap.FLIP_OFF and d.reason == "probe") == (credit >= ap.AutoParams().probe_steps), d
+
+
+@pytest.mark.parametrize(("running", "credit", "probes"), [(32, 5.0, False), (0, 5.0, True), (32, 24.0, True)])
+def test_a_first_visit_borrows_only_where_its_entry_retracts_nothing(running: int, credit: float,
+                                                                     probes: bool) -> None:
+    """Speculation never run at 32 requests (measured at 24 and 48: an interpolated value there), plain decoding
+    measured at 32 and ahead by the margin (the 8B reference table: tests/test_auto_phase_start.py): a probe of
+    speculation from plain with the 32 requests running would re-prefill them (its catch-up), so it waits for a
+    probe's steps of credit; at the wave's start, nothing running, it borrows."""
+    phase_start = importlib.import_module("test_auto_phase_start")
+    state = ap.initial_state()
+    for spec_on, batch in ((True, 24), (True, 48), (False, 32)):
+        state = phase_start.run_steps(state, spec_on, batch, 24)
+    state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - 100, want_since=None, credit=credit,
+                         peak=32, peak_step=state.step)
+    d = ap.decide(state, False, 32, running, CAP)
+    assert d.plain_value is not None and d.spec_value is not None and d.plain_value > d.spec_value * 1.03, d
+    assert (d.action == ap.FLIP_ON and d.reason == "probe") == probes, d
