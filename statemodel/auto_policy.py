@@ -44,7 +44,10 @@ below, never for a clear win, and the bucket is still probed. Then:
   observed (2 %), with `probe_credit` probes' worth at start; an estimate older than `stale_after` steps is probed
   again (when the budget allows), so a drifting host is followed, and so is a traffic that drafts better than the
   accept length learned last, which no plain step shows (the H200, 2026-12-02 (eedb8cd): the warm-up's traffic drafted
-  at 1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). No probe starts while the demand is
+  at 1.0-1.5 and, plain held, speculation was not visited again for 8,192 steps). A first visit (the other mode never
+  ran near this batch and context, and entering it re-prefills no running request) may borrow the budget's whole
+  holding (`_probe_price`: the H200, 2026-12-06 (3a41e11): probes at short prompts had spent it, and plain decoding
+  was never run at long ones). No probe starts while the demand is
   below the hold's peak (a wave's tail: its batch shrinks step by step), nor one of speculation with the demand past
   its cap (it would end at once). A flip on the prior into an unknown mode
   happens at most once per bucket and mode (after it the mode is known);
@@ -713,6 +716,27 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     return arrivals is None or 2 * sum(1 for a in arrivals if a > accept.updated) > len(arrivals)
 
 
+def _probe_price(state: AutoState, cur: int, other: int, load: int, running: int, spec_cap: int,
+                 context: float | None) -> float:
+    """The credit a probe of `other` from `cur` needs now: `probe_steps`, or `probe_steps` less the budget's whole
+    holding (`probe_credit` probes) for a *first visit* whose entry retracts nothing: `other` has never run near this
+    batch and context (no estimate of its bucket answers there: `_known`; not merely stale), and the flip into it
+    re-prefills no running request (plain decoding, a tier change, or nothing running). Such a probe borrows against
+    the budget: the credit may fall to minus its holding, and every later probe waits until the steps have paid it
+    back, so the probes' steps stay within `explore_fraction` of the steps observed plus twice the holding, as
+    before it was once. Why: the budget is spent where the load is first met (short prompts, at each batch), and a
+    phase of long prompts then finds it empty; a mode never measured near a context is not known there at all, and
+    no rule that reads the numbers can find it faster while it is not run. The H200 (2026-12-06, 3a41e11; the context
+    trace, tests/test_auto_h200_3a41e11.py): five probes at short prompts left 0.1 steps of credit at step 1,215;
+    through the 2-long, 8-long and 24-mixed phases (steps 1,395-2,159) plain decoding was never run near their
+    2,000-3,500 tokens, the credit stayed under one probe's 24 steps (5-18), and speculation held on the prior where
+    plain decoding was 10-37 % faster (auto 0.911x, 0.738x and 0.783x the per-phase best)."""
+    p = state.params
+    first_visit = (other == PLAIN or cur != PLAIN or running <= 0) \
+        and _known(state, other, _batch(other, load, spec_cap), context) is None
+    return p.probe_steps - (p.probe_credit * p.probe_steps if first_visit else 0)
+
+
 def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: int, context: float | None) -> bool:
     """Whether speculation (`cur`), which the numbers would leave for plain decoding (`want`) on a clear win, must first
     re-measure itself here: its own estimate at this load and context is stale (`_stale`: older than `stale_after`). A
@@ -727,8 +751,15 @@ def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: i
     request against plain decoding's 7.6 ms a token: the phase took 4.04 s against plain's 3.20 s, p99 1.24x. So such a
     win waits for the dwell and confirmation, whose speculative steps re-measure it (the first window of 8 refreshes the
     estimate, and the win is clear again). Only speculation's: a probe of plain, from speculation, retracts nothing, and
-    a tier's re-probe from another tier is no flip."""
-    return cur != PLAIN and want == PLAIN and _stale(state, cur, load, spec_cap, context)
+    a tier's re-probe from another tier is no flip. Only an estimate that exists: where speculation never ran near
+    this batch and context, its steps would measure it for the first time, not refresh it, and the prior leaves it
+    there only where it is outgrown (`_outgrown`, which also bars its probe) or past its cap. The H200 (2026-12-06,
+    3a41e11, tests/test_auto_h200_3a41e11.py): at the 8-long phase's first wave, nothing running, plain decoding
+    measured 10 % faster at 2 long requests, the prior's flip off waited 24 steps at 18.7 ms against plain's 5.9 ms."""
+    if cur == PLAIN or want != PLAIN:
+        return False
+    est = _known(state, cur, _batch(cur, load, spec_cap), context)
+    return est is not None and state.step - est.updated > state.params.stale_after
 
 
 def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
@@ -855,13 +886,13 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     if want == cur:
         # a probe measures a steady batch: none while the demand is below the hold's peak (a wave's tail or turnover,
         # where the batch shrinks and the intervals fill with the next wave's prefills; the H200, 2026-12-03, eeb8707)
-        if not probing and values[cur] is not None and state.credit >= p.probe_steps and dwell >= p.min_dwell \
-                and load == demand:
+        if not probing and values[cur] is not None and dwell >= p.min_dwell and load == demand:
             # a probe of speculation from plain needs the demand under the cap, not only the running batch: past it
             # the probe would end at once (above), learning nothing, its wave split at the cap (tests/closed_loop.py:
             # at a wave's turnover running reads 0 while 64 wait)
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
-                if other != cur and _stale(state, other, load, spec_cap, context) \
+                if other != cur and state.credit >= _probe_price(state, cur, other, load, running, spec_cap, context) \
+                        and _stale(state, other, load, spec_cap, context) \
                         and (other == PLAIN or cur != PLAIN or not past_cap) \
                         and (other == PLAIN or not _outgrown(state, load, spec_cap, context)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
