@@ -148,39 +148,3 @@ def test_the_counter_counts_a_device_read_by_hook_and_site_and_host_ints_apart()
         (hook_name(step, ()), f"test_guard_device_reads.py:{line + 4} step .tolist"): 1,
         (hook_name(step, ()), f"test_guard_device_reads.py:{line + 5} step .__bool__"): 1,
     }
-
-
-def test_a_free_inside_an_overlap_verify_is_found_at_its_draft_extend(runtime: Any, model_dir: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pool a speculative round's hooks read once (`pool_in_worker_call`) is read again after a free: three free
-    slots freed again inside the verify forward (the free list then counts them twice) are named at the draft-extend
-    behind it, whose step reads the pool, not at the result's processing that reads it next."""
-    from shim.guard.core import SpecFlipViolation
-    from statemodel.designs import CATCH_UP
-
-    build, token = h.make_eagle_verify_input, h._stand_in_token
-    armed: list[bool] = []
-
-    def build_and_arm(*args: Any, **kwargs: Any) -> Any:
-        armed.append(True)  # the draft built the verify input: the verify forward comes next
-        return build(*args, **kwargs)
-
-    def token_and_free_twice(*args: Any, **kwargs: Any) -> Any:
-        if armed and armed.pop():
-            allocator = drv.pools.allocator
-            allocator.free(allocator.free_pages[:3].clone())  # slots already free, freed again
-            armed.append(False)  # once
-        return token(*args, **kwargs)
-
-    monkeypatch.setattr(h, "make_eagle_verify_input", build_and_arm)
-    monkeypatch.setattr(h, "_stand_in_token", token_and_free_twice)
-    gf.configure_guard(runtime, CATCH_UP)
-    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), CATCH_UP)
-    drv.accepts = gf.accept_cycle([1, 2, 3, 4])
-    drv.add(gf.make_reqs("o", 2, max_new_tokens=30))
-    with pytest.raises(SpecFlipViolation) as excinfo:
-        for _ in range(6):
-            drv.iteration()
-    exc = excinfo.value
-    assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
-    assert (exc.invariant, exc.action) == ("kv_conservation", "draft_extend"), str(exc)
