@@ -88,7 +88,9 @@ def counted_steps(runtime: Any, model_dir: Path, size: int, kind: str, steps: in
     """`steps` overlap-loop iterations of `size` running requests, all speculative ("spec": the retract switch's
     t_off above the batch) or all plain (t_off 1), counted after the warm-up."""
     gf.configure_guard(runtime, RETRACT_CATCH_UP)
-    runtime.slot_values = "assert"  # the path a GPU server takes in assert mode (auto there): no answer read
+    # the path a GPU server takes in assert mode (auto there): no answer read; the runtime is the process's one, so
+    # the setting goes back after (the later test files take the host's own path)
+    slot_values, runtime.slot_values = runtime.slot_values, "assert"
     counter = DeviceReadCounterCpuStandIn()
     runtime.sync_counter = counter
     try:
@@ -110,6 +112,7 @@ def counted_steps(runtime: Any, model_dir: Path, size: int, kind: str, steps: in
         assert runtime.guard.slot_values.allocs > 0  # the slot-value checks ran (on the device path)
     finally:
         runtime.sync_counter = None
+        runtime.slot_values = slot_values
     return counter
 
 

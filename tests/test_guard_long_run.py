@@ -298,7 +298,9 @@ def test_long_run_auto_switch_is_clean(runtime: Any, model_dir: Path, radix: boo
     counts, drv = run_auto_loop(runtime, model_dir, radix=radix)
     g = runtime.guard
     assert g.config.design.name == f"{AUTO_RETRACT_CATCH_UP.name}_overlap"
-    assert g.found == [] and counts["flips"] >= STEPS // 50, counts
+    # many flips, not a rate: the learner decides how often (rechecks priced at their real steps and timed at a
+    # turnover of the requests flip less: 38 in 2,000 iterations with the radix cache on, 2026-12-06, 1be09ed)
+    assert g.found == [] and counts["flips"] >= STEPS // 100, counts
     assert {a for _, a in drv.flips} == {"flip_off", "flip_on"} and drv.switch.policy.refused == 0
     reasons = {e["reason"] for e in drv.switch.trace.events if e["action"] in ("flip_off", "flip_on")}
     assert "measured" in reasons, reasons  # its decisions came from the step times it learned, not the prior only

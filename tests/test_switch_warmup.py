@@ -25,7 +25,6 @@ from shim.releases import release_line  # noqa: E402
 from shim.switch import auto as auto_switch  # noqa: E402
 from shim.switch import warmup  # noqa: E402
 from shim.switch.config import SwitchConfig, SwitchConfigError  # noqa: E402
-from statemodel import auto_policy as ap  # noqa: E402
 from statemodel.designs import RETRACT_CATCH_UP  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -250,7 +249,7 @@ def test_auto_learns_nothing_from_the_warmup_and_starts_afresh_after_it() -> Non
         t[0] += 0.006
     # the window (2 decodes) agreed: the one interval between the user's two steps, nothing of the warm-up
     assert auto.pending == [] and auto.agreements == 1 and auto.state.step == 1
-    assert ap.initial_state().params == auto.state.params
+    assert auto.state.params == fresh.params  # the defaults, with this switch's window (agree_window 2)
 
 
 def test_refused_warmup_requests_are_one_warning_and_the_server_starts(caplog: Any) -> None:
