@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,33 +47,21 @@ def test_an_overlap_rounds_verify_and_draft_extend_are_traced_where_they_ran(run
     assert places == {("verify", VERIFY_WHERE), ("draft_extend", DRAFT_EXTEND_WHERE)}, places
 
 
-def leak_three(allocator: Any) -> None:
-    allocator.alloc(3)  # owned by nobody
-
-
-def free_three_free_slots_again(allocator: Any) -> None:
-    allocator.free(allocator.free_pages[:3].clone())  # slots already free, freed again: the free list counts them twice
-
-
-@pytest.mark.parametrize(("fault", "text"), [(leak_three, "3 slots leaked"), (free_three_free_slots_again, None)])
-def test_a_pool_fault_in_an_overlap_verify_is_found_at_its_draft_extend(runtime: Any, model_dir: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch,
-                                                                        fault: Any, text: str | None) -> None:
-    """Overlap loop: three slots leak, or three free slots are freed again, inside the verify forward (after its launch
-    was checked, before the draft-extend behind it): the draft-extend's step reads the pool (`Guard.draft_extend_starts`
-    overlaying it; the pool a speculative round's hooks read once, `pool_in_worker_call`, is read again after an alloc
-    or a free) and names it there, not the result's processing that reads the pool next."""
+def fault_inside_an_overlap_verify(runtime: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                   fault: Callable[[Any, Any], None]) -> pytest.ExceptionInfo[SpecFlipViolation]:
+    """Two overlap-loop requests under CATCH_UP with `fault(batch, allocator)` applied once inside the first verify
+    forward (after its launch was checked, before the draft-extend behind it): what the guard raised."""
     build, token = h.make_eagle_verify_input, h._stand_in_token
-    armed: list[bool] = []
+    armed: list[Any] = []
 
-    def build_and_arm(*args: Any, **kwargs: Any) -> Any:
-        armed.append(True)  # the draft built the verify input: the verify forward comes next
-        return build(*args, **kwargs)
+    def build_and_arm(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        armed.append(batch)  # the draft built the verify input: the verify forward comes next
+        return build(batch, *args, **kwargs)
 
     def token_with_fault(*args: Any, **kwargs: Any) -> Any:
-        if armed and armed.pop():
-            fault(drv.pools.allocator)
-            armed.append(False)  # once
+        if armed and armed[-1] is not None:
+            fault(armed.pop(), drv.pools.allocator)
+            armed.append(None)  # once
         return token(*args, **kwargs)
 
     monkeypatch.setattr(h, "make_eagle_verify_input", build_and_arm)
@@ -84,6 +73,26 @@ def test_a_pool_fault_in_an_overlap_verify_is_found_at_its_draft_extend(runtime:
     with pytest.raises(SpecFlipViolation) as excinfo:
         for _ in range(6):
             drv.iteration()
+    return excinfo
+
+
+def leak_three(batch: Any, allocator: Any) -> None:
+    allocator.alloc(3)  # owned by nobody
+
+
+def free_three_free_slots_again(batch: Any, allocator: Any) -> None:
+    allocator.free(allocator.free_pages[:3].clone())  # slots already free, freed again: the free list counts them twice
+
+
+@pytest.mark.parametrize(("fault", "text"), [(leak_three, "3 slots leaked"), (free_three_free_slots_again, None)])
+def test_a_pool_fault_in_an_overlap_verify_is_found_at_its_draft_extend(runtime: Any, model_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        fault: Any, text: str | None) -> None:
+    """Overlap loop: three slots leak, or three free slots are freed again, inside the verify forward (after its launch
+    was checked, before the draft-extend behind it): the draft-extend's step reads the pool (`Guard.draft_extend_starts`
+    overlaying it; the pool a speculative round's hooks read once, `pool_in_worker_call`, is read again after an alloc
+    or a free) and names it there, not the result's processing that reads the pool next."""
+    excinfo = fault_inside_an_overlap_verify(runtime, model_dir, monkeypatch, fault)
     exc = excinfo.value
     assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert (exc.invariant, exc.action) == ("kv_conservation", "draft_extend"), str(exc)
@@ -119,30 +128,12 @@ def test_a_request_wrong_in_an_overlap_verify_is_found_at_its_draft_extend(runti
     request's allocated length goes one past what it holds, on a reqs list the launch's reading did not read (so the
     draft-extend reads its requests afresh, `observe_requests_in_worker_call`). The draft-extend's step reads them
     (`Guard.draft_extend_starts` passing `reqs` to its step) and names it there, not the result's processing."""
-    build, token = h.make_eagle_verify_input, h._stand_in_token
-    armed: list[Any] = []
 
-    def build_and_arm(batch: Any, *args: Any, **kwargs: Any) -> Any:
-        armed.append(batch)  # the draft built the verify input: the verify forward comes next
-        return build(batch, *args, **kwargs)
+    def allocated_one_past(batch: Any, allocator: Any) -> None:
+        batch.reqs = list(batch.reqs)
+        batch.reqs[0].kv.kv_allocated_len += 1  # no slot allocated for it
 
-    def token_and_wrong(*args: Any, **kwargs: Any) -> Any:
-        if armed and armed[-1] is not None:
-            batch = armed.pop()
-            batch.reqs = list(batch.reqs)
-            batch.reqs[0].kv.kv_allocated_len += 1  # no slot allocated for it
-            armed.append(None)  # once
-        return token(*args, **kwargs)
-
-    monkeypatch.setattr(h, "make_eagle_verify_input", build_and_arm)
-    monkeypatch.setattr(h, "_stand_in_token", token_and_wrong)
-    gf.configure_guard(runtime, CATCH_UP)
-    drv = ol.OverlapDriver(ol.overlap_pools(model_dir), CATCH_UP)
-    drv.accepts = gf.accept_cycle([1, 2, 3, 4])
-    drv.add(gf.make_reqs("o", 2, max_new_tokens=30))
-    with pytest.raises(SpecFlipViolation) as excinfo:
-        for _ in range(6):
-            drv.iteration()
+    excinfo = fault_inside_an_overlap_verify(runtime, model_dir, monkeypatch, allocated_one_past)
     exc = excinfo.value
     assert "before_draft_extend_for_decode" in {entry.name for entry in excinfo.traceback}, str(exc)
     assert exc.action == "draft_extend", str(exc)
