@@ -53,7 +53,9 @@ python3 -c "import tarfile;tarfile.open('$K/site.tar.xz').extractall('/tmp/site'
 # specflip installed as an operator installs it: its built wheel (.gpu/dist, carried; built here with
 # `.venv/bin/python -m pip wheel . --no-deps --no-build-isolation -w .gpu/dist`), whose `sglang.srt.plugins` entry
 # point (shim.plugin:register: the v2 switch when SPECFLIP_SWITCH is set, then the guard when SPECFLIP_MODE is set)
-# SGLang's load_plugins() finds. The repository stays on the path after it for the clients (bench/gpu/*.py).
+# SGLang's load_plugins() finds. The repository stays on the path after it for the clients (bench/gpu/*.py). The
+# servers start with `python3 -P`: `-m` puts the working directory first on sys.path, where the repository's own
+# statemodel/ and shim/ shadowed the wheel's (until 2026-12-06 every call measured the carried working tree's code)
 WHL=$(ls "$REPO"/.gpu/dist/specflip-*.whl 2>/dev/null | head -n 1)
 [ -n "$WHL" ] || { echo "no .gpu/dist/specflip-*.whl: build it and carry .gpu (header)"; exit 2; }
 python3 -m pip install -q --no-deps --no-index --target /tmp/site "$WHL" 2>&1 | grep -v 'already exists' | tail -n 2
@@ -90,7 +92,7 @@ start() {
     jit=TRITON_CACHE_DIR=/tmp/jitcache/triton-$name; rm -rf "${jit#*=}"; mkdir -p /tmp/jitcache/triton
     cp -r /tmp/jitcache/triton "${jit#*=}"
   fi
-  env $envs $jit SPECFLIP_SWITCH_TRACE=$TR setsid python3 -m sglang.launch_server --model-path $M/target \
+  env $envs $jit SPECFLIP_SWITCH_TRACE=$TR setsid python3 -P -m sglang.launch_server --model-path $M/target \
       --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init --mem-fraction-static $mem \
       --port $1 --cuda-graph-max-bs 256 $flags $2 > "$TR/server.log" 2>&1 &
   PIDS+=($!)

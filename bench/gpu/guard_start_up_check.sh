@@ -10,10 +10,10 @@ M=/tmp/models_small
 SPEC="--speculative-algorithm EAGLE3 --speculative-eagle-topk 1 --speculative-num-steps 3 --speculative-num-draft-tokens 4 --speculative-draft-model-path $M/draft"
 BASE="--model-path $M/target --attention-backend triton --sampling-backend pytorch --skip-tokenizer-init --mem-fraction-static 0.3 --max-total-tokens 20000"
 echo "== assert + page-size 16"
-SPECFLIP_MODE=assert timeout 150 python3 -m sglang.launch_server $BASE $SPEC --page-size 16 --port 31000 > $OUT/gauge/assert.log 2>&1
+SPECFLIP_MODE=assert timeout 150 python3 -P -m sglang.launch_server $BASE $SPEC --page-size 16 --port 31000 > $OUT/gauge/assert.log 2>&1
 echo "rc=$?"; grep -n "specflip" $OUT/gauge/assert.log | head -5 | cut -c1-400; echo "tracebacks: $(grep -c Traceback $OUT/gauge/assert.log)"
 echo "== warn + page-size 16 + metrics"
-SPECFLIP_MODE=warn setsid python3 -m sglang.launch_server $BASE $SPEC --page-size 16 --enable-metrics --port 31001 > $OUT/gauge/warn.log 2>&1 &
+SPECFLIP_MODE=warn setsid python3 -P -m sglang.launch_server $BASE $SPEC --page-size 16 --enable-metrics --port 31001 > $OUT/gauge/warn.log 2>&1 &
 PID=$!; for i in $(seq 1 60); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:31001/health', timeout=2)" 2>/dev/null && break; sleep 2; done
 python3 -c "
 import urllib.request as u, json
