@@ -157,9 +157,9 @@ class AutoParams:
     explore_fraction: float = 0.02  # the probe budget: 2 % of observed steps
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
-    # ... but plain decoding's, where speculation's measured value beats it by `clear_win`, only after this many: a plain
-    # step's seconds follow the host and the batch, not the traffic, and speculation's own steps keep its value fresh
-    # (`_behind_clearly`)
+    # ... but plain decoding's, where speculation's measured value beats it by `clear_win`, only after this many: a
+    # plain step's seconds follow the host and the batch, not the traffic, and speculation's own steps keep its value
+    # fresh (`_behind_clearly`)
     stale_behind_after: int = 8192
     hold_steps: int = 16  # a decision values the most requests seen within the last 16 steps (a wave's turnover)
     # ... unless the demand has settled below that peak: this many scheduling points in a row with requests running,

@@ -227,11 +227,11 @@ def test_a_first_visit_borrows_only_where_its_entry_retracts_nothing(running: in
 
 def test_plain_a_clear_win_behind_fresh_speculation_waits_longer_for_its_probe() -> None:
     """The run's probes of plain at learner steps 2,419 (accept_shift's predictable phase), 4,335 (bursty_contrast's
-    quiet phase, its first scheduling point) and 5,398 each visited plain decoding at 1-2 short requests where speculation,
-    running and measured there, led plain's stale estimate by 48-55 % (e.g. 666 against 455 tok/s): 24 plain steps and a
-    catch-up back for a number a budget period does not move. Plain's estimate, a clear win behind, is probed again only
-    after `stale_behind_after` steps; the same state with the lead under `clear_win`, or with plain's estimate older than
-    that, is probed."""
+    quiet phase, its first scheduling point) and 5,398 each visited plain decoding at 1-2 short requests where
+    speculation, running and measured there, led plain's stale estimate by 48-55 % (e.g. 666 against 455 tok/s): 24
+    plain steps and a catch-up back for a number a budget period does not move. Plain's estimate, a clear win behind,
+    is probed again only after `stale_behind_after` steps; the same state with the lead under `clear_win`, or with
+    plain's estimate older than that, is probed."""
     lines = h200._trace(TARBALL, MEMBER)
     records = [json.loads(line) for line in lines]
     t0 = records[0]["t"]
