@@ -157,6 +157,10 @@ class AutoParams:
     explore_fraction: float = 0.02  # the probe budget: 2 % of observed steps
     probe_credit: int = 4  # probes the budget holds at start and at most
     stale_after: int = 1024  # steps after which an estimate is probed again (about one probe per budget period)
+    # ... but plain decoding's, where speculation's measured value beats it by `clear_win`, only after this many: a
+    # plain step's seconds follow the host and the batch, not the traffic, and speculation's own steps keep its value
+    # fresh (`_behind_clearly`)
+    stale_behind_after: int = 8192
     hold_steps: int = 16  # a decision values the most requests seen within the last 16 steps (a wave's turnover)
     # ... unless the demand has settled below that peak: this many scheduling points in a row with requests running,
     # none waiting and the demand unchanged (a wave's turnover brings its requests back a few at a time, each
@@ -188,7 +192,8 @@ class AutoParams:
                 and 0 <= self.recheck_fraction < 1):
             raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
-               self.stale_after, self.hold_steps, self.recheck_steps, self.calm_points) < 0 or self.min_samples < 1 \
+               self.stale_after, self.stale_behind_after, self.hold_steps, self.recheck_steps,
+               self.calm_points) < 0 or self.min_samples < 1 \
                 or self.agree_window < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples, agree_window >= 1): {self}")
 
@@ -670,6 +675,27 @@ def _stale(state: AutoState, mode: int, demand: int, spec_cap: int, context: flo
     return est is None or state.step - est.updated > state.params.stale_after
 
 
+def _behind_clearly(state: AutoState, other: int, cur: int, values: Sequence[float | None], measured: set[int],
+                    demand: int, spec_cap: int, context: float | None) -> bool:
+    """Whether a stale estimate of plain decoding is not worth a probe yet: speculation (`cur`) runs, its value here
+    measured by its own steps, and it beats plain's by `clear_win` or more, with plain's estimate younger than
+    `stale_behind_after`. A probe of plain from speculation costs the requests running through it (the flip off, its
+    slower steps, the catch-up back: the H200, 2026-12-06 (3a41e11): 24-31 plain steps at 2 requests, 0.07 s of a 1.7 s
+    phase and 1.15-1.22x its p99, where speculation led plain by 55 %); plain's seconds at a batch and context follow
+    the host, not the traffic (speculation's accept length, which follows the traffic, is measured at every speculative
+    step), so a clear lead does not close by itself within a budget period. A host that drifts or an estimate spoiled
+    by prefills (the H200, 2026-12-03 (dff2822): plain at 48 valued at 9 ms a step, 5.0 ms measured) is still
+    probed, after `stale_behind_after` steps, and at once where the lead is under `clear_win`."""
+    p = state.params
+    if other != PLAIN or cur == PLAIN or cur not in measured or PLAIN not in measured:
+        return False
+    v_cur, v_plain = values[cur], values[PLAIN]
+    if v_cur is None or v_plain is None or v_cur < v_plain * (1 + p.clear_win):
+        return False
+    est = _known(state, PLAIN, _batch(PLAIN, demand, spec_cap), context)
+    return est is not None and state.step - est.updated <= p.stale_behind_after
+
+
 def _best(known: dict[int, float]) -> int:
     """The mode of the highest value among the known ones; a tie goes to the later mode."""
     return max(known, key=lambda m: (known[m], m))
@@ -893,6 +919,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
             for other in state.modes:  # plain, then the ladder: the first stale one the cap lets run
                 if other != cur and state.credit >= _probe_price(state, cur, other, load, running, spec_cap, context) \
                         and _stale(state, other, load, spec_cap, context) \
+                        and not _behind_clearly(state, other, cur, values, measured, load, spec_cap, context) \
                         and (other == PLAIN or cur != PLAIN or not past_cap) \
                         and (other == PLAIN or not _outgrown(state, load, spec_cap, context)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)

@@ -196,9 +196,10 @@ def test_the_context_trace_within_3_percent_of_the_per_phase_best() -> None:
 @pytest.mark.parametrize("credit", [0.1, 96.0])
 def test_a_stale_estimate_still_waits_for_the_budget(credit: float) -> None:
     """Only a first visit borrows: plain decoding at 2 short requests, measured by c2_short's probe but now older
-    than `stale_after` (speculation fresh there), is re-probed only with a probe's steps of credit."""
+    than `stale_behind_after` (speculation fresh there, a clear win ahead of it), is re-probed only with a probe's steps
+    of credit."""
     state = at_c2_long()
-    step = state.step + ap.AutoParams().stale_after + 100
+    step = state.step + ap.AutoParams().stale_behind_after + 100
     fresh = tuple((k, attrs.evolve(e, updated=step) if k[0] == 1 else e) for k, e in state.estimates)
     state = attrs.evolve(state, estimates=fresh, step=step, flip_step=step - 100, credit=credit, peak_step=step)
     d = ap.decide(state, True, 2, 2, CAP, context=100.0)
@@ -222,3 +223,35 @@ def test_a_first_visit_borrows_only_where_its_entry_retracts_nothing(running: in
     d = ap.decide(state, False, 32, running, CAP)
     assert d.plain_value is not None and d.spec_value is not None and d.plain_value > d.spec_value * 1.03, d
     assert (d.action == ap.FLIP_ON and d.reason == "probe") == probes, d
+
+
+def test_plain_a_clear_win_behind_fresh_speculation_waits_longer_for_its_probe() -> None:
+    """The run's probes of plain at learner steps 2,419 (accept_shift's predictable phase), 4,335 (bursty_contrast's
+    quiet phase, its first scheduling point) and 5,398 each visited plain decoding at 1-2 short requests where
+    speculation, running and measured there, led plain's stale estimate by 48-55 % (e.g. 666 against 455 tok/s): 24
+    plain steps and a catch-up back for a number a budget period does not move. Plain's estimate, a clear win behind,
+    is probed again only after `stale_behind_after` steps; the same state with the lead under `clear_win`, or with
+    plain's estimate older than that, is probed."""
+    lines = h200._trace(TARBALL, MEMBER)
+    records = [json.loads(line) for line in lines]
+    t0 = records[0]["t"]
+    for r in [r for r in records if r.get("action") == "auto_decide" and r["reason"] == "probe"
+              and r["learner_step"] in (2419, 4335, 5398)]:
+        state = h200.replay_windows(WINDOWS, CATCH_UPS, r["t"] - t0)
+        state = attrs.evolve(state, incumbent=1, flip_step=state.step - 300, credit=96.0, peak=r["demand"],
+                             peak_step=state.step, last_demand=r["demand"], calm=0)
+        d = ap.decide(state, True, r["demand"], r["running"], CAP, context=r["context"])
+        assert d.action is None and d.reason == "measured", (r["learner_step"], d)
+        assert d.spec_value >= d.plain_value * (1 + state.params.clear_win), d
+        # the run's learner (every stale estimate probed after `stale_after`) probed here
+        then = attrs.evolve(state, params=attrs.evolve(state.params, stale_behind_after=0))
+        assert ap.decide(then, True, r["demand"], r["running"], CAP, context=r["context"]).reason == "probe"
+        # a lead under the clear win: probed at `stale_after`
+        close = attrs.evolve(state, params=attrs.evolve(state.params, clear_win=d.spec_value / d.plain_value - 0.99))
+        assert ap.decide(close, True, r["demand"], r["running"], CAP, context=r["context"]).reason == "probe"
+        # plain's estimate older than `stale_behind_after`: probed
+        old = attrs.evolve(state, step=state.step + state.params.stale_behind_after, flip_step=state.step - 300
+                           + state.params.stale_behind_after, peak_step=state.step + state.params.stale_behind_after)
+        fresh = tuple((k, attrs.evolve(e, updated=old.step) if k[0] == 1 else e) for k, e in old.estimates)
+        assert ap.decide(attrs.evolve(old, estimates=fresh), True, r["demand"], r["running"], CAP,
+                         context=r["context"]).reason == "probe"
