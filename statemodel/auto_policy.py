@@ -85,7 +85,12 @@ recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fractio
 is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after
 speculation last drafted: the accept length belongs to the requests, and new ones are where it may have changed). A
 window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the
-estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
+estimate afresh (`accept_runs`). Where the draft's vocabulary is smaller than the target's, the switch also counts
+the share of the committed tokens inside it (`Observation.coverage`), which plain steps show and which bounds the
+accept length (`accept_bound`: 1 / (1 - coverage)): a bound risen by a clear win over what speculation was measured at
+makes a recheck due at once, borrowing the budget, and a bound that cannot beat plain decoding spends no recheck
+(`_recheck_due`); without it, everything above is unchanged.
+A step reads every running request's KV: each bucket keeps an estimate per context band
 (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
 at the next batch's context (`context=`: the switch gives the longest running or waiting request's, which paces a
 speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of

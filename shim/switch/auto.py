@@ -177,6 +177,8 @@ class AutoSwitch:
                 "rechecks": self.state.rechecks,
                 "context": None if d.context is None else round(d.context, 1),
                 "digest": self.state.digest(),
+                **({} if self.state.coverage is None else {"coverage": round(self.state.coverage.mean, 4)}),
+                **({} if not d.recheck_debt else {"recheck_debt": round(d.recheck_debt, 1)}),
                 **({} if d.catch_up_s is None else {"saved_s": round(d.saved_s or 0.0, 4),
                                                      "catch_up_s": round(d.catch_up_s, 4)}),
                 **({} if not self.state.tiers else
@@ -331,10 +333,8 @@ class AutoSwitch:
             lens = accept.tolist()
             if len(lens) != len(reqs):
                 return
-            for req, n in zip(reqs, lens, strict=True):
-                committed = req.output_ids[-n:] if n > 0 else ()
-                tokens += len(committed)
-                hits += sum(1 for t in committed if t in vocab)
+            committed = [t for req, n in zip(reqs, lens, strict=True) if n > 0 for t in req.output_ids[-n:]]
+            tokens, hits = len(committed), sum(map(vocab.__contains__, committed))
         self.cover_tokens += tokens
         self.cover_hits += hits
 
