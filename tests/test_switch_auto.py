@@ -665,3 +665,33 @@ def test_the_coverage_counts_the_tokens_each_decode_result_committed() -> None:
         else:
             assert auto.state.coverage is not None and auto.state.coverage.mean == pytest.approx(4 / 6)
             assert (auto.cover_hits, auto.cover_tokens) == (0, 0)
+
+
+def test_through_the_real_hooks_the_coverage_follows_the_committed_tokens(runtime: Any, model_dir: Path) -> None:
+    """The coverage through the real `_process_result_around` hook under the overlap schedule: a draft vocabulary of
+    the tiny model's even ids (`auto.vocab`, as `draft_vocabulary` would set it), phases of 2 and 8 requests in both
+    modes. The switch counts the committed tokens of every decode result, plain (newest token) and verify (its real
+    `accept_lens` from the batch result), each exactly once: over the run the tokens counted are the decode tokens
+    the requests committed, the hits those with even ids. The learner holds the coverage and the one its accept
+    length was measured at; outputs greedy-exact, the guard (assert) finds nothing."""
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    auto = drv.switch.policy.auto
+    auto.vocab = frozenset(range(0, h.VOCAB_SIZE, 2))
+    counted: list[tuple[bool, int, int]] = []
+    count = auto.count_coverage
+
+    def spy(reqs: Any, accept: Any) -> None:
+        before = (auto.cover_hits, auto.cover_tokens)
+        count(reqs, accept)
+        counted.append((accept is not None, auto.cover_hits - before[0], auto.cover_tokens - before[1]))
+
+    auto.count_coverage = spy
+    reqs, _ends = drive_phases(drv, [(2, 40), (8, 50), (2, 40)])
+    assert runtime.guard.found == [] and ol_greedy(reqs) == []
+    assert {verify for verify, _, n in counted if n} == {True, False}  # both modes counted
+    hits, tokens = sum(c[1] for c in counted), sum(c[2] for c in counted)
+    committed = [t for r in reqs for t in r.output_ids[1:]]  # the first token is the prefill's
+    assert 0.7 * len(committed) <= tokens <= len(committed), (tokens, len(committed))
+    assert 0.3 < hits / tokens < 0.7 and abs(hits / tokens - sum(t % 2 == 0 for t in committed) / len(committed)) < 0.05
+    assert auto.state.coverage is not None and auto.state.accept_cover(1) is not None

@@ -317,23 +317,25 @@ class AutoSwitch:
         """The tokens a processed decode result committed, and those in the draft's vocabulary: per request its newest
         output token (a plain step: `accept` None), or its last accept length's tokens (a verify: `accept_lens`, on
         the host; a device tensor is not read, and rows that do not match the requests are not counted). Host lists
-        only: `req.output_ids`, which the result's processing has extended."""
+        only: `req.output_ids`, which the result's processing has extended (a request that finished in it is left out
+        with the rest: its last tokens are not counted)."""
         vocab, hits, tokens = self.vocab, 0, 0
         if vocab is None:
             return
+        # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule one
+        # that finished at the step before is still in this batch): not counted, its last tokens included
         if accept is None:
-            for req in reqs:
-                out = req.output_ids
-                if out:
-                    tokens += 1
-                    hits += out[-1] in vocab
+            last = [req.output_ids[-1] for req in reqs if req.output_ids and not (req.finished() or req.is_retracted)]
+            tokens, hits = len(last), sum(map(vocab.__contains__, last))
         else:
             if not getattr(accept, "is_cpu", False):
                 return
             lens = accept.tolist()
             if len(lens) != len(reqs):
                 return
-            committed = [t for req, n in zip(reqs, lens, strict=True) if n > 0 for t in req.output_ids[-n:]]
+            committed = [t for req, n in zip(reqs, lens, strict=True) if n > 0 and not (req.finished() or
+                                                                                          req.is_retracted)
+                         for t in req.output_ids[-n:]]
             tokens, hits = len(committed), sum(map(vocab.__contains__, committed))
         self.cover_tokens += tokens
         self.cover_hits += hits
