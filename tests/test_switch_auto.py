@@ -638,15 +638,21 @@ def test_the_coverage_counts_the_tokens_each_decode_result_committed() -> None:
         auto.vocab = vocab
         reqs = [h.make_req("a", [1, 2, 3]), h.make_req("b", [1, 2, 3])]
         reqs[0].output_ids, reqs[1].output_ids = [9, 1], [9, 9]
+        # a request finished at the step before (under the overlap schedule still in the batch) and a retracted one:
+        # their results commit nothing
+        done, retracted = h.make_req("c", [1, 2, 3]), h.make_req("d", [1, 2, 3])
+        done.output_ids, retracted.output_ids = [0, 0], [2]
+        h.finish_req(done)
+        retracted.is_retracted = True
         plain = _batch("plain", 2)
-        plain.reqs = reqs
+        plain.reqs = reqs + [done, retracted]
         auto.on_result(plain, type("Result", (), {"accept_lens": None})())  # newest: 1 in, 9 out
         assert (auto.cover_hits, auto.cover_tokens) == ((1, 2) if vocab else (0, 0))
         spec = _batch("spec", 2)
-        spec.reqs = reqs
+        spec.reqs = reqs + [done, retracted]
         reqs[0].output_ids += [3, 2, 0]
         reqs[1].output_ids += [9]
-        auto.on_result(spec, type("Result", (), {"accept_lens": torch.tensor([3, 1])})())  # 3, 2, 0 and 9: 3 of 4
+        auto.on_result(spec, type("Result", (), {"accept_lens": torch.tensor([3, 1, 2, 1])})())  # 3, 2, 0 and 9: 3 of 4
         assert (auto.cover_hits, auto.cover_tokens) == ((4, 6) if vocab else (0, 0))
         prefill = _batch("prefill", 2)
         prefill.reqs = reqs
