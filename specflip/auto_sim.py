@@ -14,7 +14,11 @@ length, its tokens scale: requests the draft cannot predict draft at 1.0), and i
 running request). A step reads every request's KV, so its seconds are the table's plus a KV-read term that grows with
 the context (`StepCost`): the tables were measured at TABLE_CONTEXT tokens per request, and with long prompts every
 step costs more, plain decoding's one token per request as much as speculation's verify, whose accepted tokens share
-it: where speculation pays moves to larger batches.
+it: where speculation pays moves to larger batches. A third, where the draft's vocabulary is smaller than the target's:
+the share of the tokens the target commits that lie in it (`coverage`, which the switch counts and the learner reads
+as a bound on the accept length: statemodel.auto_policy.accept_bound); the counter draft's 1,024 ids hold every
+output of a predictable request (1.0) and none of an unpredictable one's (0.0). Not given: no signal, as with a draft
+of the target's whole vocabulary.
 """
 
 from __future__ import annotations
@@ -110,7 +114,8 @@ def simulate(plain: Mapping[int, float], spec: Mapping[int, float], demands: Ite
              state: ap.AutoState | None = None, spec_on: bool = True, window: int = 8, noise: float = 0.0,
              seed: int = 0, traffic: Sequence[float] | None = None, accept: float | Sequence[float] | None = None,
              context: float | Sequence[float] | None = None, cost: StepCost = StepCost(),
-             tell_context: bool = True, fixed: bool = False) -> SimResult:
+             tell_context: bool = True, fixed: bool = False,
+             coverage: float | Sequence[float] | None = None) -> SimResult:
     """One decode step per demand in `demands`; returns the learner's final state, its flips and the throughput.
     `accept`, fixed or per step: the traffic's accept length (default the table's, ACCEPT_LENGTH; 1.0: requests the
     draft cannot predict); a speculative step keeps the table's time, its tokens scale. `traffic`, per step: the
@@ -118,7 +123,9 @@ def simulate(plain: Mapping[int, float], spec: Mapping[int, float], demands: Ite
     fixed or per step: the KV tokens per running request, which the learner is told as the switch tells it, and
     which moves each step's seconds by `cost` (default: none given, the table's steps, and the learner is told
     nothing; `tell_context=False`: the steps' seconds move, the learner is told nothing, as before issue 52).
-    `fixed`: the mode `spec_on` is held, a static setting (the learner only observes)."""
+    `fixed`: the mode `spec_on` is held, a static setting (the learner only observes). `coverage`, fixed or per step:
+    the draft vocabulary's share of the committed tokens, which the learner is told with every step (default: none,
+    no signal); it does not move the steps (give `accept` consistent with it: at most `accept_bound(coverage)`)."""
     if accept is not None:
         if traffic is not None:
             raise ValueError("give the accept length (accept) or its ratio to the table's (traffic), not both")
@@ -127,7 +134,7 @@ def simulate(plain: Mapping[int, float], spec: Mapping[int, float], demands: Ite
                      spec_cap=spec_cap, state=state or ap.initial_state(), steps=None if spec_on else PLAIN_STEPS,
                      window=window, noise=noise, seed=seed, traffic=traffic,
                      context=None if context is None else _PerStep(context), cost=cost, tell_context=tell_context,
-                     fixed=fixed)
+                     fixed=fixed, coverage=None if coverage is None else _PerStep(coverage))
 
 
 class _PerStep:
@@ -166,7 +173,7 @@ def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tupl
               demands: Iterable[int], *, spec_cap: int, state: ap.AutoState, steps: int | None, window: int,
               noise: float, seed: int, traffic: Sequence[float] | _PerStep | None = None,
               context: _PerStep | None = None, cost: StepCost = StepCost(), tell_context: bool = True,
-              fixed: bool = False) -> SimResult:
+              fixed: bool = False, coverage: _PerStep | None = None) -> SimResult:
     """The loop of both: `spec` maps each step count (None: speculation without tiers) to its points and accept
     length; `steps` is the mode at the start (PLAIN_STEPS: plain)."""
     rng = random.Random(seed)
@@ -212,7 +219,8 @@ def _simulate(plain_pts: list[tuple[int, float]], spec: Mapping[int | None, tupl
         result.step_tokens.append(tokens)
         result.step_seconds.append(seconds)
         pending.append(ap.Observation(spec_on=spec_on, batch=batch, tokens=tokens, seconds=seconds,
-                                      steps=tier if spec_on else None, context=told or 0.0))
+                                      steps=tier if spec_on else None, context=told or 0.0,
+                                      coverage=None if coverage is None else coverage[i]))
         if len(pending) >= window:
             for obs in pending:
                 result.state = ap.observe(result.state, obs)

@@ -85,7 +85,12 @@ recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fractio
 is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after
 speculation last drafted: the accept length belongs to the requests, and new ones are where it may have changed). A
 window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the
-estimate afresh (`accept_runs`). A step reads every running request's KV: each bucket keeps an estimate per context band
+estimate afresh (`accept_runs`). Where the draft's vocabulary is smaller than the target's, the switch also counts
+the share of the committed tokens inside it (`Observation.coverage`), which plain steps show and which bounds the
+accept length (`accept_bound`: 1 / (1 - coverage)): a bound risen by a clear win over what speculation was measured at
+makes a recheck due at once, borrowing the budget, and a bound that cannot beat plain decoding spends no recheck
+(`_recheck_due`); without it, everything above is unchanged.
+A step reads every running request's KV: each bucket keeps an estimate per context band
 (`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
 at the next batch's context (`context=`: the switch gives the longest running or waiting request's, which paces a
 speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
@@ -211,6 +216,9 @@ class Observation:
     # the KV tokens per request the step read (prompt and output; the switch gives its longest request's, which paces
     # a speculative step: shim.switch.auto.batch_context); 0: not known
     context: float = 0.0
+    # the share of the tokens the target committed (the step's window's) that lie in the draft's vocabulary; None: no
+    # signal (the draft's vocabulary is the target's, or no token was counted): `accept_bound`
+    coverage: float | None = None
 
 
 @attrs.frozen
@@ -293,6 +301,7 @@ class Decision:
     catch_up_s: float | None = None  # ... and the seconds their catch-up (re-prefill) would cost
     load: int = 0  # the demand valued: `demand`, or the most seen within the last `hold_steps` steps
     context: float | None = None  # the KV tokens per running request the values are for (None: as learned)
+    recheck_debt: float = 0.0  # a recheck: the budget's steps it borrowed, still owed after it (`_recheck_due`)
 
 
 @attrs.frozen
@@ -328,6 +337,15 @@ class AutoState:
     # (mode, samples in a row a clear win above (> 0) or below (< 0) its accept length's estimate, the mean square
     # of the samples' deviations from the estimate: EWMA, weight `alpha`)
     accept_runs: tuple[tuple[int, int, float], ...] = ()
+    # the draft vocabulary's coverage of the tokens the target commits (`Observation.coverage`; EWMA, weight `alpha`,
+    # over every observed step that carries it; None: no signal), and per speculative mode the coverage its accept
+    # length was measured at (averaged with the accept length's own weights: the two are like for like)
+    coverage: Estimate | None = None
+    accept_covers: tuple[tuple[int, float], ...] = ()
+    recheck_debt: float = 0.0  # budget steps an early recheck borrowed, not yet paid back (`_recheck_due`)
+
+    def accept_cover(self, mode: int) -> float | None:
+        return next((v for m, v in self.accept_covers if m == mode), None)
 
     def accept_peak(self, mode: int) -> float | None:
         return next((v for m, v in self.accept_peaks if m == mode), None)
@@ -402,6 +420,13 @@ def _weight(n: int, alpha: float) -> float:
     return max(1.0 / n, alpha)
 
 
+def _mix_weight(old: Estimate | None, alpha: float) -> float:
+    """The weight `_ewma` gives the next sample of `old` (1: the first)."""
+    if old is None:
+        return 1.0
+    return _weight((old.weighted + 1 if old.weighted else 0) or old.samples + 1, alpha)
+
+
 def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: float = 0.0, ctx: float = 0.0) -> Estimate:
     """A running mean over the first samples, then an EWMA with weight `alpha`; `at` (a bucket's batch size of this
     sample) and `ctx` (its KV tokens per request) are averaged with the same weights."""
@@ -409,7 +434,7 @@ def _ewma(old: Estimate | None, sample: float, step: int, alpha: float, at: floa
         return Estimate(mean=sample, samples=1, updated=step, at=at, ctx=ctx, ctx_sq=ctx * ctx, ctx_s=ctx * sample)
     n = old.samples + 1
     weighted = old.weighted + 1 if old.weighted else 0
-    w = _weight(weighted or n, alpha)
+    w = _mix_weight(old, alpha)
     mix = lambda a, b: a + w * (b - a)  # noqa: E731
     return Estimate(mean=mix(old.mean, sample), samples=n, updated=step, at=mix(old.at, at), weighted=weighted,
                     ctx=mix(old.ctx, ctx), ctx_sq=mix(old.ctx_sq, ctx * ctx), ctx_s=mix(old.ctx_s, ctx * sample))
@@ -434,6 +459,8 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     step = state.step + 1
     credit = min(float(p.probe_credit * p.probe_steps), state.credit + p.explore_fraction)
     base = attrs.evolve(state, step=step, run_mode=mode, run_length=run, credit=credit)
+    if obs.coverage is not None:  # a property of the traffic, whatever the mode and however settled
+        base = attrs.evolve(base, coverage=_ewma(state.coverage, obs.coverage, step, p.alpha))
     if mode is None or run <= p.settle or obs.batch <= 0 or not obs.seconds > 0:
         return base
     if mode == PLAIN and not (obs.tokens is not None and obs.tokens > 0):
@@ -476,9 +503,16 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         run = run + side if side and (run > 0) == (side > 0) else side
         if was is not None:
             noise += _weight(was.samples + 1, p.alpha) * ((sample - was.mean) ** 2 - noise)
-        if was is not None and abs(run) >= max(1, p.confirm_steps):
+        restart = was is not None and abs(run) >= max(1, p.confirm_steps)
+        if restart:
             was, run = attrs.evolve(was, mean=sample, weighted=1), 0
         runs = tuple(sorted([r for r in state.accept_runs if r[0] != mode] + [(mode, run, noise)]))
+        if obs.coverage is not None:  # the coverage this accept length was measured at, with its weights
+            cover = state.accept_cover(mode)
+            w = 1.0 if cover is None or restart else _mix_weight(was, p.alpha)
+            cover = obs.coverage if cover is None else cover + w * (obs.coverage - cover)
+            covers = tuple(sorted([(m, v) for m, v in state.accept_covers if m != mode] + [(mode, cover)]))
+            base = attrs.evolve(base, accept_covers=covers)
         accept = _ewma(was, sample, step, p.alpha)
         accepts = tuple(sorted([(m, e) for m, e in accepts if m != mode] + [(mode, accept)]))
         # the highest accept length the traffic has drafted at (once the estimate is trusted, and not while a
@@ -701,11 +735,24 @@ def _best(known: dict[int, float]) -> int:
     return max(known, key=lambda m: (known[m], m))
 
 
+def accept_bound(coverage: float) -> float:
+    """The most tokens a verify can commit per request, on average, where `coverage` of the tokens the target commits
+    lie in the draft's vocabulary: 1 / (1 - coverage). A draft token is accepted only where it is the target's own,
+    and a draft with a reduced vocabulary (EAGLE-3's `draft_vocab_size`, SGLang's `hot_token_id`) proposes none
+    outside it: of a verify's L committed tokens the L - 1 accepted ones lie in it, so over V verifies committing T
+    tokens, I in the vocabulary, T - V <= I, and the mean accept length T / V <= 1 / (1 - I / T). The target commits
+    the same tokens whether speculation drafts them or not (greedy; sampled, the same distribution), so plain
+    decoding's tokens bound what speculation would accept. An upper bound only: tokens in the vocabulary may still
+    be mispredicted."""
+    return math.inf if coverage >= 1.0 else 1.0 / (1.0 - max(0.0, coverage))
+
+
 def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap: int, context: float | None,
-                 plain_value: float, arrivals: Sequence[int] | None = None) -> bool:
-    """Whether plain decoding, held on the numbers, should recheck speculative `mode` now: its accept length has
-    fallen by `clear_win` or more below the highest the traffic drafted at (the traffic changed, not noise: issue 52,
-    requests the draft cannot predict), speculation at that highest accept length would beat plain decoding by the
+                 plain_value: float, arrivals: Sequence[int] | None = None) -> float | None:
+    """Whether plain decoding, held on the numbers, should recheck speculative `mode` now: None where not, else the
+    budget steps the recheck leaves owed (`recheck_debt`, 0 when the budget covered it). Due where its accept length
+    has fallen by `clear_win` or more below the highest the traffic drafted at (the traffic changed, not noise: issue
+    52, requests the draft cannot predict), speculation at that highest accept length would beat plain decoding by the
     margin at this load (it may pay again), the steps since speculation last drafted cover what a recheck loses
     if the traffic still drafts as now over `recheck_fraction` of the time: the `recheck_span` decode steps a recheck
     runs, at the current accept length against plain decoding (at least a clear win's loss), plus the catch-up
@@ -717,18 +764,30 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     may have changed. So the rechecks keep the budget's bound (a recheck only comes later than the steps alone allow)
     and measure each population of requests at most once.
     No plain step shows the accept length, so this is how the learner sees requests that draft well again; its cost
-    is bounded by construction, and where speculation would lose even at its best (high load) it never rechecks."""
+    is bounded by construction, and where speculation would lose even at its best (high load) it never rechecks.
+
+    The draft vocabulary's coverage (`state.coverage`, where the switch counts it: a draft with a reduced vocabulary)
+    is what plain steps do show: the accept length speculation could reach is at most `accept_bound` of it. (a) Where
+    that bound has risen by a clear win above both the accept length measured and the bound of the coverage it was
+    measured at (`accept_cover`), the tokens are no longer the ones speculation drafted badly: the recheck is due now,
+    its budget borrowed (it leaves owed what the steps since did not cover, and the next recheck, early or not, waits
+    until that is paid back: over any run the rechecks spend at most the budget plus one recheck's holding). (b) The
+    highest accept length valued is capped by the bound: where even that cannot beat plain decoding by the margin
+    (outputs outside the draft's vocabulary), no recheck is spent. Without the signal both are absent and the rule
+    is as before."""
     p = state.params
     accept, peak = state.accept_of(mode), state.accept_peak(mode)
     if p.recheck_fraction <= 0 or accept is None or peak is None or peak < accept.mean * (1 + p.clear_win):
-        return False
+        return None
     batch = _batch(mode, load, spec_cap)
     line = _step_seconds(state, mode, batch, context)
     if line is None or not plain_value > 0:
-        return False
+        return None
     seconds = line[0]
-    if peak * batch / seconds <= plain_value * (1 + p.margin):
-        return False
+    cover = state.coverage if state.coverage is not None and state.coverage.samples >= p.min_samples else None
+    reach = peak if cover is None else min(peak, accept_bound(cover.mean))
+    if reach * batch / seconds <= plain_value * (1 + p.margin):
+        return None
     # a recheck counts as losing at least what a clear win's loser loses: near the crossover it would cost next to
     # nothing by the numbers and recur at every dwell, a flip pair each time (the flips' own host work is not in the
     # numbers)
@@ -737,9 +796,16 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     if running > 0 and context and state.catch_up is not None:
         loss += state.catch_up.seconds_for(running * context)
     plain_step = load / plain_value
-    if state.step - accept.updated < max(p.recheck_steps, loss / (p.recheck_fraction * plain_step)):
-        return False
-    return arrivals is None or 2 * sum(1 for a in arrivals if a > accept.updated) > len(arrivals)
+    need = max(p.recheck_steps, loss / (p.recheck_fraction * plain_step)) + state.recheck_debt
+    since = state.step - accept.updated
+    if cover is not None:  # (a): the bound rose by a clear win over what speculation was measured at
+        then = state.accept_cover(mode)
+        seen = max(accept.mean, 0.0 if then is None else accept_bound(then))
+        if reach >= seen * (1 + p.clear_win) and since >= state.recheck_debt:
+            return max(0.0, need - since)
+    if since < need:
+        return None
+    return 0.0 if arrivals is None or 2 * sum(1 for a in arrivals if a > accept.updated) > len(arrivals) else None
 
 
 def _probe_price(state: AutoState, cur: int, other: int, load: int, running: int, spec_cap: int,
@@ -929,8 +995,10 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
         if cur == PLAIN and not probing and reason == "measured" and values[PLAIN] is not None \
                 and dwell >= p.min_dwell and load == demand and not past_cap:
             for other in state.modes[1:]:
-                if _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals):
-                    return answer(_flip(cur, other), "recheck", incumbent=settled, to=other)
+                debt = _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals)
+                if debt is not None:
+                    return attrs.evolve(answer(_flip(cur, other), "recheck", incumbent=settled, to=other),
+                                        recheck_debt=debt)
         return answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the
     # batch it splits (the cap's share, the rest a few dozen steps later) leaves a tail that looks like a lull (the
@@ -998,7 +1066,7 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
         mode = state.mode_of(True, decision.steps) or 1
         accepts = tuple((m, attrs.evolve(e, weighted=1) if m == mode else e) for m, e in state.accepts)
         return attrs.evolve(flipped, rechecks=state.rechecks + 1, probe_len=state.params.recheck_steps,
-                            accepts=accepts)
+                            accepts=accepts, recheck_debt=decision.recheck_debt)
     return flipped
 
 

@@ -75,9 +75,11 @@ def test_the_windows_and_catch_ups_are_the_switch_traces(call: str) -> None:
             if r.get("action") == "auto_observe" and "catch_up_s" in r] == CATCH_UPS[call]
 
 
-def replay(call: str, until: float, params: ap.AutoParams | None = None) -> ap.AutoState:
-    """Call `call`'s learner before `until` (`replay_windows`)."""
-    return h200.replay_windows(WINDOWS[call], CATCH_UPS[call], until, params)
+def replay(call: str, until: float, params: ap.AutoParams | None = None, coverage: bool = False) -> ap.AutoState:
+    """Call `call`'s learner before `until` (`replay_windows`); `coverage`: with the draft-vocabulary coverage the
+    trace's requests had (`h200.phase_coverage` over `UNPREDICTABLE_SPANS`)."""
+    return h200.replay_windows(WINDOWS[call], CATCH_UPS[call], until, params,
+                               coverage=h200.phase_coverage(UNPREDICTABLE_SPANS[call]) if coverage else None)
 
 
 # --- accept_shift at 2 clients: the unpredictable phase, then predictable_again ------------------------------------
@@ -93,10 +95,16 @@ PREDICTABLE_AGAIN = {"a0": ("a", 222.006, 230), "b0": ("b", 159.386, 230), "b1":
 # (call, seconds, its learner step, the phase's steps until predictable_again's first point, the run's rechecks there)
 UNPREDICTABLE = {"a0": ("a", 216.087, 3162, 989, 3), "b0": ("b", 153.464, 3170, 989, 3),
                  "a1": ("a", 329.376, 7858, 985, 4), "b1": ("b", 266.216, 7858, 976, 4)}
+# the unpredictable phases' spans per call (seconds since the trace's first record): from the end of the window that
+# drafted the phase's first steps among the predictable phase's last (accept 1.375-1.875) to predictable_again's
+# first point (round 1 of call a: before the window that drafted its first steps at 1.625)
+UNPREDICTABLE_SPANS = {"a": [(215.96, 222.006), (329.25, 335.43)], "b": [(153.34, 159.386), (266.09, 272.194)]}
 
 
 def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = False,
-              first_made: int = 0, length: int = 127) -> tuple[float, list[tuple[int, str]], int, ap.AutoState]:
+              first_made: int = 0, length: int = 127,
+              coverage: float | tuple[float, ...] | None = None) -> tuple[float, list[tuple[int, str]], int,
+                                                                          ap.AutoState]:
     """`waves` waves of 2 requests closed-loop from `state` (the trace's scheduling points between waves: idle, 2
     waiting, then both running), `length` (127) decode tokens each (the first wave from token `first_made`), every
     step at its mode's measured seconds (speculation drafting at `accept`), a flip-on with the 2 running paying the
@@ -105,8 +113,9 @@ def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = Fa
     a wave's last step and the step before a flip are not observed, and a recheck runs 24 steps (its windows 7, 8 and
     8 observed, as in the run; until 0a54b11 this replay fed every step, and its rechecks ran 16); each decision is
     given its requests' arrivals as the switch stamps them (the learner step of the wave's first scheduling point;
-    the first wave's, `first_made` steps before the start). (decode and catch-up seconds, [(step, action:reason)],
-    steps, the state)."""
+    the first wave's, `first_made` steps before the start); `coverage`: every step's draft-vocabulary coverage (a
+    tuple: per wave, in turn; None: no signal). (decode and catch-up seconds, [(step, action:reason)], steps, the
+    state)."""
     spec_s = SPEC_S if accept >= 2.0 else SPEC_1_S
     seconds, step, flips = 0.0, 0, []
     pending: list[ap.Observation] = []
@@ -114,6 +123,7 @@ def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = Fa
     last: ap.Observation | None = None  # the previous decode step, observed once the next shows it was not cut
     for wave in range(waves):
         arrivals = (state.step - (first_made if not wave else 0),) * 2
+        cover = coverage[wave % len(coverage)] if isinstance(coverage, tuple) else coverage
         if wave or not first_made:
             last = None  # the idle iteration between waves: the wave's last step is not observed
             for running, waiting in ((0, 0), (0, 2)):
@@ -138,7 +148,7 @@ def run_waves(state: ap.AutoState, accept: float, waves: int, spec_on: bool = Fa
             state = ap.commit(state, d)
             s, tokens = (spec_s, 2 * accept) if spec_on else (PLAIN_S, 2.0)
             made, seconds, step = made + int(tokens // 2), seconds + s, step + 1
-            last, window = ap.Observation(spec_on, 2, tokens, s, context=context), window + 1
+            last, window = ap.Observation(spec_on, 2, tokens, s, context=context, coverage=cover), window + 1
             if window == 8:
                 for obs in pending:
                     state = ap.observe(state, obs)
@@ -174,17 +184,19 @@ def test_from_call_b_round_1s_own_state_the_recheck_waits_for_its_budget() -> No
     assert flips == [(254, "flip_on:recheck")], flips
 
 
-def unpredictable_then_predictable(round_: str) -> tuple[float, list[tuple[int, str]], int, float,
-                                                           list[tuple[int, str]]]:
-    """The round closed-loop from its unpredictable phase's flip off (8 waves at accept 1.0, the first 24 tokens in)
-    through predictable_again (8 waves at 2.0). (unpredictable seconds, its flips, its steps, predictable_again's
-    seconds, its flips)."""
+def unpredictable_then_predictable(round_: str, waves: int = WAVES, coverage: bool = False) -> tuple[
+        float, list[tuple[int, str]], int, float, list[tuple[int, str]]]:
+    """The round closed-loop from its unpredictable phase's flip off (`waves` waves at accept 1.0, the first 24 tokens
+    in) through predictable_again (8 waves at 2.0). `coverage`: with the draft-vocabulary coverage the requests had
+    (the counter draft's ids below 1,024: the unpredictable requests' outputs none, the predictable ones' all), in
+    the replayed windows and the waves; else no signal. (unpredictable seconds, its flips, its steps,
+    predictable_again's seconds, its flips)."""
     call, start, _step, _steps, _rechecks = UNPREDICTABLE[round_]
-    state = replay(call, start + 0.001)
+    state = replay(call, start + 0.001, coverage=coverage)
     state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step, want_since=None)
-    seconds, flips, n, state = run_waves(state, 1.0, WAVES, first_made=24)
+    seconds, flips, n, state = run_waves(state, 1.0, waves, first_made=24, coverage=0.0 if coverage else None)
     spec_on = bool(flips) and flips[-1][1].startswith(ap.FLIP_ON)
-    again, flips_again, _n, _state = run_waves(state, 2.0, WAVES, spec_on=spec_on)
+    again, flips_again, _n, _state = run_waves(state, 2.0, WAVES, spec_on=spec_on, coverage=1.0 if coverage else None)
     return seconds, flips, n, again, flips_again
 
 
@@ -254,7 +266,7 @@ def test_a_recheck_is_priced_at_the_decode_steps_the_switchs_windows_run() -> No
     accept = state.accept.mean
     loss = p.recheck_span * spec_s * max(1 - accept * plain_s / spec_s, p.clear_win / (1 + p.clear_win))
     due = next(k for k in range(1, 1000) if ap._recheck_due(
-        attrs.evolve(state, step=state.accept.updated + k), 1, 2, 0, CAP, 100.0, 2 / plain_s))
+        attrs.evolve(state, step=state.accept.updated + k), 1, 2, 0, CAP, 100.0, 2 / plain_s) is not None)
     assert due == math.ceil(loss / (p.recheck_fraction * plain_s)), (due, loss)
     assert 200 < due < 260, due  # 16 steps priced: about 150
 
@@ -275,3 +287,48 @@ def test_rechecks_at_every_turnover_keep_the_budgets_bound(length: int) -> None:
     rechecks, probes = end.rechecks - state.rechecks, end.probes - state.probes
     assert rechecks >= 20 and len(flips) <= 2 * (rechecks + probes) + 1, (rechecks, probes, len(flips))
     assert seconds / (waves * length * PLAIN_S) - 1 <= ap.AutoParams().recheck_fraction, (seconds, n)
+
+
+# --- the draft vocabulary's coverage (the counter draft's ids below 1,024): a signal plain steps show ----------------
+
+
+@pytest.mark.parametrize("waves", [7, 8, 9])
+@pytest.mark.parametrize("round_", sorted(UNPREDICTABLE))
+def test_with_the_coverage_the_return_is_seen_in_its_first_window(round_: str, waves: int) -> None:
+    """Each round closed-loop from its unpredictable phase's flip off through predictable_again, with the coverage
+    the requests had (the unpredictable ones' outputs all outside the draft's vocabulary, the predictable ones' all
+    in it): through the unpredictable phase the coverage's bound on the accept length (1.0) cannot beat plain
+    decoding, so no recheck is spent there (`_recheck_due` (b); at 9 waves the estimate's stale probe, 1,024 steps
+    on, still comes); once predictable requests return, the bound rises with the first window of their tokens and
+    the recheck is due then (a), whatever the phase's length: 0.988-0.993x always on (without the signal, 7 or 9
+    waves: 0.885-0.935x)."""
+    seconds, flips, n, again, flips_again = unpredictable_then_predictable(round_, waves, coverage=True)
+    assert not any(f.endswith("recheck") for _s, f in flips), flips
+    assert (waves * 127 - 24) * PLAIN_S / seconds >= (0.99 if waves == 9 else 0.999), seconds
+    assert flips_again[:1] in ([(8, "flip_on:recheck")], [(16, "flip_on:recheck")]), flips_again
+    assert WAVES * 64 * SPEC_S / again >= 0.97, again
+
+
+@pytest.mark.parametrize("coverage", [0.0, 1.0, (0.0, 1.0), (1.0, 0.0, 0.0)])
+@pytest.mark.parametrize("length", [8, 127])
+def test_a_misleading_coverage_keeps_the_rechecks_within_the_budget(coverage: float | tuple[float, ...],
+                                                                     length: int) -> None:
+    """Adversarial for the coverage rule: from call b round 1's flip off, 20,000 steps of waves of 2 requests that
+    draft at 1.0 whatever the coverage says: none of it in the draft's vocabulary (0.0: no recheck spent, (b)), all of
+    it (1.0: tokens in the vocabulary the draft still mispredicts; the bound rose once, over the 0 the flip off was
+    measured at), or rising at every second or third wave (each rise a recheck due early, (a)). Each early recheck
+    borrows the budget and the next waits until it is paid back, so the rechecks spend at most the budget (3 %: 30
+    plain steps per 1,000) plus one recheck, and flip no more often than without the signal (one recheck's flip
+    pair over the run at most)."""
+    call, start, _step, _steps, _rechecks = UNPREDICTABLE["b1"]
+    waves = 20_000 // length
+    runs = {}
+    for signal in (False, True):
+        state = replay(call, start + 0.001, coverage=signal)
+        state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step, want_since=None)
+        seconds, flips, n, end = run_waves(state, 1.0, waves, length=length, coverage=coverage if signal else None)
+        runs[signal] = (len(flips), seconds / (waves * length * PLAIN_S) - 1, end.rechecks - state.rechecks)
+    (flips_off, _lost_off, _r_off), (flips_on, lost_on, rechecks_on) = runs[False], runs[True]
+    assert flips_on <= flips_off + 2, runs
+    assert lost_on <= ap.AutoParams().recheck_fraction, runs
+    assert rechecks_on == 0 if coverage == 0.0 else rechecks_on >= 20, runs

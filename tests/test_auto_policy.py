@@ -1130,6 +1130,40 @@ def test_predictable_requests_back_after_unpredictable_ones_bring_speculation_ba
     assert slow > 600  # the test can fail: without rechecks the learner waited for a stale estimate
 
 
+@pytest.mark.parametrize("demand", [1, 2, 8])
+def test_with_the_draft_vocabularys_coverage_the_return_is_seen_within_a_window(demand: int) -> None:
+    """The same trace with the draft vocabulary's coverage of the committed tokens given (auto_sim's `coverage`: the
+    counter draft's ids below 1,024 hold every predictable request's outputs and none of an unpredictable one's).
+    Through the unpredictable phase its bound on the accept length (`accept_bound`: 1.0) cannot beat plain decoding,
+    so no recheck is spent there (only the stale estimate's probes, every `stale_after` steps); once predictable
+    requests return, the bound rises with their first window and the recheck is due then: speculation back within 8
+    steps at every phase length (without the signal: 0-344 steps, above), one recheck in the whole run."""
+    for unpredictable in range(600, 3001, 600):
+        accept = [2.0] * 1000 + [1.0] * unpredictable + [2.0] * 1500
+        coverage = [1.0] * 1000 + [0.0] * unpredictable + [1.0] * 1500
+        res = simulate(PLAIN, SPEC, [demand] * len(accept), noise=0.04, seed=1, accept=accept, coverage=coverage)
+        assert not any(res.modes[1000 + 30:1000 + 100]), unpredictable  # plain soon after the drop
+        back = back_on_after(res.modes, 1000 + unpredictable)
+        assert back is not None and back <= 8, (unpredictable, back)
+        assert res.state.rechecks == 1, (unpredictable, res.state.rechecks)
+        inside = [d for d in res.decisions if 1100 <= d.step < 1000 + unpredictable]
+        assert all(d.reason in ("probe", "probe_end") for d in inside), inside
+
+
+@pytest.mark.parametrize(("demand", "low"), [(2, 1.0), (16, 1.55)])
+def test_a_coverage_that_does_not_change_changes_no_decision(demand: int, low: float) -> None:
+    """Where the draft's vocabulary covers the tokens as well when the accept length fell as before (0.95 throughout:
+    tokens in the vocabulary mispredicted, the signal's limit), the coverage says nothing: its bound (20) is above
+    anything speculation drafted, the coverage the accept length was measured at (`accept_cover`) is today's, and
+    every decision is the one taken without the signal (the rechecks on the budget alone)."""
+    accept = [2.0] * 1000 + [low] * 6000
+    demands = [demand] * len(accept)
+    res = simulate(PLAIN, SPEC, demands, noise=0.04, seed=3, accept=accept, coverage=0.95)
+    blind = simulate(PLAIN, SPEC, demands, noise=0.04, seed=3, accept=accept)
+    assert res.state.rechecks >= 3 and res.modes == blind.modes
+    assert [(d.step, d.reason) for d in res.decisions] == [(d.step, d.reason) for d in blind.decisions]
+
+
 def test_rechecks_of_an_accept_length_that_stays_low_cost_a_bounded_share_of_the_time() -> None:
     """No thrash: 20,000 steps of unpredictable requests at demands 1-8 after a predictable phase. Rechecks come at
     most once per `recheck_steps` / `recheck_fraction` of their loss, so the time lost against plain decoding held

@@ -556,3 +556,148 @@ def test_the_switch_stamps_each_request_with_the_step_it_first_saw_it_and_a_rech
     assert auto.first_seen == {"c": auto.state.step, "d": auto.state.step}
     assert new.action == ap.FLIP_ON and new.reason == "recheck", new
     assert auto_switch.request_ids([type("R", (), {"rid": 7})()], [type("R", (), {"rid": "w"})()]) == ["7", "w"]
+
+
+# --- issue 52: the draft vocabulary's coverage of the committed tokens ---------------------------------------------
+
+
+def eagle3_draft_hot_token_ids(d2t: list[int]) -> Any:
+    """The real EAGLE-3 draft model's `hot_token_id` from its checkpoint's `d2t` buffer: SGLang's own
+    `LlamaForCausalLMEagle3.load_weights` (draft id + d2t = target id) on the model class, its layers not built
+    (they need a TP group and weights; `load_weights` reads only its parameters, none here, for `d2t`)."""
+    import torch
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    model = object.__new__(LlamaForCausalLMEagle3)
+    torch.nn.Module.__init__(model)
+    model.hot_token_id = None
+    model.load_weights([("d2t", torch.tensor(d2t, dtype=torch.int64)),
+                        ("t2d", torch.zeros(len(d2t), dtype=torch.bool))])
+    return model.hot_token_id
+
+
+def eagle_worker_attrs_stand_in(hot_token_id: Any, target_vocab: int) -> Any:
+    """Stand-in for a built `EAGLEWorkerV2` (its draft and target model runners need a GPU): the two attributes
+    `draft_vocabulary` reads, where SGLang's `init_lm_head` / `init_token_map` leave them before the worker's CUDA
+    graphs: `hot_token_id` and `target_worker.model_config.vocab_size`."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(hot_token_id=hot_token_id,
+                           target_worker=SimpleNamespace(model_config=SimpleNamespace(vocab_size=target_vocab)))
+
+
+def test_the_draft_vocabulary_is_read_at_start_up_from_sglangs_hot_token_ids(tmp_path: Path) -> None:
+    """The switch reads the draft's vocabulary once, as target ids: from an EAGLE-3 draft's `d2t` (SGLang's own
+    `load_weights`: the benchmark's counter draft has d2t all 0, ids 0..1,023 of 2,048; here 8 of 16, half of them
+    shifted) and from a `--speculative-token-map` file (SGLang's own `load_token_map`); none where the draft holds
+    the target's whole vocabulary or has no map (no signal). Through the real hook (`_init_cuda_graphs_after`, the
+    plain runner's capture, which needs a GPU, replaced): the auto switch holds it, the trace says its size."""
+    from sglang.srt.speculative.spec_utils import load_token_map
+
+    hot = eagle3_draft_hot_token_ids([0, 0, 0, 0, 8, 8, 8, 8])
+    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(hot, 16)) == frozenset({0, 1, 2, 3, 12, 13, 14,
+                                                                                             15})
+    full = eagle3_draft_hot_token_ids([0] * 16)
+    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(full, 16)) is None
+    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(None, 16)) is None
+    import torch
+
+    torch.save([5, 9, 11], tmp_path / "hot.pt")
+    mapped = load_token_map(str(tmp_path / "hot.pt"))
+    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(mapped, 16)) == frozenset({5, 9, 11})
+
+    saved, capture = switch_v2._RUNTIME, switch_v2.capture_plain_decode_runner
+    events: list[tuple[str, dict[str, Any]]] = []
+    try:
+        switch_v2.install_switch(type("Registry", (), {"register": lambda *a: None})(),
+                                 SwitchConfig.from_env({"SPECFLIP_SWITCH": "auto"}))
+        rt = switch_v2.runtime()
+        rt.trace = type("TraceRecorder", (), {"event": lambda self, a, **kw: events.append((a, kw)),
+                                              "enabled": True})()
+        switch_v2.capture_plain_decode_runner = lambda worker, runtime: None
+        switch_v2._init_cuda_graphs_after(None, eagle_worker_attrs_stand_in(hot, 16))
+        assert rt.policy.auto.vocab == frozenset({0, 1, 2, 3, 12, 13, 14, 15})
+        assert ("auto_draft_vocabulary", {"size": 8}) in events
+    finally:
+        switch_v2._RUNTIME, switch_v2.capture_plain_decode_runner = saved, capture
+
+
+def test_the_coverage_counts_the_tokens_each_decode_result_committed() -> None:
+    """Per processed decode result, from the requests' host lists: a plain step's newest token per request, a
+    verify's last `accept_lens` tokens per request (its accepted drafts and bonus); prefills, device tensors and
+    rows that do not match are not counted. The window's share is agreed and given to the learner with each step
+    (`Observation.coverage`), which keeps it (`AutoState.coverage`) and the share its accept length was measured at
+    (`accept_cover`); with no draft vocabulary (None) nothing is counted and the learner sees no signal."""
+    import torch
+
+    t = [0.0]
+    windows: list[dict[str, Any]] = []
+    trace = type("TraceRecorder", (), {"event": lambda self, action, **kw: windows.append(kw)})()
+    for vocab in (frozenset(range(4)), None):
+        auto = auto_switch.AutoSwitch(spec_cap=48, window=2, clock=lambda: t[0])
+        auto.vocab = vocab
+        reqs = [h.make_req("a", [1, 2, 3]), h.make_req("b", [1, 2, 3])]
+        reqs[0].output_ids, reqs[1].output_ids = [9, 1], [9, 9]
+        # a request finished at the step before (under the overlap schedule still in the batch) and a retracted one:
+        # their results commit nothing
+        done, retracted = h.make_req("c", [1, 2, 3]), h.make_req("d", [1, 2, 3])
+        done.output_ids, retracted.output_ids = [0, 0], [2]
+        h.finish_req(done)
+        retracted.is_retracted = True
+        plain = _batch("plain", 2)
+        plain.reqs = reqs + [done, retracted]
+        auto.on_result(plain, type("Result", (), {"accept_lens": None})())  # newest: 1 in, 9 out
+        assert (auto.cover_hits, auto.cover_tokens) == ((1, 2) if vocab else (0, 0))
+        spec = _batch("spec", 2)
+        spec.reqs = reqs + [done, retracted]
+        reqs[0].output_ids += [3, 2, 0]
+        reqs[1].output_ids += [9]
+        auto.on_result(spec, type("Result", (), {"accept_lens": torch.tensor([3, 1, 2, 1])})())  # 3, 2, 0 and 9: 3 of 4
+        assert (auto.cover_hits, auto.cover_tokens) == ((4, 6) if vocab else (0, 0))
+        prefill = _batch("prefill", 2)
+        prefill.reqs = reqs
+        auto.on_result(prefill, type("Result", (), {"accept_lens": None})())
+        auto.on_result(spec, type("Result", (), {"accept_lens": torch.tensor([3])})())  # rows do not match
+        device = type("DeviceTensorStandIn", (), {"is_cpu": False, "tolist": lambda self: pytest.fail("read")})()
+        auto.on_result(spec, type("Result", (), {"accept_lens": device})())
+        assert (auto.cover_hits, auto.cover_tokens) == ((4, 6) if vocab else (0, 0))
+        windows.clear()
+        for mode in ("spec", "spec", "spec"):
+            auto.on_run_batch(object(), _batch(mode, 2), 0, trace)
+            t[0] += 0.01
+        assert [w.get("coverage") for w in windows] == ([round(4 / 6, 4)] if vocab else [None])
+        if vocab is None:
+            assert auto.state.coverage is None and auto.state.accept_covers == ()
+        else:
+            assert auto.state.coverage is not None and auto.state.coverage.mean == pytest.approx(4 / 6)
+            assert (auto.cover_hits, auto.cover_tokens) == (0, 0)
+
+
+def test_through_the_real_hooks_the_coverage_follows_the_committed_tokens(runtime: Any, model_dir: Path) -> None:
+    """The coverage through the real `_process_result_around` hook under the overlap schedule: a draft vocabulary of
+    the tiny model's even ids (`auto.vocab`, as `draft_vocabulary` would set it), phases of 2 and 8 requests in both
+    modes. The switch counts the committed tokens of every decode result, plain (newest token) and verify (its real
+    `accept_lens` from the batch result), each exactly once: over the run the tokens counted are the decode tokens
+    the requests committed, the hits those with even ids. The learner holds the coverage and the one its accept
+    length was measured at; outputs greedy-exact, the guard (assert) finds nothing."""
+    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
+    drv = auto_driver(model_dir)
+    auto = drv.switch.policy.auto
+    auto.vocab = frozenset(range(0, h.VOCAB_SIZE, 2))
+    counted: list[tuple[bool, int, int]] = []
+    count = auto.count_coverage
+
+    def spy(reqs: Any, accept: Any) -> None:
+        before = (auto.cover_hits, auto.cover_tokens)
+        count(reqs, accept)
+        counted.append((accept is not None, auto.cover_hits - before[0], auto.cover_tokens - before[1]))
+
+    auto.count_coverage = spy
+    reqs, _ends = drive_phases(drv, [(2, 40), (8, 50), (2, 40)])
+    assert runtime.guard.found == [] and ol_greedy(reqs) == []
+    assert {verify for verify, _, n in counted if n} == {True, False}  # both modes counted
+    hits, tokens = sum(c[1] for c in counted), sum(c[2] for c in counted)
+    committed = [t for r in reqs for t in r.output_ids[1:]]  # the first token is the prefill's
+    assert 0.7 * len(committed) <= tokens <= len(committed), (tokens, len(committed))
+    assert 0.3 < hits / tokens < 0.7 and abs(hits / tokens - sum(t % 2 == 0 for t in committed) / len(committed)) < 0.05
+    assert auto.state.coverage is not None and auto.state.accept_cover(1) is not None

@@ -25,6 +25,14 @@ What it observes, on the host, with no host-device sync:
   that processed no verify result gives its speculative steps their seconds only (the learner keeps the accept length
   apart). The learner tracks it per window and rechecks speculation when it fell and may pay again
   (statemodel.auto_policy `_recheck_due`).
+- the draft vocabulary's coverage of the tokens the target commits, where the draft's vocabulary is smaller than the
+  target's (an EAGLE-3 draft's `draft_vocab_size`: SGLang's `hot_token_id`, read once at start-up into a host set,
+  `draft_vocabulary`): per processed decode result, of the tokens it committed (plain: each request's newest output
+  token; speculative: each request's last `accept_lens` tokens), those in that set, from the host's `req.output_ids`
+  (no device read). A draft token outside its vocabulary is never accepted, so this share bounds the accept length
+  speculation could reach (statemodel.auto_policy `accept_bound`), and plain steps show it: the learner rechecks
+  speculation as soon as it rose and skips rechecks it says cannot pay. Absent for a draft with the target's whole
+  vocabulary: then the learner behaves as without it.
 - with tiers (SPECFLIP_TIERS beside SPECFLIP_SWITCH=auto): each step's step count, and each verify result's accept
   lengths summed per step count (the switch tells which result ran at which: `on_launched`), so the learner learns
   the accept length per tier.
@@ -108,6 +116,11 @@ class AutoSwitch:
     # waiting, for the requests of the last decision's next batch: when each arrived, for the recheck's turnover
     # (statemodel.auto_policy `_recheck_due`); the same on every rank (the requests and the agreed steps are)
     first_seen: dict[str, int] = field(default_factory=dict)
+    # the draft's vocabulary (target token ids) where it is smaller than the target's (`draft_vocabulary`, read at
+    # start-up); None: no coverage signal. The window's committed tokens counted, and those in it
+    vocab: frozenset[int] | None = None
+    cover_tokens: int = 0
+    cover_hits: int = 0
 
     def __post_init__(self) -> None:
         # the learner prices a recheck by the windows this switch agrees at (AutoParams.recheck_span)
@@ -164,6 +177,8 @@ class AutoSwitch:
                 "rechecks": self.state.rechecks,
                 "context": None if d.context is None else round(d.context, 1),
                 "digest": self.state.digest(),
+                **({} if self.state.coverage is None else {"coverage": round(self.state.coverage.mean, 4)}),
+                **({} if not d.recheck_debt else {"recheck_debt": round(d.recheck_debt, 1)}),
                 **({} if d.catch_up_s is None else {"saved_s": round(d.saved_s or 0.0, 4),
                                                      "catch_up_s": round(d.catch_up_s, 4)}),
                 **({} if not self.state.tiers else
@@ -202,6 +217,7 @@ class AutoSwitch:
             self.warming = False
             self.state = ap.initial_state(self.state.params, tiers=self.state.tiers)
             self.accept_tokens = self.accept_rows = 0
+            self.cover_tokens = self.cover_hits = 0
             self.accept_by_steps = {}
             self.held_rids = None
             self.first_seen = {}
@@ -278,10 +294,15 @@ class AutoSwitch:
         self.result_steps[id(result)] = steps
 
     def on_result(self, batch: Any, result: Any) -> None:
-        """After `Scheduler.process_batch_result`: a verify's accept lengths, already on the host."""
+        """After `Scheduler.process_batch_result`: a verify's accept lengths, already on the host; the tokens the
+        result committed, in the draft's vocabulary or not (`count_coverage`)."""
         steps = self.result_steps.pop(id(result), None)
         accept = getattr(result, "accept_lens", None)
-        if accept is None or batch is None or not batch.forward_mode.is_decode() or self.warming:
+        if batch is None or not batch.forward_mode.is_decode() or self.warming:
+            return
+        if self.vocab is not None:
+            self.count_coverage(batch.reqs, accept)
+        if accept is None:
             return
         if getattr(accept, "is_cpu", False):  # never a device tensor: reading one would sync
             tokens, rows = int(accept.sum()), int(accept.numel())
@@ -292,16 +313,50 @@ class AutoSwitch:
                 per_tier[0] += tokens
                 per_tier[1] += rows
 
+    def count_coverage(self, reqs: Any, accept: Any) -> None:
+        """The tokens a processed decode result committed, and those in the draft's vocabulary: per request its newest
+        output token (a plain step: `accept` None), or its last accept length's tokens (a verify: `accept_lens`, on
+        the host; a device tensor is not read, and rows that do not match the requests are not counted). Host lists
+        only: `req.output_ids`, which the result's processing has extended (a request that finished in it is left out
+        with the rest: its last tokens are not counted)."""
+        vocab, hits, tokens = self.vocab, 0, 0
+        if vocab is None:
+            return
+        # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule one
+        # that finished at the step before is still in this batch): not counted, its last tokens included
+        if accept is None:
+            last = [req.output_ids[-1] for req in reqs if req.output_ids and not (req.finished() or req.is_retracted)]
+            tokens, hits = len(last), sum(map(vocab.__contains__, last))
+        else:
+            if not getattr(accept, "is_cpu", False):
+                return
+            lens = accept.tolist()
+            if len(lens) != len(reqs):
+                return
+            committed = [t for req, n in zip(reqs, lens, strict=True) if n > 0 and not (req.finished() or
+                                                                                          req.is_retracted)
+                         for t in req.output_ids[-n:]]
+            tokens, hits = len(committed), sum(map(vocab.__contains__, committed))
+        self.cover_tokens += tokens
+        self.cover_hits += hits
+
     def agree(self, scheduler: Any, trace: Any = None) -> None:
         """Agree the window across ranks (MAX over the TP CPU group; nothing at TP 1), then feed the learner."""
         tiers = self.state.tiers  # every rank has the same ladder: the same length of values
         per_tier = [float(x) for s in tiers for x in self.accept_by_steps.get(s, (0, 0))]
         catch_up = self.catch_up_seen or (0, 0.0)  # its tokens are the same on every rank, its seconds are not
-        values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows), *per_tier,
+        # the coverage counts are the same on every rank (host lists of the same requests); agreed all the same, and
+        # only where the signal exists (every rank reads the same draft)
+        cover = [float(self.cover_hits), float(self.cover_tokens)] if self.vocab is not None else []
+        values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows), *per_tier, *cover,
                   float(catch_up[0]), catch_up[1]]
         values = all_reduce_max(scheduler, values)
         catch_up_tokens, catch_up_s = int(values[-2]), values[-1]
         values = values[:-2]
+        coverage = None
+        if cover:
+            hits, counted, values = values[-2], values[-1], values[:-2]
+            coverage = hits / counted if counted > 0 else None
         n = len(self.seconds)
         seconds, (tokens, rows) = values[:n], values[n:n + 2]
         # the verify results processed in this window: under the overlap schedule, those of the steps launched from
@@ -318,7 +373,7 @@ class AutoSwitch:
             step_mean = tier_means.get(steps) if tiers else mean
             tok = (None if step_mean is None else bs * step_mean) if spec_on else float(bs)
             self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec,
-                                                               steps=steps, context=ctx))
+                                                               steps=steps, context=ctx, coverage=coverage))
         if catch_up_tokens > 0:
             self.state = ap.observe_catch_up(self.state, catch_up_tokens, catch_up_s)
         self.catch_up_seen = None
@@ -329,13 +384,32 @@ class AutoSwitch:
                         accept_mean=None if mean is None else round(mean, 4), learner_step=self.state.step,
                         context=round(sum(self.pending_context) / n, 1) if n else None,
                         digest=self.state.digest(),
+                        **({} if coverage is None else {"coverage": round(coverage, 4)}),
                         **({} if not catch_up_tokens else {"catch_up_tokens": catch_up_tokens,
                                                            "catch_up_s": round(catch_up_s, 6)}),
                         **({} if not tiers else {"accept_by_steps": {
                             str(s): None if m is None else round(m, 4) for s, m in tier_means.items()}}))
         self.pending, self.pending_steps, self.pending_context, self.seconds = [], [], [], []
         self.accept_tokens = self.accept_rows = 0
+        self.cover_tokens = self.cover_hits = 0
         self.accept_by_steps = {}
+
+
+def draft_vocabulary(worker: Any) -> frozenset[int] | None:
+    """The draft's vocabulary as target token ids, read once at start-up from SGLang's speculative worker (the v2
+    EAGLE worker, every line 0.5.12-0.5.23): its `hot_token_id`, which `init_lm_head` takes from an EAGLE-3 draft
+    model's `d2t` buffer (draft id + d2t = target id; `LlamaForCausalLMEagle3.load_weights`) or `init_token_map`
+    loads from `--speculative-token-map`, before the worker's CUDA graphs are captured. None where the draft proposes
+    from the target's whole vocabulary (no map, or one that covers `target_worker.model_config.vocab_size` ids): then
+    there is no coverage signal. One device read, here only."""
+    hot = getattr(worker, "hot_token_id", None)
+    if hot is None:
+        return None
+    ids = frozenset(int(t) for t in (hot.tolist() if hasattr(hot, "tolist") else hot))
+    target = getattr(getattr(getattr(worker, "target_worker", None), "model_config", None), "vocab_size", None)
+    if not ids or (target is not None and len(ids) >= int(target)):
+        return None
+    return ids
 
 
 def batch_context(batch: Any) -> float:

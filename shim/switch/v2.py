@@ -63,7 +63,7 @@ from shim import releases
 from shim.guard import api as guard_api
 from shim.releases.registry import installed_line
 from shim.switch import core, faults
-from shim.switch.auto import AutoSwitch
+from shim.switch.auto import AutoSwitch, draft_vocabulary
 from shim.switch.config import (
     SwitchConfig,
     SwitchConfigError,
@@ -306,6 +306,10 @@ def _ms(gap: float | None) -> float | None:
 def _init_cuda_graphs_after(result: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
     if _RUNTIME is not None:
         capture_plain_decode_runner(self, _RUNTIME)
+        auto = _RUNTIME.policy.auto
+        if auto is not None:  # the draft's vocabulary, once: the learner's coverage signal (shim/switch/auto.py)
+            auto.vocab = draft_vocabulary(self)
+            _RUNTIME.trace.event("auto_draft_vocabulary", size=None if auto.vocab is None else len(auto.vocab))
         if _RUNTIME.config.tiers is not None:
             check_tier_states(_RUNTIME, self)
     return result
