@@ -25,6 +25,8 @@ last `hold_steps` steps, or now's when more: a closed loop's requests of equal l
 clients' next ones arrive one by one, so at a wave's turnover the demand reads 1 for a moment (the H200, 2026-12-03
 (eeb8707): speculation, a clear win at 1, came on at every wave at 48); idle time counts toward the hold as the steps
 the held batch would have run in it (`observe_idle`: a turnover of a few ms keeps it, seconds between phases end it).
+The hold values the held batch at its context too (`peak_context`: the first request back may be a short one among
+long ones; the H200, 2026-12-06 (605161d)).
 At demand d a mode's throughput is the batch it
 would run over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec
 cap) requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side
@@ -320,6 +322,7 @@ class AutoState:
     want_since: int | None = None  # `step` since which every decision wanted another mode
     peak: int = 0  # the most requests a decision saw within `hold_steps` steps before `peak_step`
     peak_step: int = -(1 << 30)  # (moved back by idle time: `observe_idle`)
+    peak_context: float = 0.0  # the context of the decision that last set the peak (the held batch's)
     # committed decisions in a row with requests running, none waiting and the demand unchanged (`calm_points`), and
     # the last one's demand
     calm: int = 0
@@ -919,6 +922,12 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     cur = 1 if cur is None else cur
     load = max(demand, state.peak) if holding(state) else demand
     context = context if context and context > 0 else None
+    # the hold values the held batch, at its context too: at a wave's turnover the next requests arrive one by one,
+    # and the first one's prompt is not the batch's (the H200, 2026-12-06 (605161d), c24_mixed: a short request
+    # arriving first at an emptied server, valued at 32 tokens, flipped speculation on; the next point found 17
+    # waiting at 3,244 tokens, where plain wins, and the flip back came 0.39 s later with 24 running)
+    if context is not None and load > demand and state.peak_context > context:
+        context = state.peak_context
     valued = [_value(state, m, load, spec_cap, context) for m in state.modes]
     values = tuple(None if v is None else v[0] for v in valued)
     measured = {m for m, v in enumerate(valued) if v is not None and v[1]}  # the rest: interpolated, or unknown
@@ -1048,7 +1057,7 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     # always-on's)
     if decision.demand >= state.peak or not holding(state) \
             or (p.calm_points and calm >= p.calm_points):
-        state = attrs.evolve(state, peak=decision.demand, peak_step=state.step)
+        state = attrs.evolve(state, peak=decision.demand, peak_step=state.step, peak_context=decision.context or 0.0)
     if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand
         return state
     if decision.action is None and not decision.changes_tier:

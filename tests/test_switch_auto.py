@@ -446,7 +446,8 @@ def test_a_decision_is_valued_at_the_longest_running_or_waiting_request(runtime:
     """Through the real `plain_path_flip`: two short requests decode, then a request with a 400-token prompt arrives.
     The decision at the scheduling point where it waits (the running batch still short) is valued at its prompt, not
     at the last decode batch's context (the short requests'); at every scheduling point the context is the longest
-    unfinished request's (running, prefilled, or waiting), which with nothing waiting is the running batch's own.
+    unfinished request's (running, prefilled, or waiting), which with nothing waiting is the running batch's own;
+    during a hold (the demand below its peak) the held batch's, where that is longer (`AutoState.peak_context`).
     Outputs greedy-exact, the guard (assert) finds nothing."""
     gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
     drv = auto_driver(model_dir)
@@ -454,6 +455,7 @@ def test_a_decision_is_valued_at_the_longest_running_or_waiting_request(runtime:
     reqs = [h.make_req(f"s{i}", gf.SYSTEM_PROMPT + [300 + i] * 3, max_new_tokens=40 + 4 * i) for i in range(2)]
     # (the decision's context, the last decode batch's, the waiting requests' contexts, the longest unfinished's)
     seen: list[tuple[float | None, float | None, list[float], float]] = []
+    held: list[bool] = []  # per scheduling point: the hold valued a load above the demand
     decide = auto.decide
 
     def recording_decide(*args: Any, **kwargs: Any) -> ap.Decision:
@@ -461,6 +463,7 @@ def test_a_decision_is_valued_at_the_longest_running_or_waiting_request(runtime:
         live = [auto_switch.request_context(r) for r in reqs if not r.finished()]
         seen.append((d.context, auto.context, [auto_switch.request_context(r) for r in drv.waiting],
                      max(live, default=0.0)))
+        held.append(d.load > d.demand)
         return d
 
     auto.decide = recording_decide  # type: ignore[method-assign]
@@ -477,7 +480,9 @@ def test_a_decision_is_valued_at_the_longest_running_or_waiting_request(runtime:
     ctx, last_decode, waiting, _ = seen[arrived]
     assert waiting == [400.0] and last_decode is not None and last_decode < 100 and ctx == 400.0
     # every scheduling point with a request in flight: the longest of them, running or waiting
-    assert all(ctx == longest for ctx, _, _, longest in seen if longest > 0)
+    assert all(ctx == longest if not hold else ctx is not None and ctx >= longest
+               for (ctx, _, _, longest), hold in zip(seen, held, strict=True) if longest > 0)
+    assert any(not hold for hold in held)
     # (b) nothing waiting: the running batch's longest request (prompt and output), as it grows: the last decode
     # batch's context and the tokens committed since (at most num_steps + 1 = 4 a request); the first, after the
     # prefill, had no decode before it
