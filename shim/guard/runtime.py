@@ -1,10 +1,12 @@
 """The guard's process-wide runtime: mode, the live Guard, and the all-or-nothing switch-off.
 
 SGLang-free. The adapter's hooks call `GuardRuntime.run(fn, ...)`; this owns the rules that keep a
-guard from half-working or silently absent: a configuration it does not describe is decided at the scheduler's
-start-up (`decide_at_start_up`): in assert mode start-up stops with one line, in warn/trace mode the guard is off with
-one line and `specflip_guard_checking 0` in /metrics; an error inside the guard itself turns it off in warn/trace
-mode (logged once, the same gauge 0) and propagates only in assert mode, where the point is to stop.
+guard from half-working or silently absent: a configuration it does not describe is decided at start-up: in assert
+mode start-up stops with one line, in SGLang's launching process before any scheduler process starts
+(`stop_at_launch`), else at the scheduler's start-up (`decide_at_start_up`); in warn/trace mode each scheduler process
+turns the guard off with one line and `specflip_guard_checking 0` in /metrics; an error inside the guard itself turns
+it off in warn/trace mode (logged once, the same gauge 0) and propagates only in assert mode, where the point is to
+stop.
 """
 
 from __future__ import annotations
