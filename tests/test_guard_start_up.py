@@ -134,6 +134,26 @@ def test_assert_mode_stops_start_up_before_the_model_loads_with_one_line(
            "SPECFLIP_MODE=off" in line
 
 
+def test_the_scheduler_decides_on_what_resolution_chose(fresh: Any, model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """EAGLE3 without the `--speculative-*` flags: 0.5.23's resolution picks an EAGLE tree (topk > 1) and keeps it
+    beside the record, which still reads the flags as unset; the Scheduler's arguments arrive so (pickled, the
+    resolution with them). The start-up hook decides on the resolved values (`V2Adapter.launch_view`)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path=str(model_dir), device="cpu", dtype="float32", attention_backend="torch_native",
+                    skip_tokenizer_init=True, speculative_algorithm="EAGLE3",
+                    speculative_draft_model_path=str(model_dir))
+    sa.resolve_once()  # what Engine._launch_subprocesses runs first
+    topk = resolving_view(sa).speculative_eagle_topk
+    assert sa.speculative_eagle_topk is None and topk > 1  # the record unset, resolution's choice a tree
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        start_up(fresh, sa)
+    assert f"sglang 0.5.23: speculative_eagle_topk {topk} (--speculative-eagle-topk;" in str(stop.value.code)
+
+
 def test_assert_mode_with_on_bad_config_warn_serves_without_the_guard(
         fresh: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """SPECFLIP_ON_BAD_CONFIG=warn, the opt-out of every start-up stop, holds here too: one error line, then the
