@@ -449,3 +449,24 @@ def test_warn_mode_or_a_checked_server_launches_its_scheduler_processes(line: st
     out, ours = launch(line, mode, *CHAIN, "--page-size", page_size)
     assert out.returncode == 0 and "SCHEDULER PROCESSES STARTED" in out.stdout, (out.stdout, out.stderr[-3000:])
     assert ours == [] and "Traceback" not in out.stderr, ours
+
+
+def test_the_launching_process_stops_only_in_assert_mode_and_records_nothing(
+        fresh: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The launching process's hook body on a real ServerArgs with `--page-size 16`: SPECFLIP_ON_BAD_CONFIG=warn and
+    warn mode say nothing there and record nothing (each scheduler process decides and says its one line, and sets
+    its gauge); assert mode stops with the one line."""
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", page_size=16)
+    monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
+    with caplog.at_level(logging.DEBUG, logger="specflip.guard"):
+        fresh.adapter.after_check_server_args(None, sa)  # assert mode, opted out
+        fresh.mode = Mode.WARN
+        fresh.adapter.after_check_server_args(None, sa)
+    assert [r.getMessage() for r in caplog.records if r.name == "specflip.guard"] == []
+    assert not fresh.decided and fresh.disabled_reason is None and fresh.rank is None
+    fresh.mode = Mode.ASSERT
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG")
+    with pytest.raises(SystemExit) as stop:
+        fresh.adapter.after_check_server_args(None, sa)
+    assert str(stop.value.code).startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults, but the "
+                                           "guard does not check this server: sglang 0.5.23: page_size 16 ")
