@@ -145,7 +145,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
     def launch_view(self, sa: Any) -> Any:
         """The resolved values of the server arguments `sa` as this line keeps them (its release line's
         `launch_view`: the record itself up to 0.5.18, which resolve into it; from 0.5.19 resolution's view, where a
-        value SGLang chose, e.g. the EAGLE chain's topk, is not written back into the record)."""
+        value SGLang chose, e.g. the EAGLE tree's topk, is not written back into the record)."""
         if sa is None:
             return None
         from shim.releases.registry import release_line
