@@ -25,9 +25,11 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
     `SPECFLIP_GUARD_CLOCK=1` (or the seconds per line) logs the guard steps' thread CPU time per hook and their
     share of the thread's (shim/guard/clock.py).
   A configuration the guard does not describe (page_size > 1, topk > 1, DP attention, ...: the release adapter's
-  `unsupported_reason`) is decided in each scheduler process at its start-up (`Scheduler.init_model_worker`, before
-  the weights load): with SPECFLIP_MODE=assert start-up stops with one line naming the setting and what to do (as
-  for a bad setting below, SPECFLIP_ON_BAD_CONFIG=warn included); in warn or trace mode one warning line, the server
+  `unsupported_reason`) is decided at start-up: with SPECFLIP_MODE=assert in SGLang's launching process, after its
+  `ServerArgs.check_server_args` and before any scheduler process starts, and again in each scheduler process
+  (`Scheduler.init_model_worker`, before the weights load). Assert mode stops start-up with one line naming the
+  setting and what to do (as for a bad setting below, SPECFLIP_ON_BAD_CONFIG=warn included); in warn or trace mode
+  each scheduler process says one warning line, the server
   serves without the guard's checks, and with `--enable-metrics` `specflip_guard_checking{tp_rank} 0` says so
   (shim/guard/metrics.py). Hook targets missing from the installed SGLang stop start-up the same way in assert mode.
 * Every SPECFLIP_* setting is declared in shim/settings.py (`specflip settings`, docs/settings.md). Each entry point

@@ -307,6 +307,9 @@ NOT_JUDGED = {
     "after_get_next_batch_to_run": "the TP > 1 rank agreement check (tests/test_rank_check.py, gloo processes)",
     "before_init_model_worker": "judges the server's settings at start-up, not a step: whether the guard checks this "
                                 "configuration (tests/test_guard_start_up.py: assert mode stops, warn mode serves on)",
+    "after_check_server_args": "judges the server's settings in SGLang's launching process, not a step: assert mode on "
+                               "a configuration the guard does not check stops the launch before any scheduler "
+                               "process starts (tests/test_guard_start_up.py)",
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -131,6 +132,26 @@ def test_assert_mode_stops_start_up_before_the_model_loads_with_one_line(
     assert named in line  # the setting at fault, and what to do
     assert "Change that setting, or set SPECFLIP_MODE=warn to serve without the guard's checks, or " \
            "SPECFLIP_MODE=off" in line
+
+
+def test_the_scheduler_decides_on_what_resolution_chose(fresh: Any, model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """EAGLE3 without the `--speculative-*` flags: 0.5.23's resolution picks an EAGLE tree (topk > 1) and keeps it
+    beside the record, which still reads the flags as unset; the Scheduler's arguments arrive so (pickled, the
+    resolution with them). The start-up hook decides on the resolved values (`V2Adapter.launch_view`)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path=str(model_dir), device="cpu", dtype="float32", attention_backend="torch_native",
+                    skip_tokenizer_init=True, speculative_algorithm="EAGLE3",
+                    speculative_draft_model_path=str(model_dir))
+    sa.resolve_once()  # what Engine._launch_subprocesses runs first
+    topk = resolving_view(sa).speculative_eagle_topk
+    assert sa.speculative_eagle_topk is None and topk > 1  # the record unset, resolution's choice a tree
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        start_up(fresh, sa)
+    assert f"sglang 0.5.23: speculative_eagle_topk {topk} (--speculative-eagle-topk;" in str(stop.value.code)
 
 
 def test_assert_mode_with_on_bad_config_warn_serves_without_the_guard(
@@ -313,9 +334,11 @@ SCHEDULER_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_scheduler_process(line: str, mode: str) -> subprocess.CompletedProcess[str]:
-    """SCHEDULER_SCRIPT on SGLang `line` as the release conformance run installs it (its interpreter, its folders of
-    .cache/sglang-lines first on PYTHONPATH), the guard in `mode`; skips where the line is not installed."""
+def run_scheduler_process(line: str, mode: str, script: str = SCHEDULER_SCRIPT,
+                          args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """`script` (default SCHEDULER_SCRIPT) with `args` on SGLang `line` as the release conformance run installs it
+    (its interpreter, its folders of .cache/sglang-lines first on PYTHONPATH), the guard in `mode`; skips where the
+    line is not installed."""
     from test_release_conformance import SETUPS, STAND_INS
 
     setup = SETUPS[line]
@@ -323,7 +346,7 @@ def run_scheduler_process(line: str, mode: str) -> subprocess.CompletedProcess[s
         pytest.skip(f"SGLang {line} is not installed: {', '.join(setup.missing())}")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}, "SPECFLIP_MODE": mode,
            "PYTHONPATH": os.pathsep.join([*map(str, setup.folders()), str(STAND_INS), str(REPO)])}
-    return subprocess.run([str(REPO / setup.venv / "bin" / "python"), "-c", SCHEDULER_SCRIPT], cwd=REPO, env=env,
+    return subprocess.run([str(REPO / setup.venv / "bin" / "python"), "-c", script, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -354,3 +377,96 @@ def test_the_scheduler_process_in_warn_mode_starts_with_the_gauge_at_0(line: str
     assert "PUBLISHED None" in out.stdout and "EXIT 0" in out.stdout, out.stdout
     assert "MODEL WORKER BUILT False 0.0" in out.stdout, out.stdout
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+# --- the launching process: the stop before any scheduler process starts ------------------------------------------
+
+LAUNCH_SCRIPT = textwrap.dedent("""
+    import os, sys, tempfile
+    from pathlib import Path
+    sys.path[:0] = ["tests", "stand_ins/cpu"]
+    __import__("line_imports").import_tp_worker_or_stand_ins()
+    import sglang_cpu as h
+    from sglang.srt.plugins import load_plugins
+    load_plugins()  # what launch_server.py's main, `sglang serve` and Engine.__init__ do first
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.server_args import prepare_server_args
+
+    def scheduler_processes_cpu_stand_in(*args, **kwargs):  # a GPU's model load: the launch got this far
+        print("SCHEDULER PROCESSES STARTED", flush=True)
+        os._exit(0)
+
+    Engine._launch_scheduler_processes = classmethod(scheduler_processes_cpu_stand_in)
+    model = str(h.write_tiny_model_config(Path(tempfile.mkdtemp())))
+    server_args = prepare_server_args(["--model-path", model, "--device", "cpu", "--dtype", "float32",
+                                       "--attention-backend", "torch_native", "--skip-tokenizer-init",
+                                       "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", model,
+                                       *sys.argv[1:]])  # launch_server.py: prepare_server_args(sys.argv[1:])
+    # http_server.launch_server's call (its module's imports need more than the CPU venvs hold): SGLang's launch up to
+    # its scheduler processes, check_server_args included
+    Engine._launch_subprocesses(server_args, None, None, None)
+    print("LAUNCH RETURNED", flush=True)
+""")
+CHAIN = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+
+
+def launch(line: str, mode: str, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """SGLang's launching process on `line` (LAUNCH_SCRIPT) with EAGLE3 and `args`, the guard in `mode`: the
+    process and its specflip lines (the one-line stop, a guard-off line)."""
+    out = run_scheduler_process(line, mode, LAUNCH_SCRIPT, args)
+    ours = [t for t in out.stderr.splitlines() if t.startswith("specflip") or "specflip guard off" in t]
+    return out, ours
+
+
+# every line loads the plugins in its launching process and calls check_server_args there before it starts a
+# scheduler process (0.5.12 ... 0.5.23's engine.py `_launch_subprocesses`); 0.5.12 (.venv12, the v1 worker),
+# 0.5.16 (the GPU host's line: the H200 run of d1c0dcc stopped in its scheduler process, then SGLang's launcher
+# printed an EOFError's and a RuntimeError's tracebacks) and 0.5.23 (resolution's view of the record)
+@pytest.mark.parametrize("line", ["0.5.12", "0.5.16", "0.5.23"])
+def test_assert_mode_stops_the_launch_before_any_scheduler_process_with_one_line(line: str) -> None:
+    out, ours = launch(line, "assert", *CHAIN, "--page-size", "16")
+    assert out.returncode == 1, (out.stdout, out.stderr[-3000:])
+    assert "SCHEDULER PROCESSES STARTED" not in out.stdout and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert len(ours) == 1, ours
+    assert ours[0].startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults, but the guard does "
+                              f"not check this server: sglang {line}: page_size 16 (--page-size;"), ours
+
+
+def test_assert_mode_decides_on_what_resolution_chose() -> None:
+    """0.5.23 keeps what resolution chose beside the record (`resolving_view`): EAGLE3 without the chain's flags gets
+    a tree SGLang chose (topk > 1), which the record still reads as unset."""
+    out, ours = launch("0.5.23", "assert")
+    assert out.returncode == 1 and "SCHEDULER PROCESSES STARTED" not in out.stdout, out.stderr[-3000:]
+    found = re.search(r"sglang 0\.5\.23: speculative_eagle_topk (\d+) \(--speculative-eagle-topk;", "".join(ours))
+    assert len(ours) == 1 and found and int(found.group(1)) > 1, ours
+
+
+@pytest.mark.parametrize("line", ["0.5.12", "0.5.23"])
+@pytest.mark.parametrize(("mode", "page_size"), [("warn", "16"), ("assert", "1")])
+def test_warn_mode_or_a_checked_server_launches_its_scheduler_processes(line: str, mode: str, page_size: str) -> None:
+    """Warn mode (each scheduler process says its one line and sets its gauge, not the launching process) and a
+    configuration the guard checks: the launch goes on to the scheduler processes, no specflip line here."""
+    out, ours = launch(line, mode, *CHAIN, "--page-size", page_size)
+    assert out.returncode == 0 and "SCHEDULER PROCESSES STARTED" in out.stdout, (out.stdout, out.stderr[-3000:])
+    assert ours == [] and "Traceback" not in out.stderr, ours
+
+
+def test_the_launching_process_stops_only_in_assert_mode_and_records_nothing(
+        fresh: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The launching process's hook body on a real ServerArgs with `--page-size 16`: SPECFLIP_ON_BAD_CONFIG=warn and
+    warn mode say nothing there and record nothing (each scheduler process decides and says its one line, and sets
+    its gauge); assert mode stops with the one line."""
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", page_size=16)
+    monkeypatch.setenv("SPECFLIP_ON_BAD_CONFIG", "warn")
+    with caplog.at_level(logging.DEBUG, logger="specflip.guard"):
+        fresh.adapter.after_check_server_args(None, sa)  # assert mode, opted out
+        fresh.mode = Mode.WARN
+        fresh.adapter.after_check_server_args(None, sa)
+    assert [r.getMessage() for r in caplog.records if r.name == "specflip.guard"] == []
+    assert not fresh.decided and fresh.disabled_reason is None and fresh.rank is None
+    fresh.mode = Mode.ASSERT
+    monkeypatch.delenv("SPECFLIP_ON_BAD_CONFIG")
+    with pytest.raises(SystemExit) as stop:
+        fresh.adapter.after_check_server_args(None, sa)
+    assert str(stop.value.code).startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults, but the "
+                                           "guard does not check this server: sglang 0.5.23: page_size 16 ")

@@ -1,10 +1,12 @@
 """The guard's process-wide runtime: mode, the live Guard, and the all-or-nothing switch-off.
 
 SGLang-free. The adapter's hooks call `GuardRuntime.run(fn, ...)`; this owns the rules that keep a
-guard from half-working or silently absent: a configuration it does not describe is decided at the scheduler's
-start-up (`decide_at_start_up`): in assert mode start-up stops with one line, in warn/trace mode the guard is off with
-one line and `specflip_guard_checking 0` in /metrics; an error inside the guard itself turns it off in warn/trace
-mode (logged once, the same gauge 0) and propagates only in assert mode, where the point is to stop.
+guard from half-working or silently absent: a configuration it does not describe is decided at start-up: in assert
+mode start-up stops with one line, in SGLang's launching process before any scheduler process starts
+(`stop_at_launch`), else at the scheduler's start-up (`decide_at_start_up`); in warn/trace mode each scheduler process
+turns the guard off with one line and `specflip_guard_checking 0` in /metrics; an error inside the guard itself turns
+it off in warn/trace mode (logged once, the same gauge 0) and propagates only in assert mode, where the point is to
+stop.
 """
 
 from __future__ import annotations
@@ -54,16 +56,28 @@ def on_bad_config(problem: ConfigError | SettingError, environ: Mapping[str, str
     plugin's Exceptions, and a feature silently absent is worse than none), unless SPECFLIP_ON_BAD_CONFIG=warn asks
     to serve without `feature` (the feature the bad setting belongs to); then it logs one error line and returns.
     `remedy`: what the line tells the operator to do first (the opt-out is always named after it)."""
-    try:
-        choice, why = settings.ON_BAD_CONFIG.get(environ), ""
-    except SettingError as exc:
-        choice, why = "stop", "" if str(exc) in str(problem) else f" ({exc})"
+    choice, bad_value = _bad_config_choice(environ)
+    why = "" if bad_value is None or bad_value in str(problem) else f" ({bad_value})"
     if choice == "warn":
         logger.error("specflip %s off: %s (%s=warn: serving without the %s)", feature, problem, ENV_ON_BAD_CONFIG,
                      feature)
         return
     raise SystemExit(f"specflip: {problem}; the server does not start with a setting specflip cannot honour{why}. "
                      f"{remedy}, or set {ENV_ON_BAD_CONFIG}=warn to serve without the {feature}")
+
+
+def _bad_config_choice(environ: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """SPECFLIP_ON_BAD_CONFIG as `on_bad_config` reads it: ("stop" or "warn", None), or ("stop", the one line saying
+    its value is bad)."""
+    try:
+        return settings.ON_BAD_CONFIG.get(environ), None
+    except SettingError as exc:
+        return "stop", str(exc)
+
+
+def bad_config_stops(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `on_bad_config` stops start-up (SPECFLIP_ON_BAD_CONFIG is not warn), without saying anything."""
+    return _bad_config_choice(environ)[0] != "warn"
 
 
 def mode_from_env(environ: Mapping[str, str] | None = None) -> Mode:
@@ -160,14 +174,29 @@ class GuardRuntime:
             self._rank_metrics(rank)
         if unsupported is not None:
             if self.mode is Mode.ASSERT:  # returns only where SPECFLIP_ON_BAD_CONFIG=warn (its one error line said it)
-                on_bad_config(ConfigError(f"{ENV_MODE}=assert asks for a guard that stops faults, but the guard does "
-                                          f"not check this server: {unsupported}"), feature="guard",
-                              remedy=f"Change that setting, or set {ENV_MODE}=warn to serve without the guard's "
-                                     f"checks, or {ENV_MODE}=off")
+                self._stop_unchecked(unsupported)
             self.disable(unsupported, said=self.mode is Mode.ASSERT)
         elif self.metrics is not None:
             self.metrics.set_checking(self.disabled_reason is None)
         return self.active
+
+    def stop_at_launch(self, unsupported: str | None) -> None:
+        """`decide_at_start_up`'s stop, decided earlier: in SGLang's launching process, once it has checked the server
+        arguments and before it starts any scheduler process (the release adapter's hook after
+        `ServerArgs.check_server_args`). Assert mode on a configuration the model does not describe stops the launch
+        here with the same one line, so that no scheduler process starts only to die of it (SGLang's launcher then
+        prints its own tracebacks after that line). Nothing else is decided here, nothing is recorded: warn and trace
+        mode, SPECFLIP_ON_BAD_CONFIG=warn and a supported server are each scheduler process's to decide and say
+        (`decide_at_start_up`: one line per process, and the gauge where metrics are exported)."""
+        if unsupported is not None and self.mode is Mode.ASSERT and not self.paused and bad_config_stops():
+            self._stop_unchecked(unsupported)
+
+    def _stop_unchecked(self, unsupported: str) -> None:
+        """Assert mode on a configuration the guard does not check: the one line, through `on_bad_config`."""
+        on_bad_config(ConfigError(f"{ENV_MODE}=assert asks for a guard that stops faults, but the guard does "
+                                  f"not check this server: {unsupported}"), feature="guard",
+                      remedy=f"Change that setting, or set {ENV_MODE}=warn to serve without the guard's "
+                             f"checks, or {ENV_MODE}=off")
 
     def off_at_first_step(self, unsupported: str, *, rank: int, metrics: bool) -> None:
         """`decide_at_start_up`'s fallback, where it decided nothing in this process (the adapter's `guard`): the

@@ -119,11 +119,38 @@ class V2Adapter(LiveReading, RankCheckHooks):
         sa = self.scheduler_server_args(scheduler)
         if sa is None:
             return None
-        reason = self.unsupported_reason(sa)
-        rt.decide_at_start_up(None if reason is None else f"sglang {self.release}: {reason}",
-                              rank=self.scheduler_tp_rank(scheduler),
+        rt.decide_at_start_up(self.start_up_reason(sa), rank=self.scheduler_tp_rank(scheduler),
                               metrics=bool(getattr(sa, "enable_metrics", False)))
         return None
+
+    def after_check_server_args(self, result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
+        """`ServerArgs.check_server_args` returned: in SGLang's launching process, where `Engine._launch_subprocesses`
+        calls it after `load_plugins()` and before it starts any scheduler process (every line 0.5.12 ... 0.5.23;
+        `python -m sglang.launch_server`, `sglang serve` and `Engine(...)` all launch through it). Assert mode on a
+        configuration the guard does not check stops the launch here, with the one line each scheduler process would
+        have said (`GuardRuntime.stop_at_launch`): no scheduler process starts to die of it, so SGLang's launcher
+        prints no traceback after it. The rest of the decision stays each scheduler process's
+        (`before_init_model_worker`), which also decides where this hook did not run."""
+        rt = self.runtime
+        if rt is not None:
+            rt.stop_at_launch(self.start_up_reason(server_args))
+        return None
+
+    def start_up_reason(self, sa: Any) -> str | None:
+        """What the start-up hooks decide on: `unsupported_reason` of the values resolution left in `sa`
+        (`launch_view`), named with the release; None where the guard checks this configuration."""
+        reason = self.unsupported_reason(self.launch_view(sa))
+        return None if reason is None else f"sglang {self.release}: {reason}"
+
+    def launch_view(self, sa: Any) -> Any:
+        """The resolved values of the server arguments `sa` as this line keeps them (its release line's
+        `launch_view`: the record itself up to 0.5.18, which resolve into it; from 0.5.19 resolution's view, where a
+        value SGLang chose, e.g. the EAGLE tree's topk, is not written back into the record)."""
+        if sa is None:
+            return None
+        from shim.releases.registry import release_line
+
+        return release_line(self.release).launch_view(sa)
 
     def scheduler_server_args(self, scheduler: Any) -> Any:
         """The server arguments at the scheduler's start-up: the Scheduler's own (`Scheduler.__init__` sets

@@ -92,6 +92,9 @@ class Adapter(V2Adapter):
          "process_batch_result_decode", "BEFORE", "before_process_batch_result_decode"),
         # the scheduler's start-up, before the model worker is built: whether the guard checks this configuration
         ("sglang.srt.managers.scheduler.Scheduler.init_model_worker", "BEFORE", "before_init_model_worker"),
+        # the launching process, after SGLang checked the server arguments and before any scheduler process starts:
+        # assert mode on a configuration the guard does not check stops the launch there (one line, no traceback)
+        ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", "after_check_server_args"),
     )
 
     def __init__(self) -> None:

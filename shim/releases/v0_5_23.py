@@ -75,6 +75,9 @@ class Adapter(V2Adapter):
         ("sglang.srt.managers.scheduler.Scheduler.run_event_loop", "AROUND", "around_event_loop"),
         # the scheduler's start-up, before the model worker is built: whether the guard checks this configuration
         ("sglang.srt.managers.scheduler.Scheduler.init_model_worker", "BEFORE", "before_init_model_worker"),
+        # the launching process, after SGLang checked the server arguments and before any scheduler process starts:
+        # assert mode on a configuration the guard does not check stops the launch there (one line, no traceback)
+        ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", "after_check_server_args"),
         # the free group one result's processing releases its finished requests in: their finishes are checked as
         # one step at its end (Guard.end_release_group), after SGLang streamed their outputs
         (f"{_ALLOC}.free_group_begin", "AFTER", "after_free_group_begin"),
