@@ -397,7 +397,7 @@ class AutoSwitch:
 
 def draft_vocabulary(worker: Any) -> frozenset[int] | None:
     """The draft's vocabulary as target token ids, read once at start-up from SGLang's speculative worker (the v2
-    EAGLE worker, every line 0.5.12-0.5.23): its `hot_token_id`, which `init_lm_head` takes from an EAGLE-3 draft
+    EAGLE worker, every line specflip supports): its `hot_token_id`, which `init_lm_head` takes from an EAGLE-3 draft
     model's `d2t` buffer (draft id + d2t = target id; `LlamaForCausalLMEagle3.load_weights`) or `init_token_map`
     loads from `--speculative-token-map`, before the worker's CUDA graphs are captured. None where the draft proposes
     from the target's whole vocabulary (no map, or one that covers `target_worker.model_config.vocab_size` ids): then
