@@ -258,6 +258,10 @@ def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(model_dir: Path)
 
     read = Adapter().observe_batch(batch, forward_mode=ForwardMode.EXTEND, spec_info=None)
     assert read.out_cache_loc_width == 0
+    # its request holds no req_to_token row yet: read as holding no KV, none committed, nothing prefilled
+    (req,) = Adapter().observe_requests(batch)
+    assert (req.holds_kv, req.kv_committed, req.kv_allocated, req.kv_committed_len, req.prefilled_len) == \
+        (False, 0, 0, 0, 0)
     assert tensor_width(torch.tensor(7)) == 1
     assert tensor_width(torch.zeros(5, dtype=torch.int64)) == 5
 
