@@ -19,6 +19,7 @@ from statemodel.invariants import (
     Violation,
     check_state,
     check_step,
+    check_transition,
     committed_never_lost,
     draft_extend_leaves_behind,
     draft_kv_covers_prefix,
@@ -222,6 +223,18 @@ def test_check_step_orders_violations_by_invariant_order() -> None:
     names = [v.invariant for v in check_step(before, Action("plain_decode"), after, SCOPE, CATCH_UP)]
     assert names == sorted(names, key=INVARIANT_NAMES.index)
     assert names[0] == "spec_info_matches_mode" and "kv_conservation" in names
+
+
+def test_check_transition_lists_several_step_violations_in_report_order() -> None:
+    """A plain step whose seq_lens did not grow and that took a committed token from each of two requests: four step
+    violations of two invariants, in report order, each invariant's in request order (the sort of several)."""
+    before = make_state(TWO, RUNNING_SPEC)
+    after = attrs.evolve(before, requests=tuple(r.replace(committed=r.committed - 1) for r in TWO))
+    found = check_transition(before, Action("plain_decode"), after, SCOPE, CATCH_UP)
+    assert [(v.invariant, v.rids) for v in found] == [
+        ("seq_lens_growth", (0,)), ("seq_lens_growth", (1,)), ("committed_never_lost", (0,)),
+        ("committed_never_lost", (1,))]
+    assert INVARIANT_NAMES.index("seq_lens_growth") < INVARIANT_NAMES.index("committed_never_lost")
 
 
 def test_unprocessed_verify_keeps_its_worst_case_reserved_under_overlap() -> None:
@@ -492,8 +505,8 @@ def test_requests_in_one_place_names_a_running_request_in_no_batch() -> None:
 def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_batch() -> None:
     both = make_state(TWO, RUNNING_SPEC).replace(pending=Batch(rids=(1,), forward_mode=ForwardMode.DECODE))
     [v] = requests_in_one_place(both, SCOPE)
-    assert (v.message, v.rids, v.expected, v.actual) == (
-        "request 1 is in the running batch and the prefilled batch", (1,), "in one batch once",
+    assert (v.invariant, v.message, v.rids, v.expected, v.actual) == (
+        "requests_in_one_place", "request 1 is in the running batch and the prefilled batch", (1,), "in one batch once",
         "in the running batch and the prefilled batch")
     twice = make_state(TWO, attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
     [v] = requests_in_one_place(twice, SCOPE)
@@ -502,8 +515,9 @@ def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_bat
     waiting = make_state((running_req(0), running_req(1)._replace(status=Status.WAITING, kv_held=0, seq_len=0)),
                          RUNNING_SPEC)
     [v] = requests_in_one_place(waiting, SCOPE)
-    assert (v.message, v.rids, v.expected, v.actual) == (
-        "request 1 is waiting but in the running batch", (1,), "waiting: in no batch", "in the running batch")
+    assert (v.invariant, v.message, v.rids, v.expected, v.actual) == (
+        "requests_in_one_place", "request 1 is waiting but in the running batch", (1,), "waiting: in no batch",
+        "in the running batch")
     # a finished request not yet filtered out is in its batch rightly, once
     finished = make_state((running_req(0), running_req(1)._replace(status=Status.FINISHED, kv_held=0)), RUNNING_SPEC)
     assert not requests_in_one_place(finished, SCOPE)
