@@ -34,6 +34,7 @@ from statemodel.invariants import (
     spec_info_matches_mode,
 )
 from statemodel.state import (
+    FEW_OF_MANY,
     Batch,
     FoldByIdentity,
     ForwardMode,
@@ -187,6 +188,32 @@ def test_seq_lens_grow_by_accepted_plus_one() -> None:
     found = seq_lens_growth(before, verify, attrs.evolve(before, requests=bad), SCOPE, CATCH_UP)
     assert [v.rids for v in found] == [(1,)]
     assert found[0].expected == "5" and found[0].actual == "6"
+    # both grown by request 0's count: request 1 is named (each request held to its own growth)
+    both = tuple(r.replace(seq_len=r.seq_len + 3) for r in TWO)
+    assert [v.rids for v in seq_lens_growth(before, verify, attrs.evolve(before, requests=both), SCOPE, CATCH_UP)] \
+        == [(1,)]
+    # seq_lens that went back, each by as much as before + after makes the growth (2 -> 1, 1 -> 0): both named
+    short = make_state((running_req(0, seq_len=2, committed=1), running_req(1, seq_len=1, committed=0)),
+                       RUNNING_SPEC, launched, stage=Stage.DRAFTED)
+    back = tuple(r.replace(seq_len=r.seq_len - 1) for r in short.requests)
+    assert [v.rids for v in seq_lens_growth(short, verify, attrs.evolve(short, requests=back), SCOPE, CATCH_UP)] \
+        == [(0,), (1,)]
+
+
+def test_seq_lens_growth_names_every_request_of_a_large_batch_that_did_not_grow() -> None:
+    """A verify of FEW_OF_MANY requests (where `changed_indices` scans for the few that moved) after which no request
+    moved at all: each had to grow by its accepted count + 1, so each is named; all of them grown: clean."""
+    n = FEW_OF_MANY
+    reqs = tuple(running_req(i) for i in range(n))
+    running = Batch(rids=tuple(range(n)), forward_mode=ForwardMode.DECODE, spec_info=draft_input(n),
+                    spec_algorithm_on=True)
+    launched = Batch(rids=tuple(range(n)), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, n, 3), spec_algorithm_on=True)
+    before = make_state(reqs, running, launched, stage=Stage.DRAFTED, pool=200)
+    verify = Action("verify", (0,) * n)
+    assert [v.rids for v in seq_lens_growth(before, verify, before, SCOPE, CATCH_UP)] == [(i,) for i in range(n)]
+    grown = tuple(r.replace(seq_len=r.seq_len + 1, committed=r.committed + 1) for r in reqs)
+    assert seq_lens_growth(before, verify, attrs.evolve(before, requests=grown), SCOPE, CATCH_UP) == []
 
 
 def test_seq_lens_growth_at_a_finish_follows_the_designs_worker() -> None:
