@@ -192,6 +192,12 @@ def test_seq_lens_grow_by_accepted_plus_one() -> None:
     both = tuple(r.replace(seq_len=r.seq_len + 3) for r in TWO)
     assert [v.rids for v in seq_lens_growth(before, verify, attrs.evolve(before, requests=both), SCOPE, CATCH_UP)] \
         == [(1,)]
+    # a request outside the verify (finished earlier) read again as another object: it had to grow by nothing
+    done = running_req(2)._replace(status=Status.FINISHED, kv_held=0)
+    three = make_state((*TWO, done), RUNNING_SPEC, launched, stage=Stage.DRAFTED)
+    again = (*bad, done._replace(committed=done.committed))
+    assert [v.rids for v in seq_lens_growth(three, verify, attrs.evolve(three, requests=again), SCOPE, CATCH_UP)] \
+        == [(1,)]
     # seq_lens that went back, each by as much as before + after makes the growth (2 -> 1, 1 -> 0): both named
     short = make_state((running_req(0, seq_len=2, committed=1), running_req(1, seq_len=1, committed=0)),
                        RUNNING_SPEC, launched, stage=Stage.DRAFTED)
