@@ -587,6 +587,16 @@ def test_requests_in_one_place_answers_each_state_afresh_past_its_memo() -> None
     twice = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 0), spec_info=draft_input(3)))
     assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
     assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
+    # the same requests, both batches emptied (the empty rids tuple is one object): both running requests are named
+    assert not requests_in_one_place(clean, SCOPE)
+    emptied = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(), spec_info=draft_input(0)))
+    assert [v.rids for v in requests_in_one_place(emptied, SCOPE)] == [(0,), (1,)]
+    # only the running batch's rids changed (the prefilled batch's empty tuple is the same object): a finished
+    # request twice in it, whose counts balance, is named
+    finished = make_state((TWO[0], TWO[1]._replace(status=Status.FINISHED, kv_held=0)), RUNNING_SPEC)
+    assert not requests_in_one_place(finished, SCOPE)
+    finished_twice = finished.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
+    assert [v.rids for v in requests_in_one_place(finished_twice, SCOPE)] == [(1,)]
 
 
 def test_draft_extend_leaves_behind_names_the_running_requests_the_catch_up_left_out() -> None:
