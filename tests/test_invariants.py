@@ -293,6 +293,10 @@ def test_unprocessed_verify_keeps_its_worst_case_reserved_under_overlap() -> Non
     done = attrs.evolve(make_state((running_req(0, reserved=3), finished), RUNNING_SPEC),
                         unprocessed=(n, Unprocessed(rids=(0,), steps=None)))
     assert kv_reserve_covers_writes(done, overlap) == []
+    # two unprocessed verifies of one request: their worst cases add up (3 + 3), more than either alone
+    two = attrs.evolve(make_state((running_req(0, reserved=5), running_req(1, reserved=6)), RUNNING_SPEC),
+                       unprocessed=(n, n))
+    assert [(v.rids, v.expected, v.actual) for v in kv_reserve_covers_writes(two, overlap)] == [((0,), "6", "5")]
 
 
 def test_process_result_must_grow_seq_len_by_the_accepted_run() -> None:
