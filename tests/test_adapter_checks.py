@@ -327,6 +327,8 @@ def test_lint_sizes_each_schedulers_request_pool_by_its_attention_dp_size(model_
     _, dp_attention = _cuda_launch(model_dir, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", *sizes)
     assert int(dp_attention.attn_dp_size) == 2
     assert _capture_bs(dp_attention, 4) == [1, 2]
+    assert _capture_bs(dp_attention, 5) == [1, 2]  # 5 // 2: a pool of whole requests
+    assert all(type(b) is int for b in _capture_bs(dp_attention, 5))
 
 
 def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: Path) -> None:
@@ -345,6 +347,7 @@ def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: 
     assert _logits_rows(cfg, algo, [1, 8], [], 4) == 8 * 4
     assert _logits_rows(cfg, algo, [1, 8], [2, 6], 4) == 8 * 6  # a tier wider than the launch
     assert _logits_rows(cfg, algo, [1, 8], [2, 3], None) == 8 * 3  # no launch bound: 1
+    assert _logits_rows(cfg, algo, [1, 8], [], None) == 8 * 1
     assert _logits_rows(cfg, algo, [], [2, 6], 4) == 0  # graphs off
 
 
