@@ -113,6 +113,11 @@ for target in "${targets[@]}"; do
       [[ " $extra " == *" $f "* ]] || rm -f "mutants/$f" "mutants/$f.meta" "mutants/$f.spans"
     done
   done
+  # this target's own extra files, left as plain copies by another target's run: mutmut mutates a missing source
+  # anew (a plain copy without its .meta made scripts/mutation-sample.py find no mutants of it)
+  for f in $extra; do
+    [ -e "mutants/$f.meta" ] || rm -f "mutants/$f" "mutants/$f.spans"
+  done
   python3 - "$selection" "$extra" <<'EOF'
 import json, re, sys
 path = "pyproject.toml"

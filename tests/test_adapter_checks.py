@@ -125,11 +125,32 @@ def test_the_scheduler_tp_rank_at_start_up() -> None:
 def test_a_release_no_line_describes_runs_v1_only_before_the_first_line_without_it_and_only_when_asked() -> None:
     from shim.releases.registry import worker_kind
 
-    off = {"SGLANG_ENABLE_SPEC_V2": "off"}
+    off = {"SGLANG_ENABLE_SPEC_V2": "0"}
     assert worker_kind("0.5.11", off) == "v1"
     assert worker_kind("0.5.11", {}) == "v2"  # both ship; v2 is the default
     assert worker_kind("0.5.11", {"SGLANG_ENABLE_SPEC_V2": "1"}) == "v2"
     assert worker_kind("0.5.99", off) == "v2"  # no v1 worker left there
+
+
+@pytest.mark.parametrize("value", ["0", "false", "False", "no", "NO", "n", "N", "off", " 0", "0 ", "1", "true", "yes",
+                                   "y", "", "junk"])
+def test_the_v1_worker_is_named_exactly_where_sglang_reads_the_flag_as_false(value: str) -> None:
+    """SGLang reads SGLANG_ENABLE_SPEC_V2 with its `EnvBool` (srt/environ.py, the same words in 0.5.12 and 0.5.23):
+    false for "false", "0", "no", "n" in any case, not stripped; any other value is warned about and taken as the
+    default, True (0.5.12 then runs the v2 worker). specflip named v1 for "off" and " 0" (the v2 worker runs) and v2
+    for "n" (the v1 worker runs): the switch and guard of the other worker (found 2026-12-06 from the mutant
+    `registry.worker_kind` 32, docs/mutation.md)."""
+    from sglang.srt.environ import EnvBool
+
+    from shim.releases.registry import worker_kind
+
+    try:
+        v2 = EnvBool(True).parse(value)
+    except ValueError:
+        v2 = True
+    env = {"SGLANG_ENABLE_SPEC_V2": value}
+    assert worker_kind("0.5.12", env) == worker_kind("0.5.11", env) == ("v2" if v2 else "v1")
+    assert worker_kind("0.5.16", env) == "v2"  # no v1 worker left there
 
 
 def test_a_free_is_placed_in_its_req_to_token_row_from_the_view_alone(eagle: Any) -> None:
@@ -188,6 +209,41 @@ def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkey
     assert (static.config.design.name, static.config.design.num_steps) == ("plain_off_catch_up", 3)
 
 
+def test_a_server_record_without_enable_metrics_is_decided_as_one_without_metrics() -> None:
+    """`--enable-metrics` is read with the default False at start-up (`before_init_model_worker`, on the scheduler's
+    own record) and at the first step (`guard`), as `unsupported_reason` reads the other fields: a record without it
+    turns the guard off with its line and no gauge, never an AttributeError out of SGLang's start-up hook."""
+    from shim.guard.config import Mode
+    from shim.guard.runtime import GuardRuntime
+
+    line = "sglang 0.5.23: page_size 16 (--page-size; the model counts KV in single slots; supported: 1)"
+    at_start = GuardRuntime(Mode.WARN)
+    _adapter_over(None, at_start).before_init_model_worker(
+        SimpleNamespace(server_args=SimpleNamespace(page_size=16), tp_rank=0))
+    assert (at_start.decided, at_start.disabled_reason, at_start.metrics) == (True, line, None)
+    first_step = GuardRuntime(Mode.WARN)
+    assert _adapter_over(SimpleNamespace(page_size=16), first_step).guard() is None
+    assert (first_step.disabled_reason, first_step.metrics) == (line, None)
+
+
+def test_host_readings_take_any_cpu_tensor_or_sequence() -> None:
+    """`host_ints` gives python ints for a CPU tensor of any dtype (a float or bool tensor's `tolist()` does not), and
+    `sorted_capture_sizes` sorts a runner's sizes held as a tuple or tensor as it does a list (only a list's answer is
+    memoised)."""
+    import torch
+
+    from shim.releases.guard_reading import host_ints, sorted_capture_sizes
+
+    assert host_ints(torch.tensor([3, 1], dtype=torch.int32)) == [3, 1]
+    for tensor in (torch.tensor([3.0, 1.0]), torch.tensor([True, False])):
+        values = host_ints(tensor)
+        assert values == [int(v) for v in tensor.tolist()] and all(type(v) is int for v in values)
+    assert host_ints(torch.tensor([], dtype=torch.float32)) == []
+    assert sorted_capture_sizes((4, 1, 2)) == (1, 2, 4)
+    assert sorted_capture_sizes(torch.tensor([8, 2])) == (2, 8)
+    assert sorted_capture_sizes([4, 1, 2]) == (1, 2, 4)
+
+
 def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(model_dir: Path) -> None:
     """`tensor_width(None)`: a real ScheduleBatch before `prepare_for_extend` has no `out_cache_loc`; it writes no
     slot (the guard's `out_cache_loc_width` 0), where a 0-d tensor is one slot."""
@@ -202,6 +258,10 @@ def test_a_batch_without_out_cache_loc_is_read_as_no_slots_wide(model_dir: Path)
 
     read = Adapter().observe_batch(batch, forward_mode=ForwardMode.EXTEND, spec_info=None)
     assert read.out_cache_loc_width == 0
+    # its request holds no req_to_token row yet: read as holding no KV, none committed, nothing prefilled
+    (req,) = Adapter().observe_requests(batch)
+    assert (req.holds_kv, req.kv_committed, req.kv_allocated, req.kv_committed_len, req.prefilled_len) == \
+        (False, 0, 0, 0, 0)
     assert tensor_width(torch.tensor(7)) == 1
     assert tensor_width(torch.zeros(5, dtype=torch.int64)) == 5
 
@@ -253,6 +313,24 @@ def test_lint_captures_the_sizes_sglangs_decode_runner_captures(model_dir: Path)
     assert _capture_bs(cfg, int(cfg.max_running_requests)) == [1, 2]
 
 
+def test_lint_sizes_each_schedulers_request_pool_by_its_attention_dp_size(model_dir: Path) -> None:
+    """A scheduler's request pool is `max_running_requests // attn_dp_size` (0.5.23 pool_configurator.py), which is
+    what `get_batch_sizes_to_capture` clamps the sizes to: plain DP (`--dp-size 2`) runs whole schedulers, each with
+    the full pool (attn_dp_size 1); DP attention splits it. `_capture_bs` divided by `dp_size` (found 2026-12-06 from
+    the mutant `_capture_bs` 23, docs/mutation.md): [1, 2] and [1, 2, 4] here, each the other's answer."""
+    from shim.releases.v0_5_23 import _capture_bs
+
+    sizes = ("--max-running-requests", "4", "--cuda-graph-bs-decode", "1", "2", "4")
+    _, plain_dp = _cuda_launch(model_dir, "--dp-size", "2", *sizes)
+    assert (int(plain_dp.dp_size), int(plain_dp.attn_dp_size)) == (2, 1)
+    assert _capture_bs(plain_dp, 4) == [1, 2, 4]
+    _, dp_attention = _cuda_launch(model_dir, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", *sizes)
+    assert int(dp_attention.attn_dp_size) == 2
+    assert _capture_bs(dp_attention, 4) == [1, 2]
+    assert _capture_bs(dp_attention, 5) == [1, 2]  # 5 // 2: a pool of whole requests
+    assert all(type(b) is int for b in _capture_bs(dp_attention, 5))
+
+
 def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: Path) -> None:
     """`_logits_rows` (ModelRunner.max_decode_logits_rows): the widest of the launch bound and each adaptive tier,
     each at its own draft-token count, not at the count published now."""
@@ -269,6 +347,7 @@ def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: 
     assert _logits_rows(cfg, algo, [1, 8], [], 4) == 8 * 4
     assert _logits_rows(cfg, algo, [1, 8], [2, 6], 4) == 8 * 6  # a tier wider than the launch
     assert _logits_rows(cfg, algo, [1, 8], [2, 3], None) == 8 * 3  # no launch bound: 1
+    assert _logits_rows(cfg, algo, [1, 8], [], None) == 8 * 1
     assert _logits_rows(cfg, algo, [], [2, 6], 4) == 0  # graphs off
 
 

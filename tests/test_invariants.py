@@ -19,6 +19,7 @@ from statemodel.invariants import (
     Violation,
     check_state,
     check_step,
+    check_transition,
     committed_never_lost,
     draft_extend_leaves_behind,
     draft_kv_covers_prefix,
@@ -33,6 +34,7 @@ from statemodel.invariants import (
     spec_info_matches_mode,
 )
 from statemodel.state import (
+    FEW_OF_MANY,
     Batch,
     FoldByIdentity,
     ForwardMode,
@@ -186,6 +188,38 @@ def test_seq_lens_grow_by_accepted_plus_one() -> None:
     found = seq_lens_growth(before, verify, attrs.evolve(before, requests=bad), SCOPE, CATCH_UP)
     assert [v.rids for v in found] == [(1,)]
     assert found[0].expected == "5" and found[0].actual == "6"
+    # both grown by request 0's count: request 1 is named (each request held to its own growth)
+    both = tuple(r.replace(seq_len=r.seq_len + 3) for r in TWO)
+    assert [v.rids for v in seq_lens_growth(before, verify, attrs.evolve(before, requests=both), SCOPE, CATCH_UP)] \
+        == [(1,)]
+    # a request outside the verify (finished earlier) read again as another object: it had to grow by nothing
+    done = running_req(2)._replace(status=Status.FINISHED, kv_held=0)
+    three = make_state((*TWO, done), RUNNING_SPEC, launched, stage=Stage.DRAFTED)
+    again = (*bad, done._replace(committed=done.committed))
+    assert [v.rids for v in seq_lens_growth(three, verify, attrs.evolve(three, requests=again), SCOPE, CATCH_UP)] \
+        == [(1,)]
+    # seq_lens that went back, each by as much as before + after makes the growth (2 -> 1, 1 -> 0): both named
+    short = make_state((running_req(0, seq_len=2, committed=1), running_req(1, seq_len=1, committed=0)),
+                       RUNNING_SPEC, launched, stage=Stage.DRAFTED)
+    back = tuple(r.replace(seq_len=r.seq_len - 1) for r in short.requests)
+    assert [v.rids for v in seq_lens_growth(short, verify, attrs.evolve(short, requests=back), SCOPE, CATCH_UP)] \
+        == [(0,), (1,)]
+
+
+def test_seq_lens_growth_names_every_request_of_a_large_batch_that_did_not_grow() -> None:
+    """A verify of FEW_OF_MANY requests (where `changed_indices` scans for the few that moved) after which no request
+    moved at all: each had to grow by its accepted count + 1, so each is named; all of them grown: clean."""
+    n = FEW_OF_MANY
+    reqs = tuple(running_req(i) for i in range(n))
+    running = Batch(rids=tuple(range(n)), forward_mode=ForwardMode.DECODE, spec_info=draft_input(n),
+                    spec_algorithm_on=True)
+    launched = Batch(rids=tuple(range(n)), forward_mode=ForwardMode.TARGET_VERIFY,
+                     spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, n, 3), spec_algorithm_on=True)
+    before = make_state(reqs, running, launched, stage=Stage.DRAFTED, pool=200)
+    verify = Action("verify", (0,) * n)
+    assert [v.rids for v in seq_lens_growth(before, verify, before, SCOPE, CATCH_UP)] == [(i,) for i in range(n)]
+    grown = tuple(r.replace(seq_len=r.seq_len + 1, committed=r.committed + 1) for r in reqs)
+    assert seq_lens_growth(before, verify, attrs.evolve(before, requests=grown), SCOPE, CATCH_UP) == []
 
 
 def test_seq_lens_growth_at_a_finish_follows_the_designs_worker() -> None:
@@ -224,6 +258,18 @@ def test_check_step_orders_violations_by_invariant_order() -> None:
     assert names[0] == "spec_info_matches_mode" and "kv_conservation" in names
 
 
+def test_check_transition_lists_several_step_violations_in_report_order() -> None:
+    """A plain step whose seq_lens did not grow and that took a committed token from each of two requests: four step
+    violations of two invariants, in report order, each invariant's in request order (the sort of several)."""
+    before = make_state(TWO, RUNNING_SPEC)
+    after = attrs.evolve(before, requests=tuple(r.replace(committed=r.committed - 1) for r in TWO))
+    found = check_transition(before, Action("plain_decode"), after, SCOPE, CATCH_UP)
+    assert [(v.invariant, v.rids) for v in found] == [
+        ("seq_lens_growth", (0,)), ("seq_lens_growth", (1,)), ("committed_never_lost", (0,)),
+        ("committed_never_lost", (1,))]
+    assert INVARIANT_NAMES.index("seq_lens_growth") < INVARIANT_NAMES.index("committed_never_lost")
+
+
 def test_unprocessed_verify_keeps_its_worst_case_reserved_under_overlap() -> None:
     """Overlap: step N's verify (steps 2) is unprocessed while N+1's verify (3 tokens a request) launches:
     the reserve must hold both worst cases, 6; a request finished since is not counted (its slots were freed
@@ -247,6 +293,10 @@ def test_unprocessed_verify_keeps_its_worst_case_reserved_under_overlap() -> Non
     done = attrs.evolve(make_state((running_req(0, reserved=3), finished), RUNNING_SPEC),
                         unprocessed=(n, Unprocessed(rids=(0,), steps=None)))
     assert kv_reserve_covers_writes(done, overlap) == []
+    # two unprocessed verifies of one request: their worst cases add up (3 + 3), more than either alone
+    two = attrs.evolve(make_state((running_req(0, reserved=5), running_req(1, reserved=6)), RUNNING_SPEC),
+                       unprocessed=(n, n))
+    assert [(v.rids, v.expected, v.actual) for v in kv_reserve_covers_writes(two, overlap)] == [((0,), "6", "5")]
 
 
 def test_process_result_must_grow_seq_len_by_the_accepted_run() -> None:
@@ -492,8 +542,8 @@ def test_requests_in_one_place_names_a_running_request_in_no_batch() -> None:
 def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_batch() -> None:
     both = make_state(TWO, RUNNING_SPEC).replace(pending=Batch(rids=(1,), forward_mode=ForwardMode.DECODE))
     [v] = requests_in_one_place(both, SCOPE)
-    assert (v.message, v.rids, v.expected, v.actual) == (
-        "request 1 is in the running batch and the prefilled batch", (1,), "in one batch once",
+    assert (v.invariant, v.message, v.rids, v.expected, v.actual) == (
+        "requests_in_one_place", "request 1 is in the running batch and the prefilled batch", (1,), "in one batch once",
         "in the running batch and the prefilled batch")
     twice = make_state(TWO, attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
     [v] = requests_in_one_place(twice, SCOPE)
@@ -502,8 +552,9 @@ def test_requests_in_one_place_names_a_request_in_two_places_or_waiting_in_a_bat
     waiting = make_state((running_req(0), running_req(1)._replace(status=Status.WAITING, kv_held=0, seq_len=0)),
                          RUNNING_SPEC)
     [v] = requests_in_one_place(waiting, SCOPE)
-    assert (v.message, v.rids, v.expected, v.actual) == (
-        "request 1 is waiting but in the running batch", (1,), "waiting: in no batch", "in the running batch")
+    assert (v.invariant, v.message, v.rids, v.expected, v.actual) == (
+        "requests_in_one_place", "request 1 is waiting but in the running batch", (1,), "waiting: in no batch",
+        "in the running batch")
     # a finished request not yet filtered out is in its batch rightly, once
     finished = make_state((running_req(0), running_req(1)._replace(status=Status.FINISHED, kv_held=0)), RUNNING_SPEC)
     assert not requests_in_one_place(finished, SCOPE)
@@ -540,6 +591,16 @@ def test_requests_in_one_place_answers_each_state_afresh_past_its_memo() -> None
     twice = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 0), spec_info=draft_input(3)))
     assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
     assert [v.rids for v in requests_in_one_place(twice, SCOPE)] == [(0,)]
+    # the same requests, both batches emptied (the empty rids tuple is one object): both running requests are named
+    assert not requests_in_one_place(clean, SCOPE)
+    emptied = clean.replace(running=attrs.evolve(RUNNING_SPEC, rids=(), spec_info=draft_input(0)))
+    assert [v.rids for v in requests_in_one_place(emptied, SCOPE)] == [(0,), (1,)]
+    # only the running batch's rids changed (the prefilled batch's empty tuple is the same object): a finished
+    # request twice in it, whose counts balance, is named
+    finished = make_state((TWO[0], TWO[1]._replace(status=Status.FINISHED, kv_held=0)), RUNNING_SPEC)
+    assert not requests_in_one_place(finished, SCOPE)
+    finished_twice = finished.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
+    assert [v.rids for v in requests_in_one_place(finished_twice, SCOPE)] == [(1,)]
 
 
 def test_draft_extend_leaves_behind_names_the_running_requests_the_catch_up_left_out() -> None:

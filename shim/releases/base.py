@@ -21,7 +21,9 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 WorkerKind = Literal["v1", "v2"]
 FEATURES = ("guard", "switch", "step_timer", "lint")
-_OFF = ("0", "false", "no", "off")
+# the values SGLang's `EnvBool` reads as false (0.5.12 srt/environ.py: `value.lower()` in these, not stripped); any
+# other value it does not know ("off", " 0") it warns about and takes the default, True: the v2 worker
+SPEC_V2_OFF = ("false", "0", "no", "n")
 
 
 @runtime_checkable
@@ -124,7 +126,7 @@ class ReleaseLine:
     def worker_kind(self, env: Mapping[str, str]) -> WorkerKind:
         """The EAGLE worker a server of this line runs: v1 where the line still ships it and SGLANG_ENABLE_SPEC_V2
         turns the v2 one off; else v2."""
-        if self.ships_v1_worker and env.get("SGLANG_ENABLE_SPEC_V2", "").strip().lower() in _OFF:
+        if self.ships_v1_worker and env.get("SGLANG_ENABLE_SPEC_V2", "").lower() in SPEC_V2_OFF:
             return "v1"
         return "v2"
 

@@ -204,7 +204,9 @@ def _capture_bs(cfg: Any, max_running: int) -> list[int]:
     bs = list(graph_cfg.decode.bs or [])
     if not bs:
         return []
-    pool = max(1, max_running // max(1, int(cfg.dp_size or 1)))
+    # the request pool of one scheduler: max_running_requests // attn_dp_size (pool_configurator.py); plain DP
+    # (--dp-size without --enable-dp-attention) runs whole schedulers, each with the full pool (attn_dp_size 1)
+    pool = max(1, max_running // max(1, int(cfg.attn_dp_size or 1)))
     if max(bs) > pool:
         bs.append(pool)
     return sorted({b for b in bs if 0 < b <= pool})
