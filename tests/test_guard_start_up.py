@@ -284,7 +284,7 @@ def test_hook_targets_missing_stop_start_up_in_assert_mode(monkeypatch: pytest.M
         plugin.register_guard()
     line = str(stop.value.code)
     assert "\n" not in line and "SPECFLIP_MODE=assert asks for the guard, which cannot be installed: sglang 0.5.23: " \
-        "hook targets not found: sglang.srt.managers.scheduler.Scheduler.no_such_method" in line
+        "hook targets not found: sglang.srt.managers.scheduler.Scheduler.no_such_method (AttributeError)" in line
     assert "Set SPECFLIP_MODE=warn to serve without the guard's checks, or SPECFLIP_MODE=off" in line
     assert runtime_mod.current() is None
     monkeypatch.setenv("SPECFLIP_MODE", "warn")  # warn mode: one warning, no guard, start-up goes on

@@ -253,3 +253,15 @@ def test_0_5_12_offers_the_v1_switch_only_and_says_how_to_get_it() -> None:
                for v in ("0.5.13", "0.5.16", "0.5.23"))
     text = render(table())
     assert "the v2 switch is not offered" in text and "shim.plugin:register_v1" in text
+
+
+def test_without_sglang_the_release_line_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No sglang in the environment (`installed_release` finds none: stood in here, the test venv has sglang): one
+    line naming what is missing and the lines specflip supports."""
+    from shim.releases import registry
+
+    monkeypatch.setattr(registry, "installed_release", lambda: None)
+    with pytest.raises(registry.UnsupportedRelease) as err:
+        registry.release_line()
+    assert str(err.value) == f"sglang is not installed (specflip supports {registry.supported_range()})"
+    assert "\n" not in str(err.value)
