@@ -1,6 +1,7 @@
 """Held out: the auto learner fed the decode-step windows an H200 measured (2026-12-06; the wheel built from 3a41e11,
-the code that ran main 0943833's, which the servers imported from the carried working tree; the 8B-class pair, TP 1, SGLang 0.5.16, one NVIDIA H200; plain, always on, SGLang's adaptive switch, `auto`
-and `auto` + guard side by side, one round per trace: context, accept_shift, bursty_contrast, in that order, after the
+the code that ran main 0943833's, which the servers imported from the carried working tree; the 8B-class pair,
+TP 1, SGLang 0.5.16, one NVIDIA H200; plain, always on, SGLang's adaptive switch, `auto` and `auto` + guard side by
+side, one round per trace: context, accept_shift, bursty_contrast, in that order, after the
 warm-ups at 1, 32 and 128 short-prompt clients). bench/gpu/results/2026-12-06_3a41e11_h200/traces.tar.gz,
 tr/auto/switch-1023.jsonl (the auto server's scheduler; switch-709.jsonl is its other process's, one config line):
 each `auto_observe` window in the replays' form (tests/test_auto_h200_shifts.py `extract_windows`, segments split
