@@ -206,7 +206,10 @@ def _capture_bs(cfg: Any, max_running: int) -> list[int]:
         return []
     # the request pool of one scheduler: max_running_requests // attn_dp_size (pool_configurator.py); plain DP
     # (--dp-size without --enable-dp-attention) runs whole schedulers, each with the full pool (attn_dp_size 1)
-    pool = max(1, max_running // max(1, int(cfg.attn_dp_size or 1)))
+    attn_dp = getattr(cfg, "attn_dp_size", None)
+    if attn_dp is None:  # lines before 0.5.22 keep it in the parallel state: derive_attention_widths (dp or 1)
+        attn_dp = (cfg.dp_size or 1) if getattr(cfg, "enable_dp_attention", False) else 1
+    pool = max(1, max_running // max(1, int(attn_dp or 1)))
     if max(bs) > pool:
         bs.append(pool)
     return sorted({b for b in bs if 0 < b <= pool})
