@@ -708,8 +708,15 @@ def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: floa
 def _stale(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> bool:
     """Whether a mode's bucket at this demand wants a probe: unknown, older than `stale_after`, or not run near this
     context (`Estimate.at_context`)."""
+    age = _age(state, mode, demand, spec_cap, context)
+    return age is None or age > state.params.stale_after
+
+
+def _age(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None) -> int | None:
+    """The steps since a mode's estimate at this demand and context was last updated (`_known` at the batch the mode
+    runs at this demand); None where it has none."""
     est = _known(state, mode, _batch(mode, demand, spec_cap), context)
-    return est is None or state.step - est.updated > state.params.stale_after
+    return None if est is None else state.step - est.updated
 
 
 def _behind_clearly(state: AutoState, other: int, cur: int, values: Sequence[float | None], measured: set[int],
@@ -729,8 +736,8 @@ def _behind_clearly(state: AutoState, other: int, cur: int, values: Sequence[flo
     v_cur, v_plain = values[cur], values[PLAIN]
     if v_cur is None or v_plain is None or v_cur < v_plain * (1 + p.clear_win):
         return False
-    est = _known(state, PLAIN, _batch(PLAIN, demand, spec_cap), context)
-    return est is not None and state.step - est.updated <= p.stale_behind_after
+    age = _age(state, PLAIN, demand, spec_cap, context)
+    return age is not None and age <= p.stale_behind_after
 
 
 def _best(known: dict[int, float]) -> int:
@@ -828,7 +835,7 @@ def _probe_price(state: AutoState, cur: int, other: int, load: int, running: int
     plain decoding was 10-37 % faster (auto 0.911x, 0.738x and 0.783x the per-phase best)."""
     p = state.params
     first_visit = (other == PLAIN or cur != PLAIN or running <= 0) \
-        and _known(state, other, _batch(other, load, spec_cap), context) is None
+        and _age(state, other, load, spec_cap, context) is None
     return p.probe_steps - (p.probe_credit * p.probe_steps if first_visit else 0)
 
 
@@ -853,8 +860,8 @@ def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: i
     measured 10 % faster at 2 long requests, the prior's flip off waited 24 steps at 18.7 ms against plain's 5.9 ms."""
     if cur == PLAIN or want != PLAIN:
         return False
-    est = _known(state, cur, _batch(cur, load, spec_cap), context)
-    return est is not None and state.step - est.updated > state.params.stale_after
+    age = _age(state, cur, load, spec_cap, context)
+    return age is not None and age > state.params.stale_after
 
 
 def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
