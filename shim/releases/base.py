@@ -26,6 +26,11 @@ FEATURES = ("guard", "switch", "step_timer", "lint")
 SPEC_V2_OFF = ("false", "0", "no", "n")
 
 
+def spec_v2_off(env: Mapping[str, str]) -> bool:
+    """Whether SGLANG_ENABLE_SPEC_V2 in `env` turns SGLang's v2 EAGLE worker off, read as SGLang reads it."""
+    return env.get("SGLANG_ENABLE_SPEC_V2", "").lower() in SPEC_V2_OFF
+
+
 @runtime_checkable
 class Release(Protocol):
     """One SGLang release line as specflip sees it."""
@@ -126,7 +131,7 @@ class ReleaseLine:
     def worker_kind(self, env: Mapping[str, str]) -> WorkerKind:
         """The EAGLE worker a server of this line runs: v1 where the line still ships it and SGLANG_ENABLE_SPEC_V2
         turns the v2 one off; else v2."""
-        if self.ships_v1_worker and env.get("SGLANG_ENABLE_SPEC_V2", "").lower() in SPEC_V2_OFF:
+        if self.ships_v1_worker and spec_v2_off(env):
             return "v1"
         return "v2"
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from functools import cache
 
-from shim.releases.base import SPEC_V2_OFF, Release, WorkerKind
+from shim.releases.base import Release, WorkerKind, spec_v2_off
 
 # base line -> the module whose `LINE` describes it. A line missing here gets one line naming the supported ones.
 LINES: dict[str, str] = {
@@ -94,8 +94,7 @@ def worker_kind(release: str | None, env: Mapping[str, str]) -> WorkerKind:
         return "v2"
     if line in LINES:
         return _load(LINES[line]).worker_kind(env)
-    flag = env.get("SGLANG_ENABLE_SPEC_V2", "").lower()
-    return "v1" if _key(line) < FIRST_LINE_WITHOUT_V1_WORKER and flag in SPEC_V2_OFF else "v2"
+    return "v1" if _key(line) < FIRST_LINE_WITHOUT_V1_WORKER and spec_v2_off(env) else "v2"
 
 
 @cache
