@@ -300,8 +300,7 @@ class AutoSwitch:
         accept = getattr(result, "accept_lens", None)
         if batch is None or not batch.forward_mode.is_decode() or self.warming:
             return
-        if self.vocab is not None:
-            self.count_coverage(batch.reqs, accept)
+        self.count_coverage(batch.reqs, accept)
         if accept is None:
             return
         if getattr(accept, "is_cpu", False):  # never a device tensor: reading one would sync
@@ -319,14 +318,14 @@ class AutoSwitch:
         the host; a device tensor is not read, and rows that do not match the requests are not counted). Host lists
         only: `req.output_ids`, which the result's processing has extended (a request that finished in it is left out
         with the rest: its last tokens are not counted)."""
-        vocab, hits, tokens = self.vocab, 0, 0
-        if vocab is None:
+        vocab = self.vocab
+        if vocab is None:  # no signal: nothing is counted
             return
         # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule one
         # that finished at the step before is still in this batch): not counted, its last tokens included
         if accept is None:
-            last = [req.output_ids[-1] for req in reqs if req.output_ids and not (req.finished() or req.is_retracted)]
-            tokens, hits = len(last), sum(map(vocab.__contains__, last))
+            committed = [req.output_ids[-1] for req in reqs
+                         if req.output_ids and not (req.finished() or req.is_retracted)]
         else:
             if not getattr(accept, "is_cpu", False):
                 return
@@ -336,9 +335,8 @@ class AutoSwitch:
             committed = [t for req, n in zip(reqs, lens, strict=True) if n > 0 and not (req.finished() or
                                                                                           req.is_retracted)
                          for t in req.output_ids[-n:]]
-            tokens, hits = len(committed), sum(map(vocab.__contains__, committed))
-        self.cover_tokens += tokens
-        self.cover_hits += hits
+        self.cover_tokens += len(committed)
+        self.cover_hits += sum(map(vocab.__contains__, committed))
 
     def agree(self, scheduler: Any, trace: Any = None) -> None:
         """Agree the window across ranks (MAX over the TP CPU group; nothing at TP 1), then feed the learner."""
