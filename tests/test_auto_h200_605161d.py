@@ -14,6 +14,7 @@ The hold now values the held batch at its context too (`AutoState.peak_context`)
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 
@@ -27,10 +28,13 @@ TARBALL, MEMBER = "bench/gpu/results/2026-12-06_605161d_h200/traces.tar.gz", "tr
 CAP = 48
 
 
-def records() -> tuple[list[str], list[dict], float]:
+@functools.cache
+def run_trace() -> tuple[list[list], list[tuple[float, int, float]], list[dict], float]:
+    """The auto server's switch trace, read once: its windows and catch-ups in the replays' form, its records and
+    their first time."""
     lines = h200._trace(TARBALL, MEMBER)
     recs = [json.loads(line) for line in lines]
-    return lines, recs, recs[0]["t"]
+    return h200.extract_windows(lines, 20.0), h200.extract_catch_ups(lines), recs, recs[0]["t"]
 
 
 def test_c24_mixeds_first_arrival_is_valued_at_the_held_batchs_context() -> None:
@@ -39,10 +43,7 @@ def test_c24_mixeds_first_arrival_is_valued_at_the_held_batchs_context() -> None
     run's own windows, with the hold's peak and its context as the run's previous decision had them (the idle point
     just before: load 8 at 3,347 tokens, then 24 at 3,371), plain decoding stays. Without the held context (the
     control: `peak_context` 0) the same state flips speculation on, as the run did."""
-    lines, recs, t0 = records()
-    windows = h200.extract_windows(lines, 20.0)
-    catch_ups = [(round(r["t"] - t0, 3), r["catch_up_tokens"], r["catch_up_s"]) for r in recs
-                 if r.get("action") == "auto_observe" and "catch_up_s" in r]
+    windows, catch_ups, recs, t0 = run_trace()
     flips = [r for r in recs if r.get("action") == "flip_on" and r["learner_step"] in (7220, 7338)]
     assert [(r["learner_step"], r["reason"], r["load"], r["context"]) for r in flips] \
         == [(7220, "measured", 8, 32.0), (7338, "measured", 24, 32.0)]
@@ -65,8 +66,7 @@ def test_the_held_context_ends_with_the_hold() -> None:
     """After the hold (idle time between phases: `observe_idle`), a short request at an empty server is valued at its
     own context: the c8_short phase of round 1 after c2_long's 2,800-3,300 tokens came on speculating at once (the run's
     first decision there: load 3 at 32 tokens, speculation on), and so it still does."""
-    lines, recs, t0 = records()
-    windows = h200.extract_windows(lines, 20.0)
+    windows, _catch_ups, recs, t0 = run_trace()
     first = next(r for r in recs if r.get("action") == "flip_on" and r["t"] - t0 > 350.0 and r["context"] == 32.0)
     state = h200.replay_windows(windows, [], first["t"] - t0)
     held = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - 100, peak=2, peak_context=3300.0,

@@ -64,6 +64,14 @@ def extract_windows(trace_lines: list[str], gap: float) -> list[list]:
     return out
 
 
+def extract_catch_ups(trace_lines: list[str]) -> list[tuple[float, int, float]]:
+    """The catch-ups a switch trace's `auto_observe` windows carried: (seconds since its first record, tokens
+    re-prefilled, seconds), the replays' `CATCH_UPS` form."""
+    records = [json.loads(line) for line in trace_lines if line.strip()]
+    return [(round(r["t"] - records[0]["t"], 3), r["catch_up_tokens"], r["catch_up_s"]) for r in records
+            if r.get("action") == "auto_observe" and "catch_up_s" in r]
+
+
 def _trace(tarball: str, member: str) -> list[str]:
     with tarfile.open(ROOT / tarball) as tar:
         f = tar.extractfile(member)
@@ -84,10 +92,8 @@ def test_the_windows_are_the_switch_traces(tarball: str, member: str, gap: float
 
 def test_the_catch_ups_are_the_switch_trace() -> None:
     """`CATCH_UPS` is what the H200 run's `auto_observe` windows carried."""
-    records = [json.loads(line) for line in _trace("bench/gpu/results/2026-12-06_886650f/workload_f/traces.tar.gz",
-                                                   "tr/auto/switch-10531.jsonl")]
-    assert [(round(r["t"] - records[0]["t"], 3), r["catch_up_tokens"], r["catch_up_s"]) for r in records
-            if r.get("action") == "auto_observe" and "catch_up_s" in r] == CATCH_UPS
+    assert extract_catch_ups(_trace("bench/gpu/results/2026-12-06_886650f/workload_f/traces.tar.gz",
+                                    "tr/auto/switch-10531.jsonl")) == CATCH_UPS
 
 
 def replay_windows(windows: list[list], catch_ups: list[tuple[float, int, float]], until: float,
