@@ -48,6 +48,7 @@ mode is another design:
 from __future__ import annotations
 
 import json
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -128,7 +129,7 @@ class Adapter(V2Adapter):
         reason = super().unsupported_reason(sa)
         if reason or sa is None:
             return reason
-        if getattr(sa, "speculative_algorithm", None) and not getattr(sa, "disable_overlap_schedule", False):
+        if getattr(sa, "speculative_algorithm", None) and LINE.worker_kind(os.environ, sa) == "v2":
             return ("the overlap schedule runs EAGLEWorkerV2 on 0.5.12; this adapter covers the v1 EAGLEWorker "
                     "(SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule)")
         return None
@@ -429,10 +430,11 @@ def _read_adaptive_config(path: str) -> Any:
 
 
 class Line(v0_5_16.Line):
-    """0.5.12 as it differs from 0.5.16: it still ships the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0 selects it; the
-    v1 switch is shim/switch/v1.py); a Req keeps kv_allocated_len on itself too; add_chunked_req cuts fill_ids at the
-    chunk's end (init_next_round_input restores them); GenerationBatchResult has no extra_keep_alive_refs; retract_all
-    is a ScheduleBatch method only (the v2 switch's retraction, which calls the module function, does not run here)."""
+    """0.5.12 as it differs from 0.5.16: it still ships the v1 EAGLEWorker (the overlap schedule off runs it:
+    SGLANG_ENABLE_SPEC_V2=0, --disable-overlap-schedule or topk > 1: `base.v1_worker_runs`; the v1 switch is
+    shim/switch/v1.py); a Req keeps kv_allocated_len on itself too; add_chunked_req cuts fill_ids at the chunk's end
+    (init_next_round_input restores them); GenerationBatchResult has no extra_keep_alive_refs; retract_all is a
+    ScheduleBatch method only (the v2 switch's retraction, which calls the module function, does not run here)."""
 
     version = "0.5.12"
     adapter_class = Adapter
@@ -459,8 +461,8 @@ class Line(v0_5_16.Line):
 
     def features(self) -> dict[str, str]:
         return {**super().features(),
-                "guard": "yes, on the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0; the overlap schedule's v2 worker is "
-                         "not covered)",
+                "guard": "yes, on the v1 EAGLEWorker (the overlap schedule off: SGLANG_ENABLE_SPEC_V2=0 or "
+                         "--disable-overlap-schedule; the overlap schedule's v2 worker is not covered)",
                 "switch": "v1 (shim/switch/v1.py, SGLANG_ENABLE_SPEC_V2=0; the v1 kit's entry point "
                           "shim.plugin:register_v1: SPECFLIP_SWITCH=t_off:t_on, no auto, no tiers); the v2 switch "
                           "is not offered (its EAGLEWorkerV2 has no init_cuda_graphs, no activate_step_by_batch, no "
