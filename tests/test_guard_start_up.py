@@ -249,6 +249,7 @@ def test_the_first_step_scopes_the_guard_by_the_server_args_as_sglang_resolved_t
     None, the overlap schedule on) and its resolution's view says 48 requests, 4096-token chunks and the normal loop
     (the overlap schedule is not implemented for speculation on the CPU). The guard built at the first step read the
     record: no cap, unbounded chunks and the overlap loop's design, a guard of another server."""
+    from sglang.srt import runtime_context
     from sglang.srt.arg_groups.overrides import resolving_view
 
     sa = published_resolved(model_dir, speculative_algorithm="EAGLE", speculative_num_steps=3,
@@ -260,6 +261,9 @@ def test_the_first_step_scopes_the_guard_by_the_server_args_as_sglang_resolved_t
     assert guard is not None
     scope = guard.config.scope
     assert (scope.plain_cap, scope.chunk_size, scope.overlap) == (48, 4096, False)
+    schedule = runtime_context.get_schedule()  # what the Scheduler reads (`enable_overlap`, its chunk and its cap)
+    assert (schedule.max_running_requests, schedule.chunked_prefill_size, schedule.disable_overlap_schedule) == \
+        (48, 4096, True)
     assert scope.spec_cap <= 48 and not guard.config.design.name.endswith("_overlap")
 
 
