@@ -63,7 +63,7 @@ from shim.releases.base import ReleaseLine, assign_warmups, prefix_slots_chunk
 from shim.releases.guard_hooks import V2Adapter
 from shim.releases.guard_reading import cuda_graph_runner_replay, host_ints, tensor_width
 from shim.releases.server_args import LintInputError
-from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
+from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing, graph_batch_sizes
 from statemodel.design import Design, Scope
 from statemodel.designs import SEEDS_FINAL, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
@@ -306,17 +306,6 @@ class Adapter(V2Adapter):
 DEFAULT_CANDIDATE_STEPS: tuple[int, ...] = (1, 3, 7)
 
 
-def capture_bs_of(cuda_graph_bs: Sequence[int] | None, max_running_requests: int) -> list[int]:
-    """`get_batch_sizes_to_capture` for one rank without TBO/DP: clamped to the request pool, the pool size added
-    when the list reaches past it."""
-    bs = list(cuda_graph_bs or [])
-    if not bs:
-        return []
-    if max(bs) > max_running_requests:
-        bs.append(max_running_requests)
-    return sorted({b for b in bs if 0 < b <= max_running_requests})
-
-
 def adaptive_candidates(config: Any, launch_steps: int) -> tuple[int, ...]:
     """`AdaptiveSpeculativeParams.__init__`: the config's candidate_steps (default [1, 3, 7]) plus the launch
     steps. LintInputError for a config SGLang would fail on when it builds the worker."""
@@ -332,8 +321,13 @@ def adaptive_candidates(config: Any, launch_steps: int) -> tuple[int, ...]:
 def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE3", topk: int = 1, steps: int, draft_tokens: int,
                        adaptive: bool = False, adaptive_config: Any = None, max_running_requests: int = 48,
                        cuda_graph_bs: Sequence[int] | None = None, overlap: bool = False,
-                       refusals: Sequence[str] = (), specflip: SpecflipPolicy | None = None) -> Sizing:
-    """0.5.12's start-up sizing from resolved values (what its ServerArgs attributes hold)."""
+                       refusals: Sequence[str] = (), specflip: SpecflipPolicy | None = None,
+                       graph_pool: int | None = None, graph_alignment: int = 1,
+                       two_batch_overlap: bool = False) -> Sizing:
+    """0.5.12's start-up sizing from resolved values (what its ServerArgs attributes hold). Each state's target
+    `CudaGraphRunner` captures `sizing.graph_batch_sizes` of `cuda_graph_bs` over one scheduler's request pool
+    (`graph_pool`, default max_running_requests), aligned to `graph_alignment` (`Line.graph_alignment`) at the
+    state's verify width (`num_tokens_per_bs`; per request under `two_batch_overlap`)."""
     refusals = list(refusals)
     fatal: list[str] = []
     tiers: tuple[tuple[int, tuple[int, ...]], ...] = ()
@@ -356,12 +350,14 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE3", topk: in
         state_steps: Sequence[int] = candidates
     else:
         state_steps = [steps]
-    capture_bs = capture_bs_of(cuda_graph_bs, max_running_requests)
+    pool = max_running_requests if graph_pool is None else graph_pool
     states = []
     for s in state_steps:
         d = s + 1 if adaptive else draft_tokens
+        width = 1 if two_batch_overlap else d
+        graph_bs = graph_batch_sizes(cuda_graph_bs, pool, alignment=graph_alignment, width=width)
         states.append(StepSizing(steps=s, draft_tokens=d, alloc_len=max(s * topk if s else topk, d), verify_width=d,
-                                 draft_extend_width=d, graph_bs=tuple(capture_bs)))
+                                 draft_extend_width=d, graph_bs=tuple(graph_bs)))
     # no shared logits buffer: every runner sizes its own rows, so the largest is what is there
     logits_rows = max((max(st.graph_bs) * st.verify_width for st in states if st.graph_bs), default=0)
     return Sizing(release=line.version, algorithm=algorithm, topk=topk, launch_steps=steps,
@@ -395,7 +391,8 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         algorithm=sa.speculative_algorithm, topk=sa.speculative_eagle_topk or 1, steps=sa.speculative_num_steps,
         draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive),
         adaptive_config=config, max_running_requests=sa.max_running_requests, cuda_graph_bs=graphs,
-        overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip)
+        overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip,
+        **line.graph_layout(sa, republish=republish))
 
 
 def check_adaptive_config(path: str, launch_steps: int) -> None:
