@@ -25,6 +25,7 @@ from shim.releases.guard_reading import (
     row_range,
     tensor_width,
 )
+from shim.releases.sizing import attention_dp_size
 from statemodel.design import Design, Scope
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
 from statemodel.state import ForwardMode
@@ -214,7 +215,9 @@ class V2Adapter(LiveReading, RankCheckHooks):
                     f"a chain: topk 1)")
         if (getattr(sa, "pp_size", 1) or 1) > 1:
             return f"pipeline parallel size {sa.pp_size} (--pp-size; supported: 1)"
-        if getattr(sa, "enable_dp_attention", False):
+        # the record's flag, or the attention DP size resolution keeps (0.5.22 on its view says enable_dp_attention
+        # False and dp_size 1 for --enable-dp-attention --dp-size 2, and attn_dp_size 2)
+        if getattr(sa, "enable_dp_attention", False) or attention_dp_size(sa) > 1:
             return "DP attention (--enable-dp-attention; not modelled)"
         if getattr(sa, "enable_mixed_chunk", False):
             return "mixed chunked prefill (--enable-mixed-chunk; MIXED batches are not modelled)"

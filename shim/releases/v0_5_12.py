@@ -36,7 +36,9 @@ mode is another design:
   - States: `speculative/eagle_worker.EAGLEWorker.build_adaptive_runtime_state` builds every candidate at
     start-up (draft tokens = steps + 1), each with its own target `CudaGraphRunner` and draft runners at the whole
     `cuda_graph_bs` list (`model_executor/cuda_graph_runner.get_batch_sizes_to_capture`: clamped to the request
-    pool, which is max_running_requests). There is no shared logits buffer in 0.5.12: each runner sizes its own.
+    pool, which is max_running_requests // the attention DP size, and aligned to the attention TP size where the
+    attention input is gathered: `sizing.graph_batch_sizes`). There is no shared logits buffer in 0.5.12: each
+    runner sizes its own.
   - KV: `managers/utils.get_alloc_len_per_decode(server_args)` = max(steps * topk, draft tokens) of the CURRENT
     state: `apply_runtime_state` writes the state into server_args. The v1 worker switches at the end of a
     forward, so the next prepare_for_decode already reserves for the state that runs (switch_after_reserve is
