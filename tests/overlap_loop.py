@@ -717,5 +717,4 @@ def overlap_pools(model_dir: Any, *, num_steps: int = 3, kv_size: int = 1024, ra
     a GPU server keeps it: it is spec v2's default)."""
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=num_steps, topk=1,
                             num_draft_tokens=num_steps + 1, max_running_requests=16)
-    sa.disable_overlap_schedule = False
-    return h.build_pools(sa, kv_size=kv_size, max_reqs=32, radix_cache=radix_cache)
+    return h.build_pools(sa, kv_size=kv_size, max_reqs=32, radix_cache=radix_cache, overlap_schedule=True)

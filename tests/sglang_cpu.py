@@ -182,14 +182,21 @@ class CpuPools:
         return int(self.allocator.available_size())
 
 
-def build_pools(server_args: Any, *, kv_size: int = 512, max_reqs: int = 16, radix_cache: bool = False) -> CpuPools:
+def build_pools(server_args: Any, *, kv_size: int = 512, max_reqs: int = 16, radix_cache: bool = False,
+                overlap_schedule: bool = False) -> CpuPools:
     """Publish ``server_args`` and build ReqToTokenPool, MHATokenToKVPool, TokenToKVPoolAllocator and the tree
     cache a 0.5.23 scheduler builds (``kv_size`` token slots, ``max_reqs`` request rows).
 
     ``radix_cache``: the prefix cache enabled, as a server without ``--disable-radix-cache`` has it (finished
     and prefilled requests' KV goes into the tree, shared prompt prefixes hit); otherwise disabled. Either
     way the tree is what SGLang's own ``mem_cache/registry.default_radix_cache_factory`` builds: on 0.5.23
-    that is a ``UnifiedRadixCache`` (FULL component, bigram keys for EAGLE), not the older ``RadixCache``."""
+    that is a ``UnifiedRadixCache`` (FULL component, bigram keys for EAGLE), not the older ``RadixCache``.
+
+    ``overlap_schedule``: the overlap loop, as a GPU launch resolves it (spec v2's default). On a CPU SGLang's
+    resolution turns it off for speculation, and keeps that choice beside the record (0.5.23: a declaration the
+    resolved view and the published config read, not the record): the GPU's choice is declared after it, through
+    SGLang's own ``declare_resolution``, so the record, SGLang's resolved view and the published config all say the
+    overlap loop runs."""
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -198,6 +205,12 @@ def build_pools(server_args: Any, *, kv_size: int = 512, max_reqs: int = 16, rad
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     server_args.disable_radix_cache = not radix_cache  # the published config says what the tree is
+    if overlap_schedule:
+        from sglang.srt.arg_groups.overrides import declare_resolution
+
+        server_args.disable_overlap_schedule = False  # the launch's input: the default
+        server_args.resolve_once()  # what Engine._launch_subprocesses runs first (publish would run it otherwise)
+        declare_resolution(server_args, "overlap_schedule_gpu_resolution_cpu_stand_in", disable_overlap_schedule=False)
     publish_server_args(server_args)
     model_config = ModelConfig.from_server_args(server_args)
     spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)

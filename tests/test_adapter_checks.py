@@ -331,6 +331,18 @@ def test_lint_sizes_each_schedulers_request_pool_by_its_attention_dp_size(model_
     assert all(type(b) is int for b in _capture_bs(dp_attention, 5))
 
 
+def test_dp_attention_is_named_on_the_view_resolution_keeps(model_dir: Path) -> None:
+    """`--tp-size 2 --dp-size 2 --enable-dp-attention`: 0.5.23's resolved view (what the start-up hooks and the first
+    step judge) says enable_dp_attention False and dp_size 1, and keeps the attention DP size (2) apart; the check read
+    the flag alone, so the guard took a DP-attention server for one it checks (found 2026-12-07)."""
+    chain = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+    sa, cfg = _cuda_launch(model_dir, *chain, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention")
+    assert sa.enable_dp_attention and not cfg.enable_dp_attention and int(cfg.attn_dp_size) == 2
+    assert Adapter().start_up_reason(sa) == "sglang 0.5.23: DP attention (--enable-dp-attention; not modelled)"
+    _, plain_dp = _cuda_launch(model_dir, *chain, "--dp-size", "2")  # whole schedulers, each one the guard checks
+    assert Adapter().unsupported_reason(plain_dp) is None
+
+
 def test_lint_sizes_the_logits_rows_for_every_tiers_own_draft_tokens(model_dir: Path) -> None:
     """`_logits_rows` (ModelRunner.max_decode_logits_rows): the widest of the launch bound and each adaptive tier,
     each at its own draft-token count, not at the count published now."""

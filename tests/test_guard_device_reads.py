@@ -96,8 +96,7 @@ def counted_steps(runtime: Any, model_dir: Path, size: int, kind: str, steps: in
     try:
         sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1, num_draft_tokens=4,
                                 max_running_requests=size + 1)
-        sa.disable_overlap_schedule = False
-        pools = h.build_pools(sa, kv_size=size * 200 + 64, max_reqs=size + 1)
+        pools = h.build_pools(sa, kv_size=size * 200 + 64, max_reqs=size + 1, overlap_schedule=True)
         config = SwitchConfig(t_off=1 if kind == "plain" else size + 1, t_on=0)
         drv = ol.OverlapDriver(pools, RETRACT_CATCH_UP, switch_config=config)
         drv.add(gf.make_reqs("d", size, max_new_tokens=10 * steps + 20))

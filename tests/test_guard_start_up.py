@@ -227,6 +227,61 @@ def test_the_first_step_turns_the_guard_off_with_the_gauge_at_0_where_start_up_d
     assert gauge() == 0 and not fresh.active
 
 
+def published_resolved(model_dir: Path, **spec: Any) -> Any:
+    """A real 0.5.23 ServerArgs for an EAGLE launch with `spec`, resolved (`resolve_once`, what
+    Engine._launch_subprocesses runs first) and published through SGLang's own `runtime_context.publish`, as the
+    scheduler process does before it builds the Scheduler (0.5.17 on): what the adapter's `server_args()` reads at the
+    first step."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path=str(model_dir), device="cpu", dtype="float32", attention_backend="torch_native",
+                    skip_tokenizer_init=True, speculative_draft_model_path=str(model_dir), **spec)
+    sa.resolve_once()
+    runtime_context.publish(sa, role="scheduler")
+    assert runtime_context.get_server_args() is sa  # the record, not resolution's view
+    return sa
+
+
+def test_the_first_step_scopes_the_guard_by_the_server_args_as_sglang_resolved_them(
+        fresh: Any, model_dir: Path) -> None:
+    """No --max-running-requests, no --chunked-prefill-size, a CPU launch: 0.5.23's record keeps them as given (None,
+    None, the overlap schedule on) and its resolution's view says 48 requests, 4096-token chunks and the normal loop
+    (the overlap schedule is not implemented for speculation on the CPU). The guard built at the first step read the
+    record: no cap, unbounded chunks and the overlap loop's design, a guard of another server."""
+    from sglang.srt import runtime_context
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    sa = published_resolved(model_dir, speculative_algorithm="EAGLE", speculative_num_steps=3,
+                            speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    view = resolving_view(sa)
+    assert (sa.max_running_requests, sa.chunked_prefill_size, sa.disable_overlap_schedule) == (None, None, False)
+    assert (view.max_running_requests, view.chunked_prefill_size, view.disable_overlap_schedule) == (48, 4096, True)
+    guard = fresh.adapter.guard()
+    assert guard is not None
+    scope = guard.config.scope
+    assert (scope.plain_cap, scope.chunk_size, scope.overlap) == (48, 4096, False)
+    schedule = runtime_context.get_schedule()  # what the Scheduler reads (`enable_overlap`, its chunk and its cap)
+    assert (schedule.max_running_requests, schedule.chunked_prefill_size, schedule.disable_overlap_schedule) == \
+        (48, 4096, True)
+    assert scope.spec_cap <= 48 and not guard.config.design.name.endswith("_overlap")
+
+
+def test_the_first_step_turns_the_guard_off_for_what_resolution_chose(
+        fresh: Any, model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """EAGLE3 without the chain's flags, where the start-up hook did not run: resolution's EAGLE tree (topk > 1) turns
+    the guard off at the first step with one line; reading the record (topk unset), the guard was built for it."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    sa = published_resolved(model_dir, speculative_algorithm="EAGLE3")
+    topk = resolving_view(sa).speculative_eagle_topk
+    assert sa.speculative_eagle_topk is None and topk > 1
+    with caplog.at_level(logging.WARNING, logger="specflip.guard"):
+        assert fresh.adapter.guard() is None and fresh.guard is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "specflip.guard"]
+    assert len(lines) == 1 and f"sglang 0.5.23: speculative_eagle_topk {topk} (--speculative-eagle-topk;" in lines[0]
+
+
 def _line_scheduler_source(line: str) -> Path | None:
     """SGLang `line`'s managers/scheduler.py as the release conformance run installs the line
     (scripts/sglang-lines.txt: its own folder of .cache/sglang-lines, else its venv's sglang); None: not installed."""

@@ -31,12 +31,25 @@ def spec_v2_off(env: Mapping[str, str]) -> bool:
     return env.get("SGLANG_ENABLE_SPEC_V2", "").lower() in SPEC_V2_OFF
 
 
+def v1_worker_runs(env: Mapping[str, str], resolved: Any = None) -> bool:
+    """Whether a line that still ships SGLang's v1 EAGLEWorker runs it: its `SpeculativeAlgorithm.create_worker`
+    returns EAGLEWorker exactly where the overlap schedule is off (`enable_overlap = not
+    server_args.disable_overlap_schedule`), and resolution turns the overlap schedule off for
+    `--disable-overlap-schedule`, for topk > 1 and for SGLANG_ENABLE_SPEC_V2 false (0.5.12 server_args.py
+    `_handle_speculative_decoding`), among others. `resolved`: the server arguments as SGLang resolved them
+    (`ReleaseLine.launch_view`), which say it; without them (at plugin load, before SGLang parsed its arguments)
+    the environment variable is all there is to read."""
+    if resolved is not None:
+        return bool(resolved.disable_overlap_schedule)
+    return spec_v2_off(env)
+
+
 @runtime_checkable
 class Release(Protocol):
     """One SGLang release line as specflip sees it."""
 
     version: str  # the base line, "0.5.16" (a ".postN" release uses it)
-    ships_v1_worker: bool  # SGLang's v1 EAGLEWorker is still there (SGLANG_ENABLE_SPEC_V2=0 selects it)
+    ships_v1_worker: bool  # SGLang's v1 EAGLEWorker is still there (the overlap schedule off selects it)
     offers_v2_switch: bool  # the v2 worker has the hook points shim/switch/v2.py needs
     plain_capture_target: str  # the v2 switch captures its plain decode graph runner AFTER this (v2_capture.py)
     decode_graph_runner_attr: str  # the target model runner's attribute holding its decode graph runner
@@ -49,7 +62,7 @@ class Release(Protocol):
     model_runner_has_workspace_flag: bool
     verified: tuple[tuple[str, str], ...]
 
-    def worker_kind(self, env: Mapping[str, str]) -> WorkerKind: ...
+    def worker_kind(self, env: Mapping[str, str], server_args: Any = None) -> WorkerKind: ...
 
     def adapter(self) -> Any: ...
 
@@ -128,12 +141,15 @@ class ReleaseLine:
 
     # --- the worker --------------------------------------------------------------------------------------
 
-    def worker_kind(self, env: Mapping[str, str]) -> WorkerKind:
-        """The EAGLE worker a server of this line runs: v1 where the line still ships it and SGLANG_ENABLE_SPEC_V2
-        turns the v2 one off; else v2."""
-        if self.ships_v1_worker and spec_v2_off(env):
-            return "v1"
-        return "v2"
+    def worker_kind(self, env: Mapping[str, str], server_args: Any = None) -> WorkerKind:
+        """The EAGLE worker a server of this line runs: v1 where the line still ships it and runs it
+        (`v1_worker_runs`: the overlap schedule off in `server_args` as SGLang resolved them, or, without them,
+        SGLANG_ENABLE_SPEC_V2 false in `env`); else v2 (from the first line without it, `create_worker` returns
+        EAGLEWorkerV2 with the overlap schedule on or off)."""
+        if not self.ships_v1_worker:
+            return "v2"
+        resolved = None if server_args is None else self.launch_view(server_args)
+        return "v1" if v1_worker_runs(env, resolved) else "v2"
 
     # --- the guard ---------------------------------------------------------------------------------------
 

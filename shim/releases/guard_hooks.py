@@ -25,6 +25,7 @@ from shim.releases.guard_reading import (
     row_range,
     tensor_width,
 )
+from shim.releases.sizing import attention_dp_size
 from statemodel.design import Design, Scope
 from statemodel.designs import ADAPTIVE_WARM, CATCH_UP, get_design
 from statemodel.state import ForwardMode
@@ -142,6 +143,13 @@ class V2Adapter(LiveReading, RankCheckHooks):
         reason = self.unsupported_reason(self.launch_view(sa))
         return None if reason is None else f"sglang {self.release}: {reason}"
 
+    def resolved_server_args(self) -> Any:
+        """The published server arguments (`server_args`) as SGLang resolved them (`launch_view`), None where none
+        are published: what the first step's scope, caps, overlap loop and configuration check read, as the start-up
+        hooks do (from 0.5.19 the record keeps, e.g., `max_running_requests`, `chunked_prefill_size` and
+        `disable_overlap_schedule` as the operator gave them, and resolution's values beside it)."""
+        return self.launch_view(self.server_args())
+
     def launch_view(self, sa: Any) -> Any:
         """The resolved values of the server arguments `sa` as this line keeps them (its release line's
         `launch_view`: the record itself up to 0.5.18, which resolve into it; from 0.5.19 resolution's view, where a
@@ -182,7 +190,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
         if rt is None or not rt.active:
             return None
         if rt.guard is None:
-            sa = self.server_args()
+            sa = self.resolved_server_args()
             reason = self.unsupported_reason(sa)
             if reason:
                 rt.off_at_first_step(f"sglang {self.release}: {reason}", rank=self.tp_rank(),
@@ -207,7 +215,9 @@ class V2Adapter(LiveReading, RankCheckHooks):
                     f"a chain: topk 1)")
         if (getattr(sa, "pp_size", 1) or 1) > 1:
             return f"pipeline parallel size {sa.pp_size} (--pp-size; supported: 1)"
-        if getattr(sa, "enable_dp_attention", False):
+        # the record's flag, or the attention DP size resolution keeps (0.5.22 on its view says enable_dp_attention
+        # False and dp_size 1 for --enable-dp-attention --dp-size 2, and attn_dp_size 2)
+        if getattr(sa, "enable_dp_attention", False) or attention_dp_size(sa) > 1:
             return "DP attention (--enable-dp-attention; not modelled)"
         if getattr(sa, "enable_mixed_chunk", False):
             return "mixed chunked prefill (--enable-mixed-chunk; MIXED batches are not modelled)"

@@ -35,7 +35,7 @@ class RankCheckHooks:
             rt = self.runtime
             group = getattr(scheduler, "tp_cpu_group", None)
             if rt is not None and rt.mode is not Mode.OFF and rt.rank_check and group is not None \
-                    and self.unsupported_reason(self.server_args()) is None:
+                    and self.unsupported_reason(self.resolved_server_args()) is None:
                 import torch.distributed as dist
 
                 world = dist.get_world_size(group)

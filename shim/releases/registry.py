@@ -8,8 +8,9 @@ import importlib.metadata
 import re
 from collections.abc import Mapping
 from functools import cache
+from typing import Any
 
-from shim.releases.base import Release, WorkerKind, spec_v2_off
+from shim.releases.base import Release, WorkerKind, v1_worker_runs
 
 # base line -> the module whose `LINE` describes it. A line missing here gets one line naming the supported ones.
 LINES: dict[str, str] = {
@@ -86,15 +87,17 @@ def all_lines() -> list[Release]:
     return [_load(LINES[v]) for v in supported_lines()]
 
 
-def worker_kind(release: str | None, env: Mapping[str, str]) -> WorkerKind:
-    """The EAGLE worker a server of `release` runs, also for a release no line describes (SGLang's own fact: lines
-    before FIRST_LINE_WITHOUT_V1_WORKER ship the v1 worker, SGLANG_ENABLE_SPEC_V2=0 selects it)."""
+def worker_kind(release: str | None, env: Mapping[str, str], server_args: Any = None) -> WorkerKind:
+    """The EAGLE worker a server of `release` runs (`Release.worker_kind`; `server_args`: the launch's, resolved, where
+    they exist), also for a release no line describes (SGLang's own fact: lines before FIRST_LINE_WITHOUT_V1_WORKER
+    ship the v1 worker and run it with the overlap schedule off, `v1_worker_runs`; their ServerArgs hold the
+    resolved values themselves)."""
     line = base_line(release) if release else None
     if line is None:
         return "v2"
     if line in LINES:
-        return _load(LINES[line]).worker_kind(env)
-    return "v1" if _key(line) < FIRST_LINE_WITHOUT_V1_WORKER and spec_v2_off(env) else "v2"
+        return _load(LINES[line]).worker_kind(env, server_args)
+    return "v1" if _key(line) < FIRST_LINE_WITHOUT_V1_WORKER and v1_worker_runs(env, server_args) else "v2"
 
 
 @cache

@@ -7,7 +7,45 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Sizing", "SpecflipPolicy", "StepSizing"]
+__all__ = ["Sizing", "SpecflipPolicy", "StepSizing", "graph_batch_sizes"]
+
+
+def graph_batch_sizes(listed: Any, pool: int, *, alignment: int = 1, width: int = 1) -> list[int]:
+    """The batch sizes a decode graph runner captures: SGLang's `get_batch_sizes_to_capture` (0.5.12, 0.5.13
+    `model_executor/cuda_graph_runner.py`; 0.5.14 on `model_executor/runner/base_cuda_graph_runner.py`; the same
+    steps on every line), given the sizes `listed` (the launch's decode graph list), one scheduler's request `pool`,
+    the line's batch-size `alignment` (its `mul_base`: the attention TP size where the attention input is gathered,
+    e.g. under DP attention, times 2 under two-batch overlap) and the tokens per request the runner captures (`width`;
+    1 under two-batch overlap). The pool is first rounded up to the alignment and added where the list reaches past
+    it; a size is kept where its tokens (size x width) are a multiple of the alignment and it fits the pool. A size
+    <= 0 is no graph (SGLang asserts every captured size is positive). [] where nothing is listed (graphs off)."""
+    bs = [int(b) for b in listed or ()]
+    if not bs:
+        return []
+    alignment = max(1, int(alignment))
+    pool = -(-max(1, int(pool)) // alignment) * alignment
+    if max(bs) > pool:
+        bs.append(pool)
+    return sorted({b for b in bs if 0 < b <= pool and b * width % alignment == 0})
+
+
+def attention_dp_size(cfg: Any) -> int:
+    """The attention DP size of a resolved launch: `attn_dp_size` where the line keeps it (0.5.22 on), else
+    SGLang's own derivation (`compute_dp_attention_world_info`: dp_size under --enable-dp-attention, else 1). One
+    scheduler's request pool is max_running_requests // it (0.5.12 `model_runner_kv_cache_mixin`, 0.5.23
+    `pool_configurator`): plain DP (--dp-size without --enable-dp-attention) runs whole schedulers, each with the
+    full pool."""
+    attn_dp = getattr(cfg, "attn_dp_size", None)
+    if attn_dp is None:
+        attn_dp = (getattr(cfg, "dp_size", 1) or 1) if getattr(cfg, "enable_dp_attention", False) else 1
+    return max(1, int(attn_dp or 1))
+
+
+def attention_tp_size(cfg: Any) -> int:
+    """The attention TP size of a resolved launch (SGLang's `compute_dp_attention_world_info`): tp_size //
+    attention DP size // attention CP size."""
+    cp = int(getattr(cfg, "attn_cp_size", 1) or 1)
+    return max(1, int(getattr(cfg, "tp_size", 1) or 1) // attention_dp_size(cfg) // cp)
 
 
 @attrs.frozen

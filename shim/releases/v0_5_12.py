@@ -36,7 +36,9 @@ mode is another design:
   - States: `speculative/eagle_worker.EAGLEWorker.build_adaptive_runtime_state` builds every candidate at
     start-up (draft tokens = steps + 1), each with its own target `CudaGraphRunner` and draft runners at the whole
     `cuda_graph_bs` list (`model_executor/cuda_graph_runner.get_batch_sizes_to_capture`: clamped to the request
-    pool, which is max_running_requests). There is no shared logits buffer in 0.5.12: each runner sizes its own.
+    pool, which is max_running_requests // the attention DP size, and aligned to the attention TP size where the
+    attention input is gathered: `sizing.graph_batch_sizes`). There is no shared logits buffer in 0.5.12: each
+    runner sizes its own.
   - KV: `managers/utils.get_alloc_len_per_decode(server_args)` = max(steps * topk, draft tokens) of the CURRENT
     state: `apply_runtime_state` writes the state into server_args. The v1 worker switches at the end of a
     forward, so the next prepare_for_decode already reserves for the state that runs (switch_after_reserve is
@@ -48,6 +50,7 @@ mode is another design:
 from __future__ import annotations
 
 import json
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,7 +65,7 @@ from shim.releases.base import ReleaseLine, assign_warmups, prefix_slots_chunk
 from shim.releases.guard_hooks import V2Adapter
 from shim.releases.guard_reading import cuda_graph_runner_replay, host_ints, tensor_width
 from shim.releases.server_args import LintInputError
-from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
+from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing, graph_batch_sizes
 from statemodel.design import Design, Scope
 from statemodel.designs import SEEDS_FINAL, get_design
 from statemodel.state import ForwardMode, SpecInfoKind
@@ -128,7 +131,7 @@ class Adapter(V2Adapter):
         reason = super().unsupported_reason(sa)
         if reason or sa is None:
             return reason
-        if getattr(sa, "speculative_algorithm", None) and not getattr(sa, "disable_overlap_schedule", False):
+        if getattr(sa, "speculative_algorithm", None) and LINE.worker_kind(os.environ, sa) == "v2":
             return ("the overlap schedule runs EAGLEWorkerV2 on 0.5.12; this adapter covers the v1 EAGLEWorker "
                     "(SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule)")
         return None
@@ -305,17 +308,6 @@ class Adapter(V2Adapter):
 DEFAULT_CANDIDATE_STEPS: tuple[int, ...] = (1, 3, 7)
 
 
-def capture_bs_of(cuda_graph_bs: Sequence[int] | None, max_running_requests: int) -> list[int]:
-    """`get_batch_sizes_to_capture` for one rank without TBO/DP: clamped to the request pool, the pool size added
-    when the list reaches past it."""
-    bs = list(cuda_graph_bs or [])
-    if not bs:
-        return []
-    if max(bs) > max_running_requests:
-        bs.append(max_running_requests)
-    return sorted({b for b in bs if 0 < b <= max_running_requests})
-
-
 def adaptive_candidates(config: Any, launch_steps: int) -> tuple[int, ...]:
     """`AdaptiveSpeculativeParams.__init__`: the config's candidate_steps (default [1, 3, 7]) plus the launch
     steps. LintInputError for a config SGLang would fail on when it builds the worker."""
@@ -331,8 +323,13 @@ def adaptive_candidates(config: Any, launch_steps: int) -> tuple[int, ...]:
 def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE3", topk: int = 1, steps: int, draft_tokens: int,
                        adaptive: bool = False, adaptive_config: Any = None, max_running_requests: int = 48,
                        cuda_graph_bs: Sequence[int] | None = None, overlap: bool = False,
-                       refusals: Sequence[str] = (), specflip: SpecflipPolicy | None = None) -> Sizing:
-    """0.5.12's start-up sizing from resolved values (what its ServerArgs attributes hold)."""
+                       refusals: Sequence[str] = (), specflip: SpecflipPolicy | None = None,
+                       graph_pool: int | None = None, graph_alignment: int = 1,
+                       two_batch_overlap: bool = False) -> Sizing:
+    """0.5.12's start-up sizing from resolved values (what its ServerArgs attributes hold). Each state's target
+    `CudaGraphRunner` captures `sizing.graph_batch_sizes` of `cuda_graph_bs` over one scheduler's request pool
+    (`graph_pool`, default max_running_requests), aligned to `graph_alignment` (`Line.graph_alignment`) at the
+    state's verify width (`num_tokens_per_bs`; per request under `two_batch_overlap`)."""
     refusals = list(refusals)
     fatal: list[str] = []
     tiers: tuple[tuple[int, tuple[int, ...]], ...] = ()
@@ -355,12 +352,14 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE3", topk: in
         state_steps: Sequence[int] = candidates
     else:
         state_steps = [steps]
-    capture_bs = capture_bs_of(cuda_graph_bs, max_running_requests)
+    pool = max_running_requests if graph_pool is None else graph_pool
     states = []
     for s in state_steps:
         d = s + 1 if adaptive else draft_tokens
+        width = 1 if two_batch_overlap else d
+        graph_bs = graph_batch_sizes(cuda_graph_bs, pool, alignment=graph_alignment, width=width)
         states.append(StepSizing(steps=s, draft_tokens=d, alloc_len=max(s * topk if s else topk, d), verify_width=d,
-                                 draft_extend_width=d, graph_bs=tuple(capture_bs)))
+                                 draft_extend_width=d, graph_bs=tuple(graph_bs)))
     # no shared logits buffer: every runner sizes its own rows, so the largest is what is there
     logits_rows = max((max(st.graph_bs) * st.verify_width for st in states if st.graph_bs), default=0)
     return Sizing(release=line.version, algorithm=algorithm, topk=topk, launch_steps=steps,
@@ -394,7 +393,8 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         algorithm=sa.speculative_algorithm, topk=sa.speculative_eagle_topk or 1, steps=sa.speculative_num_steps,
         draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive),
         adaptive_config=config, max_running_requests=sa.max_running_requests, cuda_graph_bs=graphs,
-        overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip)
+        overlap=not sa.disable_overlap_schedule, refusals=refusals, specflip=specflip,
+        **line.graph_layout(sa, republish=republish))
 
 
 def check_adaptive_config(path: str, launch_steps: int) -> None:
@@ -429,10 +429,11 @@ def _read_adaptive_config(path: str) -> Any:
 
 
 class Line(v0_5_16.Line):
-    """0.5.12 as it differs from 0.5.16: it still ships the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0 selects it; the
-    v1 switch is shim/switch/v1.py); a Req keeps kv_allocated_len on itself too; add_chunked_req cuts fill_ids at the
-    chunk's end (init_next_round_input restores them); GenerationBatchResult has no extra_keep_alive_refs; retract_all
-    is a ScheduleBatch method only (the v2 switch's retraction, which calls the module function, does not run here)."""
+    """0.5.12 as it differs from 0.5.16: it still ships the v1 EAGLEWorker (the overlap schedule off runs it:
+    SGLANG_ENABLE_SPEC_V2=0, --disable-overlap-schedule or topk > 1: `base.v1_worker_runs`; the v1 switch is
+    shim/switch/v1.py); a Req keeps kv_allocated_len on itself too; add_chunked_req cuts fill_ids at the chunk's end
+    (init_next_round_input restores them); GenerationBatchResult has no extra_keep_alive_refs; retract_all is a
+    ScheduleBatch method only (the v2 switch's retraction, which calls the module function, does not run here)."""
 
     version = "0.5.12"
     adapter_class = Adapter
@@ -459,8 +460,8 @@ class Line(v0_5_16.Line):
 
     def features(self) -> dict[str, str]:
         return {**super().features(),
-                "guard": "yes, on the v1 EAGLEWorker (SGLANG_ENABLE_SPEC_V2=0; the overlap schedule's v2 worker is "
-                         "not covered)",
+                "guard": "yes, on the v1 EAGLEWorker (the overlap schedule off: SGLANG_ENABLE_SPEC_V2=0 or "
+                         "--disable-overlap-schedule; the overlap schedule's v2 worker is not covered)",
                 "switch": "v1 (shim/switch/v1.py, SGLANG_ENABLE_SPEC_V2=0; the v1 kit's entry point "
                           "shim.plugin:register_v1: SPECFLIP_SWITCH=t_off:t_on, no auto, no tiers); the v2 switch "
                           "is not offered (its EAGLEWorkerV2 has no init_cuda_graphs, no activate_step_by_batch, no "

@@ -83,7 +83,7 @@ class Line(v0_5_14.Line):
             max_running_requests=sa.max_running_requests,
             capture_bs=[] if sa.disable_cuda_graph else list(sa.cuda_graph_bs or []),
             overlap=not sa.disable_overlap_schedule, refusals=refusals, skip_zero_step_draft_extend=False,
-            specflip=specflip)
+            specflip=specflip, **self.graph_layout(sa, republish=republish))
 
     def features(self) -> dict[str, str]:
         return {**super().features(),

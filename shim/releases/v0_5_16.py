@@ -43,7 +43,14 @@ from shim.releases import v0_5_23
 from shim.releases.base import ReleaseLine, prefix_slots_chunk
 from shim.releases.guard_hooks import V2Adapter
 from shim.releases.server_args import LintInputError, given_flag
-from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
+from shim.releases.sizing import (
+    Sizing,
+    SpecflipPolicy,
+    StepSizing,
+    attention_dp_size,
+    attention_tp_size,
+    graph_batch_sizes,
+)
 
 Adapter0523 = v0_5_23.Adapter
 
@@ -114,8 +121,12 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE", topk: int
                        max_running_requests: int = 48, capture_bs: Sequence[int] | None = None,
                        overlap: bool = True, refusals: Sequence[str] = (),
                        skip_zero_step_draft_extend: bool = False,
-                       specflip: SpecflipPolicy | None = None) -> Sizing:
-    """0.5.16's start-up sizing from resolved values (what its ServerArgs attributes hold)."""
+                       specflip: SpecflipPolicy | None = None, graph_pool: int | None = None,
+                       graph_alignment: int = 1, two_batch_overlap: bool = False) -> Sizing:
+    """0.5.16's start-up sizing from resolved values (what its ServerArgs attributes hold). The target's graphs:
+    `sizing.graph_batch_sizes` of `capture_bs` over one scheduler's request pool (`graph_pool`, default
+    max_running_requests), aligned to `graph_alignment` (`Line.graph_alignment`) at each state's verify width (per
+    request under `two_batch_overlap`)."""
     tiers = tuple((bs, tuple(sorted(set(s)))) for bs, s in sorted(tiers))
     candidates = sorted({s for _, st in tiers for s in st})
     if adaptive:
@@ -127,18 +138,20 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE", topk: int
             raise LintInputError(f"{line.version} static speculation needs --speculative-num-steps and "
                                  "-num-draft-tokens")
         max_draft = draft_tokens
-    if capture_bs is None:
-        capture_bs = spec_decode_capture_bs(max_running_requests)
-    capture_bs = sorted({b for b in capture_bs if b <= max_running_requests} | (
-        {max_running_requests} if capture_bs and max(capture_bs) > max_running_requests else set()))
+    listed = spec_decode_capture_bs(max_running_requests) if capture_bs is None else capture_bs
+    pool = max_running_requests if graph_pool is None else graph_pool
+
+    def graphs(width: int) -> list[int]:  # get_batch_sizes_to_capture of a runner capturing `width` per request
+        return graph_batch_sizes(listed, pool, alignment=graph_alignment, width=1 if two_batch_overlap else width)
+
     states = []
     for s in (candidates if adaptive else [steps]):
         d = s + 1 if adaptive else draft_tokens
         alloc_len = max(s * topk if s else topk, max_draft)  # `speculative_num_steps or 1`
-        graph_bs = tuple(capture_bs)  # every state at the whole list: the tier pruning never reaches the capture
+        # every state at the whole list (the tier pruning never reaches the capture), aligned at its own width
         states.append(StepSizing(steps=s, draft_tokens=d, alloc_len=alloc_len, verify_width=d,
-                                 draft_extend_width=d, graph_bs=graph_bs))
-    logits_rows = max(capture_bs) * draft_tokens if capture_bs else 0  # launch width only
+                                 draft_extend_width=d, graph_bs=tuple(graphs(d))))
+    logits_rows = max(graphs(draft_tokens), default=0) * draft_tokens  # launch width only
     return Sizing(release=line.version, algorithm=algorithm, topk=topk, launch_steps=steps,
                   launch_draft_tokens=draft_tokens,
                   overlap=overlap, max_running_requests=max_running_requests, logits_rows=logits_rows,
@@ -178,7 +191,8 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         draft_tokens=sa.speculative_num_draft_tokens, adaptive=bool(sa.speculative_adaptive), tiers=tiers,
         max_running_requests=sa.max_running_requests, capture_bs=capture_bs,
         overlap=not sa.disable_overlap_schedule, refusals=refusals,
-        skip_zero_step_draft_extend=bool(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get()), specflip=specflip)
+        skip_zero_step_draft_extend=bool(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get()), specflip=specflip,
+        **line.graph_layout(sa, republish=republish))
 
 
 class Line(v0_5_23.Line):
@@ -247,6 +261,37 @@ class Line(v0_5_23.Line):
 
     def launch_view(self, server_args: Any) -> Any:
         return server_args
+
+    def graph_alignment(self, server_args: Any, *, republish: bool = True) -> int:
+        """The decode graphs' batch-size alignment (`get_batch_sizes_to_capture`'s `mul_base`; 0.5.17 and 0.5.18 name
+        it `get_cuda_graph_batch_size_alignment(server_args)`), from the resolved ServerArgs: 2 under two-batch
+        overlap, times the attention TP size where SGLang's own `require_gathered_buffer(server_args)` says the
+        attention input is gathered (DP attention, a MoE all-to-all backend; the process-wide MoE all-to-all backend
+        is read at its default), times the attention CP size where the product is no multiple of it. The attention
+        sizes are SGLang's derivation (`sizing.attention_tp_size`): up to 0.5.18 they live in process groups, which
+        lint does not build."""
+        sa = server_args
+        alignment = 2 if getattr(sa, "enable_two_batch_overlap", False) else 1
+        if self.gathered_buffer_required(sa, republish=republish):
+            alignment *= attention_tp_size(sa)
+        cp = int(getattr(sa, "attn_cp_size", 1) or 1)
+        return alignment * cp if alignment % cp else alignment
+
+    def gathered_buffer_required(self, server_args: Any, *, republish: bool = True) -> bool:
+        """SGLang's own `require_gathered_buffer(server_args)` (DP attention, a MoE all-to-all backend, ...), which
+        reads the ServerArgs up to 0.5.16."""
+        from sglang.srt.utils.common import require_gathered_buffer
+
+        return bool(require_gathered_buffer(server_args))
+
+    def graph_layout(self, server_args: Any, *, republish: bool = True) -> dict[str, Any]:
+        """`sizing_from_values`' graph arguments for a resolved ServerArgs: one scheduler's request pool
+        (max_running_requests // the attention DP size), the alignment, two-batch overlap. `republish`: lint's own
+        process (False: inside a running server, its config published already)."""
+        sa = server_args
+        return {"graph_pool": max(1, int(sa.max_running_requests) // attention_dp_size(sa)),
+                "graph_alignment": self.graph_alignment(sa, republish=republish),
+                "two_batch_overlap": bool(getattr(sa, "enable_two_batch_overlap", False))}
 
     # this module's functions, called as methods: the line is their first argument (a later line inherits them)
     read_sizing = read_sizing

@@ -1,4 +1,7 @@
-"""The SGLang 0.5.17 line, as it differs from 0.5.16 (read in the 0.5.17 wheel, 2026-12-06): nothing specflip reads.
+"""The SGLang 0.5.17 line, as it differs from 0.5.16 (read in the 0.5.17 wheel, 2026-12-06).
+
+* `require_gathered_buffer(server_args)` (whether the decode graphs' sizes are aligned to the attention TP size) reads
+  the published config, not its argument: lint publishes first (`Line.gathered_buffer_required`; 2026-12-07).
 
 Its ServerArgs is read-only after resolution always (0.5.16: only under SGLANG_STRICT_CONFIG_MUTATION): a plain
 assignment of `server_args.warmups` stopped a SPECFLIP_SWITCH=auto server's start-up (H200, 2026-12-06). The warm-up
@@ -15,7 +18,10 @@ Llama pair does not run). CPU install: transformers 5.12.1, tokenizers 0.22.2, x
 
 from __future__ import annotations
 
+from typing import Any
+
 from shim.releases import v0_5_16
+from shim.releases.server_args import quiet
 from shim.releases.v0_5_22 import CPU_CONFORMANCE, CPU_VERIFIED
 
 
@@ -35,6 +41,18 @@ class Line(v0_5_16.Line):
             "8 and 14 flips under load, the warm-up ran, 0 findings (bench/gpu/line_run.sh; docs/releases.md)")
     verified = (("guard", _GPU), ("switch", _GPU), ("guard", CPU_CONFORMANCE), ("switch", CPU_CONFORMANCE),
                 *((feature, CPU_VERIFIED) for feature in ("step_timer", "lint")))
+
+    def gathered_buffer_required(self, server_args: Any, *, republish: bool = True) -> bool:
+        """From 0.5.17 `require_gathered_buffer(server_args)` reads the published config (`runtime_context`), not its
+        argument: lint publishes the resolved ServerArgs first in its own process (read in the 0.5.17 and 0.5.18
+        wheels' utils/common.py, 2026-12-07)."""
+        from sglang.srt import runtime_context
+        from sglang.srt.utils.common import require_gathered_buffer
+
+        if republish:
+            with quiet():
+                runtime_context.publish(server_args, role="scheduler")
+        return bool(require_gathered_buffer(server_args))
 
 
 LINE = Line()

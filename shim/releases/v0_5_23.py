@@ -21,8 +21,10 @@ moves the spec bag to that state exactly as the adaptive switch does (`EAGLEWork
   - `speculative/adaptive_spec_params.adaptive_unsupported_reason`  SGLang's refusal of adaptive
 The logits-buffer size follows `model_executor/model_runner.ModelRunner.max_decode_logits_rows` (max over the
 launch draft-token bound and every adaptive tier of max(capture_bs) x width); its capture-bs list follows
-`model_executor/runner/base_cuda_graph_runner.get_batch_sizes_to_capture` (decode bs clamped to the request
-pool, which is max_running_requests // dp_size; attention-TP alignment is not applied).
+`model_executor/runner/base_cuda_graph_runner.get_batch_sizes_to_capture` (`sizing.graph_batch_sizes`: decode bs
+clamped to the request pool, which is max_running_requests // attn_dp_size, and aligned at each state's verify width
+to SGLang's own `utils/common.get_cuda_graph_batch_size_alignment()`, the attention TP size where the attention input
+is gathered, read from the published config).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 from shim.releases.base import ReleaseLine
 from shim.releases.guard_hooks import V2Adapter
 from shim.releases.server_args import LintInputError, quiet, silence_again
-from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing
+from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing, attention_dp_size, graph_batch_sizes
 
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
@@ -131,6 +133,7 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         adaptive_unsupported_reason,
     )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.utils.common import get_cuda_graph_batch_size_alignment
 
     cfg = resolving_view(server_args)
     if cfg.speculative_algorithm is None:
@@ -146,7 +149,14 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
     launch_steps = int(cfg.speculative_num_steps)
     launch_draft = int(cfg.speculative_num_draft_tokens)
     max_running = int(cfg.max_running_requests)
-    capture_bs = _capture_bs(cfg, max_running)
+    if republish:
+        with quiet():  # publish logs the overrides a previous lint left behind
+            runtime_context.publish(server_args, role="scheduler")
+        line.stamp_derived_widths(server_args)
+    # the graphs' batch-size alignment, SGLang's own from the published config (the attention TP size where the
+    # attention input is gathered, e.g. DP attention); the launch state's target graphs are captured at its width
+    alignment = int(get_cuda_graph_batch_size_alignment())
+    capture_bs = _capture_bs(cfg, max_running, alignment, tokens_per_req("target_verify", algo, launch_draft))
 
     tiers: tuple[tuple[int, tuple[int, ...]], ...] = ()
     policy = None
@@ -160,9 +170,6 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
     else:
         state_steps = [launch_steps]
 
-    if republish:
-        with quiet():  # publish logs the overrides a previous lint left behind
-            runtime_context.publish(server_args, role="scheduler")
     ctx = runtime_context.get_context()
     spec = runtime_context.get_spec()
     saved = {"speculative_num_steps": spec.speculative_num_steps,
@@ -172,17 +179,20 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         for steps in state_steps:
             draft = steps + 1 if adaptive else launch_draft  # AdaptiveController.init_states: steps + 1
             ctx.override("specflip.lint", speculative_num_steps=steps, speculative_num_draft_tokens=draft)
+            verify_width = tokens_per_req("target_verify", algo, draft)
             if policy is not None:
-                graph_bs = tuple(policy.cuda_graph_bs_for_step(steps) or ())
+                # the state's own target runner (build_adaptive_runtime_state) captures its pruned list at its width
+                graph_bs = tuple(graph_batch_sizes(policy.cuda_graph_bs_for_step(steps), _pool(cfg, max_running),
+                                                   alignment=alignment, width=_aligned_width(cfg, verify_width)))
             else:
                 graph_bs = tuple(capture_bs)
             states.append(StepSizing(
                 steps=steps, draft_tokens=draft, alloc_len=int(get_alloc_len_per_decode()),
-                verify_width=tokens_per_req("target_verify", algo, draft),
+                verify_width=verify_width,
                 draft_extend_width=tokens_per_req("draft_extend", algo),
                 graph_bs=graph_bs))
         logits_rows = _logits_rows(cfg, algo, capture_bs, [s.draft_tokens for s in states] if adaptive else [],
-                                   runtime_context.max_speculative_num_draft_tokens())
+                                   runtime_context.max_speculative_num_draft_tokens(), max_running, alignment)
     finally:
         ctx.override("specflip.lint.restore", **saved)
 
@@ -194,34 +204,41 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
         skip_zero_step_draft_extend=bool(envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get()), specflip=specflip)
 
 
-def _capture_bs(cfg: Any, max_running: int) -> list[int]:
-    """Decode graph batch sizes (base_cuda_graph_runner.get_batch_sizes_to_capture); [] when graphs are off."""
+def _capture_bs(cfg: Any, max_running: int, alignment: int = 1, width: int = 1) -> list[int]:
+    """Decode graph batch sizes (base_cuda_graph_runner.get_batch_sizes_to_capture: `sizing.graph_batch_sizes`) of a
+    runner capturing `width` tokens per request, with the graphs' batch-size `alignment`; [] when graphs are off."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
 
     graph_cfg = cfg.cuda_graph_config
     if cfg.disable_cuda_graph or graph_cfg is None or graph_cfg.decode.backend == Backend.DISABLED:
         return []
-    bs = list(graph_cfg.decode.bs or [])
-    if not bs:
-        return []
-    # the request pool of one scheduler: max_running_requests // attn_dp_size (pool_configurator.py); plain DP
-    # (--dp-size without --enable-dp-attention) runs whole schedulers, each with the full pool (attn_dp_size 1)
-    attn_dp = getattr(cfg, "attn_dp_size", None)
-    if attn_dp is None:  # lines before 0.5.22 keep it in the parallel state: derive_attention_widths (dp or 1)
-        attn_dp = (cfg.dp_size or 1) if getattr(cfg, "enable_dp_attention", False) else 1
-    pool = max(1, max_running // max(1, int(attn_dp or 1)))
-    if max(bs) > pool:
-        bs.append(pool)
-    return sorted({b for b in bs if 0 < b <= pool})
+    return graph_batch_sizes(graph_cfg.decode.bs, _pool(cfg, max_running), alignment=alignment,
+                             width=_aligned_width(cfg, width))
+
+
+def _pool(cfg: Any, max_running: int) -> int:
+    """One scheduler's request pool: max_running_requests // attn_dp_size (pool_configurator.py)."""
+    return max(1, max_running // attention_dp_size(cfg))
+
+
+def _aligned_width(cfg: Any, width: int) -> int:
+    """The tokens per request the alignment applies to: per request (1) under two-batch overlap, which splits each
+    request's rows across two micro-batches."""
+    return 1 if getattr(cfg, "enable_two_batch_overlap", False) else width
 
 
 def _logits_rows(cfg: Any, algo: Any, capture_bs: list[int], tier_draft_tokens: list[int],
-                 max_draft: int | None) -> int:
-    """ModelRunner.max_decode_logits_rows: the launch bound and every adaptive tier, max(capture_bs) x width."""
+                 max_draft: int | None, max_running: int | None = None, alignment: int = 1) -> int:
+    """ModelRunner.max_decode_logits_rows: the launch bound and every adaptive tier, each at its own width
+    (get_batch_sizes_to_capture at that width) x the width."""
     if not capture_bs:
         return 0
-    counts = [max_draft or 1, *tier_draft_tokens]
-    return max(max(capture_bs) * tokens_per_req("target_verify", algo, d) for d in counts)
+    rows = 0
+    for d in [max_draft or 1, *tier_draft_tokens]:
+        width = tokens_per_req("target_verify", algo, d)
+        sizes = capture_bs if max_running is None else _capture_bs(cfg, max_running, alignment, width)
+        rows = max(rows, max(sizes, default=0) * width)
+    return rows
 
 
 def tokens_per_req(phase: str, algo: Any, num_draft_tokens: int | None = None) -> int:
@@ -273,6 +290,11 @@ class Line(ReleaseLine):
         from sglang.srt.arg_groups.overrides import resolving_view
 
         return resolving_view(server_args)
+
+    def stamp_derived_widths(self, server_args: Any) -> None:
+        """After lint published `server_args` in its own process: the parallel widths no flag sets (the attention TP
+        size, ...), which the graphs' batch-size alignment reads. From 0.5.20 `publish` computes them from the
+        resolved config: nothing to do."""
 
     # this module's functions, called as methods: the line is their first argument (a later line inherits them)
     read_sizing = read_sizing

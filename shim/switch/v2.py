@@ -419,7 +419,8 @@ def install_switch(registry: Any, config: SwitchConfig | None, late_flip: LateFl
 
 def v1_worker_selected(release: str | None, env: Mapping[str, str]) -> bool:
     """Whether this server runs SGLang's v1 EAGLEWorker, whose switch is shim/switch/v1.py: on the lines
-    that still have it, SGLANG_ENABLE_SPEC_V2=0 selects it (the release layer says which: shim/releases/).
+    that still have it, the overlap schedule off runs it (the release layer says which: shim/releases/); here, at
+    plugin load, before SGLang parsed its arguments, SGLANG_ENABLE_SPEC_V2=0 is what can be read.
     Installing this (v2) switch there as well doubles the scheduler hooks (seen on the H200: two AROUND hooks on
     prepare_for_decode, a slot leaked)."""
     return releases.worker_kind(release, env) == "v1"
