@@ -38,7 +38,8 @@ with the guard or without: the guard follows both loops (the overlap one through
 on the H200 since 2026-12-03 (d3f54dc).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
-which also loads the guard (a no-op unless SPECFLIP_MODE is set).
+which also loads the guard (a no-op unless SPECFLIP_MODE is set). Where SGLang builds no v1 EAGLEWorker for the server
+(its resolved server arguments leave the overlap schedule on), start-up stops with one line (`check_worker`).
 """
 
 from __future__ import annotations
