@@ -398,8 +398,7 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
 # Start-up: the worker SGLang builds
 
 
-def wrong_worker(line: Release, server_args: Any = None,
-                 env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+def wrong_worker(line: Release, server_args: Any = None) -> tuple[str, str] | None:
     """(why, what to do) where SGLang `line` builds no v1 EAGLEWorker for `server_args` (as SGLang resolved them:
     `line.worker_kind`), None where it builds it. Without server arguments (at plugin load, before SGLang parsed its
     own) only a line that ships no v1 worker is known to be wrong: on a line that ships it, `--disable-overlap-schedule`
@@ -408,7 +407,7 @@ def wrong_worker(line: Release, server_args: Any = None,
         return (f"sglang {line.version} ships no v1 EAGLEWorker (every server runs EAGLEWorkerV2)",
                 "Use specflip's own entry point (shim.plugin:register, SGLANG_PLUGINS=specflip), whose v2 switch runs "
                 "there")
-    if server_args is None or line.worker_kind(os.environ if env is None else env, server_args) == "v1":
+    if server_args is None or line.worker_kind(os.environ, server_args) == "v1":
         return None
     return (f"sglang {line.version} runs EAGLEWorkerV2 for this server (its resolved server arguments leave the "
             f"overlap schedule on)",
