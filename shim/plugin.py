@@ -7,8 +7,10 @@ and their CUDA graphs exist. Each feature is a no-op unless its environment vari
   that offers no v2 switch (0.5.12: `offers_v2_switch` False) SPECFLIP_SWITCH stops start-up with one line that says
   how to get the v1 switch (the v1 kit's entry point below), whichever worker the server runs.
 * `register_switch_v1`: the v1 switch (shim/switch/v1.py, on a line that ships the v1 EAGLEWorker, with
-  SGLANG_ENABLE_SPEC_V2=0), when
-  `SPECFLIP_SWITCH` is set.
+  SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule), when `SPECFLIP_SWITCH` is set. Where SGLang builds no v1
+  worker, start-up stops with one line: at plugin load on a line that ships none, else once SGLang has resolved its
+  server arguments (in the launching process after `ServerArgs.check_server_args`, and in each scheduler process
+  before `Scheduler.init_model_worker`), as for a bad setting below.
 * `register_step_timer`: the per-step timer for any server, when `SPECFLIP_STEP_TIMER=<dir>` is set
   (shim/timing/step_timer.py).
 * `register_guard`: the runtime guard, when `SPECFLIP_MODE` is set:
@@ -143,9 +145,13 @@ def register_switch() -> None:
 
 def register_switch_v1() -> None:
     """The v1 switch on SGLang's v1 EAGLEWorker (design v1_plain_off_retract_catch_up; with
-    SPECFLIP_SWITCH_DRAFT=sync, seeds_final): a no-op unless SPECFLIP_SWITCH is set."""
-    if table.settings.SWITCH.is_set() and supported_or_stop(table.settings.SWITCH.name, "switch") is None:
-        return
+    SPECFLIP_SWITCH_DRAFT=sync, seeds_final): a no-op unless SPECFLIP_SWITCH is set. A line that ships no v1 worker
+    stops start-up here; on one that does, whether the server runs it is decided on SGLang's resolved server arguments
+    (`shim.switch.v1.check_worker`)."""
+    if table.settings.SWITCH.is_set():
+        line = supported_or_stop(table.settings.SWITCH.name, "switch")
+        if line is None or switch_v1.refuse_wrong_worker(line):
+            return
     switch_v1.install_from_env()
 
 

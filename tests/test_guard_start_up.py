@@ -389,18 +389,20 @@ SCHEDULER_SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_scheduler_process(line: str, mode: str, script: str = SCHEDULER_SCRIPT,
-                          args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def run_scheduler_process(line: str, mode: str, script: str = SCHEDULER_SCRIPT, args: tuple[str, ...] = (),
+                          env: dict[str, str] | None = None,
+                          path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     """`script` (default SCHEDULER_SCRIPT) with `args` on SGLang `line` as the release conformance run installs it
-    (its interpreter, its folders of .cache/sglang-lines first on PYTHONPATH), the guard in `mode`; skips where the
-    line is not installed."""
+    (its interpreter, its folders of .cache/sglang-lines first on PYTHONPATH, after `path`), the guard in `mode`, and
+    `env` besides; skips where the line is not installed."""
     from test_release_conformance import SETUPS, STAND_INS
 
     setup = SETUPS[line]
     if setup.missing():
         pytest.skip(f"SGLang {line} is not installed: {', '.join(setup.missing())}")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECFLIP_")}, "SPECFLIP_MODE": mode,
-           "PYTHONPATH": os.pathsep.join([*map(str, setup.folders()), str(STAND_INS), str(REPO)])}
+           "PYTHONPATH": os.pathsep.join([*map(str, path), *map(str, setup.folders()), str(STAND_INS), str(REPO)]),
+           **(env or {})}
     return subprocess.run([str(REPO / setup.venv / "bin" / "python"), "-c", script, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -525,3 +527,77 @@ def test_the_launching_process_stops_only_in_assert_mode_and_records_nothing(
         fresh.adapter.after_check_server_args(None, sa)
     assert str(stop.value.code).startswith("specflip: SPECFLIP_MODE=assert asks for a guard that stops faults, but the "
                                            "guard does not check this server: sglang 0.5.23: page_size 16 ")
+
+
+# --- the v1 kit's switch: the worker SGLang builds, decided once the launch resolved its arguments ------------------
+
+def launch_v1_kit(tmp_path: Path, mode: str, env: dict[str, str], *args: str,
+                  line: str = "0.5.12") -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """SGLang `line`'s launching process (LAUNCH_SCRIPT, EAGLE3 with the chain and `args`) with only the v1 kit's entry
+    point (`specflip_v1 = shim.plugin:register_v1`, the dist-info bench/gpu/v1_run.sh writes), SPECFLIP_SWITCH=5:2,
+    the guard in `mode` and `env`: the process and its specflip lines."""
+    dist = tmp_path / "site" / "specflip_v1-0.1.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specflip-v1\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nspecflip_v1 = shim.plugin:register_v1\n")
+    out = run_scheduler_process(line, mode, LAUNCH_SCRIPT, (*CHAIN, *args), path=(dist.parent,),
+                                env={"SGLANG_PLUGINS": "specflip_v1", "SPECFLIP_SWITCH": "5:2", **env})
+    ours = [t for t in out.stderr.splitlines() if t.startswith("specflip") or "specflip switch off" in t]
+    return out, ours
+
+
+# "1": the overlap schedule on, as unset is on 0.5.12 (environ.py: EnvBool(True)); spelled out, because the CPU
+# harness the launch imports (line_imports -> sglang12_cpu) defaults the variable to 0
+OVERLAP_ON = {"SGLANG_ENABLE_SPEC_V2": "1"}
+
+
+@pytest.mark.parametrize("mode", ["off", "assert"])
+def test_the_v1_kit_stops_the_launch_where_sglang_builds_the_v2_worker(tmp_path: Path, mode: str) -> None:
+    """0.5.12 with the overlap schedule on builds EAGLEWorkerV2; the v1 kit installed its switch at plugin load, when
+    only SGLANG_ENABLE_SPEC_V2 can be read, and its flips (get_next_batch_to_run) would have run on the v2 worker's
+    batches. The launch now stops once SGLang resolved its arguments, before any scheduler process starts: one line,
+    no traceback (with the guard in assert mode too, which stops for the v2 worker as well: still one line)."""
+    out, ours = launch_v1_kit(tmp_path, mode, OVERLAP_ON)
+    assert out.returncode == 1, (out.stdout, out.stderr[-3000:])
+    assert "SCHEDULER PROCESSES STARTED" not in out.stdout and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert len(ours) == 1, ours
+    if mode == "off":
+        assert ours[0].startswith("specflip: SPECFLIP_SWITCH=5:2 asks for the v1 kit's switch, which runs on SGLang's "
+                                  "v1 EAGLEWorker, but sglang 0.5.12 runs EAGLEWorkerV2 for this server (its resolved "
+                                  "server arguments leave the overlap schedule on)"), ours
+        assert "Launch the v1 worker (SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule), or set " \
+               "SPECFLIP_ON_BAD_CONFIG=warn to serve without the switch" in ours[0], ours
+
+
+# SGLANG_ENABLE_SPEC_V2=0 (the v1 worker by the variable): tests/test_release_conformance.py's 0.5.12 launch with the
+# v1 kit gets through the same launch path
+@pytest.mark.parametrize(("env", "args"), [(OVERLAP_ON, ("--disable-overlap-schedule",)),
+                                           ({**OVERLAP_ON, "SPECFLIP_ON_BAD_CONFIG": "warn"}, ())],
+                         ids=["disable_overlap_schedule", "on_bad_config_warn"])
+def test_the_v1_kit_launches_where_sglang_builds_the_v1_worker(tmp_path: Path, env: dict[str, str],
+                                                              args: tuple[str, ...]) -> None:
+    """The v1 worker selected by --disable-overlap-schedule alone (the variable saying v2): the launch goes on to its
+    scheduler processes with no specflip line. SPECFLIP_ON_BAD_CONFIG=warn with the v2 worker: the launching process
+    says nothing either (each scheduler process says its line and turns its switch off: tests/test_v1_switch.py)."""
+    out, ours = launch_v1_kit(tmp_path, "off", env, *args)
+    assert out.returncode == 0 and "SCHEDULER PROCESSES STARTED" in out.stdout, (out.stdout, out.stderr[-3000:])
+    assert ours == [] and "Traceback" not in out.stderr, ours
+
+
+@pytest.mark.parametrize("on_bad_config", ["stop", "warn"])
+def test_the_v1_kit_stops_at_plugin_load_on_a_line_without_the_v1_worker(tmp_path: Path, on_bad_config: str) -> None:
+    """0.5.16 (the GPU host's line) ships no v1 EAGLEWorker: the v1 kit installed its switch all the same, SGLang's
+    HookRegistry logged a traceback for the missing EAGLEWorker target, and the rest of its hooks (the flips at
+    get_next_batch_to_run) ran on EAGLEWorkerV2. Now start-up stops at plugin load with one line naming specflip's own
+    entry point; SPECFLIP_ON_BAD_CONFIG=warn: one error line, and the launch goes on without the switch."""
+    out, ours = launch_v1_kit(tmp_path, "off", {"SPECFLIP_ON_BAD_CONFIG": on_bad_config}, line="0.5.16")
+    assert "Traceback" not in out.stderr and "Failed to apply hooks" not in out.stderr, out.stderr[-3000:]
+    assert len(ours) == 1, (ours, out.stderr[-3000:])
+    assert "SPECFLIP_SWITCH=5:2 asks for the v1 kit's switch, which runs on SGLang's v1 EAGLEWorker, but sglang " \
+           "0.5.16 ships no v1 EAGLEWorker (every server runs EAGLEWorkerV2)" in ours[0], ours
+    if on_bad_config == "stop":
+        assert out.returncode == 1 and "SCHEDULER PROCESSES STARTED" not in out.stdout, out.stdout
+        assert ours[0].startswith("specflip: ") and "Use specflip's own entry point (shim.plugin:register" in ours[0]
+    else:
+        assert out.returncode == 0 and "SCHEDULER PROCESSES STARTED" in out.stdout, (out.stdout, out.stderr[-3000:])
+        assert "specflip switch off: " in ours[0]

@@ -521,8 +521,11 @@ def test_retract_is_the_v1_default_and_names_its_design() -> None:
         registered: list[str] = []
         registry = SimpleRegistry(registered)
         sw.install_switch(registry, SwitchConfig.from_env(default_draft="retract"))
-    # no trace: no timer; the start-up warm-up's hook last (shim/switch/warmup.py)
+    # no trace: no timer; the worker's start-up check (both processes), then the start-up warm-up's hook last
+    # (shim/switch/warmup.py)
     assert registered == [*(t for t in sw.HOOKS_FOR_DRAFT_MODE["retract"] if t != sw.T_RUN_BATCH),
+                          "sglang.srt.server_args.ServerArgs.check_server_args",
+                          "sglang.srt.managers.scheduler.Scheduler.init_model_worker",
                           "sglang.srt.server_args.ServerArgs.check_server_args"]
     sw.set_runtime(None)
 
@@ -871,6 +874,69 @@ def test_the_v2_worker_on_0_5_12_is_decided_at_start_up(plugin: Any, tmp_path: P
     finally:
         plugin.mode, plugin.decided, plugin.disabled_reason, plugin.rank = Mode.ASSERT, False, None, None
         plugin.reset()
+
+
+@pytest.mark.parametrize("on_bad_config", ["stop", "warn"])
+def test_the_v1_switch_decides_on_the_worker_at_the_schedulers_start_up(plugin: Any, tmp_path: Path,
+                                                                        on_bad_config: str,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The v1 switch, installed at plugin load where only SGLANG_ENABLE_SPEC_V2 can be read, checks the worker SGLang
+    builds on the Scheduler's own resolved server arguments, through SGLang's real (hooked)
+    `Scheduler.init_model_worker` (shim/switch/v1.py check_worker): the overlap schedule off
+    (--disable-overlap-schedule, the variable saying v2): the v1 worker, the switch stays; on: EAGLEWorkerV2, whose
+    batches the switch's flips (get_next_batch_to_run) would have met: start-up stops with one line before the model
+    worker is built; SPECFLIP_ON_BAD_CONFIG=warn: one error line, and the switch is off when the model worker is built
+    (its hooks pass through; no design announced to the guard)."""
+    import logging
+    import os
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    import shim.switch.v1 as sw
+    from shim.guard import api as guard_api
+
+    sa = h.make_server_args(h.write_tiny_model_config(tmp_path / "model"), num_steps=NUM_STEPS)
+    reached: list[tuple[bool, Any]] = []
+
+    def init_tp_model_worker_cpu_stand_in() -> None:
+        reached.append((sw.runtime() is not None, guard_api.announced_switch()))
+        raise ModelWorkerBuilt
+
+    scheduler = Scheduler.__new__(Scheduler)
+    scheduler.tp_rank = 0
+    scheduler.server_args = sa  # Scheduler.__init__'s, before it calls init_model_worker
+    scheduler.init_tp_model_worker = init_tp_model_worker_cpu_stand_in
+    announced, paused = guard_api.announced_switch(), plugin.paused
+    plugin.paused = True  # the guard's own start-up decision (test above) left out: the switch's alone
+    env = {"SPECFLIP_SWITCH": "5:2", "SGLANG_ENABLE_SPEC_V2": "1", "SPECFLIP_ON_BAD_CONFIG": on_bad_config}
+    try:
+        with mock.patch.dict(os.environ, env), caplog.at_level(logging.WARNING):
+            sw.install_switch(SimpleRegistry([]), sw.config_from_env())  # the runtime and the announcement
+            design = guard_api.announced_switch()
+            assert design is not None and design.design_name == sw.OVERLAP_LOOP_DESIGN
+            sa.disable_overlap_schedule = True  # --disable-overlap-schedule: the v1 worker
+            with pytest.raises(ModelWorkerBuilt):
+                scheduler.init_model_worker()
+            assert reached == [(True, design)]
+            sa.disable_overlap_schedule = False  # the overlap schedule, as a GPU launch resolves it: EAGLEWorkerV2
+            if on_bad_config == "stop":
+                with pytest.raises(SystemExit) as stop:
+                    scheduler.init_model_worker()
+                line = str(stop.value.code)
+                assert "\n" not in line and len(reached) == 1
+                assert line.startswith("specflip: SPECFLIP_SWITCH=5:2 asks for the v1 kit's switch, which runs on "
+                                       "SGLang's v1 EAGLEWorker, but sglang 0.5.12 runs EAGLEWorkerV2 for this server")
+            else:
+                with pytest.raises(ModelWorkerBuilt):
+                    scheduler.init_model_worker()
+                assert reached[1:] == [(False, None)]
+                off = [r.getMessage() for r in caplog.records if "specflip switch off" in r.getMessage()]
+                assert len(off) == 1 and "sglang 0.5.12 runs EAGLEWorkerV2 for this server" in off[0], off
+    finally:
+        plugin.paused = paused
+        sw.set_runtime(None)
+        guard_api.announce_switch(announced.design_name if announced else None,
+                                  announced.spec_cap if announced else 0)
 
 
 # --- long clean runs (issue 51): both v1 candidates, 2,000 iterations with flips -----------------------------------

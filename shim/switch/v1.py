@@ -38,7 +38,8 @@ with the guard or without: the guard follows both loops (the overlap one through
 on the H200 since 2026-12-03 (d3f54dc).
 Install with `install_switch(HookRegistry, SwitchConfig.from_env(default_draft="sync"))` before
 `HookRegistry.apply_hooks()`, or through the entry point `shim.plugin:register_v1` (group `sglang.srt.plugins`),
-which also loads the guard (a no-op unless SPECFLIP_MODE is set).
+which also loads the guard (a no-op unless SPECFLIP_MODE is set). Where SGLang builds no v1 EAGLEWorker for the server
+(its resolved server arguments leave the overlap schedule on), start-up stops with one line (`check_worker`).
 """
 
 from __future__ import annotations
@@ -46,11 +47,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shim.guard import api as guard_api
+from shim.guard.runtime import ConfigError, bad_config_stops, on_bad_config
+from shim.releases import Release
+from shim.releases.registry import installed_line
 from shim.settings import settings
 from shim.switch import core, v1_loop, v1_plain_path
 from shim.switch.config import SwitchConfig, SwitchConfigError
@@ -83,8 +89,14 @@ T_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 T_STREAM = "sglang.srt.managers.scheduler.Scheduler.stream_output_generation"
 # SPECFLIP_V1_LOOP=overlap: specflip's loop in place of the normal one (shim/switch/v1_loop.py)
 T_LOOP = "sglang.srt.managers.scheduler.Scheduler.event_loop_normal"
+# start-up (both draft modes): whether SGLang builds the v1 EAGLEWorker, on its resolved server arguments; in the
+# launching process after it checked them, before any scheduler process starts, and in each scheduler process before
+# its model worker is built (`check_worker`)
+T_CHECK_ARGS = "sglang.srt.server_args.ServerArgs.check_server_args"
+T_INIT_WORKER = "sglang.srt.managers.scheduler.Scheduler.init_model_worker"
+START_UP_HOOKS = (T_CHECK_ARGS, T_INIT_WORKER)
 TARGETS = (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_FORWARD, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM,
-           T_LOOP)
+           T_LOOP, *START_UP_HOOKS)
 HOOKS_FOR_DRAFT_MODE = {"sync": (T_UPDATE_RUNNING, T_ALLOCATABLE, T_PREPARE, T_INIT_GRAPHS, T_FORWARD),
                         "retract": (T_ALLOCATABLE, T_INIT_GRAPHS, T_NEXT_BATCH, T_RUN_BATCH, T_STREAM)}
 
@@ -383,6 +395,70 @@ def _run_batch_around(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
 
 
 # ------------------------------------------------------------------------------------------------
+# Start-up: the worker SGLang builds
+
+
+def wrong_worker(line: Release, server_args: Any = None) -> tuple[str, str] | None:
+    """(why, what to do) where SGLang `line` builds no v1 EAGLEWorker for `server_args` (as SGLang resolved them:
+    `line.worker_kind`), None where it builds it. Without server arguments (at plugin load, before SGLang parsed its
+    own) only a line that ships no v1 worker is known to be wrong: on a line that ships it, `--disable-overlap-schedule`
+    may still select it where the environment does not."""
+    if not line.ships_v1_worker:
+        return (f"sglang {line.version} ships no v1 EAGLEWorker (every server runs EAGLEWorkerV2)",
+                "Use specflip's own entry point (shim.plugin:register, SGLANG_PLUGINS=specflip), whose v2 switch runs "
+                "there")
+    if server_args is None or line.worker_kind(os.environ, server_args) == "v1":
+        return None
+    return (f"sglang {line.version} runs EAGLEWorkerV2 for this server (its resolved server arguments leave the "
+            f"overlap schedule on)",
+            "Launch the v1 worker (SGLANG_ENABLE_SPEC_V2=0 or --disable-overlap-schedule)")
+
+
+def refuse_wrong_worker(line: Release, server_args: Any = None) -> bool:
+    """Whether the worker is wrong for the v1 switch (`wrong_worker`); where it is, start-up stops with one line
+    (`on_bad_config`, as a bad setting does), unless SPECFLIP_ON_BAD_CONFIG=warn: then one error line, and True."""
+    wrong = wrong_worker(line, server_args)
+    if wrong is None:
+        return False
+    why, remedy = wrong
+    on_bad_config(ConfigError(f"{settings.SWITCH.name}={settings.SWITCH.raw()} asks for the v1 kit's switch, which "
+                              f"runs on SGLang's v1 EAGLEWorker, but {why}"), feature="switch", remedy=remedy)
+    return True
+
+
+def check_worker(server_args: Any) -> None:
+    """Whether the switch installed at plugin load runs on the worker SGLang builds, decided on SGLang's resolved
+    server arguments: the v1 kit installs before SGLang parsed them (only SGLANG_ENABLE_SPEC_V2 can be read then),
+    and its hooks on the scheduler (the flips at get_next_batch_to_run among them) would run as well on
+    EAGLEWorkerV2's batches, which they were not written for. A wrong worker stops start-up with one line (the rule of
+    a bad setting), rather than serving without the switch asked for or with the v2 switch in its place: the v1 kit
+    names one design (the guard's reference, the trace's), and the line where the v1 worker ships offers no v2 switch.
+    SPECFLIP_ON_BAD_CONFIG=warn: one error line, and this process's switch is off (its hooks pass through)."""
+    if _RUNTIME is not None and refuse_wrong_worker(installed_line(), server_args):
+        set_runtime(None)
+        guard_api.announce_switch(None)
+
+
+def _check_server_args_after(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """`ServerArgs.check_server_args` AFTER, in SGLang's launching process (every line runs it there after
+    load_plugins() and before any scheduler process starts; the arguments are resolved): a wrong worker stops the
+    launch here, so that no scheduler process starts only to die of it (SGLang's launcher then prints tracebacks
+    after the line). SPECFLIP_ON_BAD_CONFIG=warn says nothing here: each scheduler process says its line."""
+    if bad_config_stops():
+        check_worker(server_args)
+    return result
+
+
+def _init_model_worker_before(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """`Scheduler.init_model_worker` BEFORE, in each scheduler process: `Scheduler.__init__` sets `self.server_args`
+    (resolved, from the launching process) before it builds the model worker, on every line. Decides where the
+    launching process did not (SPECFLIP_ON_BAD_CONFIG=warn; a launch that did not check its arguments)."""
+    server_args = getattr(scheduler, "server_args", None)
+    if server_args is not None:
+        check_worker(server_args)
+
+
+# ------------------------------------------------------------------------------------------------
 # Installation
 
 
@@ -404,8 +480,11 @@ def install_switch(registry: Any, config: SwitchConfig | None) -> bool:
              T_NEXT_BATCH: (_next_batch_around, "AROUND"),
              T_RUN_BATCH: (_run_batch_around, "AROUND"),
              T_STREAM: (_stream_output_around, "AROUND"),
-             T_LOOP: (_event_loop_around, "AROUND")}
-    targets = HOOKS_FOR_DRAFT_MODE[config.draft_while_off] + ((T_LOOP,) if config.v1_loop == "overlap" else ())
+             T_LOOP: (_event_loop_around, "AROUND"),
+             T_CHECK_ARGS: (_check_server_args_after, "AFTER"),
+             T_INIT_WORKER: (_init_model_worker_before, "BEFORE")}
+    targets = (HOOKS_FOR_DRAFT_MODE[config.draft_while_off] + ((T_LOOP,) if config.v1_loop == "overlap" else ())
+               + START_UP_HOOKS)
     # T_RUN_BATCH only with the trace, which alone reads it: one wrapper less per step
     core.install_hooks(registry, config, [(target, *hooks[target]) for target in targets
                                           if target != T_RUN_BATCH or rt.trace.enabled])
