@@ -729,15 +729,43 @@ def _behind_clearly(state: AutoState, other: int, cur: int, values: Sequence[flo
     the host, not the traffic (speculation's accept length, which follows the traffic, is measured at every speculative
     step), so a clear lead does not close by itself within a budget period. A host that drifts or an estimate spoiled
     by prefills (the H200, 2026-12-03 (dff2822): plain at 48 valued at 9 ms a step, 5.0 ms measured) is still
-    probed, after `stale_behind_after` steps, and at once where the lead is under `clear_win`."""
+    probed, after `stale_behind_after` steps, and at once where the lead is under `clear_win`. Where plain's bucket
+    has not run near this context but ran at a shorter one, that estimate gives a ceiling (`_plain_ceiling`)."""
     p = state.params
-    if other != PLAIN or cur == PLAIN or cur not in measured or PLAIN not in measured:
+    if other != PLAIN or cur == PLAIN or cur not in measured:
         return False
-    v_cur, v_plain = values[cur], values[PLAIN]
+    v_cur = values[cur]
+    if PLAIN in measured:
+        v_plain, age = values[PLAIN], _age(state, PLAIN, demand, spec_cap, context)
+    else:
+        v_plain, age = _plain_ceiling(state, demand, context)
     if v_cur is None or v_plain is None or v_cur < v_plain * (1 + p.clear_win):
         return False
-    age = _age(state, PLAIN, demand, spec_cap, context)
     return age is not None and age <= p.stale_behind_after
+
+
+def _plain_ceiling(state: AutoState, demand: int, context: float | None) -> tuple[float | None, int | None]:
+    """Plain decoding's value at `demand` where it has not run near this batch and context, from the points it ran
+    at (each bucket's estimate per context band), and the age of the point that gives it: a ceiling, not an estimate.
+    A step reads every request's KV, so plain's seconds at a batch do not fall as the context grows
+    (`Estimate.at_context` never slopes down), and a plain step of more requests takes no less but commits more tokens
+    per second (a fixed part plus one per request): its value here is at most max(demand, the batch a point ran at)
+    over that point's seconds (at this context where the point reaches it, `Estimate.at_context`; its mean where the
+    context lies beyond it), the least of these. A probe of plain there, from speculation that leads the ceiling by
+    `clear_win`, can only find plain further behind (the H200, 2026-12-06 (605161d): at 2, 3 and 8 short requests
+    speculation measured at 1.4-1.55x plain's value where it had run, and plain was probed where it had not: 24 plain
+    steps, a catch-up back, 1.05-1.08x the phase's p99). (None, None): no such point, or no context known."""
+    if context is None:
+        return None, None
+    points = []
+    for (mode, _bucket, _band), e in state.estimates:
+        if mode == PLAIN and e.samples >= state.params.min_samples and e.ctx > 0:
+            seconds = e.at_context(context)  # within the point's reach: its line; beyond it above: its mean
+            if seconds is None and e.ctx <= context:
+                seconds = e.mean
+            if seconds is not None:
+                points.append((max(demand, e.at) / seconds, state.step - e.updated))
+    return min(points) if points else (None, None)
 
 
 def _best(known: dict[int, float]) -> int:

@@ -74,3 +74,46 @@ def test_the_held_context_ends_with_the_hold() -> None:
     assert not ap.holding(held)
     d = ap.decide(held, False, first["demand"], first["running"], CAP, context=first["context"])
     assert d.action == ap.FLIP_ON and d.context == 32.0, d
+
+
+def test_plain_never_run_near_a_clear_lead_is_not_probed_below_its_ceiling() -> None:
+    """The run's probes of plain decoding at learner steps 1,184 (context round 0's c2_short: 2 requests at 143
+    tokens) and 1,941 (c8_short: 8 at 135) flipped speculation off for 24 plain steps and a catch-up back; the
+    phases' p99 were 1.056x and 1.053x the better static server's (round 1, which did not probe: 0.98x and 0.99x).
+    Plain had not run at those batches and contexts, but it had run at other batches, at contexts up to these, which
+    bound its value there (`_plain_ceiling`: 443 and 1,760 tok/s), and speculation, measured there, led that ceiling
+    by 1.39-1.52x. Now no probe; with plain's ceiling older than `stale_behind_after`, or the lead under `clear_win`,
+    the probe the run made."""
+    windows, catch_ups, recs, t0 = run_trace()
+    probes = [r for r in recs if r.get("action") == "auto_decide" and r["reason"] == "probe"
+              and r["learner_step"] in (1184, 1941)]
+    assert [(r["load"], r["context"], r["incumbent"]) for r in probes] == [(2, 143.0, "spec"), (8, 135.0, "spec")]
+    for r in probes:
+        state = h200.replay_windows(windows, catch_ups, r["t"] - t0)
+        state = attrs.evolve(state, incumbent=1, flip_step=state.step - 300, credit=96.0, peak=r["demand"],
+                             peak_step=state.step, last_demand=r["demand"], calm=0)
+        d = ap.decide(state, True, r["demand"], r["running"], CAP, context=r["context"])
+        assert d.action is None and d.reason == "measured", (r["learner_step"], d)
+        ceiling, age = ap._plain_ceiling(state, r["demand"], r["context"])
+        assert ceiling is not None and d.spec_value >= ceiling * (1 + state.params.clear_win), (ceiling, d)
+        assert 0 <= age <= state.params.stale_behind_after, age
+        then = attrs.evolve(state, params=attrs.evolve(state.params, stale_behind_after=0))
+        assert ap.decide(then, True, r["demand"], r["running"], CAP, context=r["context"]).reason == "probe"
+        close = attrs.evolve(state, params=attrs.evolve(state.params, clear_win=d.spec_value / ceiling - 0.99))
+        assert ap.decide(close, True, r["demand"], r["running"], CAP, context=r["context"]).reason == "probe"
+
+
+def test_plains_ceiling_reads_only_points_at_a_shorter_or_reached_context() -> None:
+    """A ceiling is what plain decoding cannot beat: a point at 2 requests and 100 tokens (5 ms a step) bounds plain
+    at 2-4 requests and 100-3,000 tokens (its seconds do not fall with either); a point only at 3,000 tokens bounds
+    nothing at 100 (plain may be faster there); a point of more requests bounds fewer by its own rate."""
+    state = ap.initial_state()
+    short = ap.Estimate(mean=0.005, samples=32, updated=0, at=2.0, ctx=100.0, ctx_sq=100.0 ** 2, ctx_s=0.5)
+    long = ap.Estimate(mean=0.008, samples=32, updated=0, at=2.0, ctx=3000.0, ctx_sq=3000.0 ** 2, ctx_s=24.0)
+    with_short = attrs.evolve(state, estimates=(((ap.PLAIN, ap.bucket_of(2), 0), short),), step=10)
+    assert ap._plain_ceiling(with_short, 2, 3000.0) == (400.0, 10)
+    assert ap._plain_ceiling(with_short, 4, 100.0) == (800.0, 10)
+    assert ap._plain_ceiling(with_short, 1, 100.0) == (400.0, 10)
+    with_long = attrs.evolve(state, estimates=(((ap.PLAIN, ap.bucket_of(2), 4), long),))
+    assert ap._plain_ceiling(with_long, 2, 100.0) == (None, None)
+    assert ap._plain_ceiling(with_long, 2, None) == (None, None)
