@@ -101,6 +101,8 @@ def test_the_scope_holds_the_servers_caps_and_chunk(eagle: Any, monkeypatch: pyt
     guard_api.announce_switch("v2_switch_reserve_sync", 8)
     assert (adapter.scope(sa).spec_cap, adapter.scope(sa).plain_cap) == (8, 16)
     assert adapter.scope(Changed(sa, max_running_requests=4)).spec_cap == 4  # the launch cap bounds the switch's
+    # a chunk of one token is still a chunk: only <= 0 turns chunked prefill off (`Scheduler.init_chunked_prefill`)
+    assert adapter.scope(Changed(eagle, chunked_prefill_size=1)).chunk_size == 1
 
 
 def test_the_reference_design_is_sglangs_adaptive_one_for_an_adaptive_server(eagle: Any,
@@ -207,6 +209,28 @@ def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkey
     static = _adapter_over(Changed(eagle, speculative_num_steps=3), GuardRuntime(Mode.WARN)).guard()
     assert static is not None
     assert (static.config.design.name, static.config.design.num_steps) == ("plain_off_catch_up", 3)
+
+
+def test_the_guard_built_at_the_first_step_checks_the_servers_scope_and_takes_only_what_its_record_says(
+        eagle: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`V2Adapter.guard` builds the Guard against the server's own scope (its caps and chunk: `running_within_cap`
+    and the chunk's rules read them), and takes from the record only what it says: a record without
+    `speculative_num_steps` keeps the design's own step count, one without `enable_metrics` makes no gauge."""
+    from shim.guard.config import Mode
+    from shim.guard.runtime import GuardRuntime
+    from statemodel.designs import get_design
+
+    monkeypatch.setattr(guard_api, "_SWITCH", None)
+    sa = Changed(eagle, chunked_prefill_size=64)
+    adapter = _adapter_over(sa, GuardRuntime(Mode.WARN))
+    built = adapter.guard()
+    assert built is not None and built.config.scope == Adapter().scope(adapter.resolved_server_args())
+    assert (built.config.scope.plain_cap, built.config.scope.chunk_size) == (16, 64)
+    bare = GuardRuntime(Mode.WARN)
+    guard = _adapter_over(SimpleNamespace(), bare).guard()
+    assert guard is not None and guard.config.design == get_design("plain_off_catch_up")
+    assert get_design("plain_off_catch_up").num_steps != 1
+    assert (bare.metrics, guard.metrics) == (None, None)
 
 
 def test_a_server_record_without_enable_metrics_is_decided_as_one_without_metrics() -> None:
@@ -399,3 +423,105 @@ def test_a_free_group_that_ended_queues_nothing_on_0_5_12() -> None:
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "[0, (4, 60), (0, 64, 1)]"
+
+
+def test_a_paused_or_absent_runtime_decides_nothing_at_start_up() -> None:
+    """`before_init_model_worker` with no runtime (the guard not installed) or a paused one (its hooks installed but
+    passing through: tests share one process) decides nothing, even for a server the model does not describe: no
+    line, the guard not turned off; the first step decides (`guard`)."""
+    from shim.guard.config import Mode
+    from shim.guard.runtime import GuardRuntime
+
+    scheduler = SimpleNamespace(server_args=SimpleNamespace(page_size=16), tp_rank=0)
+    absent = Adapter()
+    absent.runtime = None
+    assert absent.before_init_model_worker(scheduler) is None
+    paused = GuardRuntime(Mode.WARN)
+    paused.paused = True
+    _adapter_over(None, paused).before_init_model_worker(scheduler)
+    assert (paused.decided, paused.disabled_reason, paused.metrics) == (False, None, None)
+
+
+def test_a_free_group_counts_each_queued_slot_as_the_pool_will_free_it(model_dir: Path) -> None:
+    """`pending_free_slots` on 0.5.23's real TokenToKVPoolAllocator (page size 1): inside a free group every queued
+    index counts, as `free_group_end` will hand each to the free list (a slot freed twice is counted twice there), so
+    the pool's reading (`observe_pool`: available + pending) is the same before and after the group ends; a double
+    free then shows as more free slots than the pool holds, not hidden by the reading. After the group nothing is
+    pending."""
+    from shim.releases.guard_reading import pending_free_slots
+
+    # its own server arguments: building pools publishes them (the module's `eagle` may be resolved by then)
+    allocator = h.build_pools(h.make_server_args(model_dir, speculative_algorithm="EAGLE"), kv_size=64).allocator
+    slots = allocator.alloc(4)
+    available = allocator.available_size()
+    allocator.free_group_begin()
+    allocator.free(slots)
+    allocator.free(slots[:1])  # a double free, queued again
+    pending = pending_free_slots(allocator)
+    assert allocator.available_size() == available
+    allocator.free_group_end()
+    assert (pending, allocator.available_size()) == (5, available + 5)
+    assert pending_free_slots(allocator) == 0
+
+
+_LINT_POOL_0_5_21 = """
+import sys
+from shim.releases import release_line
+line = release_line("0.5.21")
+model, sizes = sys.argv[1], sys.argv[2:]
+launch = ["--model-path", model, "--speculative-draft-model-path", model, "--device", "cuda",
+          "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "4", "--cuda-graph-bs-decode", *sizes]
+seen = []
+for running in ("4", "5"):
+    for widths in ([], ["--dp-size", "2"], ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]):
+        sa = line.build_server_args(launch + ["--max-running-requests", running, *widths])
+        seen.append([list(state.graph_bs) for state in line.read_sizing(sa).states])
+import sglang
+print(sglang.__version__, seen)
+"""
+
+
+def test_lint_sizes_the_request_pool_on_a_line_without_attn_dp_size(model_dir: Path) -> None:
+    """0.5.19-0.5.21 read with 0.5.23's lint (`_capture_bs`) keep `attn_dp_size` out of ServerArgs (in the parallel
+    state: `derive_attention_widths`, the DP size under DP attention, else 1). On real 0.5.21 (its folders of
+    .cache/sglang-lines, in a subprocess: one process holds one SGLang), a launch's decode graph sizes under plain DP
+    keep the full pool and under DP attention take `max_running_requests // dp_size`, as 0.5.21's
+    kv_cache_configurator sizes the pool."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    lines = repo / ".cache" / "sglang-lines"
+    (row,) = [t.split() for t in (repo / "scripts" / "sglang-lines.txt").read_text().splitlines()
+              if t.split()[:1] == ["0.5.21"]]
+    folders = [lines / req.replace("==", "-") for req in row[2:]]
+    if not all((f / ".specflip-installed").exists() for f in folders):
+        pytest.skip("0.5.21 not in .cache/sglang-lines (bash scripts/setup-lines.sh)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, folders), str(repo / "stand_ins" / "cpu"),
+                                                       str(repo)]))
+    run = subprocess.run([sys.executable, "-c", _LINT_POOL_0_5_21, str(model_dir), "1", "2", "4"], cwd=repo,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    single, plain_dp, dp_attention = [[1, 2, 4]], [[1, 2, 4]], [[1, 2]]
+    assert run.stdout.strip().splitlines()[-1] == \
+        f"0.5.21 {[single, plain_dp, dp_attention, single, plain_dp, dp_attention]}"
+
+
+def test_every_missing_hook_target_is_named_in_the_one_line() -> None:
+    """`install` registers every hook or none: where targets are missing from this SGLang it registers nothing and
+    returns one line naming each missing target with why it did not resolve (assert mode stops start-up with it:
+    tests/test_guard_start_up.py)."""
+    from shim.guard.config import Mode
+    from shim.guard.runtime import GuardRuntime
+
+    adapter = Adapter()
+    adapter.TARGETS = (("sglang.srt.managers.scheduler.Scheduler.no_such_method", "BEFORE", "before_draft"),
+                       *Adapter.TARGETS[:1],
+                       ("sglang.srt.no_such_module.Thing.run", "AFTER", "before_draft"))
+    runtime = GuardRuntime(Mode.WARN)
+    assert adapter.install(runtime) == (
+        "sglang 0.5.23: hook targets not found: sglang.srt.managers.scheduler.Scheduler.no_such_method "
+        "(AttributeError), sglang.srt.no_such_module.Thing.run (AttributeError)")
+    assert getattr(runtime, "adapter", None) is None
