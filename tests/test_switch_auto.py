@@ -581,14 +581,20 @@ def eagle3_draft_hot_token_ids(d2t: list[int]) -> Any:
     return model.hot_token_id
 
 
-def eagle_worker_attrs_stand_in(hot_token_id: Any, target_vocab: int) -> Any:
-    """Stand-in for a built `EAGLEWorkerV2` (its draft and target model runners need a GPU): the two attributes
-    `draft_vocabulary` reads, where SGLang's `init_lm_head` / `init_token_map` leave them before the worker's CUDA
-    graphs: `hot_token_id` and `target_worker.model_config.vocab_size`."""
+def eagle_worker_v2_over(hot_token_id: Any, target_vocab: int) -> Any:
+    """A real `EAGLEWorkerV2` and its real `EagleDraftWorker`, their `__init__` not run (it builds model runners on
+    a GPU): the draft worker holds `hot_token_id` where SGLang's `init_lm_head` / `init_token_map` leave it before
+    the worker's CUDA graphs; the target worker (a TpModelWorker, stood in) its `model_config.vocab_size`."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(hot_token_id=hot_token_id,
-                           target_worker=SimpleNamespace(model_config=SimpleNamespace(vocab_size=target_vocab)))
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    draft = object.__new__(EagleDraftWorker)
+    draft.hot_token_id = hot_token_id
+    worker = object.__new__(EAGLEWorkerV2)
+    worker._draft_worker = draft
+    worker._target_worker = SimpleNamespace(model_config=SimpleNamespace(vocab_size=target_vocab))
+    return worker
 
 
 def test_the_draft_vocabulary_is_read_at_start_up_from_sglangs_hot_token_ids(tmp_path: Path) -> None:
@@ -600,16 +606,16 @@ def test_the_draft_vocabulary_is_read_at_start_up_from_sglangs_hot_token_ids(tmp
     from sglang.srt.speculative.spec_utils import load_token_map
 
     hot = eagle3_draft_hot_token_ids([0, 0, 0, 0, 8, 8, 8, 8])
-    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(hot, 16)) == frozenset({0, 1, 2, 3, 12, 13, 14,
+    assert auto_switch.draft_vocabulary(eagle_worker_v2_over(hot, 16)) == frozenset({0, 1, 2, 3, 12, 13, 14,
                                                                                              15})
     full = eagle3_draft_hot_token_ids([0] * 16)
-    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(full, 16)) is None
-    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(None, 16)) is None
+    assert auto_switch.draft_vocabulary(eagle_worker_v2_over(full, 16)) is None
+    assert auto_switch.draft_vocabulary(eagle_worker_v2_over(None, 16)) is None
     import torch
 
     torch.save([5, 9, 11], tmp_path / "hot.pt")
     mapped = load_token_map(str(tmp_path / "hot.pt"))
-    assert auto_switch.draft_vocabulary(eagle_worker_attrs_stand_in(mapped, 16)) == frozenset({5, 9, 11})
+    assert auto_switch.draft_vocabulary(eagle_worker_v2_over(mapped, 16)) == frozenset({5, 9, 11})
 
     saved, capture = switch_v2._RUNTIME, switch_v2.capture_plain_decode_runner
     events: list[tuple[str, dict[str, Any]]] = []
@@ -620,7 +626,7 @@ def test_the_draft_vocabulary_is_read_at_start_up_from_sglangs_hot_token_ids(tmp
         rt.trace = type("TraceRecorder", (), {"event": lambda self, a, **kw: events.append((a, kw)),
                                               "enabled": True})()
         switch_v2.capture_plain_decode_runner = lambda worker, runtime: None
-        switch_v2._init_cuda_graphs_after(None, eagle_worker_attrs_stand_in(hot, 16))
+        switch_v2._init_cuda_graphs_after(None, eagle_worker_v2_over(hot, 16))
         assert rt.policy.auto.vocab == frozenset({0, 1, 2, 3, 12, 13, 14, 15})
         assert ("auto_draft_vocabulary", {"size": 8}) in events
     finally:

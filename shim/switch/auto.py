@@ -395,12 +395,17 @@ class AutoSwitch:
 
 def draft_vocabulary(worker: Any) -> frozenset[int] | None:
     """The draft's vocabulary as target token ids, read once at start-up from SGLang's speculative worker (the v2
-    EAGLE worker, every line specflip supports): its `hot_token_id`, which `init_lm_head` takes from an EAGLE-3 draft
-    model's `d2t` buffer (draft id + d2t = target id; `LlamaForCausalLMEagle3.load_weights`) or `init_token_map`
-    loads from `--speculative-token-map`, before the worker's CUDA graphs are captured. None where the draft proposes
-    from the target's whole vocabulary (no map, or one that covers `target_worker.model_config.vocab_size` ids): then
-    there is no coverage signal. One device read, here only."""
+    EAGLE worker, every line specflip supports): its draft worker's (`EagleDraftWorker`, the v2 worker's
+    `draft_worker`) `hot_token_id`, which `init_lm_head` takes from an EAGLE-3 draft model's `d2t` buffer (draft id +
+    d2t = target id; `LlamaForCausalLMEagle3.load_weights`) or `init_token_map` loads from `--speculative-token-map`,
+    before the worker's CUDA graphs are captured; a worker that holds it itself (the v1 `EAGLEWorker`) is read as
+    such. None where the draft proposes from the target's whole vocabulary (no map, or one that covers
+    `target_worker.model_config.vocab_size` ids): then there is no coverage signal. One device read, here only. (On
+    the H100, 2026-12-07, main 1c4e1ad, the v2 worker itself was read: `hot_token_id` is not its attribute, and the
+    counter draft's 1,024 ids went unread: `auto_draft_vocabulary` size None.)"""
     hot = getattr(worker, "hot_token_id", None)
+    if hot is None:
+        hot = getattr(getattr(worker, "draft_worker", None), "hot_token_id", None)
     if hot is None:
         return None
     ids = frozenset(int(t) for t in (hot.tolist() if hasattr(hot, "tolist") else hot))
