@@ -520,6 +520,13 @@ def test_kv_reserve_covers_writes_answers_each_state_afresh_past_its_memo() -> N
     assert kv_reserve_covers_writes(state, SCOPE) == kv_reserve_covers_writes(state, SCOPE) != []
 
 
+def test_a_prefill_whose_out_cache_loc_is_not_its_extend_tokens_is_named_by_its_requests_alone() -> None:
+    """A prefill writes its extend tokens, no fixed count per request: the line gives the batch's size alone."""
+    prefill = Batch(rids=(0, 1), forward_mode=ForwardMode.EXTEND, extend_tokens=7, out_cache_loc_width=6)
+    assert [(v.message, v.expected, v.actual) for v in shapes_agree(make_state(TWO, RUNNING_SPEC, prefill), SCOPE)] \
+        == [("out_cache_loc holds 6 slots; a EXTEND step of 2 requests writes 7", "7", "6")]
+
+
 def test_kv_reserve_covers_writes_takes_its_memo_only_for_as_many_groups_each_the_same() -> None:
     """A verify over request 0 (4 tokens a request) leaves request 1 unchecked; then the same requests, an unprocessed
     verify over the same rids object and a launch over request 1 (2 + 2: the same most) must check request 1, which
