@@ -404,6 +404,19 @@ def test_a_finish_in_a_large_batch_still_breaks_the_step_invariants_it_breaks() 
     assert [v.rids for v in committed_never_lost(before, finish, dropped, SCOPE, CATCH_UP)] == [(5,)]
 
 
+def test_a_finish_in_a_large_batch_that_keeps_its_kv_is_named_by_kv_conservation() -> None:
+    """kv_conservation's requests holding KV in a status that holds none are moved by the requests a step changed
+    when few of many did (`_HOLDING_NO_KV`, as the guard's steps change them): one finish of 32 that keeps its KV is
+    named, after the whole batch was checked."""
+    requests = _batch_of(32)
+    running = Batch(rids=tuple(range(32)), forward_mode=ForwardMode.DECODE, spec_info=draft_input(32),
+                    spec_algorithm_on=True)
+    before = make_state(requests, running, pool=400)
+    assert [v.rids for v in kv_conservation(before, SCOPE) if v.rids] == []
+    kept = attrs.evolve(before, requests=requests[:5] + (requests[5].replace(status=Status.FINISHED),) + requests[6:])
+    assert [v.rids for v in kv_conservation(kept, SCOPE) if v.rids] == [(5,)]
+
+
 def test_result_not_after_reprefill_flags_a_row_kept_for_a_request_whose_reprefill_started() -> None:
     """A plain result still applying to request 0, retracted since its launch (Unprocessed.applies_to_retracted): once
     0 runs again (re-prefilled) the result commits a position the re-prefill computed: a violation; while 0 waits
@@ -448,9 +461,13 @@ def test_spec_info_rows_of_the_launched_batch_are_named_as_the_launched_batchs()
     launched = Batch(rids=(0, 1), forward_mode=ForwardMode.TARGET_VERIFY,
                      spec_info=SpecInfo(SpecInfoKind.VERIFY_INPUT, 1, 3), spec_algorithm_on=True,
                      out_cache_loc_width=6)
-    assert spec_info_matches_batch(make_state(TWO, RUNNING_SPEC, launched), SCOPE) == [invariants_module.Violation(
+    named = [invariants_module.Violation(
         "spec_info_matches_batch", "the launched batch holds 2 requests but its spec_info has 1 rows", (0, 1),
         expected="2", actual="1")]
+    assert spec_info_matches_batch(make_state(TWO, RUNNING_SPEC, launched), SCOPE) == named
+    # checked whatever the running batch carries: one without spec_info is skipped, not the end of the check
+    plain = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE)
+    assert spec_info_matches_batch(make_state(TWO, plain, launched), SCOPE) == named
 
 
 def test_a_finished_request_holding_kv_and_tree_tokens_is_named_with_its_counts() -> None:
@@ -474,7 +491,10 @@ def test_result_not_after_reprefill_names_the_token_committed_twice() -> None:
     plain = Batch(rids=(0, 1), forward_mode=ForwardMode.DECODE)
     before = attrs.evolve(make_state(TWO, plain), unprocessed=(Unprocessed((0, 1), None, applies_to_retracted=(0,)),))
     found = result_not_after_reprefill(before, Action("process_result"), before, SCOPE, CATCH_UP)
-    assert [(v.rids, v.expected, v.actual) for v in found] == [((0,), "the result skips it", "a token committed twice")]
+    assert [(v.rids, v.expected, v.actual, v.message) for v in found] == [
+        ((0,), "the result skips it", "a token committed twice",
+         "process_result commits a token of a step launched before request 0 was retracted, after its re-prefill "
+         "started: that position is computed again")]
 
 
 def _verify_of(rids: tuple[int, ...], tokens: int = 3) -> Batch:
@@ -498,6 +518,25 @@ def test_kv_reserve_covers_writes_answers_each_state_afresh_past_its_memo() -> N
     # the same state twice: the memo's answer, the same as the first
     state = make_state(short, RUNNING_SPEC, launched)
     assert kv_reserve_covers_writes(state, SCOPE) == kv_reserve_covers_writes(state, SCOPE) != []
+
+
+def test_a_prefill_whose_out_cache_loc_is_not_its_extend_tokens_is_named_by_its_requests_alone() -> None:
+    """A prefill writes its extend tokens, no fixed count per request: the line gives the batch's size alone."""
+    prefill = Batch(rids=(0, 1), forward_mode=ForwardMode.EXTEND, extend_tokens=7, out_cache_loc_width=6)
+    assert [(v.message, v.expected, v.actual) for v in shapes_agree(make_state(TWO, RUNNING_SPEC, prefill), SCOPE)] \
+        == [("out_cache_loc holds 6 slots; a EXTEND step of 2 requests writes 7", "7", "6")]
+
+
+def test_kv_reserve_covers_writes_takes_its_memo_only_for_as_many_groups_each_the_same() -> None:
+    """A verify over request 0 (4 tokens a request) leaves request 1 unchecked; then the same requests, an unprocessed
+    verify over the same rids object and a launch over request 1 (2 + 2: the same most) must check request 1, which
+    has nothing reserved: the last answer holds for the one group both share, not for the new one."""
+    reqs = (running_req(0, reserved=4), running_req(1, reserved=0))
+    rids = (0,)
+    assert kv_reserve_covers_writes(make_state(reqs, RUNNING_SPEC, _verify_of(rids, tokens=4)), SCOPE) == []
+    state = attrs.evolve(make_state(reqs, RUNNING_SPEC, _verify_of((1,), tokens=2)),
+                         unprocessed=(Unprocessed(rids=rids, steps=1),))
+    assert [v.rids for v in kv_reserve_covers_writes(state, SCOPE)] == [(1,)]
 
 
 def test_kv_reserve_covers_writes_names_the_request_with_the_fewest_slots_reserved() -> None:
@@ -601,6 +640,10 @@ def test_requests_in_one_place_answers_each_state_afresh_past_its_memo() -> None
     assert not requests_in_one_place(finished, SCOPE)
     finished_twice = finished.replace(running=attrs.evolve(RUNNING_SPEC, rids=(0, 1, 1), spec_info=draft_input(3)))
     assert [v.rids for v in requests_in_one_place(finished_twice, SCOPE)] == [(1,)]
+    # the same requests and running batch, a prefilled batch that holds a running request too: named
+    assert not requests_in_one_place(clean, SCOPE)
+    both = clean.replace(pending=Batch(rids=(1,), forward_mode=ForwardMode.EXTEND))
+    assert [v.rids for v in requests_in_one_place(both, SCOPE)] == [(1,)]
 
 
 def test_draft_extend_leaves_behind_names_the_running_requests_the_catch_up_left_out() -> None:
