@@ -212,7 +212,7 @@ def test_the_guard_built_at_the_first_step_follows_the_server(eagle: Any, monkey
 
 
 def test_the_guard_built_at_the_first_step_checks_the_servers_scope_and_takes_only_what_its_record_says(
-        eagle: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`V2Adapter.guard` builds the Guard against the server's own scope (its caps and chunk: `running_within_cap`
     and the chunk's rules read them), and takes from the record only what it says: a record without
     `speculative_num_steps` keeps the design's own step count, one without `enable_metrics` makes no gauge."""
@@ -221,7 +221,10 @@ def test_the_guard_built_at_the_first_step_checks_the_servers_scope_and_takes_on
     from statemodel.designs import get_design
 
     monkeypatch.setattr(guard_api, "_SWITCH", None)
-    sa = Changed(eagle, chunked_prefill_size=64)
+    # its own server arguments, as an operator passes them (the module's `eagle` may have been resolved by an
+    # earlier test, and the guard reads the resolved view, where the record's chunk is not what resolution keeps)
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE")
+    sa.chunked_prefill_size = 64
     adapter = _adapter_over(sa, GuardRuntime(Mode.WARN))
     built = adapter.guard()
     assert built is not None and built.config.scope == Adapter().scope(adapter.resolved_server_args())
