@@ -7,21 +7,24 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Sizing", "SpecflipPolicy", "StepSizing", "graph_batch_sizes"]
+__all__ = ["Sizing", "SpecflipPolicy", "StepSizing", "graph_batch_sizes", "request_pool"]
 
 
-def graph_batch_sizes(listed: Any, pool: int, *, alignment: int = 1, width: int = 1) -> list[int]:
+def graph_batch_sizes(listed: Any, pool: int, *, alignment: int = 1, width: int = 1,
+                      two_batch_overlap: bool = False) -> list[int]:
     """The batch sizes a decode graph runner captures: SGLang's `get_batch_sizes_to_capture` (0.5.12, 0.5.13
     `model_executor/cuda_graph_runner.py`; 0.5.14 on `model_executor/runner/base_cuda_graph_runner.py`; the same
     steps on every line), given the sizes `listed` (the launch's decode graph list), one scheduler's request `pool`,
     the line's batch-size `alignment` (its `mul_base`: the attention TP size where the attention input is gathered,
     e.g. under DP attention, times 2 under two-batch overlap) and the tokens per request the runner captures (`width`;
-    1 under two-batch overlap). The pool is first rounded up to the alignment and added where the list reaches past
-    it; a size is kept where its tokens (size x width) are a multiple of the alignment and it fits the pool. A size
-    <= 0 is no graph (SGLang asserts every captured size is positive). [] where nothing is listed (graphs off)."""
+    taken as 1 under `two_batch_overlap`, which splits each request's rows across two micro-batches). The pool is
+    first rounded up to the alignment and added where the list reaches past it; a size is kept where its tokens (size
+    x width) are a multiple of the alignment and it fits the pool. A size <= 0 is no graph (SGLang asserts every
+    captured size is positive). [] where nothing is listed (graphs off)."""
     bs = [int(b) for b in listed or ()]
     if not bs:
         return []
+    width = 1 if two_batch_overlap else width
     alignment = max(1, int(alignment))
     pool = -(-max(1, int(pool)) // alignment) * alignment
     if max(bs) > pool:
@@ -39,6 +42,12 @@ def attention_dp_size(cfg: Any) -> int:
     if attn_dp is None:
         attn_dp = (getattr(cfg, "dp_size", 1) or 1) if getattr(cfg, "enable_dp_attention", False) else 1
     return max(1, int(attn_dp or 1))
+
+
+def request_pool(cfg: Any, max_running: int) -> int:
+    """One scheduler's request pool, whose size the decode graphs are clamped to: `max_running` (the launch's
+    max_running_requests) // the attention DP size (`attention_dp_size`)."""
+    return max(1, int(max_running) // attention_dp_size(cfg))
 
 
 def attention_tp_size(cfg: Any) -> int:

@@ -356,8 +356,8 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE3", topk: in
     states = []
     for s in state_steps:
         d = s + 1 if adaptive else draft_tokens
-        width = 1 if two_batch_overlap else d
-        graph_bs = graph_batch_sizes(cuda_graph_bs, pool, alignment=graph_alignment, width=width)
+        graph_bs = graph_batch_sizes(cuda_graph_bs, pool, alignment=graph_alignment, width=d,
+                                     two_batch_overlap=two_batch_overlap)
         states.append(StepSizing(steps=s, draft_tokens=d, alloc_len=max(s * topk if s else topk, d), verify_width=d,
                                  draft_extend_width=d, graph_bs=tuple(graph_bs)))
     # no shared logits buffer: every runner sizes its own rows, so the largest is what is there

@@ -47,9 +47,9 @@ from shim.releases.sizing import (
     Sizing,
     SpecflipPolicy,
     StepSizing,
-    attention_dp_size,
     attention_tp_size,
     graph_batch_sizes,
+    request_pool,
 )
 
 Adapter0523 = v0_5_23.Adapter
@@ -142,7 +142,8 @@ def sizing_from_values(line: ReleaseLine, *, algorithm: str = "EAGLE", topk: int
     pool = max_running_requests if graph_pool is None else graph_pool
 
     def graphs(width: int) -> list[int]:  # get_batch_sizes_to_capture of a runner capturing `width` per request
-        return graph_batch_sizes(listed, pool, alignment=graph_alignment, width=1 if two_batch_overlap else width)
+        return graph_batch_sizes(listed, pool, alignment=graph_alignment, width=width,
+                                 two_batch_overlap=two_batch_overlap)
 
     states = []
     for s in (candidates if adaptive else [steps]):
@@ -289,7 +290,7 @@ class Line(v0_5_23.Line):
         (max_running_requests // the attention DP size), the alignment, two-batch overlap. `republish`: lint's own
         process (False: inside a running server, its config published already)."""
         sa = server_args
-        return {"graph_pool": max(1, int(sa.max_running_requests) // attention_dp_size(sa)),
+        return {"graph_pool": request_pool(sa, sa.max_running_requests),
                 "graph_alignment": self.graph_alignment(sa, republish=republish),
                 "two_batch_overlap": bool(getattr(sa, "enable_two_batch_overlap", False))}
 

@@ -34,7 +34,7 @@ from typing import Any
 from shim.releases.base import ReleaseLine
 from shim.releases.guard_hooks import V2Adapter
 from shim.releases.server_args import LintInputError, quiet, silence_again
-from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing, attention_dp_size, graph_batch_sizes
+from shim.releases.sizing import Sizing, SpecflipPolicy, StepSizing, graph_batch_sizes, request_pool
 
 _SB = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _V2 = "sglang.srt.speculative.eagle_worker_v2"
@@ -182,8 +182,9 @@ def read_sizing(line: ReleaseLine, server_args: Any, specflip: SpecflipPolicy | 
             verify_width = tokens_per_req("target_verify", algo, draft)
             if policy is not None:
                 # the state's own target runner (build_adaptive_runtime_state) captures its pruned list at its width
-                graph_bs = tuple(graph_batch_sizes(policy.cuda_graph_bs_for_step(steps), _pool(cfg, max_running),
-                                                   alignment=alignment, width=_aligned_width(cfg, verify_width)))
+                graph_bs = tuple(graph_batch_sizes(policy.cuda_graph_bs_for_step(steps), request_pool(cfg, max_running),
+                                                   alignment=alignment, width=verify_width,
+                                                   two_batch_overlap=_two_batch_overlap(cfg)))
             else:
                 graph_bs = tuple(capture_bs)
             states.append(StepSizing(
@@ -212,19 +213,12 @@ def _capture_bs(cfg: Any, max_running: int, alignment: int = 1, width: int = 1) 
     graph_cfg = cfg.cuda_graph_config
     if cfg.disable_cuda_graph or graph_cfg is None or graph_cfg.decode.backend == Backend.DISABLED:
         return []
-    return graph_batch_sizes(graph_cfg.decode.bs, _pool(cfg, max_running), alignment=alignment,
-                             width=_aligned_width(cfg, width))
+    return graph_batch_sizes(graph_cfg.decode.bs, request_pool(cfg, max_running), alignment=alignment, width=width,
+                             two_batch_overlap=_two_batch_overlap(cfg))
 
 
-def _pool(cfg: Any, max_running: int) -> int:
-    """One scheduler's request pool: max_running_requests // attn_dp_size (pool_configurator.py)."""
-    return max(1, max_running // attention_dp_size(cfg))
-
-
-def _aligned_width(cfg: Any, width: int) -> int:
-    """The tokens per request the alignment applies to: per request (1) under two-batch overlap, which splits each
-    request's rows across two micro-batches."""
-    return 1 if getattr(cfg, "enable_two_batch_overlap", False) else width
+def _two_batch_overlap(cfg: Any) -> bool:
+    return bool(getattr(cfg, "enable_two_batch_overlap", False))
 
 
 def _logits_rows(cfg: Any, algo: Any, capture_bs: list[int], tier_draft_tokens: list[int],
