@@ -729,8 +729,8 @@ def _behind_clearly(state: AutoState, other: int, cur: int, values: Sequence[flo
     the host, not the traffic (speculation's accept length, which follows the traffic, is measured at every speculative
     step), so a clear lead does not close by itself within a budget period. A host that drifts or an estimate spoiled
     by prefills (the H200, 2026-12-03 (dff2822): plain at 48 valued at 9 ms a step, 5.0 ms measured) is still
-    probed, after `stale_behind_after` steps, and at once where the lead is under `clear_win`. Where plain's bucket
-    has not run near this context but ran at a shorter one, that estimate gives a ceiling (`_plain_ceiling`)."""
+    probed, after `stale_behind_after` steps, and at once where the lead is under `clear_win`. Where plain has not
+    run near this batch and context, the points it ran at give a ceiling for it (`_plain_ceiling`)."""
     p = state.params
     if other != PLAIN or cur == PLAIN or cur not in measured:
         return False

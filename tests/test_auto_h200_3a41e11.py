@@ -236,9 +236,7 @@ def test_plain_a_clear_win_behind_fresh_speculation_waits_longer_for_its_probe()
     t0 = records[0]["t"]
     for r in [r for r in records if r.get("action") == "auto_decide" and r["reason"] == "probe"
               and r["learner_step"] in (2419, 4335, 5398)]:
-        state = h200.replay_windows(WINDOWS, CATCH_UPS, r["t"] - t0)
-        state = attrs.evolve(state, incumbent=1, flip_step=state.step - 300, credit=96.0, peak=r["demand"],
-                             peak_step=state.step, last_demand=r["demand"], calm=0)
+        state = h200.settled_speculating(h200.replay_windows(WINDOWS, CATCH_UPS, r["t"] - t0), r["demand"])
         d = ap.decide(state, True, r["demand"], r["running"], CAP, context=r["context"])
         assert d.action is None and d.reason == "measured", (r["learner_step"], d)
         assert d.spec_value >= d.plain_value * (1 + state.params.clear_win), d

@@ -89,9 +89,7 @@ def test_plain_never_run_near_a_clear_lead_is_not_probed_below_its_ceiling() -> 
               and r["learner_step"] in (1184, 1941)]
     assert [(r["load"], r["context"], r["incumbent"]) for r in probes] == [(2, 143.0, "spec"), (8, 135.0, "spec")]
     for r in probes:
-        state = h200.replay_windows(windows, catch_ups, r["t"] - t0)
-        state = attrs.evolve(state, incumbent=1, flip_step=state.step - 300, credit=96.0, peak=r["demand"],
-                             peak_step=state.step, last_demand=r["demand"], calm=0)
+        state = h200.settled_speculating(h200.replay_windows(windows, catch_ups, r["t"] - t0), r["demand"])
         d = ap.decide(state, True, r["demand"], r["running"], CAP, context=r["context"])
         assert d.action is None and d.reason == "measured", (r["learner_step"], d)
         ceiling, age = ap._plain_ceiling(state, r["demand"], r["context"])

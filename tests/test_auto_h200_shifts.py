@@ -119,6 +119,14 @@ def replay_windows(windows: list[list], catch_ups: list[tuple[float, int, float]
     return state
 
 
+def settled_speculating(state: ap.AutoState, demand: int) -> ap.AutoState:
+    """A replayed state as the server stood at a recorded decision under speculation: settled there (its flip 300
+    steps back), `demand` held as the hold's peak and the last demand, and credit for a probe, so that only the
+    estimates decide whether a probe starts."""
+    return attrs.evolve(state, incumbent=1, flip_step=state.step - 300, credit=96.0, peak=demand,
+                        peak_step=state.step, last_demand=demand, calm=0)
+
+
 def phase_coverage(unpredictable: list[tuple[float, float]]) -> Callable[[list], float | None]:
     """A run's draft-vocabulary coverage per window, from its trace's phases: the benchmark's counter draft holds
     the target ids below 1,024, every predictable request's outputs lie there (1.0) and every unpredictable one's
