@@ -238,7 +238,7 @@ def published_resolved(model_dir: Path, **spec: Any) -> Any:
     sa = ServerArgs(model_path=str(model_dir), device="cpu", dtype="float32", attention_backend="torch_native",
                     skip_tokenizer_init=True, speculative_draft_model_path=str(model_dir), **spec)
     sa.resolve_once()
-    runtime_context.publish(sa, role="scheduler")
+    h.publish_server_args(sa)
     assert runtime_context.get_server_args() is sa  # the record, not resolution's view
     return sa
 
