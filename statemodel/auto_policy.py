@@ -693,8 +693,22 @@ def _value(state: AutoState, mode: int, demand: int, spec_cap: int,
         return None
     if mode != PLAIN:  # the bucket's steps per second times the mode's accept length, at whatever batch it was learned
         accept = state.accept_of(mode)
-        return None if accept is None else (accept.mean * batch / seconds[0], seconds[1])
+        if accept is None:
+            return None
+        # ... at most what the draft vocabulary's coverage of the tokens committed now lets a verify accept
+        # (`accept_bound`): the accept length is learned from speculative steps only, the coverage from every step
+        # (the H200, 2026-12-07 (364b468): a probe of plain, begun one window into requests the draft could not
+        # predict, ended on speculation's value at the accept length measured before (462 tok/s against plain's
+        # 447) with the coverage at 0.0055, a bound of 1.006; the flip back retracted both requests, their catch-up
+        # 19 ms, and two windows at accept 1.0 followed: 1.11x the phase's p99)
+        return min(accept.mean, _coverage_bound(state)) * batch / seconds[0], seconds[1]
     return batch / seconds[0], seconds[1]
+
+
+def _coverage_bound(state: AutoState) -> float:
+    """`accept_bound` of the coverage the steps measured (`state.coverage`, once trusted); inf without the signal."""
+    cover = state.coverage
+    return math.inf if cover is None or cover.samples < state.params.min_samples else accept_bound(cover.mean)
 
 
 def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> float | None:
