@@ -933,7 +933,15 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
     14.9 ms a step for two tokens a request against plain's 7.2 ms for one) and 0.76x at 8 (20.1 against 7.6 ms). So a
     tie at 8 requests is a loss beyond the margin at 24: the replay of that run's context trace valued speculation at
     8 requests and 2,500 tokens at 1,062 tok/s against plain's 1,058, and the prior flipped it on at 24 (0.90x there,
-    tests/test_auto_h100_c93100f.py)."""
+    tests/test_auto_h100_c93100f.py).
+
+    With tiers, the tiers measured at that batch and context decide; one that did not run there is no evidence (as
+    without tiers, where speculation is only outgrown where it was measured), and at a batch where no tier ran there is
+    no verdict (the prior's tier runs, and probes measure the others there). The H200 (2026-12-07, 364b468, tiers
+    3,1): at the context trace's 8 long clients, steps 3 had lost to plain decoding at 2 long requests (13 against 6
+    ms a step), steps 1 had only run at short contexts, and the prior, reading steps 1 as unknown, ran steps 3 for
+    1.5 s at 18.6 ms a step against plain decoding's 6.3 ms (0.881
+    of plain there; the trace 0.934x `auto` without tiers)."""
     batch = _batch(1, load, spec_cap)
     own = bucket_of(batch)
     for bucket in sorted({b for (m, b, _), _e in state.estimates if m == PLAIN and b < own}):  # below the load's own
@@ -941,13 +949,13 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
         plain = _value(state, PLAIN, smaller, spec_cap, context)
         if plain is None or not plain[1]:
             continue
-        best = 0.0
+        best = None
         for m in state.modes[1:]:
             line, accept = _line(state, m, smaller, context), state.accept_of(m)
             if line is None or not line[2] or accept is None:
-                break
-            best = max(best, max(accept.mean, state.accept_peak(m) or 0.0) * smaller / line[0])
-        else:
+                continue  # with tiers, a tier not measured there is no evidence either way (the docstring)
+            best = max(best or 0.0, max(accept.mean, state.accept_peak(m) or 0.0) * smaller / line[0])
+        if best is not None:
             # beyond the noise: plain ahead by the margin; at half the batch or less, speculation not ahead by it
             # (its gain falls by more than the margin over a doubling of the batch: `_outgrown`)
             margin = 1 + state.params.margin

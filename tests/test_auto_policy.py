@@ -621,6 +621,31 @@ def test_tiers_learn_the_accept_length_per_tier() -> None:
     assert off_ladder.accepts == state.accepts
 
 
+def test_tiers_a_tier_not_measured_at_a_context_leaves_the_outgrown_verdict_to_those_measured() -> None:
+    """Tiers 3,1 at long prompts (the H200, 2026-12-07, 364b468: the context trace's 8 long clients): plain and steps 3
+    measured at 2 requests and 2,300 tokens (6 against 13 ms a step, two tokens a request for steps 3: plain ahead),
+    steps 1 only at short contexts. At 8 long requests the prior runs plain (`_outgrown`), as without tiers; where
+    steps 1 was measured there and leads plain (6.5 ms for 1.9 tokens a request), it is not outgrown and the prior
+    runs the ladder's first tier. Nothing measured at that context: no verdict (the prior's tier)."""
+    def run(state: ap.AutoState, steps: int | None, batch: int, seconds: float, accept: float,
+            context: float) -> ap.AutoState:
+        for _ in range(12):
+            tokens = batch * accept if steps is not None else float(batch)
+            state = ap.observe(state, ap.Observation(steps is not None, batch, tokens, seconds, steps=steps,
+                                                     context=context))
+        return state
+    state = ap.initial_state(tiers=(3, 1))
+    state = run(state, 1, 2, 0.004, 1.9, 60.0)  # steps 1 at short contexts only
+    assert not ap._outgrown(state, 8, 48, 2317.0) and ap._prior(state, 8, 48, 2317.0) == 1
+    state = run(state, 3, 2, 0.013, 2.0, 2300.0)
+    state = run(state, None, 2, 0.006, 1.0, 2300.0)
+    assert ap._outgrown(state, 8, 48, 2317.0) and ap._prior(state, 8, 48, 2317.0) == ap.PLAIN
+    with_steps_1 = run(state, 1, 2, 0.0065, 1.9, 2300.0)
+    assert not ap._outgrown(with_steps_1, 8, 48, 2317.0) and ap._prior(with_steps_1, 8, 48, 2317.0) == 1
+    without_tiers = run(run(ap.initial_state(), None, 2, 0.006, 1.0, 2300.0), 1, 2, 0.013, 2.0, 2300.0)
+    assert ap._outgrown(without_tiers, 8, 48, 2317.0)
+
+
 def test_tiers_prior_probes_and_tier_changes() -> None:
     """The prior is the ladder's first tier within the cap and plain above it; the first probes visit plain, then
     steps 1; a tier change is no flip (speculation stays on: action None, changes_tier) and costs a dwell."""
