@@ -3,14 +3,14 @@ pair, TP 1, SGLang 0.5.16, one NVIDIA H200; plain, always on, `auto`, `auto` + g
 values side by side: context and accept_shift two rounds, bursty_contrast one).
 bench/gpu/results/2026-12-06_605161d_h200/traces.tar.gz, tr/auto/switch-1064.jsonl (the auto server's scheduler).
 
-What that run showed (run.log; docs/results.md "A shifting workload"): `auto` 0.984x the per-phase best over the
-context trace, every phase at 0.99-1.00 but `c24_mixed` (0.944: 24 clients, 2,000-3,500-token prompts beside short
-ones). The trace says why: at each wave's turnover the clients' next requests arrive one by one, and the first
-scheduling point with a request found one short prompt waiting at an emptied server (context 32, the hold's load 8
-or 24). Valued there, speculation won, and a flip with nothing running waits for no dwell: speculation came on. The
-next point found 17 or 23 waiting at 3,244-3,472 tokens, where plain decoding wins; in round 1's first wave the flip
-back came after the wave's prefill and 8 speculative steps at 24 (0.39 s into the phase, 15 ms with 24 running).
-The hold now values the held batch at its context too (`AutoState.peak_context`)."""
+What that run showed (run.log; docs/archive/gpu-results.md "2026-12-06, b3a9830 to 605161d"): `auto` 0.984x the
+per-phase best over the context trace, every phase at 0.99-1.00 but `c24_mixed` (0.944: 24 clients, 2,000-3,500-token
+prompts beside short ones). The trace says why: at each wave's turnover the clients' next requests arrive one by one,
+and the first scheduling point with a request found one short prompt waiting at an emptied server (context 32, the
+hold's load 8 or 24). Valued there, speculation won, and a flip with nothing running waits for no dwell: speculation
+came on. The next point found 17 or 23 waiting at 3,244-3,472 tokens, where plain decoding wins; in round 1's first wave
+the flip back came after the wave's prefill and 8 speculative steps at 24 (0.39 s into the phase, 15 ms with 24
+running). The hold now values the held batch at its context too (`AutoState.peak_context`)."""
 
 from __future__ import annotations
 
