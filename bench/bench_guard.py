@@ -229,8 +229,8 @@ def _overlap_driver(h: Any, model_dir: Path, size: int, kv_size: int, design: An
     ol = importlib.import_module("overlap_loop")
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
                             num_draft_tokens=4, max_running_requests=size + 1)
-    sa.disable_overlap_schedule = False
-    pools = h.build_pools(sa, kv_size=kv_size, max_reqs=size + 1)
+    # the overlap loop as a GPU launch resolves it (the guard reads SGLang's resolved view: tests/sglang_cpu.py)
+    pools = h.build_pools(sa, kv_size=kv_size, max_reqs=size + 1, overlap_schedule=True)
     return ol.OverlapDriver(pools, design, switch_config=switch_config)
 
 
