@@ -41,9 +41,11 @@ showed: the steady decode step hides the guard's host time behind the GPU, a wav
 `--history 0,100,1000` measures steady speculative steps at 2 short requests (32-token prompts) after that many
 long-prompt requests were served (2,000-3,500 tokens, four 600-token system prompts, waves of 8, 16 output tokens each,
 the radix cache on, a 40,000-slot pool that the tree fills and evicts from; the switch's retract design, speculation
-off from 4 requests: what a `context` trace leaves behind before the quiet phase after it, 2026-12-07 H200 call 5).
+off from 4 requests: what a `context` trace leaves behind before the quiet phase after it, 2026-12-07 H200 call 5),
+rows handed out in turn as on the GPU line (0.5.16; `_rows_in_turn_cpu_stand_in`).
 The collector is frozen after a warm-up request, as the GPU runs' /freeze_gc, and the collections during the measured
-steps are counted. Each count is a fresh process (`--history-one`), fastest of `--repeat`; one row per count: the
+steps are counted; after them, the SGLang requests still alive (not frozen) and the time of one full collection.
+Each count is a fresh process (`--history-one`), fastest of `--repeat`; one row per count: the
 in-guard time per step, its median, and the guard's per-request records after the history (to show they stay
 bounded).
 
@@ -366,7 +368,7 @@ def _ramp_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h:
 
 # --history: the context trace's shape (2026-12-07 H200 call 5: prompts of 2,000-3,500 tokens, --max-total-tokens 40000)
 HISTORY_POOL = 40_000
-HISTORY_ROWS = 26
+HISTORY_ROWS = 257  # --max-running-requests 256: SGLang hands rows out in turn, so a history passes through all of them
 HISTORY_WAVE = 8
 HISTORY_STEPS = 48  # measured steps of the two short requests (128 output tokens, 2 per step: about 60 in all)
 
@@ -393,13 +395,13 @@ def history_rows(args: argparse.Namespace) -> None:
     print(f"steady speculative steps at 2 requests after N long-prompt requests (overlap loop, retract switch, radix "
           f"cache, {HISTORY_POOL}-slot pool), assert mode, {args.clock} clock, {HISTORY_STEPS} steps, fastest of "
           f"{args.repeat} processes (microseconds per step)")
-    print(f"{'history':>7} {'in-guard min':>12} {'median':>7} {'step median':>11} {'gc (gen 0/1/2)':>14}  "
-          f"guard's records")
+    print(f"{'history':>7} {'in-guard min':>12} {'median':>7} {'step median':>11} {'gc (gen 0/1/2)':>14} "
+          f"{'full gc ms':>10}  guard's records (requests alive: SGLang Reqs not frozen, after the steps)")
     for count, c in rows:
         assert c is not None
         gcs = "/".join(str(n) for n in c["gc"])
         print(f"{count:>7} {c['in-guard min']:>12.0f} {c['in-guard median']:>7.0f} {c['step median']:>11.0f} "
-              f"{gcs:>14}  {c['records']}")
+              f"{gcs:>14} {c['full gc ms']:>10.2f}  {c['records']}")
 
 
 def _history_cell(args: argparse.Namespace, count: int, gf: Any, h: Any) -> dict[str, Any]:
@@ -422,6 +424,7 @@ def _history_cell(args: argparse.Namespace, count: int, gf: Any, h: Any) -> dict
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1, num_draft_tokens=4,
                             max_running_requests=HISTORY_ROWS - 1)
     pools = h.build_pools(sa, kv_size=HISTORY_POOL, max_reqs=HISTORY_ROWS, radix_cache=True, overlap_schedule=True)
+    _rows_in_turn_cpu_stand_in(pools.req_to_token_pool)
     drv = ol.OverlapDriver(pools, RETRACT_CATCH_UP, switch_config=SwitchConfig(t_off=4, t_on=2))
     rng = random.Random(count)
     systems = [[rng.randrange(1, 999) for _ in range(600)] for _ in range(4)]
@@ -439,6 +442,7 @@ def _history_cell(args: argparse.Namespace, count: int, gf: Any, h: Any) -> dict
             served += 1
         drv.add(wave)
         drv.run_until_idle(400)
+        del wave  # the bench holds no request (the count of those alive below)
     drv.add([h.make_req(f"quiet{i}", [rng.randrange(1, 999) for _ in range(32)], max_new_tokens=128)
              for i in range(2)])
     for _ in range(6):  # the prefill, the merge, the first decode steps
@@ -462,14 +466,40 @@ def _history_cell(args: argparse.Namespace, count: int, gf: Any, h: Any) -> dict
                 raise SystemExit("bench_guard: a measured step of the history run was not speculative")
     finally:
         gc.callbacks.remove(count_collections)
+    from sglang.srt.managers.schedule_batch import Req
+
+    alive = sum(1 for o in gc.get_objects() if type(o) is Req)  # not frozen: the warm-up's are not counted
+    started = time.perf_counter()
+    gc.collect()  # a full collection walks every tracked object not frozen
+    full_ms = (time.perf_counter() - started) * 1e3
     g = runtime.guard
-    records = {"names": len(g.names), "outputs_seen": len(g.outputs_seen),
+    records = {"requests alive": alive, "names": len(g.names), "outputs_seen": len(g.outputs_seen),
                "tree record": len(g.tree_record.without_draft), "tree prefixes": len(g._tree_prefix),
                "live rows": len(runtime.adapter._live_reqs), "flips": len(drv.flips)}
     guard.sort()
     steps.sort()
     return {"in-guard min": guard[0], "in-guard median": guard[len(guard) // 2], "step median": steps[len(steps) // 2],
-            "gc": collections, "records": records}
+            "gc": collections, "full gc ms": full_ms, "records": records}
+
+
+def _rows_in_turn_cpu_stand_in(req_to_token_pool: Any) -> None:
+    """The GPU line's row order on 0.5.23's ReqToTokenPool: SGLang 0.5.12-0.5.16's `ReqToTokenPool.alloc` hands rows
+    out from the front of `free_slots` (`free_slots[:need_size]`, a freed row appended at the end), so a server's
+    requests pass through every row in turn; 0.5.23's `alloc_rows` takes the last freed (`free_slots[-need_size:]`),
+    so a CPU history reuses a few. The same generation bump and callback as 0.5.23's, the rows from the front."""
+    pool = req_to_token_pool
+
+    def alloc_rows(need_size: int) -> list[int] | None:
+        if need_size > len(pool.free_slots):
+            return None
+        select_index = pool.free_slots[:need_size]
+        del pool.free_slots[:need_size]
+        pool.req_generation[select_index] += 1
+        if pool._on_alloc_rows is not None:
+            pool._on_alloc_rows(select_index)
+        return select_index
+
+    pool.alloc_rows = alloc_rows
 
 
 def _keep_fastest(cell: dict[str, float], label: str, spent: float, in_guard: float) -> None:
