@@ -38,6 +38,17 @@ the whole ramp and of the whole end is reported (kinds "ramp" and "end"). On the
 showed: the steady decode step hides the guard's host time behind the GPU, a wave's ramp and end do not (docs/guard.md,
 "Cost").
 
+`--history 0,100,1000` measures steady speculative steps at 2 short requests (32-token prompts) after that many
+long-prompt requests were served (2,000-3,500 tokens, four 600-token system prompts, waves of 8, 16 output tokens each,
+the radix cache on, a 40,000-slot pool that the tree fills and evicts from; the switch's retract design, speculation
+off from 4 requests: what a `context` trace leaves behind before the quiet phase after it, 2026-12-07 H200 call 5),
+rows handed out in turn as on the GPU line (0.5.16; `_rows_in_turn_cpu_stand_in`).
+The collector is frozen after a warm-up request, as the GPU runs' /freeze_gc, and the collections during the measured
+steps are counted; after them, the SGLang requests still alive (not frozen) and the time of one full collection.
+Each count is a fresh process (`--history-one`), fastest of `--repeat`; one row per count: the
+in-guard time per step, its median, and the guard's per-request records after the history (to show they stay
+bounded).
+
 `--against REF` measures the guard of git revision REF (exported with `git archive` into a temporary folder) and
 of this checkout side by side: rounds alternate between the two (each a fresh process), so that a change in the
 machine's load falls on both; each cell keeps the fastest round per side. Only assert mode's in-guard time.
@@ -48,6 +59,7 @@ machine's load falls on both; each cell keeps the fastest round per side. Only a
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --waves --against main --rounds 3 --clock cpu --sizes 32,256
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --ramp 1,31,34,39,23 --against main --rounds 3 --clock cpu
     OMP_NUM_THREADS=1 .venv12/bin/python bench/bench_guard.py --line v1 --against main --rounds 5 --clock cpu
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_guard.py --history 0,100,1000 --clock cpu --repeat 3
 """
 
 from __future__ import annotations
@@ -98,6 +110,10 @@ def main() -> None:
     parser.add_argument("--ramp", type=int_list(1), metavar="SIZES",
                         help="a wave's ramp and end as a server's closed loop runs them: its requests arrive in "
                              "prefills of these sizes, three iterations apart (e.g. 1,31,34,39,23)")
+    parser.add_argument("--history", type=int_list(0), metavar="COUNTS",
+                        help="steady speculative steps at 2 short requests after this many long-prompt requests "
+                             "were served (radix cache on, 40,000-slot pool), one row per count (e.g. 0,100,1000)")
+    parser.add_argument("--history-one", type=int, help=argparse.SUPPRESS)  # one count, this process (--history)
     parser.add_argument("--per-hook", action="store_true",
                         help="also the assert run's in-guard time per hook (its fastest repeat), per decode step")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
@@ -120,8 +136,14 @@ def main() -> None:
                 print(f"{size:>5} {kind:>5} {c['assert in']:>10.0f}")
         return
 
+    if args.history:
+        history_rows(args)
+        return
     gf = importlib.import_module("guard_fixtures")
     h = importlib.import_module("sglang_cpu")
+    if args.history_one is not None:
+        print(json.dumps(_history_cell(args, args.history_one, gf, h)))
+        return
     if args.ramp:
         rows = _ramp_rows(args, clock, gf, h)
         if args.json:
@@ -229,8 +251,8 @@ def _overlap_driver(h: Any, model_dir: Path, size: int, kv_size: int, design: An
     ol = importlib.import_module("overlap_loop")
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
                             num_draft_tokens=4, max_running_requests=size + 1)
-    sa.disable_overlap_schedule = False
-    pools = h.build_pools(sa, kv_size=kv_size, max_reqs=size + 1)
+    # the overlap loop as a GPU launch resolves it (the guard reads SGLang's resolved view: tests/sglang_cpu.py)
+    pools = h.build_pools(sa, kv_size=kv_size, max_reqs=size + 1, overlap_schedule=True)
     return ol.OverlapDriver(pools, design, switch_config=switch_config)
 
 
@@ -342,6 +364,142 @@ def _ramp_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h:
     runtime.reset()
     runtime.paused = True
     return [(size, phase, cells[phase]) for phase in ("ramp", "end")]
+
+
+# --history: the context trace's shape (2026-12-07 H200 call 5: prompts of 2,000-3,500 tokens, --max-total-tokens 40000)
+HISTORY_POOL = 40_000
+HISTORY_ROWS = 257  # --max-running-requests 256: SGLang hands rows out in turn, so a history passes through all of them
+HISTORY_WAVE = 8
+HISTORY_STEPS = 48  # measured steps of the two short requests (128 output tokens, 2 per step: about 60 in all)
+
+
+def history_rows(args: argparse.Namespace) -> None:
+    """`--history`: each count in a fresh process (a process's collector and heap start alike), `--repeat` times, the
+    fastest in-guard time per step kept; one row per count."""
+    rows = []
+    for count in args.history:
+        best: dict[str, Any] | None = None
+        for _ in range(args.repeat):
+            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--history-one", str(count),
+                                  "--clock", args.clock], capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                raise SystemExit(f"bench_guard: the history run of {count} failed: "
+                                 f"{out.stderr.strip().splitlines()[-1:]}")
+            cell = json.loads(out.stdout.strip().splitlines()[-1])
+            if best is None or cell["in-guard min"] < best["in-guard min"]:
+                best = cell
+        rows.append((count, best))
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"steady speculative steps at 2 requests after N long-prompt requests (overlap loop, retract switch, radix "
+          f"cache, {HISTORY_POOL}-slot pool), assert mode, {args.clock} clock, {HISTORY_STEPS} steps, fastest of "
+          f"{args.repeat} processes (microseconds per step)")
+    print(f"{'history':>7} {'in-guard min':>12} {'median':>7} {'step median':>11} {'gc (gen 0/1/2)':>14} "
+          f"{'full gc ms':>10}  guard's records (requests alive: SGLang Reqs not frozen, after the steps)")
+    for count, c in rows:
+        assert c is not None
+        gcs = "/".join(str(n) for n in c["gc"])
+        print(f"{count:>7} {c['in-guard min']:>12.0f} {c['in-guard median']:>7.0f} {c['step median']:>11.0f} "
+              f"{gcs:>14} {c['full gc ms']:>10.2f}  {c['records']}")
+
+
+def _history_cell(args: argparse.Namespace, count: int, gf: Any, h: Any) -> dict[str, Any]:
+    """One `--history` count in this process: the history, then the measured steps (module docstring)."""
+    import gc
+    import random
+
+    from shim.switch.config import SwitchConfig
+    from statemodel.designs import RETRACT_CATCH_UP
+
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    runtime = gf.install_guard_plugin()
+    in_guard, _ = _time_guard_runs(runtime, clock)
+    model_dir = h.write_tiny_model_config()
+    config = json.loads((model_dir / "config.json").read_text())
+    config["max_position_embeddings"] = 4096  # the long prompts' context
+    (model_dir / "config.json").write_text(json.dumps(config))
+    _arm(runtime, "assert", RETRACT_CATCH_UP.name)
+    ol = importlib.import_module("overlap_loop")
+    sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1, num_draft_tokens=4,
+                            max_running_requests=HISTORY_ROWS - 1)
+    pools = h.build_pools(sa, kv_size=HISTORY_POOL, max_reqs=HISTORY_ROWS, radix_cache=True, overlap_schedule=True)
+    _rows_in_turn_cpu_stand_in(pools.req_to_token_pool)
+    drv = ol.OverlapDriver(pools, RETRACT_CATCH_UP, switch_config=SwitchConfig(t_off=4, t_on=2))
+    rng = random.Random(count)
+    systems = [[rng.randrange(1, 999) for _ in range(600)] for _ in range(4)]
+    drv.add([h.make_req("warm", [5] * 32, max_new_tokens=8)])
+    drv.run_until_idle(400)
+    gc.collect()
+    gc.freeze()  # as the GPU runs' /freeze_gc after their warm-up
+    served = 0
+    while served < count:
+        wave = []
+        # waves of 8 (speculation off from 4) and of 2 (on): the trace's phases, and the switch's flips between them
+        for _ in range(min(HISTORY_WAVE if (served // 16) % 2 == 0 else 2, count - served)):
+            prompt = systems[served % 4] + [rng.randrange(1, 999) for _ in range(rng.randrange(1400, 2900))]
+            wave.append(h.make_req(f"ctx{served}", prompt, max_new_tokens=16))
+            served += 1
+        drv.add(wave)
+        drv.run_until_idle(400)
+        del wave  # the bench holds no request (the count of those alive below)
+    drv.add([h.make_req(f"quiet{i}", [rng.randrange(1, 999) for _ in range(32)], max_new_tokens=128)
+             for i in range(2)])
+    for _ in range(6):  # the prefill, the merge, the first decode steps
+        drv.iteration()
+    collections = [0, 0, 0]
+
+    def count_collections(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop":
+            collections[min(2, int(info["generation"]))] += 1
+
+    gc.callbacks.append(count_collections)
+    guard, steps = [], []
+    try:
+        for _ in range(HISTORY_STEPS):
+            in_guard[0] = 0.0
+            started = clock()
+            drv.iteration()
+            steps.append((clock() - started) * 1e6)
+            guard.append(in_guard[0] * 1e6)
+            if drv.launched[-1][1] != "spec":
+                raise SystemExit("bench_guard: a measured step of the history run was not speculative")
+    finally:
+        gc.callbacks.remove(count_collections)
+    from sglang.srt.managers.schedule_batch import Req
+
+    alive = sum(1 for o in gc.get_objects() if type(o) is Req)  # not frozen: the warm-up's are not counted
+    started = time.perf_counter()
+    gc.collect()  # a full collection walks every tracked object not frozen
+    full_ms = (time.perf_counter() - started) * 1e3
+    g = runtime.guard
+    records = {"requests alive": alive, "names": len(g.names), "outputs_seen": len(g.outputs_seen),
+               "tree record": len(g.tree_record.without_draft), "tree prefixes": len(g._tree_prefix),
+               "live rows": len(runtime.adapter._live_reqs), "flips": len(drv.flips)}
+    guard.sort()
+    steps.sort()
+    return {"in-guard min": guard[0], "in-guard median": guard[len(guard) // 2], "step median": steps[len(steps) // 2],
+            "gc": collections, "full gc ms": full_ms, "records": records}
+
+
+def _rows_in_turn_cpu_stand_in(req_to_token_pool: Any) -> None:
+    """The GPU line's row order on 0.5.23's ReqToTokenPool: SGLang 0.5.12-0.5.16's `ReqToTokenPool.alloc` hands rows
+    out from the front of `free_slots` (`free_slots[:need_size]`, a freed row appended at the end), so a server's
+    requests pass through every row in turn; 0.5.23's `alloc_rows` takes the last freed (`free_slots[-need_size:]`),
+    so a CPU history reuses a few. The same generation bump and callback as 0.5.23's, the rows from the front."""
+    pool = req_to_token_pool
+
+    def alloc_rows(need_size: int) -> list[int] | None:
+        if need_size > len(pool.free_slots):
+            return None
+        select_index = pool.free_slots[:need_size]
+        del pool.free_slots[:need_size]
+        pool.req_generation[select_index] += 1
+        if pool._on_alloc_rows is not None:
+            pool._on_alloc_rows(select_index)
+        return select_index
+
+    pool.alloc_rows = alloc_rows
 
 
 def _keep_fastest(cell: dict[str, float], label: str, spent: float, in_guard: float) -> None:

@@ -222,6 +222,31 @@ def test_a_clean_run_finds_nothing_and_the_check_ran(runtime: Any, model_dir: Pa
     assert checks.checked >= 3, checks.checked  # the flip-off's reserve copies, by value against the live rows
 
 
+def test_the_live_rows_let_go_of_a_request_at_its_release(runtime: Any, model_dir: Path) -> None:
+    """The rows the slot-value check reads (`V2Adapter._live_reqs`, row -> request) drop a request when it is released,
+    finished or retracted: without it they were dropped only when a row scan read them (a free of a copy), which a
+    steady decode may never run, so the guard kept finished requests, their prompts and outputs, alive
+    (bench/bench_guard.py --history)."""
+    gf.configure_guard(runtime, CATCH_UP)
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True), CATCH_UP)
+    first = gf.make_reqs("a", 3, max_new_tokens=6, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.admit(first)
+    live = runtime.adapter._live_reqs
+    assert sorted(map(id, live.values())) == sorted(map(id, first))  # the check reads these rows
+    drv.run_to_completion()
+    assert all(r.finished() for r in first)
+    assert not live, [str(r.rid) for r in live.values()]
+    second = gf.make_reqs("b", 3, max_new_tokens=20, shared_prefix=gf.SYSTEM_PROMPT)
+    drv.admit(second)
+    drv.decode()
+    with h.patch_assign_req_to_token_pool():  # the real retract_decode, as update_running_batch runs it
+        retracted, _, aborted = drv.batch.retract_decode()
+    assert retracted and not aborted
+    holding = [r for r in second if r.kv.holds_kv]
+    assert holding and sorted(map(id, live.values())) == sorted(map(id, holding))
+    assert runtime.guard is not None and not runtime.guard.found
+
+
 @pytest.mark.parametrize(("mode", "stop", "on_host", "path"), [
     ("auto", True, True, "now"), ("auto", False, True, "now"),  # a CPU server: judged at the hook
     ("auto", True, False, "stop"),  # a GPU, the guard in assert mode: the device assert

@@ -68,7 +68,9 @@ class V2Adapter(LiveReading, RankCheckHooks):
         self._worker_pool: tuple[Any, ObservedPool] | None = None
         self._prepared_pool: tuple[Any, ObservedPool] | None = None
         # row -> the request prefilled into it (`after_prepare_for_extend`): the live rows whose slots a free of a copy
-        # or an alloc must not hit (shim/guard/slot_values.py); an entry whose request left the row is dropped on read
+        # or an alloc must not hit (shim/guard/slot_values.py); dropped at the request's release (`after` in
+        # `around_release_kv_cache`: the guard keeps no finished request, its prompt and output, alive), and an entry
+        # whose request left the row otherwise (a row passed on without a release the guard saw) is dropped on read
         self._live_reqs: dict[int, Any] = {}
         self._live_allocator: Any = None  # the KV allocator of those rows' pool (the batch's); others are not judged
         # (allocator, slots queued) while `free_group_end` runs: its one free of the queued copies is skipped (the
@@ -454,6 +456,9 @@ class V2Adapter(LiveReading, RankCheckHooks):
             self._with_guard(close_window)
 
         def after(g: Guard) -> None:
+            for row in window.get("owners", ()):  # the row it held is no live row now (a retraction re-prefills)
+                if self._live_reqs.get(row) is req:
+                    del self._live_reqs[row]
             pool = self.observe_pool(tree_cache.token_to_kv_pool_allocator, tree_cache)
             g.release(str(req.rid), finished=finished, reqs=[self.observe_request(req)], pool=pool,
                       where="mem_cache.common.release_kv_cache", outputs=[(str(req.rid), req.output_ids)],
