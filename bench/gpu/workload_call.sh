@@ -15,9 +15,12 @@ AG='auto_guard|8b|SPECFLIP_SWITCH=auto SPECFLIP_MODE=assert SPECFLIP_SWITCH_TRAC
 AGO='auto_guard_sv_off|8b|SPECFLIP_SWITCH=auto SPECFLIP_MODE=assert SPECFLIP_GUARD_SLOT_VALUES=off SPECFLIP_SWITCH_TRACE_EVERY=64|@SPEC --max-running-requests 256'
 case ${X:-AD} in AT) X5=$AT ;; AGO) X5=$AGO ;; *) X5=$AD ;; esac
 if [ "${X:-}" = GT ]; then  # X=GT: `auto`, `auto` + tiers and `auto` + guard only (their ratios to `auto`; no per-phase
-  # best): three servers start sooner and run a trace round in about 35 s, for a short device budget
+  # best): three servers start sooner and run a trace round in about 35 s, for a short device budget. Each with the
+  # step timer (shim/timing/step_timer.py: its `gc` lines, the collector's collections and ms per generation)
+  T='SPECFLIP_STEP_TIMER=@TR'
   env $COMMON BUDGET_S=${BUDGET_S:-575} TRACES=${TRACES:-context,bursty_contrast,accept_shift} \
-    TRACE_MARGIN_S=${TRACE_MARGIN_S:-45} bash bench/gpu/device_run.sh "$A" "$AT" "$AG"
+    TRACE_MARGIN_S=${TRACE_MARGIN_S:-45} bash bench/gpu/device_run.sh "${A/|SPECFLIP_SWITCH=/|$T SPECFLIP_SWITCH=}" \
+    "${AT/|SPECFLIP_SWITCH=/|$T SPECFLIP_SWITCH=}" "${AG/|SPECFLIP_SWITCH=/|$T SPECFLIP_SWITCH=}"
 elif [ "${MEM:-0}" -gt 100000 ]; then
   env $COMMON BUDGET_S=${BUDGET_S:-575} TRACES=${TRACES:-context,accept_shift,bursty_contrast} TRACE_MARGIN_S=100 \
     bash bench/gpu/device_run.sh "$P" "$S" "$X5" "$A" "$AG"
