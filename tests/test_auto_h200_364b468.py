@@ -98,3 +98,47 @@ def test_the_coverage_caps_speculations_value_only_below_the_accept_length() -> 
         assert ap._coverage_bound(with_signal) > 100
         v = ap.value(with_signal, 1, r["demand"], CAP, context=r["context"])
         assert v is not None and v == ap.value(without, 1, r["demand"], CAP, context=r["context"])
+
+
+# --- tiers (call 4: `auto` with tiers 3,1 beside `auto`; tr/auto_tiers/switch-1033.jsonl) ----------------------------
+
+TIERS_TARBALL = "bench/gpu/results/2026-12-07_364b468_h200_call4/traces.tar.gz"
+TIERS_MEMBER = "tr/auto_tiers/switch-1033.jsonl"
+
+
+@functools.cache
+def tiers_trace() -> tuple[list[list], list[tuple[float, int, float]], list[dict], float]:
+    """The tiers server's switch trace: its windows with each one's step count, its catch-ups, records, first time."""
+    lines = h200._trace(TIERS_TARBALL, TIERS_MEMBER)
+    recs = [json.loads(line) for line in lines]
+    return h200.extract_windows(lines, 20.0, tiers=True), h200.extract_catch_ups(lines), recs, recs[0]["t"]
+
+
+def test_tiers_at_long_contexts_follow_the_tiers_measured_there() -> None:
+    """The run's two decisions that ran speculation at the context trace's long phases on the prior (recorded: the
+    tier change to steps 3 at the 8 long clients' first arrival, load 8 at 2,317 tokens, then the flip on with 24
+    running at 2,394 tokens, a 225 ms catch-up): steps 3 had lost to plain decoding at 2 long requests, steps 1 had
+    run only at short contexts. From the run's windows, each with its step count, the prior now runs plain at both
+    (`_outgrown` on the tier measured there). With steps 3's long-context points removed (no tier measured there)
+    there is no verdict and the prior runs the ladder's first tier, as the run did."""
+    windows, catch_ups, recs, t0 = tiers_trace()
+    spec_priors = [r for r in recs if r.get("action") == "auto_decide" and r["reason"] == "prior"
+                   and (r["context"] or 0) >= 2000 and r["steps"] is not None and r["load"] >= 8
+                   and (r["running"] == 0 or r["flip"] == "flip_on")]  # not the speculative steps after the flip
+    assert [(r["load"], r["context"], r["running"], r["flip"]) for r in spec_priors] \
+        == [(8, 2317.0, 0, None), (24, 2394.0, 24, "flip_on")]
+    for r in spec_priors:
+        state = h200.replay_windows(windows, catch_ups, r["t"] - t0, tiers=(3, 1))
+        spec_on = r["flip"] is None  # the first: speculating (steps 1, held) at an emptied server; the second: plain
+        state = attrs.evolve(state, incumbent=state.mode_of(True, 1) if spec_on else ap.PLAIN,
+                             flip_step=state.step - 300,
+                             want_since=None, peak=r["load"], peak_step=state.step, peak_context=r["context"])
+        line3, line1 = ap._line(state, 1, 2, r["context"]), ap._line(state, 2, 2, r["context"])
+        assert line3 is not None and line3[2] and (line1 is None or not line1[2]), (line3, line1)
+        d = ap.decide(state, spec_on, r["demand"], r["running"], CAP, steps=1 if spec_on else None,
+                      context=r["context"])
+        assert d.reason == "prior" and d.incumbent == ap.PLAIN, d
+        assert d.action == (ap.FLIP_OFF if spec_on else None), d
+        unmeasured = attrs.evolve(state, estimates=tuple((k, e) for k, e in state.estimates
+                                                         if not (k[0] == 1 and e.ctx >= 1000)))
+        assert not ap._outgrown(unmeasured, r["load"], CAP, r["context"])

@@ -44,9 +44,10 @@ CATCH_UPS = [(75.827, 5, 0.019365), (76.309, 37, 0.009656), (90.888, 1760, 0.016
              (261.048, 82, 0.01167), (302.577, 108, 0.010987)]
 
 
-def extract_windows(trace_lines: list[str], gap: float) -> list[list]:
+def extract_windows(trace_lines: list[str], gap: float, tiers: bool = False) -> list[list]:
     """A switch trace's `auto_observe` windows in the replays' form (the module docstring), segments split where the
-    windows pause over `gap` seconds."""
+    windows pause over `gap` seconds. `tiers`: each speculative window also gives the step count it ran at (a ninth
+    element: the one tier its `accept_by_steps` has an accept length for; a window that changed tier is left out)."""
     records = [json.loads(line) for line in trace_lines if line.strip()]
     t0, running, last, segment, out = records[0]["t"], 0, None, 0, []
     for r in records:
@@ -59,8 +60,13 @@ def extract_windows(trace_lines: list[str], gap: float) -> list[list]:
             segment += last is not None and t - last > gap
             last = t
             if r["spec"] in (0, r["n"]):
-                out.append([int(r["spec"] > 0), r["n"], r["seconds"], r["accept_mean"], r["context"], running, segment,
-                            t])
+                window = [int(r["spec"] > 0), r["n"], r["seconds"], r["accept_mean"], r["context"], running, segment, t]
+                if tiers:
+                    ran = [int(k) for k, v in (r.get("accept_by_steps") or {}).items() if v is not None]
+                    if r["spec"] and len(ran) != 1:
+                        continue
+                    window.append(ran[0] if r["spec"] else None)
+                out.append(window)
     return out
 
 
@@ -98,15 +104,18 @@ def test_the_catch_ups_are_the_switch_trace() -> None:
 
 def replay_windows(windows: list[list], catch_ups: list[tuple[float, int, float]], until: float,
                    params: ap.AutoParams | None = None,
-                   coverage: Callable[[list], float | None] | None = None) -> ap.AutoState:
+                   coverage: Callable[[list], float | None] | None = None,
+                   tiers: tuple[int, ...] = ()) -> ap.AutoState:
     """The learner after every window (and catch-up) of a run's trace recorded before `until`, each window's seconds
     spread evenly over its steps (every card's replay tests read their traces through this one). `coverage`: each
     window's draft-vocabulary coverage (`Observation.coverage`; the runs' switches did not count it, so a replay
-    gives what the trace's requests had: `phase_coverage`); None: no signal."""
-    state = ap.initial_state(params)
+    gives what the trace's requests had: `phase_coverage`); None: no signal. `tiers`: the ladder, each window's step
+    count its ninth element (`extract_windows(..., tiers=True)`)."""
+    state = ap.initial_state(params, tiers=tiers)
     pending = [c for c in catch_ups if c[0] < until]
     for window in windows:
-        spec, n, seconds, accept, context, batch, _segment, t = window
+        spec, n, seconds, accept, context, batch, _segment, t = window[:8]
+        steps = window[8] if tiers else None
         if t >= until:
             break
         while pending and pending[0][0] <= t:
@@ -115,7 +124,8 @@ def replay_windows(windows: list[list], catch_ups: list[tuple[float, int, float]
         for _ in range(n):
             tokens = (None if accept is None else batch * accept) if spec else float(batch)
             state = ap.observe(state, ap.Observation(bool(spec), batch, tokens, seconds / n, context=context or 0.0,
-                                                     coverage=None if coverage is None else coverage(window)))
+                                                     coverage=None if coverage is None else coverage(window),
+                                                     steps=steps))
     return state
 
 
