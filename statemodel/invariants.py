@@ -209,11 +209,14 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
     if accounted != state.kv_pool_size or state.kv_free < 0:
         held = sum(r.kv_held for r in state.requests)
         reserved = sum(r.kv_reserved for r in state.requests)
-        what = "leaked" if accounted < state.kv_pool_size else "freed twice"
+        # counts that balance with a negative free count: slots handed out that the pool did not have
+        lost = "leaked" if accounted < state.kv_pool_size else "freed twice"
+        what = f"{-state.kv_free} slots handed out beyond the pool" if accounted == state.kv_pool_size else \
+            f"{abs(state.kv_pool_size - accounted)} slots {lost}"
         problems.append(Violation(
             "kv_conservation",
             f"KV pool of {state.kv_pool_size} slots: free {state.kv_free} + held {held} + reserved {reserved} "
-            f"= {accounted}; {abs(state.kv_pool_size - accounted)} slots {what}",
+            f"= {accounted}; {what}",
             expected=str(state.kv_pool_size), actual=str(accounted),
         ))
     for r in _HOLDING_NO_KV(state.requests, _holding_no_kv, _move_holding_no_kv, operator.add):

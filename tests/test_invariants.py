@@ -141,7 +141,13 @@ def test_kv_conservation_catches_leak_and_double_free() -> None:
     leak = kv_conservation(attrs.evolve(state, kv_free=state.kv_free - 1), SCOPE)
     assert "1 slots leaked" in leak[0].message
     double = kv_conservation(attrs.evolve(state, kv_free=state.kv_free + 2), SCOPE)
-    assert "freed twice" in double[0].message
+    assert "2 slots freed twice" in double[0].message
+    # balanced counts with a negative free count (held beyond the pool): named as such, not "0 slots freed twice"
+    first = TWO[0]
+    over = attrs.evolve(state, kv_free=-3, requests=(first.replace(kv_held=first.kv_held + state.kv_free + 3),
+                                                     *state.requests[1:]))
+    beyond = kv_conservation(over, SCOPE)
+    assert over.kv_accounted() == over.kv_pool_size and "3 slots handed out beyond the pool" in beyond[0].message
     finished_holding = TWO[0].replace(status=Status.FINISHED)
     held = kv_conservation(make_state((finished_holding, TWO[1]), RUNNING_SPEC), SCOPE)
     assert any("finished but still holds" in v.message for v in held)
