@@ -36,12 +36,12 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def wave(drv: Any, gf: Any, chunks: list[int], tag: str) -> int:
-    """One wave through `drv`; its iterations."""
+def wave(drv: Any, gf: Any, chunks: list[int], tag: str, iterations_apart: int) -> int:
+    """One wave through `drv` (its prefills `iterations_apart` iterations apart); its iterations."""
     iterations = 0
     for number, count in enumerate(chunks):
         drv.add(gf.make_reqs(f"{tag}{number}", count, max_new_tokens=24))
-        for _ in range(3):
+        for _ in range(iterations_apart):
             drv.iteration()
             iterations += 1
     while not drv.idle():
@@ -68,7 +68,7 @@ def main() -> None:
         bench_guard._arm(runtime, label, RETRACT_CATCH_UP.name)
         drv = bench_guard._overlap_driver(h, model_dir, size, size * 200 + 64, RETRACT_CATCH_UP,
                                           SwitchConfig(t_off=1, t_on=0))
-        wave(drv, gf, args.ramp, f"warm-{label}-")
+        wave(drv, gf, args.ramp, f"warm-{label}-", bench_guard.RAMP_ITERATIONS)
         gc.collect()
         gc.freeze()  # as /freeze_gc after a server's warm-up
         collections = [0, 0, 0]
@@ -79,7 +79,7 @@ def main() -> None:
 
         gc.callbacks.append(count)
         try:
-            iterations = wave(drv, gf, args.ramp, f"{label}-")
+            iterations = wave(drv, gf, args.ramp, f"{label}-", bench_guard.RAMP_ITERATIONS)
         finally:
             gc.callbacks.remove(count)
             gc.unfreeze()

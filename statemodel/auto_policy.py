@@ -705,10 +705,16 @@ def _value(state: AutoState, mode: int, demand: int, spec_cap: int,
     return batch / seconds[0], seconds[1]
 
 
-def _coverage_bound(state: AutoState) -> float:
-    """`accept_bound` of the coverage the steps measured (`state.coverage`, once trusted); inf without the signal."""
+def _trusted_coverage(state: AutoState) -> Estimate | None:
+    """The coverage the steps measured (`state.coverage`) once it has `min_samples`; None: no signal (yet)."""
     cover = state.coverage
-    return math.inf if cover is None or cover.samples < state.params.min_samples else accept_bound(cover.mean)
+    return cover if cover is not None and cover.samples >= state.params.min_samples else None
+
+
+def _coverage_bound(state: AutoState) -> float:
+    """`accept_bound` of the trusted coverage (`_trusted_coverage`); inf without the signal."""
+    cover = _trusted_coverage(state)
+    return math.inf if cover is None else accept_bound(cover.mean)
 
 
 def value(state: AutoState, mode: int, demand: int, spec_cap: int, context: float | None = None) -> float | None:
@@ -836,8 +842,8 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     if line is None or not plain_value > 0:
         return None
     seconds = line[0]
-    cover = state.coverage if state.coverage is not None and state.coverage.samples >= p.min_samples else None
-    reach = peak if cover is None else min(peak, accept_bound(cover.mean))
+    cover = _trusted_coverage(state)
+    reach = min(peak, _coverage_bound(state))
     if reach * batch / seconds <= plain_value * (1 + p.margin):
         return None
     # a recheck counts as losing at least what a clear win's loser loses: near the crossover it would cost next to
@@ -940,8 +946,8 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
     no verdict (the prior's tier runs, and probes measure the others there). The H200 (2026-12-07, 364b468, tiers
     3,1): at the context trace's 8 long clients, steps 3 had lost to plain decoding at 2 long requests (13 against 6
     ms a step), steps 1 had only run at short contexts, and the prior, reading steps 1 as unknown, ran steps 3 for
-    1.5 s at 18.6 ms a step against plain decoding's 6.3 ms (0.881
-    of plain there; the trace 0.934x `auto` without tiers)."""
+    1.5 s at 18.6 ms a step against plain decoding's 6.3 ms (0.881 of plain there; the trace 0.934x `auto` without
+    tiers)."""
     batch = _batch(1, load, spec_cap)
     own = bucket_of(batch)
     for bucket in sorted({b for (m, b, _), _e in state.estimates if m == PLAIN and b < own}):  # below the load's own

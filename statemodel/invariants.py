@@ -209,10 +209,11 @@ def kv_conservation(state: State, scope: Scope) -> list[Violation]:
     if accounted != state.kv_pool_size or state.kv_free < 0:
         held = sum(r.kv_held for r in state.requests)
         reserved = sum(r.kv_reserved for r in state.requests)
-        # counts that balance with a negative free count: slots handed out that the pool did not have
-        lost = "leaked" if accounted < state.kv_pool_size else "freed twice"
-        what = f"{-state.kv_free} slots handed out beyond the pool" if accounted == state.kv_pool_size else \
-            f"{abs(state.kv_pool_size - accounted)} slots {lost}"
+        if accounted == state.kv_pool_size:  # balanced with a negative free count: more handed out than the pool had
+            what = f"{-state.kv_free} slots handed out beyond the pool"
+        else:
+            what = f"{abs(state.kv_pool_size - accounted)} slots " \
+                   f"{'leaked' if accounted < state.kv_pool_size else 'freed twice'}"
         problems.append(Violation(
             "kv_conservation",
             f"KV pool of {state.kv_pool_size} slots: free {state.kv_free} + held {held} + reserved {reserved} "

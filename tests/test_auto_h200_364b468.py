@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 
 import attrs
 
@@ -30,13 +29,10 @@ CAP = 48
 
 @functools.cache
 def run_trace() -> tuple[list[list], list[tuple[float, int, float]], dict[float, float | None], list[dict], float]:
-    """The auto server's switch trace, read once: its windows and catch-ups in the replays' form, each window's
-    coverage by its time, its records and their first time."""
-    lines = h200._trace(TARBALL, MEMBER)
-    recs = [json.loads(line) for line in lines]
-    t0 = recs[0]["t"]
+    """The auto server's switch trace (`read_run`) with each window's coverage by its time."""
+    windows, catch_ups, recs, t0 = h200.read_run(TARBALL, MEMBER)
     cover = {round(r["t"] - t0, 3): r.get("coverage") for r in recs if r.get("action") == "auto_observe"}
-    return h200.extract_windows(lines, 20.0), h200.extract_catch_ups(lines), cover, recs, t0
+    return windows, catch_ups, cover, recs, t0
 
 
 def replay(until: float, coverage: bool = True) -> ap.AutoState:
@@ -106,12 +102,9 @@ TIERS_TARBALL = "bench/gpu/results/2026-12-07_364b468_h200_call4/traces.tar.gz"
 TIERS_MEMBER = "tr/auto_tiers/switch-1033.jsonl"
 
 
-@functools.cache
 def tiers_trace() -> tuple[list[list], list[tuple[float, int, float]], list[dict], float]:
-    """The tiers server's switch trace: its windows with each one's step count, its catch-ups, records, first time."""
-    lines = h200._trace(TIERS_TARBALL, TIERS_MEMBER)
-    recs = [json.loads(line) for line in lines]
-    return h200.extract_windows(lines, 20.0, tiers=True), h200.extract_catch_ups(lines), recs, recs[0]["t"]
+    """The tiers server's switch trace (`read_run`), its windows with each one's step count."""
+    return h200.read_run(TIERS_TARBALL, TIERS_MEMBER, tiers=True)
 
 
 def test_tiers_at_long_contexts_follow_the_tiers_measured_there() -> None:

@@ -14,9 +14,7 @@ running). The hold now values the held batch at its context too (`AutoState.peak
 
 from __future__ import annotations
 
-import functools
 import importlib
-import json
 
 import attrs
 
@@ -28,13 +26,9 @@ TARBALL, MEMBER = "bench/gpu/results/2026-12-06_605161d_h200/traces.tar.gz", "tr
 CAP = 48
 
 
-@functools.cache
 def run_trace() -> tuple[list[list], list[tuple[float, int, float]], list[dict], float]:
-    """The auto server's switch trace, read once: its windows and catch-ups in the replays' form, its records and
-    their first time."""
-    lines = h200._trace(TARBALL, MEMBER)
-    recs = [json.loads(line) for line in lines]
-    return h200.extract_windows(lines, 20.0), h200.extract_catch_ups(lines), recs, recs[0]["t"]
+    """The auto server's switch trace (`read_run`)."""
+    return h200.read_run(TARBALL, MEMBER)
 
 
 def test_c24_mixeds_first_arrival_is_valued_at_the_held_batchs_context() -> None:

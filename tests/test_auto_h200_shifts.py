@@ -20,6 +20,7 @@ what it does there; where it would not pick the faster mode, the test is an xfai
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -83,6 +84,16 @@ def _trace(tarball: str, member: str) -> list[str]:
         f = tar.extractfile(member)
         assert f is not None
         return io.TextIOWrapper(f, encoding="utf-8").readlines()
+
+
+@functools.cache
+def read_run(tarball: str, member: str, tiers: bool = False) -> tuple[list[list], list[tuple[float, int, float]],
+                                                                      list[dict], float]:
+    """A run's switch trace, read once: its windows (`extract_windows`, gap 20 s; `tiers`: with each one's step count)
+    and catch-ups in the replays' form, its records and their first time."""
+    lines = _trace(tarball, member)
+    recs = [json.loads(line) for line in lines]
+    return extract_windows(lines, 20.0, tiers=tiers), extract_catch_ups(lines), recs, recs[0]["t"]
 
 
 @pytest.mark.parametrize(("tarball", "member", "gap", "data"), [

@@ -1,8 +1,8 @@
 #!/bin/bash
-# issue 52's workload call: plain, always on, SGLang's adaptive switch (X=AD, default), auto + tiers (X=AT) or auto + guard
-# without slot-value checks (X=AGO), auto and
-# auto + guard side by side (X=GT: auto, auto + tiers and auto + guard only, below) on an H200 (five 8B-class servers; run from the repo root on the GPU host with .whl and .gpu
-# carried, as bench/gpu/device_run.sh says); plain, always on and auto where the card has under 100 GB (an H100 holds three)
+# issue 52's workload call: plain, always on, SGLang's adaptive switch (X=AD, default), auto + tiers (X=AT) or auto +
+# guard without slot-value checks (X=AGO), auto and auto + guard side by side on an H200 (five 8B-class servers; run
+# from the repo root on the GPU host with .whl and .gpu carried, as bench/gpu/device_run.sh says); plain, always on and
+# auto where the card has under 100 GB (an H100 holds three). X=GT: auto, auto + tiers and auto + guard only (below)
 MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 echo "GPU memory MiB: $MEM"; nvidia-smi --query-gpu=name --format=csv,noheader
 COMMON='SIDE_BY_SIDE=1 MAX_TOKENS=40000 WARMUP=1,32,128 FREEZE_GC=1 CONCS=0 TRACE_ROUNDS=2'
