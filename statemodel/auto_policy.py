@@ -1047,6 +1047,20 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     else:  # the prior: speculation (the ladder's first tier) while demand fits under its cap, plain above (`_prior`)
         want, reason = prior(), "prior"
     settled = want if reason in ("measured", "prior") else state.incumbent
+
+    def recheck(modes: Sequence[int]) -> Decision | None:
+        """The first of `modes` whose recheck from plain is due (`_recheck_due`), as its flip; a probe's conditions (a
+        settled mode, a steady load, under the cap), no probe budget: its own bound is the share of time."""
+        if cur != PLAIN or probing or reason != "measured" or values[PLAIN] is None or dwell < p.min_dwell \
+                or load != demand or past_cap:
+            return None
+        for other in modes:
+            debt = _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals)
+            if debt is not None:
+                return attrs.evolve(answer(_flip(cur, other), "recheck", incumbent=settled, to=other),
+                                    recheck_debt=debt)
+        return None
+
     if want == cur:
         # a probe measures a steady batch: none while the demand is below the hold's peak (a wave's tail or turnover,
         # where the batch shrinks and the intervals fill with the next wave's prefills; the H200, 2026-12-03, eeb8707)
@@ -1062,16 +1076,9 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                         and (other == PLAIN or not _outgrown(state, load, spec_cap, context)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a
-        # bounded share of the time (`_recheck_due`); a probe's conditions (a settled mode, a steady load, under the
-        # cap), no probe budget: its own bound is the share of time
-        if cur == PLAIN and not probing and reason == "measured" and values[PLAIN] is not None \
-                and dwell >= p.min_dwell and load == demand and not past_cap:
-            for other in state.modes[1:]:
-                debt = _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals)
-                if debt is not None:
-                    return attrs.evolve(answer(_flip(cur, other), "recheck", incumbent=settled, to=other),
-                                        recheck_debt=debt)
-        return answer(None, reason, incumbent=settled)
+        # bounded share of the time (`_recheck_due`)
+        due = recheck(state.modes[1:])
+        return due if due is not None else answer(None, reason, incumbent=settled)
     # speculation at its cap with requests waiting behind it, plain wanted: a dwell would hold them waiting, and the
     # batch it splits (the cap's share, the rest a few dozen steps later) leaves a tail that looks like a lull (the
     # H200, 2026-12-03 (9d1af93): tiers at 64 flipped on at every wave's tail of 16 and dwelt 40 steps at 48 of 64,
@@ -1092,7 +1099,13 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
             return answer(None, "dwell", wants=True)
         confirmed = state.want_since is not None and state.step - state.want_since >= p.confirm_steps
         if not confirmed:
-            return answer(None, "confirming", wants=True)
+            # a recheck that is due goes now, where the numbers lean to speculation as where they hold plain: they
+            # value it at the accept length of the requests it drafted badly, and the confirmation's steps run plain
+            # for the requests that came back (the H100, 2026-12-07 (9a8a6a2), accept_shift's predictable_again: one
+            # window in, the coverage 0.66 against 0.34 when that accept length (1.34) was measured, speculation
+            # valued at 374 against plain's 354 tok/s; two more windows of plain to the flip, 1.10x the phase's p99)
+            due = recheck(range(want, want + 1)) if want != PLAIN else None
+            return due if due is not None else answer(None, "confirming", wants=True)
     if cur == PLAIN and not within_spec_cap(running, spec_cap):
         return answer(None, "cap", wants=True)
     return answer(_flip(cur, want), "probe_end" if probing else reason, incumbent=settled, to=want)

@@ -5,7 +5,7 @@
 # auto where the card has under 100 GB (an H100 holds three). X=GT: auto, auto + tiers and auto + guard only (below)
 MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 echo "GPU memory MiB: $MEM"; nvidia-smi --query-gpu=name --format=csv,noheader
-COMMON='SIDE_BY_SIDE=1 MAX_TOKENS=40000 WARMUP=1,32,128 FREEZE_GC=1 CONCS=0 TRACE_ROUNDS=2'
+COMMON="SIDE_BY_SIDE=1 MAX_TOKENS=40000 WARMUP=1,32,128 FREEZE_GC=1 CONCS=0 TRACE_ROUNDS=${TRACE_ROUNDS:-2}"
 P='plain|8b||--max-running-requests 256'
 S='spec|8b||@SPEC --max-running-requests 256'
 AD='adaptive|8b||@SPEC --max-running-requests 256 --speculative-adaptive --speculative-adaptive-config bench/gpu/adaptive_8b.json'
