@@ -14,7 +14,6 @@ speculation, as it did where they held plain (the H200 runs of 364b468: recheck 
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 import attrs
@@ -28,12 +27,9 @@ TARBALL, MEMBER = "bench/gpu/results/2026-12-07_9a8a6a2_h100/call_pa/traces.tar.
 CAP = 48
 
 
-@functools.cache
 def run_trace() -> tuple[list[list], list[tuple[float, int, float]], dict[float, float | None], list[dict], float]:
-    """The auto server's switch trace (`read_run`) with each window's coverage by its time."""
-    windows, catch_ups, recs, t0 = h200.read_run(TARBALL, MEMBER)
-    cover = {round(r["t"] - t0, 3): r.get("coverage") for r in recs if r.get("action") == "auto_observe"}
-    return windows, catch_ups, cover, recs, t0
+    """The auto server's switch trace with each window's coverage (`read_covered_run`)."""
+    return h200.read_covered_run(TARBALL, MEMBER)
 
 
 def returns() -> list[dict]:

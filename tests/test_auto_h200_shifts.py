@@ -96,6 +96,16 @@ def read_run(tarball: str, member: str, tiers: bool = False) -> tuple[list[list]
     return extract_windows(lines, 20.0, tiers=tiers), extract_catch_ups(lines), recs, recs[0]["t"]
 
 
+@functools.cache
+def read_covered_run(tarball: str, member: str) -> tuple[list[list], list[tuple[float, int, float]],
+                                                         dict[float, float | None], list[dict], float]:
+    """`read_run` of a run whose switch counted the draft vocabulary's coverage, with each window's coverage by its
+    time (the window's eighth element), for `replay_windows(..., coverage=lambda w: cover[w[7]])`."""
+    windows, catch_ups, recs, t0 = read_run(tarball, member)
+    cover = {round(r["t"] - t0, 3): r.get("coverage") for r in recs if r.get("action") == "auto_observe"}
+    return windows, catch_ups, cover, recs, t0
+
+
 @pytest.mark.parametrize(("tarball", "member", "gap", "data"), [
     ("bench/gpu/results/2026-12-06_59347e0/workload_c/traces.tar.gz", "tr/auto/switch-875.jsonl", 10.0,
      "h100_auto_windows_59347e0.json"),
