@@ -914,8 +914,32 @@ def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: i
 
 def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
     """The mode the prior runs at `load`: speculation (the ladder's first tier) while the load fits under its cap,
-    plain above, and plain also where speculation is outgrown there (`_outgrown`)."""
-    return PLAIN if load > spec_cap or _outgrown(state, load, spec_cap, context) else 1
+    plain above, and plain also where speculation is outgrown there (`_outgrown`) or the tokens committed now cannot
+    let it win anywhere (`_coverage_rules_out`)."""
+    return PLAIN if load > spec_cap or _outgrown(state, load, spec_cap, context) or _coverage_rules_out(state) else 1
+
+
+def _coverage_rules_out(state: AutoState) -> bool:
+    """Whether the draft vocabulary's coverage of the tokens committed now (`_coverage_bound`) caps speculation's
+    accept length within the margin of what its step costs over plain decoding's: no batch or context where it could
+    win. A speculative step runs the draft and verifies every draft token, so it takes at least a plain step's seconds
+    at the same batch and context, and at least the least ratio of the two measured at any bucket and context band
+    both modes ran in (the cheapest tier's, with tiers; 1 where none); speculation at accept length L then commits at
+    most L / that ratio times plain decoding's tokens per second. The prior reads no step seconds where neither mode
+    ran near this batch and context, and this bounds it there. The H100 (2026-12-07, 9613c8e; the mixed trace's 2
+    clients of 3,100-token prompts the draft could not predict, after a burst of 64): the hold's end left the prior,
+    which flipped speculation on with both running at a coverage of 0.059 (a bound of 1.06 against a least ratio of
+    1.27); 0.38 s of speculative steps at accept 1.0 and 22.8 ms against plain's 7.6 ms, the phase 0.916x plain and its
+    p99 1.26x. Without the signal the bound is infinite and nothing changes."""
+    bound = _coverage_bound(state)
+    if math.isinf(bound):
+        return False
+    ratios = [spec.mean / plain.mean for (m, b, band), spec in state.estimates
+              if m != PLAIN and spec.samples >= state.params.min_samples
+              for (m2, b2, band2), plain in state.estimates
+              if m2 == PLAIN and (b2, band2) == (b, band) and plain.samples >= state.params.min_samples
+              and plain.mean > 0]
+    return bound <= max([1.0, *([min(ratios)] if ratios else [])]) * (1 + state.params.margin)
 
 
 def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None) -> bool:
@@ -1073,7 +1097,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                         and _stale(state, other, load, spec_cap, context) \
                         and not _behind_clearly(state, other, cur, values, measured, load, spec_cap, context) \
                         and (other == PLAIN or cur != PLAIN or not past_cap) \
-                        and (other == PLAIN or not _outgrown(state, load, spec_cap, context)):
+                        and (other == PLAIN or not (_outgrown(state, load, spec_cap, context)
+                                                    or _coverage_rules_out(state))):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a
         # bounded share of the time (`_recheck_due`)
