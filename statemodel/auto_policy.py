@@ -929,7 +929,7 @@ def _coverage_rules_out(state: AutoState) -> bool:
     ran near this batch and context, and this bounds it there. The H100 (2026-12-07, 9613c8e; the mixed trace's 2
     clients of 3,100-token prompts the draft could not predict, after a burst of 64): the hold's end left the prior,
     which flipped speculation on with both running at a coverage of 0.059 (a bound of 1.06 against a least ratio of
-    1.27); 0.38 s of speculative steps at accept 1.0 and 22.8 ms against plain's 7.6 ms, the phase 0.916x plain and its
+    1.28); 0.38 s of speculative steps at accept 1.0 and 22.8 ms against plain's 7.6 ms, the phase 0.916x plain and its
     p99 1.26x. Without the signal the bound is infinite and nothing changes."""
     bound = _coverage_bound(state)
     if math.isinf(bound):
