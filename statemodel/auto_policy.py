@@ -914,9 +914,15 @@ def _refresh_first(state: AutoState, cur: int, want: int, load: int, spec_cap: i
 
 def _prior(state: AutoState, load: int, spec_cap: int, context: float | None) -> int:
     """The mode the prior runs at `load`: speculation (the ladder's first tier) while the load fits under its cap,
-    plain above, and plain also where speculation is outgrown there (`_outgrown`) or the tokens committed now cannot
-    let it win anywhere (`_coverage_rules_out`)."""
-    return PLAIN if load > spec_cap or _outgrown(state, load, spec_cap, context) or _coverage_rules_out(state) else 1
+    plain above, and plain also where speculation cannot win there (`_ruled_out`)."""
+    return PLAIN if load > spec_cap or _ruled_out(state, load, spec_cap, context) else 1
+
+
+def _ruled_out(state: AutoState, load: int, spec_cap: int, context: float | None) -> bool:
+    """Whether speculation cannot win at `load` and `context`, so the prior runs plain and speculation is not probed
+    there: outgrown by the step costs measured (`_outgrown`), or capped by the tokens committed now
+    (`_coverage_rules_out`)."""
+    return _outgrown(state, load, spec_cap, context) or _coverage_rules_out(state)
 
 
 def _coverage_rules_out(state: AutoState) -> bool:
@@ -934,12 +940,10 @@ def _coverage_rules_out(state: AutoState) -> bool:
     bound = _coverage_bound(state)
     if math.isinf(bound):
         return False
-    ratios = [spec.mean / plain.mean for (m, b, band), spec in state.estimates
-              if m != PLAIN and spec.samples >= state.params.min_samples
-              for (m2, b2, band2), plain in state.estimates
-              if m2 == PLAIN and (b2, band2) == (b, band) and plain.samples >= state.params.min_samples
-              and plain.mean > 0]
-    return bound <= max([1.0, *([min(ratios)] if ratios else [])]) * (1 + state.params.margin)
+    known = [(key, e) for key, e in state.estimates if e.samples >= state.params.min_samples]
+    plain = {(b, band): e.mean for (m, b, band), e in known if m == PLAIN and e.mean > 0}
+    ratios = [e.mean / plain[(b, band)] for (m, b, band), e in known if m != PLAIN and (b, band) in plain]
+    return bound <= max(1.0, min(ratios, default=1.0)) * (1 + state.params.margin)
 
 
 def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None) -> bool:
@@ -1097,8 +1101,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                         and _stale(state, other, load, spec_cap, context) \
                         and not _behind_clearly(state, other, cur, values, measured, load, spec_cap, context) \
                         and (other == PLAIN or cur != PLAIN or not past_cap) \
-                        and (other == PLAIN or not (_outgrown(state, load, spec_cap, context)
-                                                    or _coverage_rules_out(state))):
+                        and (other == PLAIN or not _ruled_out(state, load, spec_cap, context)):
                     return answer(_flip(cur, other), "probe", incumbent=settled, to=other)
         # plain held on the numbers where speculation's accept length fell: recheck it when it may pay again, at a
         # bounded share of the time (`_recheck_due`)
@@ -1129,7 +1132,7 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
             # for the requests that came back (the H100, 2026-12-07 (9a8a6a2), accept_shift's predictable_again: one
             # window in, the coverage 0.66 against 0.34 when that accept length (1.34) was measured, speculation
             # valued at 374 against plain's 354 tok/s; two more windows of plain to the flip, 1.10x the phase's p99)
-            due = recheck(range(want, want + 1)) if want != PLAIN else None
+            due = recheck((want,)) if want != PLAIN else None
             return due if due is not None else answer(None, "confirming", wants=True)
     if cur == PLAIN and not within_spec_cap(running, spec_cap):
         return answer(None, "cap", wants=True)

@@ -49,8 +49,7 @@ def test_the_prior_runs_plain_where_the_coverage_rules_speculation_out() -> None
     for signal in (True, False):
         coverage = (lambda w: cover[w[7]]) if signal else None
         state = h200.replay_windows(windows, catch_ups, r["t"] - t0, coverage=coverage)
-        state = attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - (r["learner_step"] - r["flip_step"]),
-                             want_since=state.step - (r["learner_step"] - r["want_since"]))
+        state = h200.standing_plain(state, r, wanted=True)
         d = ap.decide(state, False, r["demand"], r["running"], CAP, context=r["context"])
         if signal:
             assert 1.0 < ap._coverage_bound(state) < 1.1 and ap._coverage_rules_out(state), state.coverage

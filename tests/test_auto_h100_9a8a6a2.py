@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 
-import attrs
 import pytest
 
 from statemodel import auto_policy as ap
@@ -45,8 +44,7 @@ def as_it_stood(r: dict, params: ap.AutoParams | None = None) -> ap.AutoState:
     recorded flip, no flip wanted yet."""
     windows, catch_ups, cover, _recs, t0 = run_trace()
     state = h200.replay_windows(windows, catch_ups, r["t"] - t0, params=params, coverage=lambda w: cover[w[7]])
-    return attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step - (r["learner_step"] - r["flip_step"]),
-                        want_since=None)
+    return h200.standing_plain(state, r)
 
 
 def test_the_returns_were_held_for_confirmation() -> None:

@@ -150,6 +150,16 @@ def replay_windows(windows: list[list], catch_ups: list[tuple[float, int, float]
     return state
 
 
+def standing_plain(state: ap.AutoState, r: dict, wanted: bool = False) -> ap.AutoState:
+    """A replayed state as a plain server stood at its recorded `auto_decide` `r`: its last flip (`flip_step`) and, with
+    `wanted`, the start of the flip it wanted (`want_since`) as many learner steps back as the record has them (the
+    replay's step count is not the server's); else no flip wanted yet."""
+    def back(step: int) -> int:
+        return state.step - (r["learner_step"] - step)
+    return attrs.evolve(state, incumbent=ap.PLAIN, flip_step=back(r["flip_step"]),
+                        want_since=back(r["want_since"]) if wanted else None)
+
+
 def settled_speculating(state: ap.AutoState, demand: int) -> ap.AutoState:
     """A replayed state as the server stood at a recorded decision under speculation: settled there (its flip 300
     steps back), `demand` held as the hold's peak and the last demand, and credit for a probe, so that only the

@@ -196,14 +196,12 @@ def account(call_dir, cfg="auto", base="spec", gap=5.0):
             first = next((r for r in recs if lo - 0.02 <= r["t"] < hi and r["action"] == "auto_decide"
                           and r["demand"] > 0), None)
             if first is not None:  # the admission's decision: what the arriving requests were valued at
-                # and how long the server had stood empty before it (the last `idle` decision: a closed loop's
-                # turnover is a few ms, a phase's start after a burst tens of ms; the demand hold counts it)
-                idle = next((r for r in reversed(recs) if r["t"] < first["t"] and r["action"] == "auto_decide"
-                             and r["reason"] == "idle"), None)
-                after = next((r for r in recs if idle is not None and idle["t"] < r["t"] < first["t"]
-                              and r["action"] == "auto_decide"), None)
-                empty = "" if idle is None or after is not None \
-                    else f" after {1000 * (first['t'] - idle['t']):.0f} ms idle"
+                # and how long the server had stood empty before it (the decision before it was `idle`: a closed
+                # loop's turnover is a few ms, a phase's start after a burst tens of ms; the demand hold counts it)
+                before = next((r for r in reversed(recs) if r["t"] < first["t"] and r["action"] == "auto_decide"),
+                              None)
+                empty = f" after {1000 * (first['t'] - before['t']):.0f} ms idle" \
+                    if before is not None and before["reason"] == "idle" else ""
                 lines.append(f"  first decision at {first['t'] - lo:+.3f} s{empty}: {first['reason']}, running "
                              f"{first['running']}, waiting {first['waiting']}, valued at load {first['load']} and "
                              f"context {first['context']}, spec {first['spec_value']} / plain {first['plain_value']} "
