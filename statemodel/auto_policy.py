@@ -173,6 +173,11 @@ class AutoParams:
     # none waiting and the demand unchanged (a wave's turnover brings its requests back a few at a time, each
     # scheduling point finding more: docs/auto-switch.md; 0: the hold ends by its steps only)
     calm_points: int = 4
+    # ... and, at an emptied server, where it stood idle over this many times the longest idle stretch a wave's
+    # turnover has shown (its demand came back to the held peak after it), the held peak was a burst past the cap and
+    # both modes were measured at the arriving demand: a phase change, valued at its own demand (`_phase_change`; 0:
+    # never)
+    turnover_idle_factor: float = 2.0
     # a recheck of speculation whose accept length fell (the traffic drafts worse: issue 52): at most this share of
     # the time is spent rechecking, on the learner's own estimate of what a recheck loses if the traffic still drafts
     # as badly (0: no rechecks)
@@ -196,8 +201,9 @@ class AutoParams:
     def __attrs_post_init__(self) -> None:
         if not (0 <= self.margin < 1 and 0 < self.alpha <= 1 and 0 < self.step_alpha <= 1
                 and 0 <= self.explore_fraction < 1 and self.clear_win >= self.margin
-                and 0 <= self.recheck_fraction < 1):
-            raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction out of range: {self}")
+                and 0 <= self.recheck_fraction < 1 and self.turnover_idle_factor >= 0):
+            raise ValueError(f"auto policy: margin, alpha, step_alpha, explore_fraction, recheck_fraction or "
+                             f"turnover_idle_factor out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
                self.stale_after, self.stale_behind_after, self.hold_steps, self.recheck_steps,
                self.calm_points) < 0 or self.min_samples < 1 \
@@ -307,6 +313,17 @@ class Decision:
 
 
 @attrs.frozen
+class IdleStretch:
+    """An idle stretch the demand hold outlived (`observe_idle`), until the demand shows what it was: a wave's
+    turnover where it comes back to `peak`, not one where it settles below it (`calm_points`; `commit`). A wave's
+    ramp can outlast the hold (its prefills 10-20 ms apart, up to 2 decode steps between them), so steps do not
+    end it; the next stretch replaces it."""
+
+    seconds: float  # agreed across ranks (the switch's MAX), like every input of the learner
+    peak: int  # the hold's peak at the stretch's end
+
+
+@attrs.frozen
 class AutoState:
     params: AutoParams = AutoParams()
     # ((mode, bucket, context band), estimate), sorted: plain, tokens per request-second; a speculative mode, verify
@@ -327,6 +344,10 @@ class AutoState:
     # the last one's demand
     calm: int = 0
     last_demand: int = 0
+    # the longest idle stretch (seconds) after which the demand came back to the hold's peak: a wave's turnover (0.0:
+    # none seen yet); and the last idle stretch the hold outlived, until the demand shows which it was
+    turnover_idle: float = 0.0
+    idle: IdleStretch | None = None
     incumbent: int = 1  # the server starts with speculation on (with tiers: the ladder's first)
     credit: float = 0.0  # exploration budget left, in steps
     probes: int = 0
@@ -534,14 +555,41 @@ def observe_idle(state: AutoState, seconds: float, spec_cap: int) -> AutoState:
     hold counts decode steps, and an idle server runs none: after the H100's bursts of 128-192 requests (2026-12-06,
     0b48981; bench/gpu/p99_account.py) 8 phase rounds' first decisions, 15-45 s later, were valued at the burst's
     load, and their first requests ran plain at 2 clients. Nothing changes where no hold is live or no step of any
-    mode is known."""
-    if not seconds > 0 or not holding(state):
+    mode is known. A stretch the hold outlives is kept (`AutoState.idle`) for `commit` to learn whether it was a
+    wave's turnover, and for `decide` to weigh it against the turnovers seen (`_phase_change`)."""
+    if not seconds > 0:
         return state
-    step_s = _held_step_seconds(state, spec_cap)
-    if step_s is None or seconds < step_s:
-        return state
-    # the hold's peak moves back by whole steps (rounded down: a turnover is never aged by more than it lasted)
-    return attrs.evolve(state, peak_step=state.peak_step - int(seconds / step_s))
+    step_s = _held_step_seconds(state, spec_cap) if holding(state) else None
+    if step_s is None:
+        return state if state.idle is None else attrs.evolve(state, idle=None)
+    if seconds >= step_s:
+        # the hold's peak moves back by whole steps (rounded down: a turnover is never aged by more than it lasted)
+        state = attrs.evolve(state, peak_step=state.peak_step - int(seconds / step_s))
+    return attrs.evolve(state, idle=IdleStretch(seconds, state.peak) if holding(state) else None)
+
+
+def _phase_change(state: AutoState, demand: int, running: int, spec_cap: int, context: float | None) -> bool:
+    """Whether the requests arriving at an emptied server start a new phase, not a closed loop's next wave, so the
+    hold yields to their own demand: the server stood idle over `turnover_idle_factor` times the longest a wave's
+    turnover has idled (`commit` learns it), after a burst past speculation's cap, and both modes were measured at
+    the demand and context arriving.
+
+    On the H100 (2026-12-07, 001f95e; bench/gpu/p99_account.py) a closed loop's turnovers idled 5.5-10 ms and a
+    burst's first requests came 7 ms after a quiet phase, while a quiet phase's first request came 56-84 ms after a
+    burst of 192 (the clients' handling of its responses): inside the hold (16 steps at 8.5 ms), prefilled plain,
+    speculation on with its 2 requests running (6 ms and a 10-23 ms catch-up onto requests of 0.5 s: the phase's p99
+    1.05-1.10x always on's), where a flip with nothing running costs 0.1 ms. Where it was a turnover after all, the
+    wave's demand passes the cap within a few prefills and plain comes back at once (`overflowing` in `decide`), its
+    first requests running; the stretch is then learned as a turnover's. Until a turnover has been seen, where
+    clients' round trips make turnovers idle as long as phase changes, and at a demand or context either mode has not
+    run at (the mixed trace's long prompts the draft cannot predict: the hold's plain steps measure what the prior
+    does not know), the hold stands."""
+    idle, p = state.idle, state.params
+    if idle is None or running > 0 or idle.peak <= spec_cap or not (p.turnover_idle_factor and state.turnover_idle) \
+            or idle.seconds <= p.turnover_idle_factor * state.turnover_idle:
+        return False
+    valued = [_value(state, m, demand, spec_cap, context) for m in state.modes]
+    return valued[PLAIN] is not None and valued[PLAIN][1] and any(v is not None and v[1] for v in valued[1:])
 
 
 def holding(state: AutoState) -> bool:
@@ -1011,8 +1059,10 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
-    load = max(demand, state.peak) if holding(state) else demand
     context = context if context and context > 0 else None
+    load = max(demand, state.peak) if holding(state) else demand
+    if load > demand and demand > 0 and _phase_change(state, demand, running, spec_cap, context):
+        load = demand  # the hold yields (`commit` ends it)
     # the hold values the held batch, at its context too: at a wave's turnover the next requests arrive one by one,
     # and the first one's prompt is not the batch's (the H200, 2026-12-06 (605161d), c24_mixed: a short request
     # arriving first at an emptied server, valued at 32 tokens, flipped speculation on; the next point found 17
@@ -1159,7 +1209,12 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     # turnover's first (the H100, 2026-12-06 (59347e0): the hold valued a quiet phase's first 2 requests at the
     # burst's 128 to 192 for 15-23 steps, plain, and then flipped speculation on with them running: their p99 1.08-1.11x
     # always-on's)
-    if decision.demand >= state.peak or not holding(state) \
+    idle = state.idle
+    if idle is not None and decision.demand >= idle.peak:  # the wave came back: the stretch was a turnover's
+        state = attrs.evolve(state, turnover_idle=max(state.turnover_idle, idle.seconds), idle=None)
+    elif idle is not None and p.calm_points and calm >= p.calm_points:  # it settled below: a phase's start
+        state = attrs.evolve(state, idle=None)
+    if decision.demand >= state.peak or not holding(state) or decision.load < state.peak \
             or (p.calm_points and calm >= p.calm_points):
         state = attrs.evolve(state, peak=decision.demand, peak_step=state.step, peak_context=decision.context or 0.0)
     if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand
