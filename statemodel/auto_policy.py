@@ -26,7 +26,10 @@ clients' next ones arrive one by one, so at a wave's turnover the demand reads 1
 (eeb8707): speculation, a clear win at 1, came on at every wave at 48); idle time counts toward the hold as the steps
 the held batch would have run in it (`observe_idle`: a turnover of a few ms keeps it, seconds between phases end it).
 The hold values the held batch at its context too (`peak_context`: the first request back may be a short one among
-long ones; the H200, 2026-12-06 (605161d)).
+long ones; the H200, 2026-12-06 (605161d)). At an emptied server after a burst past the cap, an idle stretch far past
+the turnovers' (learned: the demand came back to the held peak after them) values the arriving requests at their own
+demand where both modes were measured there (`_phase_change`: a quiet phase's first request 56-84 ms after a burst of
+192, the turnovers 5.5-10 ms; the H100, 2026-12-07 (001f95e)).
 At demand d a mode's throughput is the batch it
 would run over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec
 cap) requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side
