@@ -31,17 +31,22 @@ pytestmark = pytest.mark.sglang
 PARAMS = attrs.evolve(sa.PARAMS, hold_steps=16)
 
 
-def phase_after_idle(runtime: Any, model_dir: Path, idle_s: float) -> tuple[Any, list[Any], int]:
+def phase_after_idle(runtime: Any, model_dir: Path, idle_s: float, spec_cap: int | None = None,
+                     turnover_idle: float = 0.0) -> tuple[Any, list[Any], int]:
     """A phase of 8 requests (plain wins there by 30 % on the stand-in clock), drained; an idle iteration; `idle_s`
     seconds on the clock; then 2 requests arrive (speculation wins at 2) and run to the end. The hold's peak (8) is
-    set at the drain's last step, so only the idle time can end it. (driver, requests, the arrival's iteration)."""
+    set at the drain's last step, so only the idle time can end it. `spec_cap`: the learner's own (the driver's is
+    16, the CPU pools' size); `turnover_idle`: the longest idle time of a wave's turnover it has seen. (driver,
+    requests, the arrival's iteration)."""
     gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
     drv = sa.auto_driver(model_dir)
+    if spec_cap is not None:
+        drv.switch.policy.auto = auto_switch.AutoSwitch(spec_cap=spec_cap, window=2, clock=drv.clock)
     auto = drv.switch.policy.auto
     auto.state = ap.initial_state(PARAMS)
     reqs, _ = sa.drive_phases(drv, [(2, 40), (8, 60)])
     assert not drv.switch.policy.spec_on  # plain at 8, learned on the numbers
-    auto.state = attrs.evolve(auto.state, peak=8, peak_step=auto.state.step, calm=0)
+    auto.state = attrs.evolve(auto.state, peak=8, peak_step=auto.state.step, calm=0, turnover_idle=turnover_idle)
     assert drv.iteration() is None and auto.idle_since == drv.clock.now  # the idle iteration: the idle time starts
     drv.clock.now += idle_s
     wave = [h.make_req(f"q{i}", gf.SYSTEM_PROMPT + [700 + i] * 3, max_new_tokens=12) for i in range(2)]
@@ -139,42 +144,17 @@ def test_two_ranks_whose_clocks_saw_different_idle_times_take_the_same_decisions
 # --- an idle stretch far past the turnovers' (statemodel.auto_policy `_phase_change`) -----------------------------
 
 
-def phase_after_burst(runtime: Any, model_dir: Path, turnover_idle: float, idle_s: float) -> tuple[Any, int]:
-    """A burst of 8 requests (plain; past the learner's cap, 4 here: the CPU pools hold 16 requests), drained; the
-    learner has seen turnovers idle `turnover_idle` seconds; `idle_s` seconds of idle time; then 2 requests arrive
-    (speculation wins at 2, measured in the phase before the burst) and run to the end. (driver, the arrival's
-    iteration)."""
-    gf.configure_guard(runtime, AUTO_RETRACT_CATCH_UP)
-    drv = sa.auto_driver(model_dir)
-    auto = drv.switch.policy.auto = auto_switch.AutoSwitch(spec_cap=4, window=2, state=ap.initial_state(PARAMS),
-                                                           clock=drv.clock)
-    reqs, _ = sa.drive_phases(drv, [(2, 40), (8, 60)])
-    assert not drv.switch.policy.spec_on
-    auto.state = attrs.evolve(auto.state, peak=8, peak_step=auto.state.step, calm=0, turnover_idle=turnover_idle)
-    assert drv.iteration() is None and auto.idle_since == drv.clock.now
-    drv.clock.now += idle_s
-    wave = [h.make_req(f"q{i}", gf.SYSTEM_PROMPT + [700 + i] * 3, max_new_tokens=12) for i in range(2)]
-    reqs += wave
-    drv.add(wave)
-    drv.iteration()
-    arrival = drv.iteration_no
-    assert auto.state.idle is None or auto.state.idle.seconds == pytest.approx(idle_s)
-    drv.run_until_idle()
-    assert runtime.guard.found == [] and sa.ol_greedy(reqs) == [] and drv.switch.policy.refused == 0
-    return drv, arrival
-
-
 def test_an_idle_stretch_far_past_the_turnovers_values_the_arrivals_at_their_own_demand(
         runtime: Any, model_dir: Path) -> None:
-    """Turnovers of 1 ms learned, 5 ms of idle time after the burst (within the hold by its steps): the 2 arriving
-    requests are valued at 2 and speculation comes on at that first scheduling point, nothing running, through the
-    real hooks. With no turnover learned, or turnovers of 3 ms (5 ms within twice them), the hold stands at 8: no
-    flip at the arrival."""
-    drv, arrival = phase_after_burst(runtime, model_dir, 0.001, 0.005)
+    """The learner's cap at 4, so the phase of 8 is a burst past it; turnovers of 1 ms learned, 5 ms of idle time
+    after it (within the hold by its steps): the 2 arriving requests are valued at 2 and speculation comes on at
+    that first scheduling point, nothing running, through the real hooks. With no turnover learned, or turnovers of
+    3 ms (5 ms within twice them), the hold stands at 8: no flip at the arrival."""
+    drv, _reqs, arrival = phase_after_idle(runtime, model_dir, 0.005, spec_cap=4, turnover_idle=0.001)
     assert drv.flips[-1] == (arrival, "flip_on"), drv.flips
     flip = sa.flips_of(drv)[-1]
     assert (flip["running"], flip["waiting"], flip["retracted"], flip["load"]) == (0, 2, 0, 2), flip
     assert flip["turnover_idle_ms"] == 1.0
     for turnover_idle in (0.0, 0.003):
-        held, at = phase_after_burst(runtime, model_dir, turnover_idle, 0.005)
+        held, _reqs, at = phase_after_idle(runtime, model_dir, 0.005, spec_cap=4, turnover_idle=turnover_idle)
         assert all(it != at for it, _ in held.flips), (turnover_idle, held.flips)
