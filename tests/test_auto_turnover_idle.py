@@ -167,27 +167,35 @@ def test_a_phase_start_that_settles_is_not_learned_as_a_turnover() -> None:
     assert state.idle is None and state.turnover_idle == TURNOVER_S
 
 
-# --- the H100 run's own windows ------------------------------------------------------------------------------------
+# --- the H100 runs' own windows ------------------------------------------------------------------------------------
 
-TARBALL, MEMBER = "bench/gpu/results/2026-12-07_001f95e_h100/traces.tar.gz", "tr/auto/switch-953.jsonl"
-# bursty_contrast's quiet phases after the burst: (the first scheduling point, s since the trace's first record; the
-# idle seconds before it (p99_account); the learner's last flip step, as the run's record has it)
-QUIET_AFTER_BURST = [(234.127, 0.0565), (349.448, 0.0733)]
+BEFORE = "bench/gpu/results/2026-12-07_001f95e_h100/traces.tar.gz", "tr/auto/switch-953.jsonl"
+AFTER = "bench/gpu/results/2026-12-07_a197508_h100/traces.tar.gz", "tr/auto/switch-982.jsonl"
+# the quiet phases after a burst of 192 (bursty_contrast, both rounds) or 128 (mixed's last): (the run, the first
+# scheduling point, s since the trace's first record; the idle seconds before it (bench/gpu/p99_account.py); the
+# longest turnover idle time the learner had seen (001f95e: the round's 2-client turnovers, 7.3 ms; a197508: its
+# record's `turnover_idle_ms`); the burst; the load the run valued there)
+QUIET_AFTER_BURST = [(BEFORE, 234.127, 0.0565, 0.0073, 192, 192), (BEFORE, 349.448, 0.0733, 0.0073, 192, 192),
+                     (AFTER, 211.460, 0.0965, 0.0169, 192, 1), (AFTER, 274.966, 0.0615, 0.0184, 128, 1),
+                     (AFTER, 347.330, 0.0933, 0.0184, 192, 1)]
 
 
-@pytest.mark.parametrize(("t", "idle_s"), QUIET_AFTER_BURST)
-def test_the_runs_quiet_phases_speculate_from_their_first_request(t: float, idle_s: float) -> None:
+@pytest.mark.parametrize(("run", "t", "idle_s", "turnover_s", "burst", "run_load"), QUIET_AFTER_BURST)
+def test_the_runs_quiet_phases_speculate_from_their_first_request(
+        run: tuple[str, str], t: float, idle_s: float, turnover_s: float, burst: int, run_load: int) -> None:
     """The learner replayed to each quiet phase (every window before it), standing as the run's server did (plain,
-    the hold's peak at 192) with the 2-client turnovers' idle time learned (7.3 ms, the longest of the round's): the
-    first request (1 waiting, 32 tokens) is valued at 1 and speculation comes on with nothing running; with the run's
-    parameters, the prior at 192, plain, as the run decided."""
-    windows, catch_ups, cover, recs, t0 = h200.read_covered_run(TARBALL, MEMBER)
+    the hold's peak at the burst's) with the turnovers' idle time learned: the first request (1 waiting, 32 tokens)
+    is valued at 1 and speculation comes on with nothing running, as the a197508 run did (then a flip_on of 0.1 ms);
+    with the rule off (`turnover_idle_factor` 0, the 001f95e run's learner), the hold's peak, plain, as that run
+    decided."""
+    windows, catch_ups, cover, recs, t0 = h200.read_covered_run(*run)
     (r,) = [r for r in recs if r.get("action") == "auto_decide" and abs(r["t"] - t0 - t) < 0.001]
-    assert (r["reason"], r["load"], r["demand"], r["running"]) == ("prior", 192, 1, 0), r
+    assert (r["load"], r["demand"], r["running"]) == (run_load, 1, 0), r
+    assert r.get("turnover_idle_ms", 1000 * turnover_s) == round(1000 * turnover_s, 1), r
     state = h200.replay_windows(windows, catch_ups, t, coverage=lambda w: cover[w[7]])
-    state = attrs.evolve(h200.standing_plain(state, r), peak=192, peak_step=state.step, turnover_idle=0.0073)
+    state = attrs.evolve(h200.standing_plain(state, r), peak=burst, peak_step=state.step, turnover_idle=turnover_s)
     d = first_quiet_decision(state, idle_s, context=32.0)
     assert (d.action, d.load, d.running) == (ap.FLIP_ON, 1, 0), d
     old = attrs.evolve(state, params=attrs.evolve(state.params, turnover_idle_factor=0.0))
-    as_run = first_quiet_decision(old, idle_s, context=32.0)
-    assert (as_run.action, as_run.reason, as_run.load) == (None, "prior", 192), as_run
+    held = first_quiet_decision(old, idle_s, context=32.0)
+    assert (held.action, held.load) == (None, burst), held
