@@ -320,7 +320,12 @@ class IdleStretch:
     """An idle stretch the demand hold outlived (`observe_idle`), until the demand shows what it was: a wave's
     turnover where it comes back to `peak`, not one where it settles below it (`calm_points`; `commit`). A wave's
     ramp can outlast the hold (its prefills 10-20 ms apart, up to 2 decode steps between them), so steps do not
-    end it; the next stretch replaces it."""
+    end it; the next stretch under a live hold replaces it. It also stands after the hold yielded to it (a wave that
+    comes back then is learned). The switch does not call `observe_idle` where no hold is live, so a stretch may
+    stand past the phase it began: learned later, where the demand reaches its peak, it can only raise
+    `turnover_idle` (the rule then acts less often); and at a decision with nothing running that no idle iteration
+    preceded (the next requests already waiting when the last ones finished), it is still weighed
+    (`_phase_change`)."""
 
     seconds: float  # agreed across ranks (the switch's MAX), like every input of the learner
     peak: int  # the hold's peak at the stretch's end
@@ -1212,13 +1217,13 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     # turnover's first (the H100, 2026-12-06 (59347e0): the hold valued a quiet phase's first 2 requests at the
     # burst's 128 to 192 for 15-23 steps, plain, and then flipped speculation on with them running: their p99 1.08-1.11x
     # always-on's)
+    calmed = p.calm_points > 0 and calm >= p.calm_points
     idle = state.idle
     if idle is not None and decision.demand >= idle.peak:  # the wave came back: the stretch was a turnover's
         state = attrs.evolve(state, turnover_idle=max(state.turnover_idle, idle.seconds), idle=None)
-    elif idle is not None and p.calm_points and calm >= p.calm_points:  # it settled below: a phase's start
+    elif idle is not None and calmed:  # it settled below: a phase's start
         state = attrs.evolve(state, idle=None)
-    if decision.demand >= state.peak or not holding(state) or decision.load < state.peak \
-            or (p.calm_points and calm >= p.calm_points):
+    if decision.demand >= state.peak or not holding(state) or decision.load < state.peak or calmed:
         state = attrs.evolve(state, peak=decision.demand, peak_step=state.step, peak_context=decision.context or 0.0)
     if decision.reason == "idle":  # no request: nothing to weigh, a wave's turnover; the want and its age stand
         return state

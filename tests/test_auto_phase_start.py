@@ -33,18 +33,27 @@ def step_seconds(spec_on: bool, batch: int) -> float:
     return tokens / throughput_at(_points(SPEC if spec_on else PLAIN, CAP if spec_on else None), batch)
 
 
-def run_steps(state: ap.AutoState, spec_on: bool, batch: int, steps: int) -> ap.AutoState:
+def run_steps(state: ap.AutoState, spec_on: bool, batch: int, steps: int, context: float = 0.0) -> ap.AutoState:
+    """`steps` decode steps at the reference table's seconds (speculation at accept 2.0); `context`: the steps' KV
+    tokens per request (0.0: not known)."""
     for _ in range(steps):
         tokens = batch * (2.0 if spec_on else 1.0)
-        state = ap.observe(state, ap.Observation(spec_on, batch, tokens, step_seconds(spec_on, batch)))
+        state = ap.observe(state, ap.Observation(spec_on, batch, tokens, step_seconds(spec_on, batch), context=context))
+    return state
+
+
+def measured(batches: tuple[int, ...], params: ap.AutoParams | None = None, context: float = 0.0) -> ap.AutoState:
+    """Both modes measured at each of `batches` requests (the table's rates; speculation at most at its cap), 24 steps
+    each, at `context`."""
+    state = ap.initial_state(params)
+    for batch in batches:
+        state = run_steps(run_steps(state, True, min(batch, CAP), 24, context), False, batch, 24, context)
     return state
 
 
 def learned() -> ap.AutoState:
     """Both modes measured at 2, 8 and 128 requests (the table's rates), plain the incumbent, its dwell served."""
-    state = ap.initial_state()
-    for batch in (2, 8, 128):
-        state = run_steps(run_steps(state, True, min(batch, CAP), 24), False, batch, 24)
+    state = measured((2, 8, 128))
     return attrs.evolve(state, incumbent=ap.PLAIN, flip_step=state.step, want_since=None)
 
 

@@ -26,6 +26,7 @@ TURNOVER_S = 0.0072  # the run's 2-client turnovers: 5.5-7.5 ms idle
 QUIET_STARTS_S = [0.0565, 0.0733]  # its quiet phases' first requests after the burst of 192
 # a wave of 192 coming back, as the H100 traces' prefills had it (docs/auto-switch.md, `calm_points`)
 RAMP = [1, 2, 2, 14, 22, 25, 36, 40, 50]
+CONTEXT = 40.0  # the reference learner's steps: short prompts
 
 
 def two_client_waves(state: ap.AutoState, waves: int, idle_s: float, spec_on: bool) -> ap.AutoState:
@@ -47,19 +48,12 @@ def two_client_waves(state: ap.AutoState, waves: int, idle_s: float, spec_on: bo
 def speculating(params: ap.AutoParams | None = None) -> ap.AutoState:
     """The reference learner (tests/test_auto_phase_start.py), both modes measured at 1, 2, 8 and 128 requests of
     40-token contexts (short prompts), speculation on and held, its dwell served."""
-    state = ap.initial_state(params)
-    for batch in (1, 2, 8, 128):
-        state = run_steps(run_steps(state, True, min(batch, CAP), 24), False, batch, 24)
+    state = phase_start.measured((1, 2, 8, 128), params, CONTEXT)
     return attrs.evolve(state, incumbent=1, flip_step=state.step - 300)
 
 
 def run_steps(state: ap.AutoState, spec_on: bool, batch: int, steps: int) -> ap.AutoState:
-    """`steps` decode steps at the reference table's seconds (speculation at accept 2.0), at 40-token contexts."""
-    seconds = phase_start.step_seconds(spec_on, batch)
-    for _ in range(steps):
-        tokens = batch * (2.0 if spec_on else 1.0)
-        state = ap.observe(state, ap.Observation(spec_on, batch, tokens, seconds, context=40.0))
-    return state
+    return phase_start.run_steps(state, spec_on, batch, steps, CONTEXT)
 
 
 def after_a_burst(params: ap.AutoParams | None = None, turnovers: int = 3) -> ap.AutoState:
