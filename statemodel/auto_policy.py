@@ -493,6 +493,8 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     base = attrs.evolve(state, step=step, run_mode=mode, run_length=run, credit=credit)
     if obs.coverage is not None:  # a property of the traffic, whatever the mode and however settled
         base = attrs.evolve(base, coverage=_ewma(state.coverage, obs.coverage, step, p.alpha))
+        if mode == PLAIN:
+            base = _bounded_accepts(base)
     if mode is None or run <= p.settle or obs.batch <= 0 or not obs.seconds > 0:
         return base
     if mode == PLAIN and not (obs.tokens is not None and obs.tokens > 0):
@@ -519,7 +521,7 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
     estimates = tuple(sorted([(k, e) for k, e in state.estimates if k != key]
                              + [(key, _clipped_ewma(old, seconds, step, p, p.step_alpha, at=float(obs.batch), ctx=ctx,
                                                     expected=expected, clip=clip))]))
-    accepts, peaks, runs = state.accepts, state.accept_peaks, state.accept_runs
+    accepts, peaks, runs = base.accepts, state.accept_peaks, state.accept_runs  # (base: `_bounded_accepts`)
     if mode != PLAIN and obs.tokens is not None and obs.tokens > 0:  # tokens per request per verify: a property
         # of the traffic and the step count, the same at every batch size
         sample, was = obs.tokens / obs.batch, state.accept_of(mode)
@@ -553,6 +555,34 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
                 and accept.mean > (state.accept_peak(mode) or 0.0):
             peaks = tuple(sorted([(m, v) for m, v in peaks if m != mode] + [(mode, accept.mean)]))
     return attrs.evolve(base, estimates=estimates, accepts=accepts, accept_peaks=peaks, accept_runs=runs)
+
+
+def _bounded_accepts(state: AutoState) -> AutoState:
+    """The state with each speculative mode's accept length lowered to what the traffic can draft now, where the
+    trusted coverage (`_trusted_coverage`, of plain steps) bounds it below the estimate by a clear win (`accept_bound`),
+    and the coverage it is held at recorded as the one it was measured at (`accept_cover`); `updated` stands
+    (speculation has not drafted since: `_recheck_due` counts from it). The estimate then says what the current
+    requests draft at most, not the mix of the ones before a shift and the first ones after: when the coverage rises
+    again by a clear win, a recheck is due at once (`_recheck_due` (a)). A clear win below, not any dip: the coverage
+    of a few requests' tokens is noisy, and a bound just under the estimate already caps speculation's value
+    (`_value`). The H100 (2026-12-07, a197508; accept_shift after the mixed trace): one window of speculation at
+    accept 1.375 into the unpredictable requests (a probe of plain then flipped it off) left the estimate at 1.62,
+    blended with the 2.0 before, measured at a coverage of 0.57; through 1,000 plain steps at a coverage of 0 it
+    stood, and when the predictable requests came back speculation was valued at 1.62 (419 against plain's 359
+    tok/s), within `clear_win` of its peak of 2.0 and of the bound at 0.57: no recheck, and the flip waited for the
+    16-step confirmation (1.10x the phase's p99)."""
+    bound = _coverage_bound(state)
+    if math.isinf(bound):
+        return state
+    cover = state.coverage
+    assert cover is not None  # a finite bound is a trusted coverage's
+    lowered = {m for m, e in state.accepts if m != PLAIN and bound * (1 + state.params.clear_win) <= e.mean}
+    if not lowered:
+        return state
+    accepts = tuple((m, attrs.evolve(e, mean=bound) if m in lowered else e) for m, e in state.accepts)
+    covers = tuple(sorted([(m, v) for m, v in state.accept_covers if m not in lowered]
+                          + [(m, cover.mean) for m in lowered]))
+    return attrs.evolve(state, accepts=accepts, accept_covers=covers)
 
 
 def observe_idle(state: AutoState, seconds: float, spec_cap: int) -> AutoState:

@@ -60,8 +60,9 @@ def test_the_returns_were_held_for_confirmation() -> None:
 @pytest.mark.parametrize("index", [0, 1])
 def test_a_due_recheck_is_not_held_for_confirmation(index: int) -> None:
     """From the run's windows, each with its coverage, the same decision now flips speculation on at once, as a
-    recheck (its accept length learned afresh); with rechecks off (`recheck_fraction` 0) it still waits for the
-    confirmation, as the run did: the numbers alone are unchanged."""
+    recheck (its accept length learned afresh); with rechecks off (`recheck_fraction` 0) plain is held: the accept
+    length is the one the unpredictable requests' coverage bounded (`_bounded_accepts`), and only a recheck measures
+    the requests that came back."""
     r = returns()[index]
     state = as_it_stood(r)
     assert ap.accept_bound(state.coverage.mean) > 2.0 > state.accept.mean * 1.25, (state.coverage, state.accept)
@@ -70,4 +71,4 @@ def test_a_due_recheck_is_not_held_for_confirmation(index: int) -> None:
     assert ap.commit(state, d).accept.weighted == 1
     held = as_it_stood(r, ap.AutoParams(recheck_fraction=0.0))
     d = ap.decide(held, False, r["demand"], r["running"], CAP, context=r["context"])
-    assert (d.action, d.reason, d.wants_flip) == (None, "confirming", True), d
+    assert (d.action, d.reason, d.wants_flip) == (None, "measured", False), d
