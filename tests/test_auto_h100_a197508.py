@@ -16,10 +16,12 @@ always on's)."""
 from __future__ import annotations
 
 import importlib
+import random
 
 import attrs
 import pytest
 
+from specflip import auto_sim
 from statemodel import auto_policy as ap
 
 h200 = importlib.import_module("test_auto_h200_shifts")
@@ -152,3 +154,23 @@ def test_the_return_of_predictable_requests_is_rechecked_at_its_first_window(mon
     assert state.accept.mean == pytest.approx(1.6, abs=0.05), state.accept
     d = ap.decide(state, False, 2, 2, CAP)
     assert (d.action, d.reason, d.wants_flip) == (None, "confirming", True), d
+
+
+@pytest.mark.parametrize("share", [0.5, 0.65, 0.8])
+def test_a_noisy_coverage_that_allows_the_accept_length_changes_nothing(share: float,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 cycles of 800 steps at 2 requests and 400 at 128 (auto_sim, the reference table, accept 2.0), each step's
+    coverage the share of its requests' tokens in the vocabulary, each token in it with probability `share` (at
+    0.5 the bound is 2.0, the accept length itself): the same modes step for step with the rule as without it. Plain
+    runs at 128 requests, where the coverage of a step's 128 tokens hardly varies, and speculation's own steps
+    measure its accept length."""
+    rng = random.Random(7)
+    demands = ([2] * 800 + [128] * 400) * 20
+    coverage = [sum(rng.random() < share for _ in range(d)) / d for d in demands]
+    with_rule = auto_sim.simulate(phase_start.PLAIN, phase_start.SPEC, demands, noise=0.04, seed=2, accept=2.0,
+                                  coverage=coverage)
+    monkeypatch.setattr(ap, "_bounded_accepts", lambda state: state)
+    without = auto_sim.simulate(phase_start.PLAIN, phase_start.SPEC, demands, noise=0.04, seed=2, accept=2.0,
+                                coverage=coverage)
+    assert with_rule.modes == without.modes and with_rule.tok_s == without.tok_s
+    assert sum(a != b for a, b in zip(with_rule.modes, with_rule.modes[1:], strict=False)) <= 2 * 20 + 1
