@@ -27,9 +27,9 @@ clients' next ones arrive one by one, so at a wave's turnover the demand reads 1
 the held batch would have run in it (`observe_idle`: a turnover of a few ms keeps it, seconds between phases end it).
 The hold values the held batch at its context too (`peak_context`: the first request back may be a short one among
 long ones; the H200, 2026-12-06 (605161d)). At an emptied server after a burst past the cap, an idle stretch far past
-the turnovers' (learned: the demand came back to the held peak after them) values the arriving requests at their own
-demand where both modes were measured there (`_phase_change`: a quiet phase's first request 56-84 ms after a burst of
-192, the turnovers 5.5-10 ms; the H100, 2026-12-07 (001f95e)).
+the turnovers' (learned per context band of the held batch: the demand came back to the held peak after them) values
+the arriving requests at their own demand where both modes were measured there (`_phase_change`: a quiet phase's first
+request 56-84 ms after a burst of 192, the turnovers 5.5-10 ms; the H100, 2026-12-07 (001f95e)).
 At demand d a mode's throughput is the batch it
 would run over its seconds per step at that batch (speculation: times its accept length); speculation runs min(d, spec
 cap) requests, plain decoding d. The seconds at a batch lie on the line between the known buckets' points on either side
@@ -177,7 +177,8 @@ class AutoParams:
     # scheduling point finding more: docs/auto-switch.md; 0: the hold ends by its steps only)
     calm_points: int = 4
     # ... and, at an emptied server, where it stood idle over this many times the longest idle stretch a wave's
-    # turnover has shown (its demand came back to the held peak after it), the held peak was a burst past the cap and
+    # turnover has shown at the held batch's context band (its demand came back to the held peak after it), the held
+    # peak was a burst past the cap and
     # both modes were measured at the arriving demand: a phase change, valued at its own demand (`_phase_change`; 0:
     # never)
     turnover_idle_factor: float = 2.0
@@ -323,12 +324,13 @@ class IdleStretch:
     end it; the next stretch under a live hold replaces it. It also stands after the hold yielded to it (a wave that
     comes back then is learned). The switch does not call `observe_idle` where no hold is live, so a stretch may
     stand past the phase it began: learned later, where the demand reaches its peak, it can only raise
-    `turnover_idle` (the rule then acts less often); and at a decision with nothing running that no idle iteration
-    preceded (the next requests already waiting when the last ones finished), it is still weighed
+    its band's turnover (the rule then acts less often there); and at a decision with nothing running that no idle
+    iteration preceded (the next requests already waiting when the last ones finished), it is still weighed
     (`_phase_change`)."""
 
     seconds: float  # agreed across ranks (the switch's MAX), like every input of the learner
     peak: int  # the hold's peak at the stretch's end
+    band: int = 0  # the context band of the held batch (`peak_context`: `context_band`), whose turnover it may be
 
 
 @attrs.frozen
@@ -352,9 +354,13 @@ class AutoState:
     # the last one's demand
     calm: int = 0
     last_demand: int = 0
-    # the longest idle stretch (seconds) after which the demand came back to the hold's peak: a wave's turnover (0.0:
-    # none seen yet); and the last idle stretch the hold outlived, until the demand shows which it was
-    turnover_idle: float = 0.0
+    # per context band of the held batch (`context_band` of `peak_context`), sorted: the longest idle stretch
+    # (seconds) after which the demand came back to the hold's peak, a wave's turnover (none: not seen yet in that
+    # band). A wave's turnover lasts as long as its clients take to send the next requests and the server to admit
+    # them, which grows with their prompts: on the H100 (2026-12-07, 1009c9d) waves of 64 clients of 2,000-3,500-token
+    # prompts idled 33 ms, waves of 2 to 192 clients of 32-token prompts 6-23 ms. And the last idle stretch the hold
+    # outlived, until the demand shows which it was
+    turnover_idles: tuple[tuple[int, float], ...] = ()
     idle: IdleStretch | None = None
     incumbent: int = 1  # the server starts with speculation on (with tiers: the ladder's first)
     credit: float = 0.0  # exploration budget left, in steps
@@ -381,6 +387,14 @@ class AutoState:
 
     def accept_peak(self, mode: int) -> float | None:
         return next((v for m, v in self.accept_peaks if m == mode), None)
+
+    def turnover_idle(self, band: int | None = None) -> float:
+        """The longest turnover's idle seconds of waves held at context band `band` (`turnover_idles`); where none
+        was seen in that band, or `band` is None, the longest of any band (0.0: none seen)."""
+        known = dict(self.turnover_idles)
+        if band in known:
+            return known[band]
+        return max(known.values(), default=0.0)
 
     def estimate(self, mode: int, bucket: int, band: int = 0) -> Estimate | None:
         """A bucket's estimate in one context band (`context_band`; 0: short contexts, or contexts not known)."""
@@ -603,14 +617,16 @@ def observe_idle(state: AutoState, seconds: float, spec_cap: int) -> AutoState:
     if seconds >= step_s:
         # the hold's peak moves back by whole steps (rounded down: a turnover is never aged by more than it lasted)
         state = attrs.evolve(state, peak_step=state.peak_step - int(seconds / step_s))
-    return attrs.evolve(state, idle=IdleStretch(seconds, state.peak) if holding(state) else None)
+    return attrs.evolve(state, idle=IdleStretch(seconds, state.peak, context_band(state.peak_context))
+                        if holding(state) else None)
 
 
 def _phase_change(state: AutoState, demand: int, running: int, spec_cap: int, context: float | None) -> bool:
     """Whether the requests arriving at an emptied server start a new phase, not a closed loop's next wave, so the
     hold yields to their own demand: the server stood idle over `turnover_idle_factor` times the longest a wave's
-    turnover has idled (`commit` learns it), after a burst past speculation's cap, and both modes were measured at
-    the demand and context arriving.
+    turnover has idled (`commit` learns it) at the held batch's context band (`AutoState.turnover_idle`: a wave of
+    long prompts turns over slower than one of short prompts), after a burst past speculation's cap, and both modes
+    were measured at the demand and context arriving.
 
     On the H100 (2026-12-07, 001f95e; bench/gpu/p99_account.py) a closed loop's turnovers idled 5.5-10 ms and a
     burst's first requests came 7 ms after a quiet phase, while a quiet phase's first request came 56-84 ms after a
@@ -621,10 +637,14 @@ def _phase_change(state: AutoState, demand: int, running: int, spec_cap: int, co
     first requests running; the stretch is then learned as a turnover's. Until a turnover has been seen, where
     clients' round trips make turnovers idle as long as phase changes, and at a demand or context either mode has not
     run at (the mixed trace's long prompts the draft cannot predict: the hold's plain steps measure what the prior
-    does not know), the hold stands."""
+    does not know), the hold stands. The H100 (2026-12-07, 1009c9d; the mixed trace): the waves of 64 clients of
+    2,000-3,500-token prompts turned over in 33 ms, and one learning for every band had made the last quiet phase's
+    first request, 62 ms after a burst of 128 short prompts (whose waves turned over in at most 23 ms), a turnover's:
+    valued at 128, prefilled plain, speculation on with both running (p99 1.062x always on's)."""
     idle, p = state.idle, state.params
-    if idle is None or running > 0 or idle.peak <= spec_cap or not (p.turnover_idle_factor and state.turnover_idle) \
-            or idle.seconds <= p.turnover_idle_factor * state.turnover_idle:
+    turnover = 0.0 if idle is None else state.turnover_idle(idle.band)
+    if idle is None or running > 0 or idle.peak <= spec_cap or not (p.turnover_idle_factor and turnover) \
+            or idle.seconds <= p.turnover_idle_factor * turnover:
         return False
     valued = [_value(state, m, demand, spec_cap, context) for m in state.modes]
     return valued[PLAIN] is not None and valued[PLAIN][1] and any(v is not None and v[1] for v in valued[1:])
@@ -1249,8 +1269,10 @@ def commit(state: AutoState, decision: Decision) -> AutoState:
     # always-on's)
     calmed = p.calm_points > 0 and calm >= p.calm_points
     idle = state.idle
-    if idle is not None and decision.demand >= idle.peak:  # the wave came back: the stretch was a turnover's
-        state = attrs.evolve(state, turnover_idle=max(state.turnover_idle, idle.seconds), idle=None)
+    if idle is not None and decision.demand >= idle.peak:  # the wave came back: the stretch was its band's turnover
+        known = dict(state.turnover_idles)
+        known[idle.band] = max(known.get(idle.band, 0.0), idle.seconds)
+        state = attrs.evolve(state, turnover_idles=tuple(sorted(known.items())), idle=None)
     elif idle is not None and calmed:  # it settled below: a phase's start
         state = attrs.evolve(state, idle=None)
     if decision.demand >= state.peak or not holding(state) or decision.load < state.peak or calmed:

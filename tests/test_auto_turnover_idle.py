@@ -79,10 +79,10 @@ def test_the_turnovers_idle_time_is_learned() -> None:
     """Each 2-client wave's stretch comes back to the hold's peak (2): the longest is kept; the burst's start, its
     demand past the peak, is one too."""
     state = after_a_burst()
-    assert state.turnover_idle == TURNOVER_S and state.idle is None
+    assert state.turnover_idle() == TURNOVER_S and state.idle is None
     waves = two_client_waves(speculating(), 2, TURNOVER_S, True)
-    assert two_client_waves(waves, 1, 0.009, True).turnover_idle == 0.009
-    assert two_client_waves(waves, 1, 0.005, True).turnover_idle == TURNOVER_S
+    assert two_client_waves(waves, 1, 0.009, True).turnover_idle() == 0.009
+    assert two_client_waves(waves, 1, 0.005, True).turnover_idle() == TURNOVER_S
 
 
 @pytest.mark.parametrize("idle_s", QUIET_STARTS_S)
@@ -108,7 +108,7 @@ def test_the_hold_stands_where_the_stretch_is_not_far_past_the_turnovers() -> No
     state = after_a_burst()
     assert first_quiet_decision(state, 2 * TURNOVER_S).load == 192
     assert first_quiet_decision(state, 2.01 * TURNOVER_S).load == 1
-    unseen = attrs.evolve(state, turnover_idle=0.0)
+    unseen = attrs.evolve(state, turnover_idles=())
     assert first_quiet_decision(unseen, QUIET_STARTS_S[0]).load == 192
     at_32 = attrs.evolve(state, peak=32)
     assert first_quiet_decision(at_32, QUIET_STARTS_S[0]).load == 32
@@ -143,7 +143,7 @@ def test_a_turnover_taken_for_a_phase_change_costs_one_flip_and_is_learned() -> 
     for _ in range(2):
         state = ap.commit(state, ap.decide(state, False, 192, running, CAP))
     state = ap.commit(state, ap.decide(state, False, 192, 192, CAP))
-    assert state.turnover_idle == idle_s and state.idle is None
+    assert state.turnover_idle() == idle_s and state.idle is None
     state = ap.commit(state, ap.decide(state, False, 0, 0, CAP))
     assert first_quiet_decision(state, idle_s).load == 192
 
@@ -158,7 +158,7 @@ def test_a_phase_start_that_settles_is_not_learned_as_a_turnover() -> None:
     for _step in range(6):
         state = ap.commit(state, ap.decide(state, False, 2, 2, CAP))
         state = run_steps(state, False, 2, 1)
-    assert state.idle is None and state.turnover_idle == TURNOVER_S
+    assert state.idle is None and state.turnover_idle() == TURNOVER_S
 
 
 # --- the H100 runs' own windows ------------------------------------------------------------------------------------
@@ -187,9 +187,51 @@ def test_the_runs_quiet_phases_speculate_from_their_first_request(
     assert (r["load"], r["demand"], r["running"]) == (run_load, 1, 0), r
     assert r.get("turnover_idle_ms", 1000 * turnover_s) == round(1000 * turnover_s, 1), r
     state = h200.replay_windows(windows, catch_ups, t, coverage=lambda w: cover[w[7]])
-    state = attrs.evolve(h200.standing_plain(state, r), peak=burst, peak_step=state.step, turnover_idle=turnover_s)
+    state = attrs.evolve(h200.standing_plain(state, r), peak=burst, peak_step=state.step,
+                         turnover_idles=((0, turnover_s),))
     d = first_quiet_decision(state, idle_s, context=32.0)
     assert (d.action, d.load, d.running) == (ap.FLIP_ON, 1, 0), d
     old = attrs.evolve(state, params=attrs.evolve(state.params, turnover_idle_factor=0.0))
     held = first_quiet_decision(old, idle_s, context=32.0)
     assert (held.action, held.load) == (None, burst), held
+
+
+# --- turnovers per context band (the H100 run of 2026-12-07, main 1009c9d) -------------------------------------------
+
+MIXED = "bench/gpu/results/2026-12-07_1009c9d_h100/call_pa/traces.tar.gz", "tr/auto/switch-994.jsonl"
+# mixed round 0's last quiet phase: its first scheduling point (s since the trace's first record), 62 ms after the
+# burst of 128 (bench/gpu/p99_account.py); the turnovers the run had learned: waves of 2-192 clients of short prompts
+# 22.8 ms at most (its record at 151.1 s), the burst of 64 clients of 2,000-3,500-token prompts 33.0 ms (200.7 s)
+MIXED_QUIET, MIXED_IDLE_S, SHORT_TURNOVER_S, LONG_TURNOVER_S = 209.195, 0.062, 0.0228, 0.033
+
+
+def test_a_long_prompt_waves_turnover_is_learned_in_its_own_band() -> None:
+    """A wave held at 3,400-token contexts (band 4) that idles 33 ms and comes back is that band's turnover; the
+    short waves' (band 0) stays theirs, and a band with none seen reads the longest of any."""
+    state = after_a_burst()
+    state = attrs.evolve(state, peak=64, peak_step=state.step, peak_context=3400.0)
+    state = ap.observe_idle(state, LONG_TURNOVER_S, CAP)
+    assert state.idle == ap.IdleStretch(LONG_TURNOVER_S, 64, ap.context_band(3400.0)) and state.idle.band == 4
+    state = ap.commit(state, ap.decide(state, False, 64, 0, CAP, context=3400.0))
+    assert state.turnover_idles == ((0, TURNOVER_S), (4, LONG_TURNOVER_S)) and state.idle is None
+    assert (state.turnover_idle(0), state.turnover_idle(4), state.turnover_idle(2)) \
+        == (TURNOVER_S, LONG_TURNOVER_S, LONG_TURNOVER_S)
+
+
+def test_the_mixed_traces_last_quiet_phase_speculates_from_its_first_request() -> None:
+    """The run's learner replayed to the last quiet phase of mixed round 0, standing as its server did (plain, the
+    hold's peak the burst's 128 at 159 tokens): with the turnovers per band, the first request (62 ms after the burst,
+    over twice the short waves' 22.8 ms) is valued at 1 and speculation comes on with nothing running; with one
+    turnover for every band (the long-prompt wave's 33 ms, as the run had it) the hold stands at 128, plain, as the run
+    decided (then speculation on with both running, 0.093 s in: p99 1.052x always on's that round)."""
+    windows, catch_ups, cover, recs, t0 = h200.read_covered_run(*MIXED)
+    (r,) = [r for r in recs if r.get("action") == "auto_decide" and abs(r["t"] - t0 - MIXED_QUIET) < 0.001]
+    assert (r["load"], r["demand"], r["running"], r["reason"], r["turnover_idle_ms"]) == (128, 1, 0, "prior", 33.0), r
+    state = h200.replay_windows(windows, catch_ups, MIXED_QUIET, coverage=lambda w: cover[w[7]])
+    state = attrs.evolve(h200.standing_plain(state, r), peak=128, peak_step=state.step, peak_context=159.0,
+                         turnover_idles=((0, SHORT_TURNOVER_S), (4, LONG_TURNOVER_S)))
+    d = first_quiet_decision(state, MIXED_IDLE_S, context=32.0)
+    assert (d.action, d.load, d.running) == (ap.FLIP_ON, 1, 0), d
+    one_for_all = attrs.evolve(state, turnover_idles=((0, LONG_TURNOVER_S),))
+    held = first_quiet_decision(one_for_all, MIXED_IDLE_S, context=32.0)
+    assert (held.action, held.load) == (None, 128), held

@@ -46,7 +46,8 @@ def phase_after_idle(runtime: Any, model_dir: Path, idle_s: float, spec_cap: int
     auto.state = ap.initial_state(PARAMS)
     reqs, _ = sa.drive_phases(drv, [(2, 40), (8, 60)])
     assert not drv.switch.policy.spec_on  # plain at 8, learned on the numbers
-    auto.state = attrs.evolve(auto.state, peak=8, peak_step=auto.state.step, calm=0, turnover_idle=turnover_idle)
+    auto.state = attrs.evolve(auto.state, peak=8, peak_step=auto.state.step, calm=0,
+                              turnover_idles=((0, turnover_idle),) if turnover_idle else ())
     assert drv.iteration() is None and auto.idle_since == drv.clock.now  # the idle iteration: the idle time starts
     drv.clock.now += idle_s
     wave = [h.make_req(f"q{i}", gf.SYSTEM_PROMPT + [700 + i] * 3, max_new_tokens=12) for i in range(2)]

@@ -179,8 +179,8 @@ class AutoSwitch:
                 "digest": self.state.digest(),
                 **({} if self.state.coverage is None else {"coverage": round(self.state.coverage.mean, 4)}),
                 **({} if not d.recheck_debt else {"recheck_debt": round(d.recheck_debt, 1)}),
-                **({} if not self.state.turnover_idle else
-                   {"turnover_idle_ms": round(1000 * self.state.turnover_idle, 1)}),
+                **({} if not self.state.turnover_idle() else
+                   {"turnover_idle_ms": round(1000 * self.state.turnover_idle(), 1)}),
                 **({} if d.catch_up_s is None else {"saved_s": round(d.saved_s or 0.0, 4),
                                                      "catch_up_s": round(d.catch_up_s, 4)}),
                 **({} if not self.state.tiers else
