@@ -543,7 +543,9 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         # below the estimate, on the same side, and beyond three times the samples' own spread about it, are learned
         # afresh, not averaged in over a dozen windows while speculation runs at accept 1.0 (the H100, 2026-12-06
         # (b3a9830): 32 steps from the drop to the flip off); where the windows' accept lengths vary by themselves
-        # (a few requests, their last verifies cut short by their length) the spread keeps it to the EWMA
+        # (a few requests, their last verifies cut short by their length) the spread keeps it to the EWMA. As written
+        # it never fires on a step shift (the EWMA leaves the clear win, and the spread takes the run's deviations,
+        # within a few samples): tests/test_auto_h100_1009c9d.py's strict xfails, docs/auto-switch.md
         run, noise = next(((r, v) for m, r, v in state.accept_runs if m == mode), (0, 0.0))
         side = 0
         if was is not None and was.samples >= p.min_samples and (sample - was.mean) ** 2 > 9 * noise:
