@@ -178,9 +178,8 @@ class AutoParams:
     calm_points: int = 4
     # ... and, at an emptied server, where it stood idle over this many times the longest idle stretch a wave's
     # turnover has shown at the held batch's context band (its demand came back to the held peak after it), the held
-    # peak was a burst past the cap and
-    # both modes were measured at the arriving demand: a phase change, valued at its own demand (`_phase_change`; 0:
-    # never)
+    # peak was a burst past the cap and both modes were measured at the arriving demand: a phase change, valued at its
+    # own demand (`_phase_change`; 0: never)
     turnover_idle_factor: float = 2.0
     # a recheck of speculation whose accept length fell (the traffic drafts worse: issue 52): at most this share of
     # the time is spent rechecking, on the learner's own estimate of what a recheck loses if the traffic still drafts

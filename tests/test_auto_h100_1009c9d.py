@@ -62,8 +62,7 @@ def test_the_shift_is_learned_afresh_at_the_second_window(step: int) -> None:
     without confirmation (`decide`'s clear win; the replay's own plain estimate, 330 tok/s where the server's was
     374, is not the server's, so the run's recorded value is the one compared). Today: the EWMA's 1.12-1.3."""
     r = recorded(step)
-    windows, catch_ups, cover, _recs, _t0 = h200.read_covered_run(TARBALL, MEMBER)
-    state = h200.replay_windows(windows, catch_ups, SECOND_WINDOW[step] + 0.001, coverage=lambda w: cover[w[7]])
+    state = h200.replay_covered_run(TARBALL, MEMBER, SECOND_WINDOW[step] + 0.001)
     assert state.accept.mean == 1.0 and 0 < state.accept.weighted < 8, state.accept
     spec = ap.value(state, 1, 2, CAP, context=r["context"])
     assert spec is not None and spec * 1.25 <= r["plain_value"] < r["spec_value"] * 1.25, (spec, r)

@@ -62,8 +62,8 @@ def test_the_prior_runs_plain_where_the_coverage_rules_speculation_out() -> None
 def test_a_coverage_that_admits_a_gain_leaves_the_prior_as_it_was() -> None:
     """At the same state with the coverage of the burst before it (0.5: a bound of 2.0, above the step cost's
     ratio), speculation is not ruled out, and the prior is the run's."""
-    windows, catch_ups, cover, _recs, t0 = h200.read_covered_run(TARBALL, MEMBER)
+    *_rest, t0 = h200.read_covered_run(TARBALL, MEMBER)
     (r,) = prior_flips_on()
-    state = h200.replay_windows(windows, catch_ups, r["t"] - t0, coverage=lambda w: cover[w[7]])
+    state = h200.replay_covered_run(TARBALL, MEMBER, r["t"] - t0)
     half = attrs.evolve(state, coverage=attrs.evolve(state.coverage, mean=0.5))
     assert ap._coverage_bound(half) == 2.0 and not ap._coverage_rules_out(half)

@@ -42,9 +42,7 @@ def returns() -> list[dict]:
 def as_it_stood(r: dict, params: ap.AutoParams | None = None) -> ap.AutoState:
     """The learner after the run's windows before decision `r`, as the server stood there: plain, settled since the
     recorded flip, no flip wanted yet."""
-    windows, catch_ups, cover, _recs, t0 = run_trace()
-    state = h200.replay_windows(windows, catch_ups, r["t"] - t0, params=params, coverage=lambda w: cover[w[7]])
-    return h200.standing_plain(state, r)
+    return h200.standing_plain_before(TARBALL, MEMBER, r, params)
 
 
 def test_the_returns_were_held_for_confirmation() -> None:

@@ -47,9 +47,7 @@ def predictable_again() -> dict:
 
 def as_it_stood(r: dict) -> ap.AutoState:
     """The learner after the run's windows (each with its coverage) before decision `r`, plain as the server stood."""
-    windows, catch_ups, cover, _recs, t0 = h200.read_covered_run(TARBALL, MEMBER)
-    state = h200.replay_windows(windows, catch_ups, r["t"] - t0, coverage=lambda w: cover[w[7]])
-    return h200.standing_plain(state, r)
+    return h200.standing_plain_before(TARBALL, MEMBER, r)
 
 
 def test_the_return_was_held_for_confirmation() -> None:

@@ -106,6 +106,20 @@ def read_covered_run(tarball: str, member: str) -> tuple[list[list], list[tuple[
     return windows, catch_ups, cover, recs, t0
 
 
+def replay_covered_run(tarball: str, member: str, until: float, params: ap.AutoParams | None = None) -> ap.AutoState:
+    """The learner after a covered run's windows before `until` (s since its trace's first record), each window fed
+    its own coverage (`read_covered_run`, `replay_windows`)."""
+    windows, catch_ups, cover, _recs, _t0 = read_covered_run(tarball, member)
+    return replay_windows(windows, catch_ups, until, params=params, coverage=lambda w: cover[w[7]])
+
+
+def standing_plain_before(tarball: str, member: str, r: dict, params: ap.AutoParams | None = None) -> ap.AutoState:
+    """A covered run's learner before its recorded `auto_decide` `r`, as the plain server stood there
+    (`replay_covered_run`, `standing_plain`: settled since the recorded flip, no flip wanted yet)."""
+    *_rest, t0 = read_covered_run(tarball, member)
+    return standing_plain(replay_covered_run(tarball, member, r["t"] - t0, params), r)
+
+
 @pytest.mark.parametrize(("tarball", "member", "gap", "data"), [
     ("bench/gpu/results/2026-12-06_59347e0/workload_c/traces.tar.gz", "tr/auto/switch-875.jsonl", 10.0,
      "h100_auto_windows_59347e0.json"),

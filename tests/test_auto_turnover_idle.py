@@ -182,12 +182,12 @@ def test_the_runs_quiet_phases_speculate_from_their_first_request(
     is valued at 1 and speculation comes on with nothing running, as the a197508 run did (then a flip_on of 0.1 ms);
     with the rule off (`turnover_idle_factor` 0, the 001f95e run's learner), the hold's peak, plain, as that run
     decided."""
-    windows, catch_ups, cover, recs, t0 = h200.read_covered_run(*run)
+    *_rest, recs, t0 = h200.read_covered_run(*run)
     (r,) = [r for r in recs if r.get("action") == "auto_decide" and abs(r["t"] - t0 - t) < 0.001]
     assert (r["load"], r["demand"], r["running"]) == (run_load, 1, 0), r
     assert r.get("turnover_idle_ms", 1000 * turnover_s) == round(1000 * turnover_s, 1), r
-    state = h200.replay_windows(windows, catch_ups, t, coverage=lambda w: cover[w[7]])
-    state = attrs.evolve(h200.standing_plain(state, r), peak=burst, peak_step=state.step,
+    state = h200.standing_plain(h200.replay_covered_run(*run, t), r)
+    state = attrs.evolve(state, peak=burst, peak_step=state.step,
                          turnover_idles=((0, turnover_s),))
     d = first_quiet_decision(state, idle_s, context=32.0)
     assert (d.action, d.load, d.running) == (ap.FLIP_ON, 1, 0), d
@@ -224,11 +224,11 @@ def test_the_mixed_traces_last_quiet_phase_speculates_from_its_first_request() -
     over twice the short waves' 22.8 ms) is valued at 1 and speculation comes on with nothing running; with one
     turnover for every band (the long-prompt wave's 33 ms, as the run had it) the hold stands at 128, plain, as the run
     decided (then speculation on with both running, 0.093 s in: p99 1.052x always on's that round)."""
-    windows, catch_ups, cover, recs, t0 = h200.read_covered_run(*MIXED)
+    *_rest, recs, t0 = h200.read_covered_run(*MIXED)
     (r,) = [r for r in recs if r.get("action") == "auto_decide" and abs(r["t"] - t0 - MIXED_QUIET) < 0.001]
     assert (r["load"], r["demand"], r["running"], r["reason"], r["turnover_idle_ms"]) == (128, 1, 0, "prior", 33.0), r
-    state = h200.replay_windows(windows, catch_ups, MIXED_QUIET, coverage=lambda w: cover[w[7]])
-    state = attrs.evolve(h200.standing_plain(state, r), peak=128, peak_step=state.step, peak_context=159.0,
+    state = h200.standing_plain(h200.replay_covered_run(*MIXED, MIXED_QUIET), r)
+    state = attrs.evolve(state, peak=128, peak_step=state.step, peak_context=159.0,
                          turnover_idles=((0, SHORT_TURNOVER_S), (4, LONG_TURNOVER_S)))
     d = first_quiet_decision(state, MIXED_IDLE_S, context=32.0)
     assert (d.action, d.load, d.running) == (ap.FLIP_ON, 1, 0), d
