@@ -114,6 +114,9 @@ def main() -> None:
                         help="steady speculative steps at 2 short requests after this many long-prompt requests "
                              "were served (radix cache on, 40,000-slot pool), one row per count (e.g. 0,100,1000)")
     parser.add_argument("--history-one", type=int, help=argparse.SUPPRESS)  # one count, this process (--history)
+    parser.add_argument("--evict", type=int_list(1), metavar="LEAVES",
+                        help="a long prefill that evicts this many short leaves from the radix tree, 8 requests "
+                             "decoding beside it (e.g. 25,100,400): its iteration's in-guard time, one row per count")
     parser.add_argument("--per-hook", action="store_true",
                         help="also the assert run's in-guard time per hook (its fastest repeat), per decode step")
     parser.add_argument("--tree", help=argparse.SUPPRESS)  # read at import (REPO)
@@ -143,6 +146,18 @@ def main() -> None:
     h = importlib.import_module("sglang_cpu")
     if args.history_one is not None:
         print(json.dumps(_history_cell(args, args.history_one, gf, h)))
+        return
+    if args.evict:
+        rows = _evict_rows(args, clock, gf, h)
+        if args.json:
+            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
+            return
+        print(f"a long prefill evicting N short leaves from the radix tree (overlap loop, speculation on, 8 requests "
+              f"decoding): its iteration, assert mode, {args.clock} clock, fastest of {args.repeat} (microseconds)")
+        print(f"{'leaves':>6} {'frees':>6} {'scans':>6} {'in-guard':>9} {'iteration':>10} {'unguarded':>10}")
+        for size, _, c in rows:
+            print(f"{size:>6} {c['frees']:>6.0f} {c['scans']:>6.0f} {c['assert in']:>9.0f} {c['assert']:>10.0f} "
+                  f"{c['unguarded']:>10.0f}")
         return
     if args.ramp:
         rows = _ramp_rows(args, clock, gf, h)
@@ -364,6 +379,85 @@ def _ramp_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h:
     runtime.reset()
     runtime.paused = True
     return [(size, phase, cells[phase]) for phase in ("ramp", "end")]
+
+
+EVICT_LEAF = 32  # prompt tokens of each short request the tree keeps (distinct first tokens: leaves of the root)
+
+
+def _evict_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h: Any) -> list[Any]:
+    """`--evict`: per count N, N short requests served (their KV kept in the radix tree as N leaves), then 8 requests
+    decoding, then one prompt as long as the pool's free slots and most of the tree: its prefill's alloc evicts the
+    leaves, one allocator free per evicted leaf (the context trace's shape: long prompts after short waves, 2026-12-07
+    H100 call PA). Kind "evict": the prefill's iteration, its in-guard time (`assert in`), the iteration guarded and
+    not, and (assert runs) the allocator frees it made and the guard's by-value scans (`SlotValueCheck.checked`)."""
+    import random
+
+    from shim.switch.config import SwitchConfig
+    from statemodel.designs import RETRACT_CATCH_UP
+
+    runtime = gf.install_guard_plugin()
+    in_guard, _ = _time_guard_runs(runtime, clock)
+    model_dir = h.write_tiny_model_config()
+    config = json.loads((model_dir / "config.json").read_text())
+    config["max_position_embeddings"] = 32768  # the long prompt's context
+    (model_dir / "config.json").write_text(json.dumps(config))
+    ol = importlib.import_module("overlap_loop")
+    rows = []
+    for leaves in args.evict:
+        cell: dict[str, float] = {}
+        for _ in range(args.repeat):
+            for label in ("unguarded", "assert"):
+                _arm(runtime, label, RETRACT_CATCH_UP.name)
+                sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1,
+                                        num_draft_tokens=4, max_running_requests=64)
+                pools = h.build_pools(sa, kv_size=leaves * (EVICT_LEAF + 4) + 4096, max_reqs=65, radix_cache=True,
+                                      overlap_schedule=True)
+                # speculation stays on: the switch's plain steps are not what this measures
+                drv = ol.OverlapDriver(pools, RETRACT_CATCH_UP, switch_config=SwitchConfig(t_off=1 << 20, t_on=0))
+                rng = random.Random(leaves)
+                for start in range(0, leaves, 32):
+                    drv.add([h.make_req(f"leaf{i}", [1 + i % 998, *rng.choices(range(1, 999), k=EVICT_LEAF - 1)],
+                                        max_new_tokens=2) for i in range(start, min(leaves, start + 32))])
+                    drv.run_until_idle(100)
+                drv.add([h.make_req(f"bg{j}", [rng.randrange(1, 999) for _ in range(200)], max_new_tokens=1 << 12)
+                         for j in range(8)])
+                for _ in range(5):
+                    drv.iteration()
+                tree = pools.tree_cache
+                kept = int(tree.evictable_size())
+                if kept < leaves * EVICT_LEAF:
+                    raise SystemExit(f"bench_guard: the tree kept {kept} slots of {leaves} leaves")
+                frees = _count_frees(pools.allocator)
+                scans = runtime.guard.slot_values.checked if runtime.guard is not None else 0
+                drv.add([h.make_req("long", [rng.randrange(1, 999) for _ in range(pools.available_size() + kept - 300)],
+                                    max_new_tokens=4)])
+                in_guard[0] = 0.0
+                started = clock()
+                drv.iteration()
+                _keep_fastest(cell, label, clock() - started, in_guard[0])
+                if int(tree.evictable_size()) > kept // 2:
+                    raise SystemExit(f"bench_guard: the long prefill evicted {kept - int(tree.evictable_size())} of "
+                                     f"{kept} slots")
+                if label == "assert":
+                    cell["frees"] = frees[0]
+                    cell["scans"] = runtime.guard.slot_values.checked - scans
+        rows.append((leaves, "evict", cell))
+    runtime.reset()
+    runtime.paused = True
+    return rows
+
+
+def _count_frees(allocator: Any) -> list[int]:
+    """A one-item list that counts `allocator.free` calls from now on (through the hooked method)."""
+    frees = [0]
+    hooked_free = allocator.free
+
+    def counted_free(index: Any, *a: Any, **k: Any) -> Any:
+        frees[0] += 1
+        return hooked_free(index, *a, **k)
+
+    allocator.free = counted_free
+    return frees
 
 
 # --history: the context trace's shape (2026-12-07 H200 call 5: prompts of 2,000-3,500 tokens, --max-total-tokens 40000)
@@ -602,7 +696,8 @@ def against(args: argparse.Namespace) -> None:
     common = [sys.executable, str(Path(__file__).resolve()), "--json", "--assert-only", "--steps", str(args.steps),
               "--sizes", ",".join(map(str, args.sizes)), "--repeat", str(args.repeat), "--loop", args.loop,
               "--draft", args.draft, "--clock", args.clock, "--line", args.line] + (["--waves"] if args.waves else []) \
-        + (["--ramp", ",".join(map(str, args.ramp))] if args.ramp else [])
+        + (["--ramp", ",".join(map(str, args.ramp))] if args.ramp else []) \
+        + (["--evict", ",".join(map(str, args.evict))] if args.evict else [])
     best: dict[tuple[str, int, str], float] = {}
     loads = []
     try:
@@ -617,15 +712,17 @@ def against(args: argparse.Namespace) -> None:
                     best[key] = min(best.get(key, cells["assert in"]), cells["assert in"])
     finally:
         shutil.rmtree(base)  # the export this run made
-    loop = "v1 non-overlap" if args.line == "v1" else "overlap" if args.waves or args.ramp else args.loop
+    loop = "v1 non-overlap" if args.line == "v1" else "overlap" if args.waves or args.ramp or args.evict else args.loop
     what = ("per request of a wave (arrive, finish)" if args.waves
-            else f"of a wave's ramp ({','.join(map(str, args.ramp))}) and end" if args.ramp else "per decode step")
+            else f"of a wave's ramp ({','.join(map(str, args.ramp))}) and end" if args.ramp
+            else "of a long prefill evicting N leaves (batch: N)" if args.evict else "per decode step")
     print(f"in-guard time {what}, assert mode, {loop} loop, {args.clock} clock, {args.steps} steps, "
           f"fastest of {args.rounds} alternating rounds x {args.repeat} (microseconds); {args.against} -> this "
           f"checkout; 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
     print(f"{'batch':>5} {'step':>6} {args.against:>10} {'branch':>10} {'ratio':>6}")
-    kinds = ("arrive", "finish") if args.waves else ("ramp", "end") if args.ramp else ("spec", "plain")
-    for size in [sum(args.ramp)] if args.ramp else args.sizes:
+    kinds = ("arrive", "finish") if args.waves else ("ramp", "end") if args.ramp else ("evict",) if args.evict \
+        else ("spec", "plain")
+    for size in [sum(args.ramp)] if args.ramp else args.evict if args.evict else args.sizes:
         for kind in kinds:
             old, new = best[("base", size, kind)], best[("branch", size, kind)]
             print(f"{size:>5} {kind:>6} {old:>10.1f} {new:>10.1f} {new / old:>6.2f}")

@@ -164,6 +164,31 @@ def stop_at_a_freed_copy(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) 
     return lambda: runtime.adapter.around_event_loop(lambda _scheduler: drv.pools.allocator.free(copy), None)
 
 
+def free_a_live_copy_in_the_trees_eviction(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
+    """The radix tree evicts short leaves (one free per leaf, held by the guard), and inside the eviction a copy of
+    another running request's committed slots is freed too: judged by the one scan when the eviction returns."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True), CATCH_UP)
+    gf.configure_guard(runtime, CATCH_UP)
+    drv.admit([h.make_req(f"leaf{i}", [100 + i, *range(300, 310)], max_new_tokens=2) for i in range(4)])
+    drv.run_to_completion()
+    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40))
+    drv.decode()
+    other = drv.batch.reqs[1]
+    copy = drv.pools.req_to_token_pool.req_to_token[other.kv.req_pool_idx, 0:2].clone()
+    allocator, tree = drv.pools.allocator, drv.pools.tree_cache
+    hooked_free = allocator.free
+
+    def free_leaf_and_a_live_copy(index: Any, *args: Any, **kwargs: Any) -> Any:
+        hooked_free(copy)
+        mp.setattr(allocator, "free", hooked_free)  # once
+        return hooked_free(index, *args, **kwargs)
+
+    mp.setattr(allocator, "free", free_leaf_and_a_live_copy)
+    return lambda: tree.evict(EvictParams(num_tokens=int(tree.evictable_size())))
+
+
 def _finished() -> Any:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
 
@@ -290,6 +315,8 @@ CASES = [
     Case("before_stub_skipped_draft_extend", skipped_extend_then_draft, "draft_kv_covers_prefix", "draft",
          judged_at="before_draft"),
     Case("after_allocator_alloc", alloc_a_live_slot, "slots_allocated_free", "alloc"),
+    Case("around_tree_evict", free_a_live_copy_in_the_trees_eviction, "slots_freed_owned", "free",
+         seen_at="in the tree's eviction"),
     Case("around_event_loop", stop_at_a_freed_copy, "slots_freed_owned", "free"),
     Case("before_free_group_end", group_finish_leaks, "kv_conservation", "finish"),
     Case("after_free_group_begin", group_finish_leaks, "kv_conservation", "finish",

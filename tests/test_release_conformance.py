@@ -287,6 +287,51 @@ if ACTIVE is not None:
         assert tree_hooks and all(_resolve(t.rsplit(".", 1)[0]) in type(objs.tree_cache).__mro__ for t in tree_hooks), \
             (type(objs.tree_cache), tree_hooks)
 
+    def test_the_trees_eviction_frees_inside_the_guards_eviction_target(line: Any, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+        """The guard holds the frees of the tree's eviction and judges them by one scan when its eviction target
+        returns (`V2Adapter.around_tree_evict`): every free an eviction makes must happen inside that target. Real
+        requests released into the line's own enabled tree (SGLang's release_kv_cache), then evicted through
+        SGLang's own `evict_from_tree_cache`, as its alloc path calls it."""
+        from sglang.srt.mem_cache import common
+
+        adapter = line.adapter()
+        evict = [t for t, how, hook in adapter.TARGETS if hook == "around_tree_evict"]
+        if not evict:
+            assert not [t for t in adapter.TARGETS if t[2] == "before_allocator_free"], "frees judged, no eviction hook"
+            pytest.skip(f"SGLang {line.version}: the guard judges no free by value")
+        assert [how for t, how, hook in adapter.TARGETS if hook == "around_tree_evict"] == ["AROUND"]
+        objs = _CpuObjects(tmp_path, radix=True)
+        owner, _, name = evict[0].rpartition(".")
+        cls = _resolve(owner)
+        assert cls in type(objs.tree_cache).__mro__, (type(objs.tree_cache), evict[0])
+        reqs = [objs.req(f"e{i}", [100 + i, *range(300, 308)]) for i in range(4)]
+        objs.prefill(reqs)
+        release = common.release_kv_cache
+        for req in reqs:
+            release(req, objs.tree_cache, **({"checkpoint": True}
+                                             if "checkpoint" in inspect.signature(release).parameters else {}))
+        kept = int(objs.tree_cache.evictable_size())
+        assert kept >= 4 * 8, kept
+        inside = [0]
+        frees: list[bool] = []
+        original = getattr(cls, name)
+
+        def evicting(self: Any, *args: Any, **kwargs: Any) -> Any:
+            inside[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        monkeypatch.setattr(cls, name, evicting)
+        allocator_free = objs.allocator.free
+        monkeypatch.setattr(objs.allocator, "free",
+                            lambda index, *a, **k: (frees.append(inside[0] > 0), allocator_free(index, *a, **k))[1])
+        common.evict_from_tree_cache(objs.tree_cache, objs.allocator.available_size() + kept)
+        assert int(objs.tree_cache.evictable_size()) == 0
+        assert len(frees) >= 4 and all(frees), frees
+
     def test_launch_with_specflip_names_its_warmup(line: Any, tmp_path: Path) -> None:
         """The launching process of `python -m sglang.launch_server` with specflip's features on (the switch where the
         line offers it, `auto` on the v2 one, `4:2` on the v1 one through the v1 kit's entry point as
@@ -520,7 +565,7 @@ class _CpuObjects:
         (directory / "config.json").write_text(json.dumps(cls.TINY))
         return directory
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, radix: bool = False) -> None:
         import torch
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
@@ -531,8 +576,8 @@ class _CpuObjects:
 
         sa = ServerArgs(model_path=str(self.write_model(tmp_path)), device="cpu", dtype="float32",
                         attention_backend="torch_native", skip_tokenizer_init=True, disable_cuda_graph=True,
-                        disable_overlap_schedule=True, disable_radix_cache=True, max_running_requests=8, page_size=1,
-                        random_seed=0)
+                        disable_overlap_schedule=True, disable_radix_cache=not radix, max_running_requests=8,
+                        page_size=1, random_seed=0)
         _publish(sa)
         self.server_args = sa
         self.model_config = ModelConfig.from_server_args(sa)
@@ -546,7 +591,8 @@ class _CpuObjects:
                                           enable_memory_saver=False))
         self.allocator = TokenToKVPoolAllocator(**_accepted(TokenToKVPoolAllocator, size=256, dtype=torch.float32,
                                                             device="cpu", kvcache=kv, need_sort=False))
-        params = CacheInitParams(**_accepted(CacheInitParams, disable=True, req_to_token_pool=self.req_to_token_pool,
+        params = CacheInitParams(**_accepted(CacheInitParams, disable=not radix,
+                                             req_to_token_pool=self.req_to_token_pool,
                                              token_to_kv_pool_allocator=self.allocator, page_size=1, is_eagle=False,
                                              chunked_prefill_size=sa.chunked_prefill_size))
         self.tree_cache = _tree_cache(sa, params, self.model_config)

@@ -74,6 +74,15 @@ def path_for(mode: str, stop: bool, on_host: bool) -> str:
     return LATE
 
 
+def _joined(tensors: list[Any]) -> Any:
+    """1-D slot tensors as one (None: none)."""
+    if not tensors:
+        return None
+    import torch
+
+    return tensors[0] if len(tensors) == 1 else torch.cat([t.to(tensors[0].dtype) for t in tensors])
+
+
 class LiveRow(NamedTuple):
     """Positions [lo, hi) of a live request's req_to_token row whose slots nobody else may free or allocate."""
 
@@ -112,6 +121,11 @@ class SlotValueCheck:
         self._next_answer = 0
         self._stream: Any = None
         self.deferred: list[Any] = []  # copies freed since the last alloc, judged again there
+        # the radix tree's eviction frees each evicted leaf's slots, a copy of its values, one free per leaf (97 frees
+        # for a 3,000-token prompt over short leaves): inside it (`begin_batch` ... `end_batch`, nested) those frees
+        # are held and judged by one scan at its end (`take_batch`); nothing allocates and no row moves in between
+        self.batching = 0
+        self.batched: list[Any] = []
         self.checked = 0  # row scans run (measurement and tests)
         self.allocs = 0  # allocs checked against `in_use`
         self.allocated_slots = 0  # the slots they handed out
@@ -272,12 +286,27 @@ class SlotValueCheck:
 
     def take_deferred(self) -> Any:
         """The copies freed since the last alloc, as one tensor (None: none)."""
-        if not self.deferred:
-            return None
-        import torch
-
         taken, self.deferred = self.deferred, []
-        return taken[0] if len(taken) == 1 else torch.cat([t.to(taken[0].dtype) for t in taken])
+        return _joined(taken)
+
+    def begin_batch(self) -> None:
+        """A batch of frees opens (the tree's eviction): `hold` keeps them until its end."""
+        self.batching += 1
+
+    def hold(self, slots: Any) -> None:
+        """A free inside a batch, judged at the batch's end (cloned: the caller may reuse its tensor)."""
+        self.batched.append(slots.clone())
+
+    def end_batch(self) -> Any:
+        """A batch closes; at the outermost one's end, the frees held in it as one tensor (None: none, or a batch
+        still open)."""
+        self.batching = max(0, self.batching - 1)
+        return None if self.batching else self.take_batch()
+
+    def take_batch(self) -> Any:
+        """The frees held so far, as one tensor (None: none); an alloc inside a batch takes them first."""
+        taken, self.batched = self.batched, []
+        return _joined(taken)
 
     def judge_due(self) -> list[tuple[str, list[Violation]]]:
         """(action, violations) of each queued LATE check whose answer has arrived and hit (never waits for one that

@@ -488,12 +488,42 @@ class V2Adapter(LiveReading, RankCheckHooks):
         return None
 
     def _freed_slots(self, g: Guard, allocator: Any, free_index: Any, by_value: bool) -> None:
-        g.slot_values.track(allocator)
-        if not g.slot_values.on:  # off
+        checks = g.slot_values
+        checks.track(allocator)
+        if not checks.on:  # off
+            return
+        if checks.batching and not g.free_windows:  # the tree's eviction: judged and released at its end
+            checks.hold(free_index)
             return
         if by_value:
             self._check_slot_values(g, free_index, FREE)
-        g.slot_values.released(free_index)
+        checks.released(free_index)
+
+    def around_tree_evict(self, original: Callable[..., Any], tree_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        """The radix tree's eviction (`RadixCache.evict`, `UnifiedRadixCache._evict`: each line's TARGETS): it frees
+        each evicted leaf's slots, a copy of the leaf's values, one free per leaf, outside any window, so each would
+        be judged by value against every live row (a [rows, longest] scan, shim/guard/slot_values.py). Those frees
+        are held (`SlotValueCheck.begin_batch`) and judged by one scan when the eviction returns, before the alloc
+        it makes room for: nothing allocates and no live row moves in between (an alloc inside one judges what is
+        held first, `_allocated_slots`). The cost it saves: docs/guard.md, "The tree's eviction"."""
+        rt = self.runtime
+        g = rt.guard if rt is not None and rt.active else None
+        if g is None or not g.slot_values.on:
+            return original(tree_cache, *args, **kwargs)
+        g.slot_values.begin_batch()
+        try:
+            return original(tree_cache, *args, **kwargs)
+        finally:
+            freed = g.slot_values.end_batch()
+            if freed is not None:
+                rt.run(self._judge_batched, g, freed, "TokenToKVPoolAllocator.free, in the tree's eviction "
+                                                      "(judged when it returned)")
+
+    def _judge_batched(self, g: Guard, freed: Any, where: str) -> None:
+        """Frees held in a batch (`around_tree_evict`), judged as each would have been at its free with no window
+        open, then their slots released."""
+        self._check_slot_values(g, freed, FREE, where=where)
+        g.slot_values.released(freed)
 
     def after_allocator_alloc(self, result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """`TokenToKVPoolAllocator.alloc(n)`: the slots it hands out, and the copies freed since the last alloc,
@@ -510,9 +540,14 @@ class V2Adapter(LiveReading, RankCheckHooks):
         g.slot_values.track(allocator)
         if not g.slot_values.on:  # off
             return
+        held = g.slot_values.take_batch()  # an alloc inside the tree's eviction: what it freed so far first
+        if held is not None:
+            self._judge_batched(g, held, "TokenToKVPoolAllocator.free, in the tree's eviction (judged at an alloc "
+                                         "inside it)")
         self._check_slot_values(g, slots, ALLOC)
 
-    def _check_slot_values(self, g: Guard, slots: Any, kind: str) -> None:
+    def _check_slot_values(self, g: Guard, slots: Any, kind: str,
+                           where: str = "TokenToKVPoolAllocator.free") -> None:
         """`kind` FREE: slots freed by a tensor that is no row view, against every live request's committed KV
         [0, kv_committed_len) now; inside a window (a release, a flip) the freeing requests' own part is theirs to
         free, their tree prefix [0, cache_protected_len) is not. A reserve [kv_committed_len, kv_allocated_len) may be
@@ -523,7 +558,7 @@ class V2Adapter(LiveReading, RankCheckHooks):
         if kind == FREE:
             owners = g.free_windows[-1].owners_before if g.free_windows else {}
             found = checks.check(slots, self._req_to_token, self._live_rows(g, owners, committed=True), FREE, FREE)
-            g.slot_value_findings(found, FREE, "TokenToKVPoolAllocator.free")
+            g.slot_value_findings(found, FREE, where)
             if not found:  # (warn mode) one finding per fault
                 checks.defer(slots)
             return

@@ -64,6 +64,7 @@ class Adapter(V2Adapter):
         ("sglang.srt.mem_cache.radix_cache.RadixCache.cache_unfinished_req", how, hook)
         if hook == "around_tree_cache_keep"
         else ("sglang.srt.mem_cache.radix_cache.RadixCache.insert", how, hook) if hook == "around_tree_insert"
+        else ("sglang.srt.mem_cache.radix_cache.RadixCache.evict", how, hook) if hook == "around_tree_evict"
         else (target, how, hook)
         for target, how, hook in Adapter0523.TARGETS) + (
         ("sglang.srt.mem_cache.radix_cache.RadixCache._delete_leaf", "BEFORE", "before_tree_delete_leaf"),)

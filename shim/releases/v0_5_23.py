@@ -55,6 +55,8 @@ class Adapter(V2Adapter):
         ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", "AROUND", "around_tree_cache_keep"),
         # the positions an insert creates in the tree, marked with the inserting request's draft coverage (issue 24)
         ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert", "AROUND", "around_tree_insert"),
+        # its eviction (`evict` and `evict_for_alloc` both run `_evict`): the per-leaf frees judged by one scan
+        ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict", "AROUND", "around_tree_evict"),
         ("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "BEFORE", "before_target_forward"),
         (f"{_V2}.EagleDraftWorker.draft", "BEFORE", "before_draft"),
         (f"{_V2}.EAGLEWorkerV2._build_trivial_verify_input", "BEFORE", "before_trivial_verify_input"),
