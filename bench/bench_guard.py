@@ -147,40 +147,29 @@ def main() -> None:
     if args.history_one is not None:
         print(json.dumps(_history_cell(args, args.history_one, gf, h)))
         return
+    fastest = f"assert mode, {args.clock} clock, fastest of {args.repeat} (microseconds)"
     if args.evict:
-        rows = _evict_rows(args, clock, gf, h)
-        if args.json:
-            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
-            return
-        print(f"a long prefill evicting N short leaves from the radix tree (overlap loop, speculation on, 8 requests "
-              f"decoding): its iteration, assert mode, {args.clock} clock, fastest of {args.repeat} (microseconds)")
-        print(f"{'leaves':>6} {'frees':>6} {'scans':>6} {'in-guard':>9} {'iteration':>10} {'unguarded':>10}")
-        for size, _, c in rows:
-            print(f"{size:>6} {c['frees']:>6.0f} {c['scans']:>6.0f} {c['assert in']:>9.0f} {c['assert']:>10.0f} "
-                  f"{c['unguarded']:>10.0f}")
+        _report(args, _evict_rows(args, clock, gf, h),
+                f"a long prefill evicting N short leaves from the radix tree (overlap loop, speculation on, 8 requests "
+                f"decoding): its iteration, {fastest}",
+                f"{'leaves':>6} {'frees':>6} {'scans':>6} {'in-guard':>9} {'iteration':>10} {'unguarded':>10}",
+                lambda size, _, c: f"{size:>6} {c['frees']:>6.0f} {c['scans']:>6.0f} {c['assert in']:>9.0f} "
+                                   f"{c['assert']:>10.0f} {c['unguarded']:>10.0f}")
         return
     if args.ramp:
-        rows = _ramp_rows(args, clock, gf, h)
-        if args.json:
-            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
-            return
-        print(f"a wave's ramp (prefills of {','.join(map(str, args.ramp))}, {RAMP_ITERATIONS} iterations apart) and "
-              f"end on the overlap loop, in plain: in-guard time of each phase, assert mode, {args.clock} clock, "
-              f"fastest of {args.repeat} (microseconds)")
-        print(f"{'batch':>5} {'phase':>6} {'in-guard':>9} {'phase':>10} {'unguarded':>10}")
-        for size, kind, c in rows:
-            print(f"{size:>5} {kind:>6} {c['assert in']:>9.0f} {c['assert']:>10.0f} {c['unguarded']:>10.0f}")
+        _report(args, _ramp_rows(args, clock, gf, h),
+                f"a wave's ramp (prefills of {','.join(map(str, args.ramp))}, {RAMP_ITERATIONS} iterations apart) and "
+                f"end on the overlap loop, in plain: in-guard time of each phase, {fastest}",
+                f"{'batch':>5} {'phase':>6} {'in-guard':>9} {'phase':>10} {'unguarded':>10}",
+                lambda size, kind, c: f"{size:>5} {kind:>6} {c['assert in']:>9.0f} {c['assert']:>10.0f} "
+                                      f"{c['unguarded']:>10.0f}")
         return
     if args.waves:
-        rows = _wave_rows(args, sizes, clock, gf, h)
-        if args.json:
-            print(json.dumps([[size, kind, c] for size, kind, c in rows]))
-            return
-        print(f"a wave on the overlap loop (switch draft mode retract): in-guard time per request, assert mode, "
-              f"{args.clock} clock, fastest of {args.repeat} (microseconds)")
-        print(f"{'batch':>5} {'kind':>6} {'in-guard':>9} {'iteration':>10} {'unguarded':>10}")
-        for size, kind, c in rows:
-            print(f"{size:>5} {kind:>6} {c['assert in']:>9.1f} {c['assert']:>10.0f} {c['unguarded']:>10.0f}")
+        _report(args, _wave_rows(args, sizes, clock, gf, h),
+                f"a wave on the overlap loop (switch draft mode retract): in-guard time per request, {fastest}",
+                f"{'batch':>5} {'kind':>6} {'in-guard':>9} {'iteration':>10} {'unguarded':>10}",
+                lambda size, kind, c: f"{size:>5} {kind:>6} {c['assert in']:>9.1f} {c['assert']:>10.0f} "
+                                      f"{c['unguarded']:>10.0f}")
         return
     from statemodel.designs import CATCH_UP, RETRACT_CATCH_UP, V2_SWITCH
 
@@ -293,6 +282,18 @@ def _overlap_steps(gf: Any, h: Any, model_dir: Path, size: int, steps: int, kind
     if retract and drv.launched[-1][1] != kind:
         raise SystemExit(f"bench_guard: the retract switch runs {drv.launched[-1][1]} steps, not {kind}")
     return drv.iteration
+
+
+def _report(args: argparse.Namespace, rows: list[Any], title: str, header: str,
+            line: Callable[[int, str, dict[str, float]], str]) -> None:
+    """A mode's rows: one JSON line (`--json`, for `--against`), else its title, header and a line per row."""
+    if args.json:
+        print(json.dumps([[size, kind, c] for size, kind, c in rows]))
+        return
+    print(title)
+    print(header)
+    for size, kind, c in rows:
+        print(line(size, kind, c))
 
 
 def _wave_rows(args: argparse.Namespace, sizes: list[int], clock: Callable[[], float], gf: Any,
