@@ -398,10 +398,7 @@ def _evict_rows(args: argparse.Namespace, clock: Callable[[], float], gf: Any, h
 
     runtime = gf.install_guard_plugin()
     in_guard, _ = _time_guard_runs(runtime, clock)
-    model_dir = h.write_tiny_model_config()
-    config = json.loads((model_dir / "config.json").read_text())
-    config["max_position_embeddings"] = 32768  # the long prompt's context
-    (model_dir / "config.json").write_text(json.dumps(config))
+    model_dir = h.write_tiny_model_config(max_position_embeddings=32768)  # the long prompt's context
     ol = importlib.import_module("overlap_loop")
     rows = []
     for leaves in args.evict:
@@ -510,10 +507,7 @@ def _history_cell(args: argparse.Namespace, count: int, gf: Any, h: Any) -> dict
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     runtime = gf.install_guard_plugin()
     in_guard, _ = _time_guard_runs(runtime, clock)
-    model_dir = h.write_tiny_model_config()
-    config = json.loads((model_dir / "config.json").read_text())
-    config["max_position_embeddings"] = 4096  # the long prompts' context
-    (model_dir / "config.json").write_text(json.dumps(config))
+    model_dir = h.write_tiny_model_config(max_position_embeddings=4096)  # the long prompts' context
     _arm(runtime, "assert", RETRACT_CATCH_UP.name)
     ol = importlib.import_module("overlap_loop")
     sa = h.make_server_args(model_dir, speculative_algorithm="EAGLE", num_steps=3, topk=1, num_draft_tokens=4,

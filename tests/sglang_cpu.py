@@ -104,11 +104,16 @@ VOCAB_SIZE: int = TINY_MODEL_CONFIG["vocab_size"]
 HIDDEN_SIZE: int = TINY_MODEL_CONFIG["hidden_size"]
 
 
-def write_tiny_model_config(directory: str | Path | None = None) -> Path:
-    """Write a config.json (no weights, no tokenizer) for a tiny llama; return its directory."""
+def write_tiny_model_config(directory: str | Path | None = None, *,
+                            max_position_embeddings: int | None = None) -> Path:
+    """Write a config.json (no weights, no tokenizer) for a tiny llama; return its directory.
+    `max_position_embeddings`: a longer context than the tiny default, for long prompts."""
     target = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="specflip-tiny-"))
     target.mkdir(parents=True, exist_ok=True)
-    (target / "config.json").write_text(json.dumps(TINY_MODEL_CONFIG))
+    config = dict(TINY_MODEL_CONFIG)
+    if max_position_embeddings is not None:
+        config["max_position_embeddings"] = max_position_embeddings
+    (target / "config.json").write_text(json.dumps(config))
     return target
 
 

@@ -27,6 +27,7 @@ require_sglang_cpu()
 
 gf = importlib.import_module("guard_fixtures")
 h = importlib.import_module("sglang_cpu")
+slot_values = importlib.import_module("test_guard_slot_values")  # its tree of leaves and eviction
 
 import shim.guard.api  # noqa: E402
 from shim.guard.core import SpecFlipViolation  # noqa: E402
@@ -167,26 +168,11 @@ def stop_at_a_freed_copy(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) 
 def free_a_live_copy_in_the_trees_eviction(runtime: Any, model_dir: Path, mp: pytest.MonkeyPatch) -> Trigger:
     """The radix tree evicts short leaves (one free per leaf, held by the guard), and inside the eviction a copy of
     another running request's committed slots is freed too: judged by the one scan when the eviction returns."""
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-    drv = gf.DesignDriver(gf.eagle_pools(model_dir, radix_cache=True), CATCH_UP)
-    gf.configure_guard(runtime, CATCH_UP)
-    drv.admit([h.make_req(f"leaf{i}", [100 + i, *range(300, 310)], max_new_tokens=2) for i in range(4)])
-    drv.run_to_completion()
-    drv.admit(gf.make_reqs("r", 2, max_new_tokens=40))
-    drv.decode()
+    drv = slot_values.tree_of_leaves(runtime, model_dir, leaves=4)
     other = drv.batch.reqs[1]
     copy = drv.pools.req_to_token_pool.req_to_token[other.kv.req_pool_idx, 0:2].clone()
-    allocator, tree = drv.pools.allocator, drv.pools.tree_cache
-    hooked_free = allocator.free
-
-    def free_leaf_and_a_live_copy(index: Any, *args: Any, **kwargs: Any) -> Any:
-        hooked_free(copy)
-        mp.setattr(allocator, "free", hooked_free)  # once
-        return hooked_free(index, *args, **kwargs)
-
-    mp.setattr(allocator, "free", free_leaf_and_a_live_copy)
-    return lambda: tree.evict(EvictParams(num_tokens=int(tree.evictable_size())))
+    slot_values.count_frees(drv.pools.allocator, mp, also_free=copy)
+    return slot_values.evict_all(drv)
 
 
 def _finished() -> Any:

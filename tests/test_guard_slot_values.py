@@ -129,7 +129,7 @@ def test_a_copy_freed_outside_any_release_is_caught_at_the_free(runtime: Any, mo
     _raises_at(lambda: drv.pools.allocator.free(copy), "before_allocator_free", "slots_freed_owned", "free")
 
 
-def _tree_of_leaves(runtime: Any, model_dir: Path, leaves: int = 12) -> Any:
+def tree_of_leaves(runtime: Any, model_dir: Path, leaves: int = 12) -> Any:
     """`leaves` short requests served with the radix cache on (distinct first tokens: the tree keeps each prompt as a
     leaf of its root), then two requests decoding: their rows are the live rows an eviction's frees are judged
     against."""
@@ -143,7 +143,7 @@ def _tree_of_leaves(runtime: Any, model_dir: Path, leaves: int = 12) -> Any:
     return drv
 
 
-def _evict_all(drv: Any) -> Callable[[], Any]:
+def evict_all(drv: Any) -> Callable[[], Any]:
     """The tree's own eviction of everything it may evict, as SGLang's alloc path calls it."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
@@ -151,7 +151,7 @@ def _evict_all(drv: Any) -> Callable[[], Any]:
     return lambda: tree.evict(EvictParams(num_tokens=int(tree.evictable_size())))
 
 
-def _count_frees(allocator: Any, mp: pytest.MonkeyPatch, also_free: Any = None) -> list[int]:
+def count_frees(allocator: Any, mp: pytest.MonkeyPatch, also_free: Any = None) -> list[int]:
     """Counts the allocator's frees from now on (through the hooked method); with `also_free`, the first of them
     also frees that tensor (a fault inside whatever frees)."""
     frees = [0]
@@ -172,12 +172,12 @@ def test_the_trees_eviction_is_judged_by_one_scan_when_it_returns(runtime: Any, 
     """The tree frees each evicted leaf's slots by value, one free per leaf, outside any window: each would be a scan
     of the live rows (`SlotValueCheck.check`). Inside the eviction they are held and judged by one scan when it
     returns (`V2Adapter.around_tree_evict`), then kept for the next alloc as any freed copy is."""
-    drv = _tree_of_leaves(runtime, model_dir)
+    drv = tree_of_leaves(runtime, model_dir)
     checks = runtime.guard.slot_values
-    frees = _count_frees(drv.pools.allocator, monkeypatch)
+    frees = count_frees(drv.pools.allocator, monkeypatch)
     scans, deferred = checks.checked, len(checks.deferred)
     evicted = int(drv.pools.tree_cache.evictable_size())
-    _evict_all(drv)()
+    evict_all(drv)()
     assert frees[0] >= 12 and int(drv.pools.tree_cache.evictable_size()) == 0, frees
     assert checks.checked - scans == 1, (checks.checked - scans, frees)
     assert not checks.batching and not checks.batched
@@ -193,15 +193,15 @@ def test_a_copy_of_a_live_row_freed_in_the_trees_eviction_is_caught_when_it_retu
     """A free of a copy of a live request's committed slots inside the eviction: caught when the eviction returns,
     before anything is allocated, in the eviction's hook. The same free of a leaf's own slots (what the eviction
     frees anyway, freed twice) is no other request's: no finding here."""
-    drv = _tree_of_leaves(runtime, model_dir)
+    drv = tree_of_leaves(runtime, model_dir)
     other = drv.batch.reqs[1]
     copy = _own_slots(drv, other).clone() if copy_of == "live" else None
-    _count_frees(drv.pools.allocator, monkeypatch, also_free=copy)
+    count_frees(drv.pools.allocator, monkeypatch, also_free=copy)
     if copy_of == "leaf":
-        _evict_all(drv)()
+        evict_all(drv)()
         assert not runtime.guard.found
         return
-    exc = _raises_at(_evict_all(drv), "around_tree_evict", "slots_freed_owned", "free")
+    exc = _raises_at(evict_all(drv), "around_tree_evict", "slots_freed_owned", "free")
     assert str(other.rid) in exc.rids, str(exc)
     assert "in the tree's eviction (judged when it returned)" in str(exc), str(exc)
 
@@ -212,10 +212,10 @@ def test_assert_mode_stops_at_a_copy_freed_in_the_trees_eviction(runtime: Any, m
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """The device-assert path of the same fault: the one scan at the eviction's end stops the device."""
     slot_mode("assert")
-    drv = _tree_of_leaves(runtime, model_dir)
+    drv = tree_of_leaves(runtime, model_dir)
     other = drv.batch.reqs[1]
-    _count_frees(drv.pools.allocator, monkeypatch, also_free=_own_slots(drv, other).clone())
-    exc = _stopped_at(_evict_all(drv), runtime, "slots_freed_owned", "free", caplog)
+    count_frees(drv.pools.allocator, monkeypatch, also_free=_own_slots(drv, other).clone())
+    exc = _stopped_at(evict_all(drv), runtime, "slots_freed_owned", "free", caplog)
     assert str(other.rid) in exc.rids, str(exc)
 
 

@@ -305,6 +305,8 @@ class SlotValueCheck:
 
     def take_batch(self) -> Any:
         """The frees held so far, as one tensor (None: none); an alloc inside a batch takes them first."""
+        if not self.batched:  # every alloc asks: nothing to swap
+            return None
         taken, self.batched = self.batched, []
         return _joined(taken)
 
