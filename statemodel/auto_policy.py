@@ -86,26 +86,26 @@ Acceptance that shifts and the context (issue 52). No plain step shows the accep
 not predict flipped plain on, predictable ones that came back were not seen until speculation's estimate went stale.
 Plain, held on the numbers, now *rechecks* speculation (`_recheck_due`) when its accept length fell by `clear_win` below
 the highest it reached, speculation at that peak would win at this load, and the steps since it last drafted cover a
-recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fraction` of the time (the rechecks' cost
-is bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after
-speculation last drafted: the accept length belongs to the requests, and new ones are where it may have changed). A
-window's accept length a clear win off the estimate twice in a row, beyond the windows' own spread, starts the
-estimate afresh (`accept_runs`). Where the draft's vocabulary is smaller than the target's, the switch also counts
-the share of the committed tokens inside it (`Observation.coverage`), which plain steps show and which bounds the
-accept length (`accept_bound`: 1 / (1 - coverage)): a bound risen by a clear win over what speculation was measured at
-makes a recheck due at once, borrowing the budget, and a bound that cannot beat plain decoding spends no recheck
-(`_recheck_due`); without it, everything above is unchanged.
-A step reads every running request's KV: each bucket keeps an estimate per context band
-(`context_band`), each its own line of seconds against context (`Estimate.at_context`), and `decide` values every mode
-at the next batch's context (`context=`: the switch gives the longest running or waiting request's, which paces a
-speculative step) from the buckets that ran near it; a mode none of whose buckets did is probed there, so a phase of
-long prompts, where speculation pays at other batches, is valued from what each mode measured there. Where plain
-decoding won by the margin at a smaller batch at this context, or speculation was not ahead by the margin at half the
-batch or less (its gain falls by more than that over a doubling), the prior runs plain and speculation is not probed
-(`_outgrown`). Speculation is not left for plain on a clear win over a stale estimate of itself: its next steps
-re-measure it first (`_refresh_first`), so no probe with the requests running, paying their catch-up, comes back for it
-(the H100, 2026-12-06, c93100f). The hold ends early where the demand settled below its peak (`calm_points`: a quiet
-phase after a burst is not a turnover). The 2026-12-06 (59347e0, c93100f) H100 traces' findings: docs/auto-switch.md.
+recheck's estimated loss (its `recheck_span` decode steps) over `recheck_fraction` of the time (the rechecks' cost is
+bounded by construction), once the requests have turned over (most of the next batch's `arrivals` came after speculation
+last drafted: the accept length belongs to the requests, and new ones are where it may have changed). A window's accept
+length a clear win off the estimate twice in a row, beyond the windows' own spread (per verify result), starts the
+estimate afresh (`accept_runs`; windows in which a request finished start no run). Where the draft's vocabulary is
+smaller than the target's, the switch also counts the share of the committed tokens inside it (`Observation.coverage`),
+which plain steps show and which bounds the accept length (`accept_bound`: 1 / (1 - coverage)): a bound risen by a clear
+win over what speculation was measured at makes a recheck due at once, borrowing the budget, and a bound that cannot
+beat plain decoding spends no recheck (`_recheck_due`); without it, everything above is unchanged. A step reads every
+running request's KV: each bucket keeps an estimate per context band (`context_band`), each its own line of seconds
+against context (`Estimate.at_context`), and `decide` values every mode at the next batch's context (`context=`: the
+switch gives the longest running or waiting request's, which paces a speculative step) from the buckets that ran near
+it; a mode none of whose buckets did is probed there, so a phase of long prompts, where speculation pays at other
+batches, is valued from what each mode measured there. Where plain decoding won by the margin at a smaller batch at this
+context, or speculation was not ahead by the margin at half the batch or less (its gain falls by more than that over a
+doubling), the prior runs plain and speculation is not probed (`_outgrown`). Speculation is not left for plain on a
+clear win over a stale estimate of itself: its next steps re-measure it first (`_refresh_first`), so no probe with the
+requests running, paying their catch-up, comes back for it (the H100, 2026-12-06, c93100f). The hold ends early where
+the demand settled below its peak (`calm_points`: a quiet phase after a burst is not a turnover). The 2026-12-06
+(59347e0, c93100f) H100 traces' findings: docs/auto-switch.md.
 
 The model. Every decision is a flip_off or flip_on at a scheduling point where the model already lets the switch
 flip; design `plain_off_retract_catch_up_auto` (statemodel.design.FreeFlips: off and on at any demand, on only within
@@ -230,6 +230,12 @@ class Observation:
     # the share of the tokens the target committed (the step's window's) that lie in the draft's vocabulary; None: no
     # signal (the draft's vocabulary is the target's, or no token was counted): `accept_bound`
     coverage: float | None = None
+    # a request finished in the window that gave this step's accept length (its last verify may be cut short by its
+    # length, not by the draft): such a window's sample is learned, but neither starts nor breaks a run (`accept_runs`)
+    finished: bool = False
+    # the verify results (one per request and verify) whose mean is this step's accept length: its window's, which
+    # under the overlap schedule may hold fewer than its steps times its batch; 0: not known (the batch stands in)
+    rows: int = 0
 
 
 @attrs.frozen
@@ -372,8 +378,10 @@ class AutoState:
     probe_len: int = 0  # the running probe's length (0: probe_steps); a recheck's is recheck_steps
     rechecks: int = 0  # rechecks of speculation whose accept length fell
     # (mode, samples in a row a clear win above (> 0) or below (< 0) its accept length's estimate, the mean square
-    # of the samples' deviations from the estimate: EWMA, weight `alpha`)
-    accept_runs: tuple[tuple[int, int, float], ...] = ()
+    # of the samples' deviations from the estimate outside runs, each times its rows (the spread of one verify
+    # result's accept length): EWMA, weight `alpha`; the estimate the run is judged
+    # against: its value at the run's first sample)
+    accept_runs: tuple[tuple[int, int, float, float], ...] = ()
     # the draft vocabulary's coverage of the tokens the target commits (`Observation.coverage`; EWMA, weight `alpha`,
     # over every observed step that carries it; None: no signal), and per speculative mode the coverage its accept
     # length was measured at (averaged with the accept length's own weights: the two are like for like)
@@ -540,22 +548,29 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         sample, was = obs.tokens / obs.batch, state.accept_of(mode)
         # the traffic drafts otherwise: `confirm_steps` samples in a row (two agreement windows) a clear win above or
         # below the estimate, on the same side, and beyond three times the samples' own spread about it, are learned
-        # afresh, not averaged in over a dozen windows while speculation runs at accept 1.0 (the H100, 2026-12-06
-        # (b3a9830): 32 steps from the drop to the flip off); where the windows' accept lengths vary by themselves
-        # (a few requests, their last verifies cut short by their length) the spread keeps it to the EWMA. As written
-        # it never fires on a step shift (the EWMA leaves the clear win, and the spread takes the run's deviations,
-        # within a few samples): tests/test_auto_h100_1009c9d.py's strict xfails, docs/auto-switch.md
-        run, noise = next(((r, v) for m, r, v in state.accept_runs if m == mode), (0, 0.0))
-        side = 0
-        if was is not None and was.samples >= p.min_samples and (sample - was.mean) ** 2 > 9 * noise:
-            side = (sample >= was.mean * (1 + p.clear_win)) - (sample * (1 + p.clear_win) <= was.mean)
-        run = run + side if side and (run > 0) == (side > 0) else side
-        if was is not None:
-            noise += _weight(was.samples + 1, p.alpha) * ((sample - was.mean) ** 2 - noise)
+        # afresh, not averaged in over a dozen windows while speculation runs at accept 1.0 (the H100, 2026-12-07
+        # (1009c9d): 23-24 steps at 1.0 into accept_shift's unpredictable phase, p99 1.055x plain's). A run is judged
+        # against the estimate at its first sample (the EWMA it moves would leave the clear win within 11 samples of
+        # a drop from 2.0 to 1.0), and its samples stay out of the spread (each would widen it for the next). Where
+        # the windows' accept lengths vary by themselves the spread keeps it to the EWMA: the spread of one verify
+        # result (a sample is the mean of its window's `rows`: one result varies as much as eight averaged over eight
+        # would, so a sample's squared deviation is weighed by its rows); a window in which a request
+        # finished (its last verify cut short by its length, not by the draft: two such in a row relearned a wave's
+        # end low) neither starts nor breaks a run
+        run, noise, ref = next(((r, v, f) for m, r, v, f in state.accept_runs if m == mode), (0, 0.0, 0.0))
+        rows = obs.rows or obs.batch
+        if not obs.finished:
+            against = ref if run else (was.mean if was is not None else 0.0)
+            side = 0
+            if was is not None and was.samples >= p.min_samples and rows * (sample - against) ** 2 > 9 * noise:
+                side = (sample >= against * (1 + p.clear_win)) - (sample * (1 + p.clear_win) <= against)
+            run, ref = (run + side, ref) if side and run and (run > 0) == (side > 0) else (side, against)
+        if was is not None and not run:
+            noise += _weight(was.samples + 1, p.alpha) * (rows * (sample - was.mean) ** 2 - noise)
         restart = was is not None and abs(run) >= max(1, p.confirm_steps)
         if restart:
             was, run = attrs.evolve(was, mean=sample, weighted=1), 0
-        runs = tuple(sorted([r for r in state.accept_runs if r[0] != mode] + [(mode, run, noise)]))
+        runs = tuple(sorted([r for r in state.accept_runs if r[0] != mode] + [(mode, run, noise, ref)]))
         if obs.coverage is not None:  # the coverage this accept length was measured at, with its weights
             cover = state.accept_cover(mode)
             w = 1.0 if cover is None or restart else _mix_weight(was, p.alpha)

@@ -226,27 +226,35 @@ def test_the_unpredictable_phase_is_rechecked_at_a_bounded_rate(round_: str) -> 
     assert seconds / plain - 1 <= 0.03 + rechecks * CATCH_UP_S / plain, (seconds / plain, n, steps)
 
 
-def test_closed_loop_the_return_is_seen_at_its_first_admission() -> None:
+@pytest.mark.parametrize("round_", [
+    pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=(
+        "the first recheck, priced at the relearned accept 1.0, falls mid-wave (step 328): the later ones follow "
+        "it, and the return lands 104 steps after the last, under the budget's spacing: seen 224 steps in, 0.889x")))
+    if r == "a1" else r for r in sorted(UNPREDICTABLE)])
+def test_closed_loop_the_return_is_seen_at_its_first_admission(round_: str) -> None:
     """Each round closed-loop from its unpredictable phase's flip off through predictable_again: the rechecks fall at
-    the admissions of new requests (every second wave at 2 clients: 127 steps a wave, about 212 steps of budget at an
-    emptied server and about 274 mid-wave, where the 2 running requests' catch-up counts too), and the return is
-    rechecked at its first admission in every round (the rule of 0b48981 in this replay: 0, 0, 0 and 216 steps in,
-    as in the run). The phase's 8 waves put the return on a rechecked admission: with 7 or 9 it falls on one the
-    budget skips and is seen 127-232 steps later (docs/auto-switch.md, "Rechecks at a turnover")."""
-    for round_ in sorted(UNPREDICTABLE):
-        _s, flips, _n, seconds, flips_again = unpredictable_then_predictable(round_)
-        assert all(f.endswith(("recheck", "probe_end")) for _s, f in flips), flips
-        rechecks = [s for s, f in flips if f == "flip_on:recheck"]
-        assert all((24 + s) % 127 == 0 for s in rechecks), (round_, rechecks)  # at admissions
-        assert flips_again[:1] == [(0, "flip_on:recheck")] and WAVES * 64 * SPEC_S / seconds >= 0.99, flips_again
+    the admissions of new requests (every second wave at 2 clients: 127 steps a wave, about 230 steps of budget at an
+    emptied server, more mid-wave, where the 2 running requests' catch-up counts too), and the return is rechecked at
+    its first admission. The phase's 8 waves put the return on a rechecked admission: with 7 or 9 it falls on one the
+    budget skips and is seen 127-232 steps later (docs/auto-switch.md, "Rechecks at a turnover"); round a1 meets that
+    case (the xfail's reason) since the accept length is relearned at 1.0 at the drop (tests/test_auto_h100_1009c9d.py):
+    its first recheck is priced at 1.0, not at the EWMA's leftover 1.11 (until then every round passed). With the draft
+    vocabulary's coverage, as the run's switch counts it, the return is seen 8 steps in whatever the alignment
+    (`test_with_the_coverage_the_return_is_seen_in_its_first_window`, below)."""
+    _s, flips, _n, seconds, flips_again = unpredictable_then_predictable(round_)
+    assert all(f.endswith(("recheck", "probe_end")) for _s, f in flips), flips
+    rechecks = [s for s, f in flips if f == "flip_on:recheck"]
+    assert all((24 + s) % 127 == 0 for s in rechecks), (round_, rechecks)  # at admissions
+    assert flips_again[:1] == [(0, "flip_on:recheck")] and WAVES * 64 * SPEC_S / seconds >= 0.99, flips_again
 
 
 def test_a_recheck_is_priced_at_the_decode_steps_the_switchs_windows_run() -> None:
     """Every recheck of the run ran windows of 7, 8 and 8 measured speculative steps (the interval across the flip
     unmeasured: 24 decode steps), which `AutoParams.recheck_span` derives from `recheck_steps` and the agreement
     window; the learner's budget prices that many (it priced 16, `recheck_steps`, until 0a54b11): from call b round
-    1's flip off, at an emptied server, a recheck becomes affordable after its loss at accept 1.0 (24 steps at the
-    accept-1.0 step against plain's for the same tokens) over 3 % of plain's time."""
+    1's flip off, at an emptied server, a recheck becomes affordable after its loss at the accept length relearned at
+    the drop, 1.0 (24 steps at the accept-1.0 step against plain's for the same tokens), over 3 % of plain's time
+    (at the EWMA's leftover 1.09, before the relearning at a shift: 200-260 steps)."""
     rechecks = []
     for spec, n, _sec, _acc, _ctx, _batch, segment, _t in WINDOWS["b"]:
         if segment == 5 and spec:
@@ -266,7 +274,7 @@ def test_a_recheck_is_priced_at_the_decode_steps_the_switchs_windows_run() -> No
     due = next(k for k in range(1, 1000) if ap._recheck_due(
         attrs.evolve(state, step=state.accept.updated + k), 1, 2, 0, CAP, 100.0, 2 / plain_s) is not None)
     assert due == math.ceil(loss / (p.recheck_fraction * plain_s)), (due, loss)
-    assert 200 < due < 260, due  # 16 steps priced: about 150
+    assert accept == 1.0 and 290 < due < 340, (accept, due)  # 16 steps priced: about 210
 
 
 @pytest.mark.parametrize("length", [8, 24, 64, 127, 200])

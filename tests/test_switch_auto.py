@@ -315,7 +315,7 @@ def _batch(mode: str, bs: int) -> Any:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    batch = ScheduleBatch(reqs=[object()] * bs, batch_is_full=False)
+    batch = ScheduleBatch(reqs=[h.make_req(f"r{i}", [1, 2, 3]) for i in range(bs)], batch_is_full=False)
     batch.forward_mode = ForwardMode.EXTEND if mode == "prefill" else ForwardMode.DECODE
     batch.spec_algorithm = SpeculativeAlgorithm.EAGLE3 if mode == "spec" else SpeculativeAlgorithm.NONE
     return batch
@@ -344,6 +344,39 @@ def test_which_intervals_are_observed() -> None:
     assert (auto.accept_tokens, auto.accept_rows) == (6, 3)
     auto.agree(sched)
     assert auto.accept_mean == 2.0 and auto.state.step == 3 and auto.pending == [] and auto.agreements == 1
+
+
+def test_a_window_tells_the_learner_its_verify_results_and_whether_a_request_finished(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each agreed window's observations carry the verify results behind its accept length (`rows`) and whether a
+    processed verify held a finished request (real `Req`s, one finished by length as SGLang marks it): what
+    `observe`'s shift rule weighs (tests/test_auto_h100_1009c9d.py). A plain result is not a verify's."""
+    import torch
+
+    observed: list[ap.Observation] = []
+    real_observe = ap.observe
+    monkeypatch.setattr(ap, "observe", lambda state, obs: observed.append(obs) or real_observe(state, obs))
+    t = [0.0]
+    auto = auto_switch.AutoSwitch(spec_cap=48, window=2, clock=lambda: t[0])
+    sched = object()
+
+    def two_steps() -> None:  # the second ends the window of 2: its agreement
+        for _ in range(2):
+            auto.on_run_batch(sched, _batch("spec", 2), 0)
+            t[0] += 0.01
+    two_steps()
+    observed.clear()
+    for finish in (False, True):
+        done = _batch("plain", 2)
+        h.finish_req(done.reqs[0])
+        auto.on_result(done, None)  # a plain result with a finished request: not a verify's
+        batch = _batch("spec", 2)
+        if finish:
+            h.finish_req(batch.reqs[1])
+        auto.on_result(batch, type("Result", (), {"accept_lens": torch.tensor([2, 3])})())
+        auto.on_result(_batch("spec", 2), type("Result", (), {"accept_lens": torch.tensor([1, 2])})())
+        two_steps()
+    assert [(o.rows, o.finished) for o in observed] == [(4, False)] * 2 + [(4, True)] * 2
 
 
 def test_the_trace_records_each_change_of_decision_once() -> None:

@@ -352,8 +352,8 @@ def test_auto_tiers_credit_each_result_to_the_tier_it_ran_at(monkeypatch: pytest
             auto.on_result(*prev)
         prev = (batch, result)
         t[0] += 0.004 if steps == 1 else 0.006
-    # 3 then 4 intervals, the two sums, one pair per tier, the catch-up's tokens and seconds
-    assert agreed == [3 + 2 + 2 * 2 + 2, 4 + 2 + 2 * 2 + 2]
+    # 3 then 4 intervals, the two sums, one pair per tier, the finished flag, the catch-up's tokens and seconds
+    assert agreed == [3 + 2 + 2 * 2 + 1 + 2, 4 + 2 + 2 * 2 + 1 + 2]
     assert [o.steps for o in observed] == [3, 3, 3, 3, 1, 1, 1]
     # every step's tokens are its own tier's accept (4 at steps 3, 2 at steps 1), not the second window's mix (2.5)
     assert [o.tokens for o in observed] == [8.0, 8.0, 8.0, 8.0, 4.0, 4.0, 4.0]

@@ -121,6 +121,9 @@ class AutoSwitch:
     vocab: frozenset[int] | None = None
     cover_tokens: int = 0
     cover_hits: int = 0
+    # a processed decode result of this window held a finished request (its last verify may be cut short by its
+    # length, not by the draft): `Observation.finished`
+    finished_seen: bool = False
 
     def __post_init__(self) -> None:
         # the learner prices a recheck by the windows this switch agrees at (AutoParams.recheck_span)
@@ -220,6 +223,7 @@ class AutoSwitch:
             self.state = ap.initial_state(self.state.params, tiers=self.state.tiers)
             self.accept_tokens = self.accept_rows = 0
             self.cover_tokens = self.cover_hits = 0
+            self.finished_seen = False
             self.accept_by_steps = {}
             self.held_rids = None
             self.first_seen = {}
@@ -305,6 +309,10 @@ class AutoSwitch:
         self.count_coverage(batch.reqs, accept)
         if accept is None:
             return
+        # a verify's only (plain steps give no accept length; speculation runs at most `spec_cap` requests). Under the
+        # overlap schedule a request that finished at the step before is still in this batch: the flag may come a
+        # window late, which only keeps one more window out of a run
+        self.finished_seen = self.finished_seen or any(req.finished() for req in batch.reqs)
         if getattr(accept, "is_cpu", False):  # never a device tensor: reading one would sync
             tokens, rows = int(accept.sum()), int(accept.numel())
             self.accept_tokens += tokens
@@ -349,10 +357,10 @@ class AutoSwitch:
         # only where the signal exists (every rank reads the same draft)
         cover = [float(self.cover_hits), float(self.cover_tokens)] if self.vocab is not None else []
         values = [*self.seconds, float(self.accept_tokens), float(self.accept_rows), *per_tier, *cover,
-                  float(catch_up[0]), catch_up[1]]
+                  float(self.finished_seen), float(catch_up[0]), catch_up[1]]
         values = all_reduce_max(scheduler, values)
-        catch_up_tokens, catch_up_s = int(values[-2]), values[-1]
-        values = values[:-2]
+        finished, catch_up_tokens, catch_up_s = values[-3] > 0, int(values[-2]), values[-1]
+        values = values[:-3]
         coverage = None
         if cover:
             hits, counted, values = values[-2], values[-1], values[:-2]
@@ -368,12 +376,15 @@ class AutoSwitch:
         tier_sums = values[n + 2:]
         tier_means = {s: (tier_sums[2 * i] / tier_sums[2 * i + 1] if tier_sums[2 * i + 1] > 0 else None)
                       for i, s in enumerate(tiers)}
+        tier_rows = {s: int(tier_sums[2 * i + 1]) for i, s in enumerate(tiers)}
         for (spec_on, bs), steps, sec, ctx in zip(self.pending, self.pending_steps, seconds, self.pending_context,
                                                   strict=True):
             step_mean = tier_means.get(steps) if tiers else mean
             tok = (None if step_mean is None else bs * step_mean) if spec_on else float(bs)
             self.state = ap.observe(self.state, ap.Observation(spec_on=spec_on, batch=bs, tokens=tok, seconds=sec,
-                                                               steps=steps, context=ctx, coverage=coverage))
+                                                               steps=steps, context=ctx, coverage=coverage,
+                                                               finished=finished,
+                                                               rows=tier_rows.get(steps, 0) if tiers else int(rows)))
         if catch_up_tokens > 0:
             self.state = ap.observe_catch_up(self.state, catch_up_tokens, catch_up_s)
         self.catch_up_seen = None
@@ -385,6 +396,8 @@ class AutoSwitch:
                         context=round(sum(self.pending_context) / n, 1) if n else None,
                         digest=self.state.digest(),
                         **({} if coverage is None else {"coverage": round(coverage, 4)}),
+                        **({} if not rows else {"rows": int(rows)}),
+                        **({} if not finished else {"finished": True}),
                         **({} if not catch_up_tokens else {"catch_up_tokens": catch_up_tokens,
                                                            "catch_up_s": round(catch_up_s, 6)}),
                         **({} if not tiers else {"accept_by_steps": {
@@ -392,6 +405,7 @@ class AutoSwitch:
         self.pending, self.pending_steps, self.pending_context, self.seconds = [], [], [], []
         self.accept_tokens = self.accept_rows = 0
         self.cover_tokens = self.cover_hits = 0
+        self.finished_seen = False
         self.accept_by_steps = {}
 
 
