@@ -377,6 +377,8 @@ def test_a_window_tells_the_learner_its_verify_results_and_whether_a_request_fin
         auto.on_result(_batch("spec", 2), type("Result", (), {"accept_lens": torch.tensor([1, 2])})())
         two_steps()
     assert [(o.rows, o.finished) for o in observed] == [(4, False)] * 2 + [(4, True)] * 2
+    # the trace's view of the learner's accept length after the window: [estimate, run, spread]
+    assert list(auto.accept_learned()) == ["spec"] and auto.accept_learned()["spec"][0] == auto.state.accept.mean
 
 
 def test_the_trace_records_each_change_of_decision_once() -> None:

@@ -398,6 +398,7 @@ class AutoSwitch:
                         **({} if coverage is None else {"coverage": round(coverage, 4)}),
                         **({} if not rows else {"rows": int(rows)}),
                         **({} if not finished else {"finished": True}),
+                        **({} if not rows else {"accept_learned": self.accept_learned()}),
                         **({} if not catch_up_tokens else {"catch_up_tokens": catch_up_tokens,
                                                            "catch_up_s": round(catch_up_s, 6)}),
                         **({} if not tiers else {"accept_by_steps": {
@@ -407,6 +408,14 @@ class AutoSwitch:
         self.cover_tokens = self.cover_hits = 0
         self.finished_seen = False
         self.accept_by_steps = {}
+
+    def accept_learned(self) -> dict[str, list[float]]:
+        """Per speculative mode the learner holds an accept length for (trace name): [its estimate, the run of samples
+        a clear win off it (signed), their spread per verify result] (`AutoState.accept_runs`): whether and when a
+        shift was relearned, which the windows' means alone do not tell."""
+        runs = {m: (r, v) for m, r, v, _ref in self.state.accept_runs}
+        return {self.mode_name(m): [round(e.mean, 4), *((runs[m][0], round(runs[m][1], 4)) if m in runs else ())]
+                for m, e in self.state.accepts}
 
 
 def draft_vocabulary(worker: Any) -> frozenset[int] | None:
