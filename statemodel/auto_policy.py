@@ -379,8 +379,8 @@ class AutoState:
     rechecks: int = 0  # rechecks of speculation whose accept length fell
     # (mode, samples in a row a clear win above (> 0) or below (< 0) its accept length's estimate, the mean square
     # of the samples' deviations from the estimate outside runs, each times its rows (the spread of one verify
-    # result's accept length): EWMA, weight `alpha`; the estimate the run is judged
-    # against: its value at the run's first sample)
+    # result's accept length): EWMA, weight `alpha`; the estimate the run is judged against: its value at the run's
+    # first sample)
     accept_runs: tuple[tuple[int, int, float, float], ...] = ()
     # the draft vocabulary's coverage of the tokens the target commits (`Observation.coverage`; EWMA, weight `alpha`,
     # over every observed step that carries it; None: no signal), and per speculative mode the coverage its accept
@@ -554,9 +554,9 @@ def observe(state: AutoState, obs: Observation) -> AutoState:
         # a drop from 2.0 to 1.0), and its samples stay out of the spread (each would widen it for the next). Where
         # the windows' accept lengths vary by themselves the spread keeps it to the EWMA: the spread of one verify
         # result (a sample is the mean of its window's `rows`: one result varies as much as eight averaged over eight
-        # would, so a sample's squared deviation is weighed by its rows); a window in which a request
-        # finished (its last verify cut short by its length, not by the draft: two such in a row relearned a wave's
-        # end low) neither starts nor breaks a run
+        # would, so a sample's squared deviation is weighed by its rows); a window in which a request finished (its
+        # last verify cut short by its length, not by the draft: two such in a row relearned a wave's end low)
+        # neither starts nor breaks a run
         run, noise, ref = next(((r, v, f) for m, r, v, f in state.accept_runs if m == mode), (0, 0.0, 0.0))
         rows = obs.rows or obs.batch
         if not obs.finished:

@@ -396,9 +396,8 @@ class AutoSwitch:
                         context=round(sum(self.pending_context) / n, 1) if n else None,
                         digest=self.state.digest(),
                         **({} if coverage is None else {"coverage": round(coverage, 4)}),
-                        **({} if not rows else {"rows": int(rows)}),
+                        **({} if not rows else {"rows": int(rows), "accept_learned": self.accept_learned()}),
                         **({} if not finished else {"finished": True}),
-                        **({} if not rows else {"accept_learned": self.accept_learned()}),
                         **({} if not catch_up_tokens else {"catch_up_tokens": catch_up_tokens,
                                                            "catch_up_s": round(catch_up_s, 6)}),
                         **({} if not tiers else {"accept_by_steps": {
