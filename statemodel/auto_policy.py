@@ -94,7 +94,9 @@ estimate afresh (`accept_runs`; windows in which a request finished start no run
 smaller than the target's, the switch also counts the share of the committed tokens inside it (`Observation.coverage`),
 which plain steps show and which bounds the accept length (`accept_bound`: 1 / (1 - coverage)): a bound risen by a clear
 win over what speculation was measured at makes a recheck due at once, borrowing the budget, and a bound that cannot
-beat plain decoding spends no recheck (`_recheck_due`); without it, everything above is unchanged. A step reads every
+beat plain decoding spends no recheck (`_recheck_due`); the coverage a recheck weighs is that of the next batch's own
+requests once they have committed `batch_cover_tokens` (`batch_coverage`, counted per request by the switch), not the
+windows' blend of the requests before them; without it, everything above is unchanged. A step reads every
 running request's KV: each bucket keeps an estimate per context band (`context_band`), each its own line of seconds
 against context (`Estimate.at_context`), and `decide` values every mode at the next batch's context (`context=`: the
 switch gives the longest running or waiting request's, which paces a speculative step) from the buckets that ran near
@@ -186,6 +188,9 @@ class AutoParams:
     # as badly (0: no rechecks)
     recheck_fraction: float = 0.03
     recheck_steps: int = 16  # a recheck's length: settle + the agreement window's lag (8) + 6 accept samples
+    # a recheck weighs the next batch's own coverage once its requests have committed this many tokens (`_recheck_due`):
+    # two plain steps of two requests; its noise costs at most a recheck, within the budget
+    batch_cover_tokens: int = 4
     # decode steps between the switch's agreements across ranks (shim.switch.auto.AutoSwitch.window): the learner
     # observes steps a window at a time, so a probe's or a recheck's end falls on a window's end (`recheck_span`)
     agree_window: int = 8
@@ -209,7 +214,7 @@ class AutoParams:
                              f"turnover_idle_factor out of range: {self}")
         if min(self.min_dwell, self.confirm_steps, self.settle, self.min_samples, self.probe_steps, self.probe_credit,
                self.stale_after, self.stale_behind_after, self.hold_steps, self.recheck_steps,
-               self.calm_points) < 0 or self.min_samples < 1 \
+               self.calm_points, self.batch_cover_tokens) < 0 or self.min_samples < 1 \
                 or self.agree_window < 1:
             raise ValueError(f"auto policy: step counts must be >= 0 (min_samples, agree_window >= 1): {self}")
 
@@ -928,7 +933,8 @@ def accept_bound(coverage: float) -> float:
 
 
 def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap: int, context: float | None,
-                 plain_value: float, arrivals: Sequence[int] | None = None) -> float | None:
+                 plain_value: float, arrivals: Sequence[int] | None = None,
+                 batch_coverage: tuple[int, int] | None = None) -> float | None:
     """Whether plain decoding, held on the numbers, should recheck speculative `mode` now: None where not, else the
     budget steps the recheck leaves owed (`recheck_debt`, 0 when the budget covered it). Due where its accept length
     has fallen by `clear_win` or more below the highest the traffic drafted at (the traffic changed, not noise: issue
@@ -954,7 +960,14 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     until that is paid back: over any run the rechecks spend at most the budget plus one recheck's holding). (b) The
     highest accept length valued is capped by the bound: where even that cannot beat plain decoding by the margin
     (outputs outside the draft's vocabulary), no recheck is spent. Without the signal both are absent and the rule
-    is as before."""
+    is as before. The coverage weighed is the next batch's own (`batch_coverage`: hits and tokens its requests, running
+    and waiting, committed so far) once they have committed `batch_cover_tokens`, else the steps' (`state.coverage`):
+    a recheck measures these requests, and the windows' coverage blends in the requests before them, which a
+    shift's first window still holds, and weighs it by steps (the H100, 2026-12-07 (159eaf8), accept_shift's
+    predictable_again: the first window after the predictable requests came back held the unpredictable ones' last
+    steps, a coverage of 0.5 and 0.30 learned where the new requests' own was 1.0; in one round that bound (1.44)
+    valued speculation at 399 tok/s, under plain's 397 by the margin, and the recheck waited a second window: 15
+    plain steps to the flip, 1.058x the phase's p99)."""
     p = state.params
     accept, peak = state.accept_of(mode), state.accept_peak(mode)
     if p.recheck_fraction <= 0 or accept is None or peak is None or peak < accept.mean * (1 + p.clear_win):
@@ -964,8 +977,10 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     if line is None or not plain_value > 0:
         return None
     seconds = line[0]
-    cover = _trusted_coverage(state)
-    reach = min(peak, _coverage_bound(state))
+    covered, bound = _trusted_coverage(state) is not None, _coverage_bound(state)
+    if batch_coverage is not None and batch_coverage[1] >= max(1, p.batch_cover_tokens):  # the next batch's own
+        covered, bound = True, accept_bound(batch_coverage[0] / batch_coverage[1])
+    reach = min(peak, bound)
     if reach * batch / seconds <= plain_value * (1 + p.margin):
         return None
     # a recheck counts as losing at least what a clear win's loser loses: near the crossover it would cost next to
@@ -978,7 +993,7 @@ def _recheck_due(state: AutoState, mode: int, load: int, running: int, spec_cap:
     plain_step = load / plain_value
     need = max(p.recheck_steps, loss / (p.recheck_fraction * plain_step)) + state.recheck_debt
     since = state.step - accept.updated
-    if cover is not None:  # (a): the bound rose by a clear win over what speculation was measured at
+    if covered:  # (a): the bound rose by a clear win over what speculation was measured at
         then = state.accept_cover(mode)
         seen = max(accept.mean, 0.0 if then is None else accept_bound(then))
         if reach >= seen * (1 + p.clear_win) and since >= state.recheck_debt:
@@ -1122,14 +1137,16 @@ def _outgrown(state: AutoState, load: int, spec_cap: int, context: float | None)
 
 def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap: int,
            steps: int | None = None, context: float | None = None,
-           arrivals: Sequence[int] | None = None) -> Decision:
+           arrivals: Sequence[int] | None = None, batch_coverage: tuple[int, int] | None = None) -> Decision:
     """The mode change for the scheduling point at hand (or none), from the state alone. `demand`: running + waiting
     requests; `running`: requests in flight (the running batch, prefilled and chunked ones included); `steps`: with
     tiers, the step count speculation runs at now (one off the ladder counts as the ladder's first); `context`: the
     KV tokens per running request (prompt and output), the same on every rank (None: values as learned);
     `arrivals`: per request of the next batch (running and waiting), the learner step (`state.step`) at which the
     switch first saw it, the same on every rank (None: not known; a recheck then waits for the steps alone:
-    `_recheck_due`)."""
+    `_recheck_due`); `batch_coverage`: (hits, tokens), the draft vocabulary's coverage of the output tokens the next
+    batch's requests committed so far, from host lists every rank holds alike (None: not counted; a recheck then
+    weighs the steps' coverage: `_recheck_due`)."""
     p = state.params
     cur = state.mode_of(spec_on, steps)
     cur = 1 if cur is None else cur
@@ -1207,7 +1224,8 @@ def decide(state: AutoState, spec_on: bool, demand: int, running: int, spec_cap:
                 or load != demand or past_cap:
             return None
         for other in modes:
-            debt = _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals)
+            debt = _recheck_due(state, other, load, running, spec_cap, context, values[PLAIN], arrivals,
+                                batch_coverage)
             if debt is not None:
                 return attrs.evolve(answer(_flip(cur, other), "recheck", incumbent=settled, to=other),
                                     recheck_debt=debt)

@@ -598,6 +598,58 @@ def test_the_switch_stamps_each_request_with_the_step_it_first_saw_it_and_a_rech
     assert auto_switch.request_ids([type("R", (), {"rid": 7})()], [type("R", (), {"rid": "w"})()]) == ["7", "w"]
 
 
+def test_a_recheck_weighs_the_coverage_of_the_requests_it_would_measure() -> None:
+    """`AutoSwitch` counts each request's coverage (hits and tokens, `request_cover`) from the decode results it
+    processes and gives plain decisions the next batch's own (`batch_coverage`): the requests that finished are dropped,
+    waiting ones count none. After unpredictable requests (outputs outside the draft's vocabulary) flipped plain,
+    predictable ones arriving make the recheck due at the scheduling point where they have committed
+    `batch_cover_tokens` (4: two plain steps of two requests), between two agreements (the window's coverage, which the
+    learner weighs otherwise, still blends in the requests before them); before that the steps' coverage decides (none
+    due), and requests as unpredictable as the last spend none. Under speculation nothing is summed; with no draft
+    vocabulary nothing is counted."""
+    def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int, coverage: float) -> ap.AutoState:
+        for _ in range(count):
+            state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
+                                                     0.0072 if spec_on else 0.0057, coverage=coverage))
+        return state
+
+    state = steps(steps(ap.initial_state(), 2.0, True, 80, 1.0), 1.0, True, 32, 0.0)
+    state = attrs.evolve(steps(state, 1.0, False, 100, 0.0), incumbent=ap.PLAIN, flip_step=state.step)
+
+    def plain_steps(auto: auto_switch.AutoSwitch, reqs: list[Any], token: int, count: int) -> None:
+        batch = _batch("plain", len(reqs))
+        batch.reqs = reqs
+        for _ in range(count):
+            for req in reqs:
+                req.output_ids.append(token)
+            auto.on_result(batch, type("Result", (), {"accept_lens": None})())
+
+    for vocab in (frozenset(range(4)), None):
+        auto = auto_switch.AutoSwitch(spec_cap=48, state=state)
+        auto.vocab = vocab
+        old = [h.make_req("a", [1, 2, 3]), h.make_req("b", [1, 2, 3])]
+        plain_steps(auto, old, 9, 5)  # unpredictable: outside the vocabulary
+        held = auto.decide(False, 2, 0, rids=["a", "b"])
+        assert (held.action, held.reason, auto.batch_cover) == (None, "measured", (0, 10) if vocab else None), held
+        new = [h.make_req("c", [1, 2, 3]), h.make_req("d", [1, 2, 3])]
+        assert auto.decide(False, 0, 2, rids=["c", "d"]).action is None  # admitted: nothing committed yet
+        assert auto.batch_cover == ((0, 0) if vocab else None) and "a" not in auto.request_cover
+        plain_steps(auto, new, 1, 1)  # predictable: 2 tokens, under batch_cover_tokens
+        assert auto.decide(False, 2, 0, rids=["c", "d"]).action is None and auto.state.coverage.mean < 0.01
+        plain_steps(auto, new, 1, 1)
+        d = auto.decide(False, 2, 0, rids=["c", "d"])
+        if vocab is None:
+            assert (d.action, d.reason, auto.request_cover) == (None, "measured", {}), d
+            continue
+        assert (d.action, d.reason, auto.batch_cover) == (ap.FLIP_ON, "recheck", (4, 4)), d
+        assert auto.trace_fields()["batch_coverage"] == [4, 4]
+        assert ap.decide(auto.state, False, 2, 2, 48).action is None  # the steps' coverage alone: not due
+        assert auto.decide(True, 2, 0, rids=["c", "d"]) and auto.batch_cover is None  # speculating: not summed
+        others = [h.make_req("e", [1, 2, 3]), h.make_req("f", [1, 2, 3])]
+        plain_steps(auto, others, 9, 2)  # as unpredictable as the last: the batch's own bound rules the recheck out
+        assert auto.decide(False, 2, 0, rids=["e", "f"]).action is None and auto.batch_cover == (0, 4)
+
+
 # --- issue 52: the draft vocabulary's coverage of the committed tokens ---------------------------------------------
 
 

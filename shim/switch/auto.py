@@ -121,6 +121,11 @@ class AutoSwitch:
     vocab: frozenset[int] | None = None
     cover_tokens: int = 0
     cover_hits: int = 0
+    # ... and per request, rid -> [hits, tokens] over its life, for the requests of the last decision's next batch:
+    # a recheck weighs the coverage of the requests it would measure (`batch_coverage`), not the window's blend of the
+    # ones before them; the same on every rank (host lists of the same requests)
+    request_cover: dict[str, list[int]] = field(default_factory=dict)
+    batch_cover: tuple[int, int] | None = None  # the last decision's `batch_coverage` (None: not counted)
     # a processed decode result of this window held a finished request (its last verify may be cut short by its
     # length, not by the draft): `Observation.finished`
     finished_seen: bool = False
@@ -141,13 +146,19 @@ class AutoSwitch:
         running; `context`: the context of the batch that runs next (`next_context`; None or 0, none known: the last
         decode batch's); `rids`: the requests of the batch that runs next, running and waiting (`request_ids`; None:
         not known, no arrivals given)."""
-        arrivals = None
+        arrivals = self.batch_cover = None
         if rids is not None:
             step, seen = self.state.step, self.first_seen
             self.first_seen = {rid: seen.get(rid, step) for rid in rids}
             arrivals = tuple(self.first_seen.values())
+            if self.vocab is not None:  # finished requests dropped; only plain rechecks weigh the batch's coverage
+                cover = self.request_cover
+                self.request_cover = {rid: cover[rid] for rid in self.first_seen if rid in cover}
+                if not spec_on:
+                    counts = self.request_cover.values()
+                    self.batch_cover = (sum(c[0] for c in counts), sum(c[1] for c in counts))
         d = ap.decide(self.state, spec_on, running + waiting + chunked, running + chunked, self.spec_cap, steps=steps,
-                      context=context or self.context, arrivals=arrivals)
+                      context=context or self.context, arrivals=arrivals, batch_coverage=self.batch_cover)
         if d.action == ap.FLIP_ON and d.reason == "measured" and running + chunked > 0 and batch_work is not None:
             remaining, catch_up, rids = batch_work()
             # held before, and every request held then has finished: the batch turned over (a steady load)
@@ -181,6 +192,7 @@ class AutoSwitch:
                 "context": None if d.context is None else round(d.context, 1),
                 "digest": self.state.digest(),
                 **({} if self.state.coverage is None else {"coverage": round(self.state.coverage.mean, 4)}),
+                **({} if self.batch_cover is None else {"batch_coverage": list(self.batch_cover)}),
                 **({} if not d.recheck_debt else {"recheck_debt": round(d.recheck_debt, 1)}),
                 **({} if not self.state.turnover_idle() else
                    {"turnover_idle_ms": round(1000 * self.state.turnover_idle(), 1)}),
@@ -227,6 +239,7 @@ class AutoSwitch:
             self.accept_by_steps = {}
             self.held_rids = None
             self.first_seen = {}
+            self.request_cover = {}
         if batch is None or not batch.forward_mode.is_decode():
             if batch is not None and self.catch_up_started is not None and batch.forward_mode.is_extend():
                 self._count_admitted(batch)
@@ -334,19 +347,23 @@ class AutoSwitch:
         # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule one
         # that finished at the step before is still in this batch): not counted, its last tokens included
         if accept is None:
-            committed = [req.output_ids[-1] for req in reqs
-                         if req.output_ids and not (req.finished() or req.is_retracted)]
+            per_req = [(req, req.output_ids[-1:]) for req in reqs
+                       if req.output_ids and not (req.finished() or req.is_retracted)]
         else:
             if not getattr(accept, "is_cpu", False):
                 return
             lens = accept.tolist()
             if len(lens) != len(reqs):
                 return
-            committed = [t for req, n in zip(reqs, lens, strict=True) if n > 0 and not (req.finished() or
-                                                                                          req.is_retracted)
-                         for t in req.output_ids[-n:]]
-        self.cover_tokens += len(committed)
-        self.cover_hits += sum(map(vocab.__contains__, committed))
+            per_req = [(req, req.output_ids[-n:]) for req, n in zip(reqs, lens, strict=True)
+                       if n > 0 and not (req.finished() or req.is_retracted)]
+        for req, committed in per_req:
+            hits = sum(map(vocab.__contains__, committed))
+            self.cover_tokens += len(committed)
+            self.cover_hits += hits
+            counts = self.request_cover.setdefault(str(req.rid), [0, 0])
+            counts[0] += hits
+            counts[1] += len(committed)
 
     def agree(self, scheduler: Any, trace: Any = None) -> None:
         """Agree the window across ranks (MAX over the TP CPU group; nothing at TP 1), then feed the learner."""
