@@ -189,7 +189,7 @@ class AutoParams:
     recheck_fraction: float = 0.03
     recheck_steps: int = 16  # a recheck's length: settle + the agreement window's lag (8) + 6 accept samples
     # a recheck weighs the next batch's own coverage once its requests have committed this many tokens (`_recheck_due`):
-    # two plain steps of two requests; its noise costs at most a recheck, within the budget
+    # two requests' first tokens (their prefill's) and one plain step; its noise costs at most a recheck, within budget
     batch_cover_tokens: int = 4
     # decode steps between the switch's agreements across ranks (shim.switch.auto.AutoSwitch.window): the learner
     # observes steps a window at a time, so a probe's or a recheck's end falls on a window's end (`recheck_span`)

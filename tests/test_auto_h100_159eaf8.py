@@ -59,8 +59,8 @@ def test_the_first_window_blended_the_requests_before() -> None:
 def test_the_batchs_own_coverage_makes_the_recheck_due_at_the_first_window(index: int) -> None:
     """At each round's first window, at the plain value the server held there: weighing the steps' coverage (no batch
     coverage, or fewer than `batch_cover_tokens` of it) the recheck is due in round 0 and not in round 1, as recorded;
-    weighing the new requests' own tokens (4 of 4 in the vocabulary: two plain steps) it is due in both. Requests as
-    unpredictable as the last (0 of 4) spend no recheck."""
+    weighing the new requests' own tokens (4 of 4 in the vocabulary: their prefill's and one plain step) it is due in
+    both. Requests as unpredictable as the last (0 of 4) spend no recheck."""
     r, _w, state = first_window(index)
     def due(batch_coverage: tuple[int, int] | None) -> float | None:
         return ap._recheck_due(state, 1, 2, 2, CAP, 37.0, r["plain_value"], batch_coverage=batch_coverage)

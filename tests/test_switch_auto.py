@@ -603,9 +603,9 @@ def test_a_recheck_weighs_the_coverage_of_the_requests_it_would_measure() -> Non
     processes and gives plain decisions the next batch's own (`batch_coverage`): the requests that finished are dropped,
     waiting ones count none. After unpredictable requests (outputs outside the draft's vocabulary) flipped plain,
     predictable ones arriving make the recheck due at the scheduling point where they have committed
-    `batch_cover_tokens` (4: two plain steps of two requests), between two agreements (the window's coverage, which the
-    learner weighs otherwise, still blends in the requests before them); before that the steps' coverage decides (none
-    due), and requests as unpredictable as the last spend none. Under speculation nothing is summed; with no draft
+    `batch_cover_tokens` (4: here two plain steps of two requests), between two agreements (the window's coverage, which
+    the learner weighs otherwise, still blends in the requests before them); before that the steps' coverage decides
+    (none due), and requests as unpredictable as the last spend none. Under speculation nothing is summed; with no draft
     vocabulary nothing is counted."""
     def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int, coverage: float) -> ap.AutoState:
         for _ in range(count):
@@ -720,10 +720,11 @@ def test_the_draft_vocabulary_is_read_at_start_up_from_sglangs_hot_token_ids(tmp
         switch_v2._RUNTIME, switch_v2.capture_plain_decode_runner = saved, capture
 
 
-def test_the_coverage_counts_the_tokens_each_decode_result_committed() -> None:
-    """Per processed decode result, from the requests' host lists: a plain step's newest token per request, a
-    verify's last `accept_lens` tokens per request (its accepted drafts and bonus); prefills, device tensors and
-    rows that do not match are not counted. The window's share is agreed and given to the learner with each step
+def test_the_coverage_counts_the_tokens_each_result_committed() -> None:
+    """Per processed result, from the requests' host lists: a plain step's newest token per request, a verify's last
+    `accept_lens` tokens per request (its accepted drafts and bonus), a prefill's first output tokens (not a chunk's
+    that commits none, nor the tokens of requests past their first); device tensors and rows that do not match are
+    not counted. The window's share is agreed and given to the learner with each step
     (`Observation.coverage`), which keeps it (`AutoState.coverage`) and the share its accept length was measured at
     (`accept_cover`); with no draft vocabulary (None) nothing is counted and the learner sees no signal."""
     import torch
@@ -753,21 +754,25 @@ def test_the_coverage_counts_the_tokens_each_decode_result_committed() -> None:
         auto.on_result(spec, type("Result", (), {"accept_lens": torch.tensor([3, 1, 2, 1])})())  # 3, 2, 0 and 9: 3 of 4
         assert (auto.cover_hits, auto.cover_tokens) == ((4, 6) if vocab else (0, 0))
         prefill = _batch("prefill", 2)
-        prefill.reqs = reqs
+        first, chunk = h.make_req("e", [1, 2, 3]), h.make_req("f", [1, 2, 3])
+        first.output_ids = [2]  # its prompt's last chunk: the first output token, in; the chunk before its last: none
+        prefill.reqs = reqs + [first, chunk, done]
         auto.on_result(prefill, type("Result", (), {"accept_lens": None})())
+        assert (auto.cover_hits, auto.cover_tokens) == ((5, 7) if vocab else (0, 0))
+        assert auto.request_cover == ({"a": [4, 4], "b": [0, 2], "e": [1, 1]} if vocab else {})
         auto.on_result(spec, type("Result", (), {"accept_lens": torch.tensor([3])})())  # rows do not match
         device = type("DeviceTensorStandIn", (), {"is_cpu": False, "tolist": lambda self: pytest.fail("read")})()
         auto.on_result(spec, type("Result", (), {"accept_lens": device})())
-        assert (auto.cover_hits, auto.cover_tokens) == ((4, 6) if vocab else (0, 0))
+        assert (auto.cover_hits, auto.cover_tokens) == ((5, 7) if vocab else (0, 0))
         windows.clear()
         for mode in ("spec", "spec", "spec"):
             auto.on_run_batch(object(), _batch(mode, 2), 0, trace)
             t[0] += 0.01
-        assert [w.get("coverage") for w in windows] == ([round(4 / 6, 4)] if vocab else [None])
+        assert [w.get("coverage") for w in windows] == ([round(5 / 7, 4)] if vocab else [None])
         if vocab is None:
             assert auto.state.coverage is None and auto.state.accept_covers == ()
         else:
-            assert auto.state.coverage is not None and auto.state.coverage.mean == pytest.approx(4 / 6)
+            assert auto.state.coverage is not None and auto.state.coverage.mean == pytest.approx(5 / 7)
             assert (auto.cover_hits, auto.cover_tokens) == (0, 0)
 
 
@@ -785,17 +790,19 @@ def test_through_the_real_hooks_the_coverage_follows_the_committed_tokens(runtim
     counted: list[tuple[bool, int, int]] = []
     count = auto.count_coverage
 
-    def spy(reqs: Any, accept: Any) -> None:
+    def spy(reqs: Any, accept: Any, prefill: bool = False) -> None:
         before = (auto.cover_hits, auto.cover_tokens)
-        count(reqs, accept)
-        counted.append((accept is not None, auto.cover_hits - before[0], auto.cover_tokens - before[1]))
+        count(reqs, accept, prefill=prefill)
+        kind = "prefill" if prefill else "verify" if accept is not None else "plain"
+        counted.append((kind, auto.cover_hits - before[0], auto.cover_tokens - before[1]))
 
     auto.count_coverage = spy
     reqs, _ends = drive_phases(drv, [(2, 40), (8, 50), (2, 40)])
     assert runtime.guard.found == [] and ol_greedy(reqs) == []
-    assert {verify for verify, _, n in counted if n} == {True, False}  # both modes counted
+    assert {kind for kind, _, n in counted if n} == {"prefill", "verify", "plain"}  # both modes and the prefills
+    assert sum(n for kind, _, n in counted if kind == "prefill") == len(reqs)  # each request's first token, once
     hits, tokens = sum(c[1] for c in counted), sum(c[2] for c in counted)
-    committed = [t for r in reqs for t in r.output_ids[1:]]  # the first token is the prefill's
+    committed = [t for r in reqs for t in r.output_ids]
     assert 0.7 * len(committed) <= tokens <= len(committed), (tokens, len(committed))
     assert 0.3 < hits / tokens < 0.7 and abs(hits / tokens - sum(t % 2 == 0 for t in committed) / len(committed)) < 0.05
     assert auto.state.coverage is not None and auto.state.accept_cover(1) is not None

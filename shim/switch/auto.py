@@ -317,7 +317,12 @@ class AutoSwitch:
         result committed, in the draft's vocabulary or not (`count_coverage`)."""
         steps = self.result_steps.pop(id(result), None)
         accept = getattr(result, "accept_lens", None)
-        if batch is None or not batch.forward_mode.is_decode() or self.warming:
+        if batch is None or self.warming:
+            return
+        if batch.forward_mode.is_extend():  # a prefill commits its requests' first tokens
+            self.count_coverage(batch.reqs, None, prefill=True)
+            return
+        if not batch.forward_mode.is_decode():
             return
         self.count_coverage(batch.reqs, accept)
         if accept is None:
@@ -335,18 +340,24 @@ class AutoSwitch:
                 per_tier[0] += tokens
                 per_tier[1] += rows
 
-    def count_coverage(self, reqs: Any, accept: Any) -> None:
-        """The tokens a processed decode result committed, and those in the draft's vocabulary: per request its newest
+    def count_coverage(self, reqs: Any, accept: Any, prefill: bool = False) -> None:
+        """The tokens a processed result committed, and those in the draft's vocabulary: per request its newest
         output token (a plain step: `accept` None), or its last accept length's tokens (a verify: `accept_lens`, on
-        the host; a device tensor is not read, and rows that do not match the requests are not counted). Host lists
-        only: `req.output_ids`, which the result's processing has extended (a request that finished in it is left out
-        with the rest: its last tokens are not counted)."""
+        the host; a device tensor is not read, and rows that do not match the requests are not counted); a prefill's
+        (`prefill`), a request's first output token (one whose prompt has more chunks to come commits none, and a
+        retracted one's re-prefill is left out: what it commits there is not told apart from the tokens before; a
+        recheck's two requests are then weighed a step sooner). Host lists only: `req.output_ids`, which the result's
+        processing has extended (a request that finished in it is left out with the rest: its last tokens are not
+        counted)."""
         vocab = self.vocab
         if vocab is None:  # no signal: nothing is counted
             return
         # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule one
         # that finished at the step before is still in this batch): not counted, its last tokens included
-        if accept is None:
+        if prefill:
+            per_req = [(req, req.output_ids) for req in reqs
+                       if len(req.output_ids) == 1 and not (req.finished() or req.is_retracted)]
+        elif accept is None:
             per_req = [(req, req.output_ids[-1:]) for req in reqs
                        if req.output_ids and not (req.finished() or req.is_retracted)]
         else:
