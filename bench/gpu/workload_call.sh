@@ -24,9 +24,9 @@ if [ "${X:-}" = GT ] || [ "${X:-}" = GG ]; then  # `auto` and two beside it (the
     TRACE_MARGIN_S=${TRACE_MARGIN_S:-45} bash bench/gpu/device_run.sh "${A/|SPECFLIP_SWITCH=/|$T SPECFLIP_SWITCH=}" \
     "${SECOND/|SPECFLIP_SWITCH=/|$T SPECFLIP_SWITCH=}" "${AG/|SPECFLIP_SWITCH=/|$T SPECFLIP_SWITCH=}"
 elif [ "${MEM:-0}" -gt 100000 ]; then
-  env $COMMON BUDGET_S=${BUDGET_S:-575} TRACES=${TRACES:-context,accept_shift,bursty_contrast} TRACE_MARGIN_S=100 \
+  env $COMMON BUDGET_S=${BUDGET_S:-575} TRACES=${TRACES:-context,accept_shift,bursty_contrast} TRACE_MARGIN_S=${TRACE_MARGIN_S:-100} \
     bash bench/gpu/device_run.sh "$P" "$S" "$X5" "$A" "$AG"
 else
-  env $COMMON BUDGET_S=${BUDGET_S:-575} TRACES=${TRACES:-context,accept_shift,bursty_contrast} TRACE_MARGIN_S=90 \
+  env $COMMON BUDGET_S=${BUDGET_S:-575} TRACES=${TRACES:-context,accept_shift,bursty_contrast} TRACE_MARGIN_S=${TRACE_MARGIN_S:-90} \
     bash bench/gpu/device_run.sh "$P" "$S" "$A"
 fi
