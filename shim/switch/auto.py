@@ -345,10 +345,10 @@ class AutoSwitch:
         output token (a plain step: `accept` None), or its last accept length's tokens (a verify: `accept_lens`, on
         the host; a device tensor is not read, and rows that do not match the requests are not counted); a prefill's
         (`prefill`), a request's first output token (one whose prompt has more chunks to come commits none, and a
-        retracted one's re-prefill is left out: what it commits there is not told apart from the tokens before; a
-        recheck's two requests are then weighed a step sooner). Host lists only: `req.output_ids`, which the result's
-        processing has extended (a request that finished in it is left out with the rest: its last tokens are not
-        counted)."""
+        retracted one's re-prefill is left out: what it commits there is not told apart from the tokens before; so
+        two returning requests are weighed by a recheck a step sooner). Host lists only: `req.output_ids`, which the
+        result's processing has extended (a request that finished in it is left out with the rest: its last tokens
+        are not counted)."""
         vocab = self.vocab
         if vocab is None:  # no signal: nothing is counted
             return
