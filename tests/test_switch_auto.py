@@ -570,18 +570,22 @@ def test_eight_long_prompts_arriving_after_a_short_phase_are_valued_long(runtime
     assert d.context == 30 and d.reason == "measured" and d.spec_value > d.plain_value
 
 
+def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int,
+          coverage: float | None = None) -> ap.AutoState:
+    """`state` after `count` observed steps of 2 requests (speculative at `accept`, 7.2 ms; plain, 5.7 ms), each with
+    the draft vocabulary's `coverage` (None: no signal)."""
+    for _ in range(count):
+        state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
+                                                 0.0072 if spec_on else 0.0057, coverage=coverage))
+    return state
+
+
 def test_the_switch_stamps_each_request_with_the_step_it_first_saw_it_and_a_recheck_waits_for_new_ones() -> None:
     """`AutoSwitch.decide` with the next batch's rids (`request_ids`, host lists every rank holds alike): each request
     keeps the learner step of the first decision that saw it, finished ones are dropped, and the decision is given
     those steps as arrivals: plain held at a fallen accept length does not recheck the requests speculation drafted
     (they arrived before it last drafted), though the steps now afford a recheck, and does at the scheduling point
     where new ones wait."""
-    def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int) -> ap.AutoState:
-        for _ in range(count):
-            state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
-                                                     0.0072 if spec_on else 0.0057))
-        return state
-
     auto = auto_switch.AutoSwitch(spec_cap=48, state=steps(steps(ap.initial_state(), 2.0, True, 80), 1.0, True, 32))
     assert auto.state.params.agree_window == auto.window == auto_switch.AGREE_WINDOW
     auto.decide(True, 2, 0, rids=["a", "b"])  # speculation drafts a and b (at 1.0)
@@ -607,12 +611,6 @@ def test_a_recheck_weighs_the_coverage_of_the_requests_it_would_measure() -> Non
     the learner weighs otherwise, still blends in the requests before them); before that the steps' coverage decides
     (none due), and requests as unpredictable as the last spend none. Under speculation nothing is summed; with no draft
     vocabulary nothing is counted."""
-    def steps(state: ap.AutoState, accept: float, spec_on: bool, count: int, coverage: float) -> ap.AutoState:
-        for _ in range(count):
-            state = ap.observe(state, ap.Observation(spec_on, 2, 2 * accept if spec_on else 2.0,
-                                                     0.0072 if spec_on else 0.0057, coverage=coverage))
-        return state
-
     state = steps(steps(ap.initial_state(), 2.0, True, 80, 1.0), 1.0, True, 32, 0.0)
     state = attrs.evolve(steps(state, 1.0, False, 100, 0.0), incumbent=ap.PLAIN, flip_step=state.step)
 

@@ -352,23 +352,22 @@ class AutoSwitch:
         vocab = self.vocab
         if vocab is None:  # no signal: nothing is counted
             return
-        # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule one
-        # that finished at the step before is still in this batch): not counted, its last tokens included
         if prefill:
-            per_req = [(req, req.output_ids) for req in reqs
-                       if len(req.output_ids) == 1 and not (req.finished() or req.is_retracted)]
+            per_req = [(req, req.output_ids) for req in reqs if len(req.output_ids) == 1]
         elif accept is None:
-            per_req = [(req, req.output_ids[-1:]) for req in reqs
-                       if req.output_ids and not (req.finished() or req.is_retracted)]
+            per_req = [(req, req.output_ids[-1:]) for req in reqs]
         else:
             if not getattr(accept, "is_cpu", False):
                 return
             lens = accept.tolist()
             if len(lens) != len(reqs):
                 return
-            per_req = [(req, req.output_ids[-n:]) for req, n in zip(reqs, lens, strict=True)
-                       if n > 0 and not (req.finished() or req.is_retracted)]
+            per_req = [(req, req.output_ids[-n:]) for req, n in zip(reqs, lens, strict=True) if n > 0]
         for req, committed in per_req:
+            # a finished or retracted request's result commits nothing (SGLang skips it; under the overlap schedule
+            # one that finished at the step before is still in this batch): not counted, its last tokens included
+            if not committed or req.finished() or req.is_retracted:
+                continue
             hits = sum(map(vocab.__contains__, committed))
             self.cover_tokens += len(committed)
             self.cover_hits += hits
